@@ -1,0 +1,141 @@
+//! `gitplane init`: a new config repository from the embedded `repo-template/`, committed.
+
+use std::path::Path;
+use std::process::Command;
+
+/// The files of `repo-template/`, embedded so the binary can make a repository anywhere.
+/// A unit test keeps this list equal to the folder.
+pub const TEMPLATE: &[(&str, &str)] = &[
+    (".gitignore", include_str!("../../../repo-template/.gitignore")),
+    (
+        "environments/development.yaml",
+        include_str!("../../../repo-template/environments/development.yaml"),
+    ),
+    (
+        "environments/production.yaml",
+        include_str!("../../../repo-template/environments/production.yaml"),
+    ),
+    (
+        "workloads/shop/backend.yaml",
+        include_str!("../../../repo-template/workloads/shop/backend.yaml"),
+    ),
+    (
+        "workloads/shop/frontend.yaml",
+        include_str!("../../../repo-template/workloads/shop/frontend.yaml"),
+    ),
+    (
+        "definitions/base-env.yaml",
+        include_str!("../../../repo-template/definitions/base-env.yaml"),
+    ),
+    (
+        "definitions/postgres.yaml",
+        include_str!("../../../repo-template/definitions/postgres.yaml"),
+    ),
+    (
+        "definitions/redis.yaml",
+        include_str!("../../../repo-template/definitions/redis.yaml"),
+    ),
+    (
+        "definitions/dns.yaml",
+        include_str!("../../../repo-template/definitions/dns.yaml"),
+    ),
+    (
+        "definitions/workload.yaml",
+        include_str!("../../../repo-template/definitions/workload.yaml"),
+    ),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("{dir}: already exists and is not empty: choose a new folder")]
+    NotEmpty { dir: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("git {args}: {message} (is git installed?)")]
+    Git { args: String, message: String },
+}
+
+/// Writes the template into `dir` (new or empty) and commits it with `git`.
+pub fn init(dir: &Path) -> Result<(), InitError> {
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| InitError::Io { path, source }
+    };
+    if dir.exists() && std::fs::read_dir(dir).map_err(io(dir))?.next().is_some() {
+        return Err(InitError::NotEmpty {
+            dir: dir.display().to_string(),
+        });
+    }
+    for (rel, contents) in TEMPLATE {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        std::fs::write(&path, contents).map_err(io(&path))?;
+    }
+    git(dir, &["init", "--quiet", "--initial-branch=main"])?;
+    git(dir, &["add", "--all"])?;
+    let has_identity = Command::new("git")
+        .args(["config", "user.email"])
+        .current_dir(dir)
+        .output()
+        .map(|o| o.status.success() && !o.stdout.trim_ascii().is_empty())
+        .unwrap_or(false);
+    let mut commit: Vec<&str> = Vec::new();
+    if !has_identity {
+        // A fresh machine has no git identity; the first commit must not fail for that.
+        commit.extend(["-c", "user.name=gitplane", "-c", "user.email=gitplane@localhost"]);
+    }
+    commit.extend(["commit", "--quiet", "-m", "Initial platform configuration from gitplane init"]);
+    git(dir, &commit)
+}
+
+fn git(dir: &Path, args: &[&str]) -> Result<(), InitError> {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .map_err(|e| InitError::Git {
+            args: args.join(" "),
+            message: e.to_string(),
+        })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(InitError::Git {
+            args: args.join(" "),
+            message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_list_matches_the_folder() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../repo-template");
+        let mut on_disk = Vec::new();
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else {
+                    let rel = path.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
+                    on_disk.push(rel);
+                }
+            }
+        }
+        on_disk.sort();
+        let mut embedded: Vec<String> = TEMPLATE.iter().map(|(p, _)| p.to_string()).collect();
+        embedded.sort();
+        assert_eq!(embedded, on_disk, "add new repo-template files to TEMPLATE");
+    }
+}

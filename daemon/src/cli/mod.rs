@@ -1,0 +1,483 @@
+//! The `gitplane` command line: arguments, the commands, and what each prints.
+
+mod init;
+mod output;
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use gitplane_state::{DeploymentStatus, StateError, Store};
+
+use crate::drivers::Registry;
+use crate::graph::{self, ResourceGraph};
+use crate::model::{self, Repository};
+use crate::plan;
+use crate::reconcile::{self, Event, Outcome};
+use crate::repo::{ConfigRepo, RepoError, Snapshot};
+
+pub use init::TEMPLATE;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gitplane",
+    version,
+    about = "A git-native platform orchestrator: commits of Score workloads and Resource \
+             Definitions in, provisioned resources and recorded state out."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Common {
+    /// The config repository (bare or not), or a folder inside it.
+    #[arg(long, env = "GITPLANE_REPO", default_value = ".", global = true)]
+    pub repo: PathBuf,
+    /// The SQLite state file.
+    #[arg(long, env = "GITPLANE_STATE", default_value = "gitplane.db", global = true)]
+    pub state: PathBuf,
+    /// Only this environment (repeat for several); default: every environment.
+    #[arg(long = "env", value_name = "ENV", global = true)]
+    pub envs: Vec<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Rev {
+    /// A branch, tag or commit id; default: the repository's HEAD.
+    #[arg(long)]
+    pub rev: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Make a new config repository from the built-in template, committed.
+    Init { dir: PathBuf },
+    /// Make a repository from the template in DIR, apply it, and show what happened.
+    Quickstart {
+        #[arg(default_value = "gitplane-quickstart")]
+        dir: PathBuf,
+    },
+    /// Load and build every environment of a commit; exit non-zero on any error.
+    Validate {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        rev: Rev,
+    },
+    /// Show what apply would do, with reasons; changes nothing.
+    Plan {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        rev: Rev,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Reconcile once: provision, update and delete resources, and record it all.
+    Apply {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        rev: Rev,
+    },
+    /// Show the recorded resources of each environment.
+    Status {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Show the resource graph of a commit.
+    Graph {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        rev: Rev,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Repo(#[from] RepoError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Init(#[from] init::InitError),
+    #[error("no environment '{env}' in commit {commit} (environments: {known})")]
+    UnknownEnv {
+        env: String,
+        commit: String,
+        known: String,
+    },
+    #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]
+    NoState { path: PathBuf },
+    #[error("writing output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// How a command ended, for the exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandResult {
+    Success,
+    /// The command ran and reported a failure (invalid commit, failed resources).
+    Failure,
+}
+
+/// A commit that did not load or build: every error, and the environments it was meant for.
+struct Rejected {
+    envs: Vec<String>,
+    errors: Vec<String>,
+}
+
+/// A commit's graphs, one per selected environment.
+struct Built {
+    graphs: Vec<ResourceGraph>,
+}
+
+pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
+    let stdout = &mut std::io::stdout().lock();
+    match cli.command {
+        Command::Init { dir } => {
+            init::init(&dir)?;
+            writeln!(
+                stdout,
+                "Created a config repository in {} (environments development and production, \
+                 app shop).\nNext: gitplane apply --repo {} --state {}",
+                dir.display(),
+                dir.display(),
+                dir.join("gitplane.db").display()
+            )?;
+            Ok(CommandResult::Success)
+        }
+        Command::Quickstart { dir } => quickstart(&dir, stdout),
+        Command::Validate { common, rev } => {
+            let (snapshot, result) = load_and_build(&common, rev.rev.as_deref())?;
+            match result {
+                Ok(built) => {
+                    let summary: Vec<String> = built
+                        .graphs
+                        .iter()
+                        .map(|g| format!("{} ({} resources, {} edges)", g.env, g.len(), g.edges().len()))
+                        .collect();
+                    writeln!(
+                        stdout,
+                        "ok: commit {} is valid: {}",
+                        output::short(&snapshot.commit),
+                        summary.join(", ")
+                    )?;
+                    Ok(CommandResult::Success)
+                }
+                Err(rejected) => {
+                    report_rejected(&snapshot, &rejected);
+                    Ok(CommandResult::Failure)
+                }
+            }
+        }
+        Command::Plan { common, rev, format } => {
+            let (snapshot, result) = load_and_build(&common, rev.rev.as_deref())?;
+            let built = match result {
+                Ok(built) => built,
+                Err(rejected) => {
+                    report_rejected(&snapshot, &rejected);
+                    return Ok(CommandResult::Failure);
+                }
+            };
+            // Planning never creates a state file.
+            let store = if common.state.exists() {
+                Some(Store::open(&common.state)?)
+            } else {
+                None
+            };
+            let mut json = Vec::new();
+            for g in &built.graphs {
+                let (recorded, edges) = match &store {
+                    Some(s) => (s.resources(&g.env)?, s.edges(&g.env)?),
+                    None => (Vec::new(), Vec::new()),
+                };
+                let p = plan::plan(g, &recorded, &edges);
+                match format {
+                    Format::Table => write!(stdout, "{}", output::plan_table(&p, &snapshot.commit))?,
+                    Format::Json => json.push(output::plan_json(&p, &snapshot.commit)),
+                }
+            }
+            if format == Format::Json {
+                writeln!(stdout, "{}", serde_json::to_string_pretty(&output::one_or_many(json)).unwrap_or_default())?;
+            }
+            Ok(CommandResult::Success)
+        }
+        Command::Apply { common, rev } => apply(&common, rev.rev.as_deref(), stdout),
+        Command::Status { common, format } => status(&common, format, stdout),
+        Command::Graph { common, rev, format } => {
+            let (snapshot, result) = load_and_build(&common, rev.rev.as_deref())?;
+            let built = match result {
+                Ok(built) => built,
+                Err(rejected) => {
+                    report_rejected(&snapshot, &rejected);
+                    return Ok(CommandResult::Failure);
+                }
+            };
+            match format {
+                Format::Table => {
+                    for g in &built.graphs {
+                        writeln!(stdout, "{}", output::graph_table(g, &snapshot.commit))?;
+                    }
+                }
+                Format::Json => {
+                    let items = built
+                        .graphs
+                        .iter()
+                        .map(|g| graph::to_json(g, &snapshot.commit))
+                        .collect();
+                    writeln!(
+                        stdout,
+                        "{}",
+                        serde_json::to_string_pretty(&output::one_or_many(items)).unwrap_or_default()
+                    )?;
+                }
+            }
+            Ok(CommandResult::Success)
+        }
+    }
+}
+
+/// Reads the commit, loads it and builds the graph of each selected environment.
+fn load_and_build(
+    common: &Common,
+    rev: Option<&str>,
+) -> Result<(Snapshot, Result<Built, Rejected>), CliError> {
+    let repo = ConfigRepo::open(&common.repo)?;
+    let snapshot = repo.load(rev)?;
+    let envs = target_envs(&snapshot, &common.envs)?;
+    let result = build(&snapshot, &envs, &Registry::builtin());
+    Ok((snapshot, result))
+}
+
+/// Environments named by the commit's `environments/` files, or the ones asked for.
+fn target_envs(snapshot: &Snapshot, asked: &[String]) -> Result<Vec<String>, CliError> {
+    let known: BTreeSet<String> = snapshot
+        .files
+        .keys()
+        .filter_map(|p| p.strip_prefix("environments/"))
+        .filter(|name| !name.contains('/'))
+        .filter_map(|name| name.strip_suffix(".yaml").or_else(|| name.strip_suffix(".yml")))
+        .map(str::to_owned)
+        .collect();
+    if asked.is_empty() {
+        return Ok(known.into_iter().collect());
+    }
+    for env in asked {
+        if !known.contains(env) {
+            return Err(CliError::UnknownEnv {
+                env: env.clone(),
+                commit: output::short(&snapshot.commit).to_owned(),
+                known: known.iter().cloned().collect::<Vec<_>>().join(", "),
+            });
+        }
+    }
+    let mut asked = asked.to_vec();
+    asked.sort();
+    asked.dedup();
+    Ok(asked)
+}
+
+/// Loads the model and builds every target environment; the commit is rejected as a whole if
+/// anything fails.
+fn build(snapshot: &Snapshot, envs: &[String], drivers: &Registry) -> Result<Built, Rejected> {
+    let reject = |errors: Vec<String>| Rejected {
+        envs: envs.to_vec(),
+        errors,
+    };
+    let repo: Repository = model::load(&snapshot.files)
+        .map_err(|errors| reject(errors.iter().map(ToString::to_string).collect()))?;
+    let mut graphs = Vec::new();
+    let mut errors = Vec::new();
+    for env in &repo.environments {
+        if !envs.contains(&env.id) {
+            continue;
+        }
+        match graph::build(&repo, env) {
+            Ok(g) => {
+                errors.extend(unknown_drivers(&repo, &g, drivers));
+                graphs.push(g);
+            }
+            Err(errs) => errors.extend(errs.iter().map(|e| format!("environment {}: {e}", env.id))),
+        }
+    }
+    if errors.is_empty() {
+        Ok(Built { graphs })
+    } else {
+        errors.dedup();
+        Err(reject(errors))
+    }
+}
+
+/// A definition whose `driver_type` has no driver cannot be applied.
+fn unknown_drivers(repo: &Repository, graph: &ResourceGraph, drivers: &Registry) -> Vec<String> {
+    let used: BTreeSet<(&str, &str)> = graph
+        .nodes()
+        .filter(|n| drivers.get(&n.driver_type).is_none())
+        .map(|n| (n.definition.as_str(), n.driver_type.as_str()))
+        .collect();
+    used.into_iter()
+        .map(|(def, driver)| {
+            let location = repo
+                .definitions
+                .iter()
+                .find(|d| d.id == def)
+                .map(|d| d.locate("driver_type").to_string())
+                .unwrap_or_default();
+            format!(
+                "{location}: definition '{def}' uses driver_type '{driver}', which is not \
+                 registered (registered: {})",
+                drivers.names().collect::<Vec<_>>().join(", ")
+            )
+        })
+        .collect()
+}
+
+fn report_rejected(snapshot: &Snapshot, rejected: &Rejected) {
+    for e in &rejected.errors {
+        eprintln!("error: {e}");
+    }
+    eprintln!(
+        "commit {} rejected: {} error(s); nothing was changed",
+        output::short(&snapshot.commit),
+        rejected.errors.len()
+    );
+}
+
+fn apply(common: &Common, rev: Option<&str>, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
+    let (snapshot, result) = load_and_build(common, rev)?;
+    let mut store = Store::open(&common.state)?;
+    let built = match result {
+        Ok(built) => built,
+        Err(rejected) => {
+            report_rejected(&snapshot, &rejected);
+            let error = rejected.errors.join("\n");
+            for env in &rejected.envs {
+                store.failed_deployment(env, Some(&snapshot.commit), &error)?;
+            }
+            return Ok(CommandResult::Failure);
+        }
+    };
+    let drivers = Registry::builtin();
+    let mut outcome = CommandResult::Success;
+    for g in &built.graphs {
+        eprintln!("{}: applying commit {}", g.env, output::short(&snapshot.commit));
+        let report = reconcile::apply(&mut store, &drivers, g, &snapshot.commit, &mut |e: &Event<'_>| {
+            let what = match e.outcome {
+                Outcome::Done => format!("{:<9} {}", e.action.as_str(), e.label),
+                Outcome::Failed(err) => format!("{:<9} {} FAILED: {err}", e.action.as_str(), e.label),
+                Outcome::Skipped(why) => format!("{:<9} {} skipped: {why}", e.action.as_str(), e.label),
+            };
+            eprintln!("  {what}");
+        })?;
+        let c = report.counts;
+        writeln!(
+            stdout,
+            "{}: deployment {} {}: {} created, {} updated, {} deleted, {} unchanged, {} failed",
+            report.env,
+            report.deployment,
+            report.status.as_str(),
+            c.created,
+            c.updated,
+            c.deleted,
+            c.unchanged,
+            c.failed
+        )?;
+        if report.status != DeploymentStatus::Succeeded {
+            outcome = CommandResult::Failure;
+            for f in &report.failures {
+                eprintln!("error: {}: {f}", report.env);
+            }
+        }
+    }
+    Ok(outcome)
+}
+
+fn status(common: &Common, format: Format, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
+    if !common.state.exists() {
+        return Err(CliError::NoState {
+            path: common.state.clone(),
+        });
+    }
+    let store = Store::open(&common.state)?;
+    let envs = if common.envs.is_empty() {
+        store.environments()?
+    } else {
+        common.envs.clone()
+    };
+    let mut json = Vec::new();
+    for env in &envs {
+        let resources = store.resources(env)?;
+        let deployments = store.deployments(Some(env))?;
+        let commit = output::state_commit(&deployments, &resources);
+        match format {
+            Format::Table => writeln!(
+                stdout,
+                "{}",
+                output::status_table(env, commit.as_deref(), deployments.first(), &resources)
+            )?,
+            Format::Json => json.push(output::status_json(env, commit.as_deref(), &resources)),
+        }
+    }
+    if format == Format::Json {
+        writeln!(stdout, "{}", serde_json::to_string_pretty(&output::one_or_many(json)).unwrap_or_default())?;
+    }
+    Ok(CommandResult::Success)
+}
+
+fn quickstart(dir: &Path, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
+    if !dir.join(".git").exists() {
+        init::init(dir)?;
+        writeln!(stdout, "Created a config repository from the template in {}\n", dir.display())?;
+    } else {
+        writeln!(stdout, "Using the config repository in {}\n", dir.display())?;
+    }
+    let common = Common {
+        repo: dir.to_owned(),
+        state: dir.join("gitplane.db"),
+        envs: Vec::new(),
+    };
+    if apply(&common, None, stdout)? == CommandResult::Failure {
+        return Ok(CommandResult::Failure);
+    }
+    writeln!(stdout)?;
+    status(&common, Format::Table, stdout)?;
+    let (snapshot, result) = load_and_build(
+        &Common {
+            envs: vec!["development".into()],
+            ..common.clone()
+        },
+        None,
+    )?;
+    if let Ok(built) = result {
+        for g in &built.graphs {
+            writeln!(stdout, "{}", output::graph_table(g, &snapshot.commit))?;
+        }
+    }
+    let state = std::path::absolute(&common.state).unwrap_or(common.state.clone());
+    writeln!(
+        stdout,
+        "State: {}\n  sqlite3 {} 'SELECT env, app, type, res_id, status FROM current_resources'\n\
+         Edit the files in {}, commit, and run `gitplane apply --repo {} --state {}` again.",
+        state.display(),
+        state.display(),
+        dir.display(),
+        dir.display(),
+        state.display()
+    )?;
+    Ok(CommandResult::Success)
+}

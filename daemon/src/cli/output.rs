@@ -1,0 +1,199 @@
+//! Output for people (aligned tables) and for programs (JSON), never with secret values.
+
+use gitplane_state::{DeploymentRecord, ResourceRecord};
+use serde_json::{Value, json};
+
+use crate::graph::ResourceGraph;
+use crate::plan::{Action, Plan};
+
+/// A plain-text table with aligned columns.
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(header: &[&str]) -> Self {
+        Table {
+            header: header.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// Renders with two spaces between columns and `indent` before each line.
+    pub fn render(&self, indent: &str) -> String {
+        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate() {
+                if let Some(w) = widths.get_mut(i) {
+                    *w = (*w).max(cell.chars().count());
+                }
+            }
+        }
+        let mut out = String::new();
+        for row in std::iter::once(&self.header).chain(&self.rows) {
+            let mut line = String::from(indent);
+            for (i, cell) in row.iter().enumerate() {
+                if i + 1 == row.len() {
+                    line.push_str(cell);
+                } else {
+                    line.push_str(&format!("{cell:<width$}  ", width = widths[i]));
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+pub fn short(commit: &str) -> &str {
+    commit.get(..12).unwrap_or(commit)
+}
+
+pub fn plan_table(plan: &Plan, commit: &str) -> String {
+    let mut t = Table::new(&["ACTION", "RESOURCE", "REASON"]);
+    for step in &plan.steps {
+        t.row(vec![step.action.to_string(), step.label(), step.reason.clone()]);
+    }
+    format!(
+        "{} @ {}\n{}  {} to create, {} to update, {} may update, {} unchanged, {} to delete\n",
+        plan.env,
+        short(commit),
+        t.render("  "),
+        plan.count(Action::Create),
+        plan.count(Action::Update),
+        plan.count(Action::MaybeUpdate),
+        plan.count(Action::Unchanged),
+        plan.count(Action::Delete),
+    )
+}
+
+pub fn plan_json(plan: &Plan, commit: &str) -> Value {
+    json!({
+        "env": plan.env,
+        "commit": commit,
+        "steps": plan.steps.iter().map(|s| json!({
+            "guresid": s.guresid.as_str(),
+            "app": s.app,
+            "type": s.res_type,
+            "class": s.class,
+            "id": s.res_id,
+            "action": s.action.as_str(),
+            "reason": s.reason,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The commit an environment's recorded state comes from: that of its newest deployment that
+/// reached the drivers.
+pub fn state_commit(deployments: &[DeploymentRecord], resources: &[ResourceRecord]) -> Option<String> {
+    deployments
+        .iter()
+        .find(|d| d.status != gitplane_state::DeploymentStatus::Failed || d.counts != Default::default())
+        .and_then(|d| d.commit_id.clone())
+        .or_else(|| resources.first().map(|r| r.commit_id.clone()))
+}
+
+pub fn status_json(env: &str, commit: Option<&str>, resources: &[ResourceRecord]) -> Value {
+    json!({
+        "env": env,
+        "commit": commit,
+        "resources": resources.iter().map(|r| json!({
+            "guresid": r.guresid,
+            "app": r.app,
+            "type": r.res_type,
+            "class": r.class,
+            "id": r.res_id,
+            "definition": r.definition,
+            "driver": r.driver,
+            "status": r.status.as_str(),
+            // Only non-secret outputs are ever recorded in this column.
+            "outputs": r.outputs,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub fn status_table(
+    env: &str,
+    commit: Option<&str>,
+    latest: Option<&DeploymentRecord>,
+    resources: &[ResourceRecord],
+) -> String {
+    let mut t = Table::new(&["APP", "TYPE", "CLASS", "ID", "STATUS", "DEFINITION", "GURESID"]);
+    for r in resources {
+        t.row(vec![
+            r.app.clone().unwrap_or_else(|| "-".into()),
+            r.res_type.clone(),
+            r.class.clone(),
+            r.res_id.clone(),
+            r.status.as_str().to_owned(),
+            r.definition.clone(),
+            r.guresid.clone(),
+        ]);
+    }
+    let last = match latest {
+        Some(d) => format!(
+            "last deployment {} {} at {}",
+            d.id,
+            d.status.as_str(),
+            d.finished_at.as_deref().unwrap_or(&d.started_at)
+        ),
+        None => "never deployed".to_owned(),
+    };
+    format!(
+        "{env} @ {} ({last}), {} resources\n{}",
+        commit.map(short).unwrap_or("-"),
+        resources.len(),
+        t.render("  ")
+    )
+}
+
+pub fn graph_table(graph: &ResourceGraph, commit: &str) -> String {
+    let mut nodes = Table::new(&["RESOURCE", "DEFINITION", "DRIVER", "GURESID"]);
+    let mut sorted: Vec<_> = graph.nodes().collect();
+    sorted.sort_by_key(|n| n.label());
+    for n in &sorted {
+        nodes.row(vec![
+            n.label(),
+            n.definition.clone(),
+            n.driver_type.clone(),
+            n.guresid.to_string(),
+        ]);
+    }
+    let mut edges = Table::new(&["RESOURCE", "DEPENDS ON", "KIND"]);
+    let mut rows: Vec<Vec<String>> = graph
+        .edges()
+        .iter()
+        .map(|e| {
+            let label = |id| graph.get(id).map(|n| n.label()).unwrap_or_default();
+            vec![label(&e.from), label(&e.to), e.kind.to_string()]
+        })
+        .collect();
+    rows.sort();
+    for r in rows {
+        edges.row(r);
+    }
+    format!(
+        "{} @ {}: {} resources, {} edges\n{}\n{}",
+        graph.env,
+        short(commit),
+        graph.len(),
+        graph.edges().len(),
+        nodes.render("  "),
+        edges.render("  ")
+    )
+}
+
+/// One JSON value when one environment is shown, an array when several are.
+pub fn one_or_many(mut items: Vec<Value>) -> Value {
+    if items.len() == 1 {
+        items.remove(0)
+    } else {
+        Value::Array(items)
+    }
+}

@@ -1,0 +1,553 @@
+//! Building an environment's resource graph from the loaded repository (DESIGN.md section 4).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::convert::Infallible;
+
+use daggy::{Dag, NodeIndex};
+use serde_json::Value;
+
+use super::matching::{MatchContext, match_definition};
+use super::{Binding, EdgeKind, GuresId, Origin, ResourceGraph, ResourceNode};
+use crate::model::placeholder::{ContextKey, Expr, path_to_string};
+use crate::model::template::{Mapped, Template, lookup_path};
+use crate::model::{DEFAULT_CLASS, Definition, Environment, Repository, SourceLocation, Workload};
+
+/// Why an environment's graph cannot be built.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BuildError {
+    #[error(
+        "{location}: no definition of type '{res_type}' matches {resource} ({context}); {}",
+        closest(candidates)
+    )]
+    NoMatch {
+        location: SourceLocation,
+        resource: String,
+        res_type: String,
+        context: String,
+        candidates: Vec<String>,
+    },
+    #[error(
+        "{location}: workload '{workload}' reads '${{resources.{name}...}}', but its resources \
+         section declares no '{name}'"
+    )]
+    UnknownScoreResource {
+        location: SourceLocation,
+        workload: String,
+        name: String,
+    },
+    #[error("{location}: workload '{workload}' reads '${{metadata.{path}}}', which is not set")]
+    UnknownMetadata {
+        location: SourceLocation,
+        workload: String,
+        path: String,
+    },
+    #[error("dependency loop: {}", members.join(" -> "))]
+    Loop {
+        /// Each resource on the loop with the definition that made the edge, ending where it
+        /// started.
+        members: Vec<String>,
+    },
+    #[error(
+        "{location}: shared resource {resource} is requested with different params by \
+         workloads '{first}' and '{second}': make them equal or give them different ids"
+    )]
+    SharedParamsConflict {
+        location: SourceLocation,
+        resource: String,
+        first: String,
+        second: String,
+    },
+    #[error("{location}: {what} is not supported yet")]
+    Unsupported {
+        location: SourceLocation,
+        what: String,
+    },
+    #[error("{location}: environment '{env}' lists app '{app}', which has no workloads")]
+    UnknownApp {
+        location: SourceLocation,
+        env: String,
+        app: String,
+    },
+}
+
+fn closest(candidates: &[String]) -> String {
+    if candidates.is_empty() {
+        "no definition of that type exists: add one under definitions/".to_owned()
+    } else {
+        format!("closest candidates: {}", candidates.join(", "))
+    }
+}
+
+/// Builds the graph of `env`; returns every error found, not only the first.
+pub fn build(repo: &Repository, env: &Environment) -> Result<ResourceGraph, Vec<BuildError>> {
+    let mut b = Builder::new(repo, env);
+    if let Some(apps) = &env.apps {
+        for app in apps {
+            if !repo.apps.contains_key(app) {
+                b.errors.push(BuildError::UnknownApp {
+                    location: env.location.clone(),
+                    env: env.id.clone(),
+                    app: app.clone(),
+                });
+            }
+        }
+    }
+    for (app_id, app) in &repo.apps {
+        if !env.runs_app(app_id) {
+            continue;
+        }
+        for res_type in &env.implicit_resources {
+            b.ensure(
+                Request {
+                    app: Some(app_id),
+                    res_type,
+                    class: DEFAULT_CLASS,
+                    res_id: res_type,
+                    params: Value::Null,
+                    origin: Origin::Implicit,
+                },
+                &env.location,
+            );
+        }
+        for workload in app.workloads.values() {
+            b.workload(app_id, workload);
+        }
+        b.drain();
+    }
+    b.match_dependents();
+    b.finish()
+}
+
+struct Request<'a> {
+    app: Option<&'a str>,
+    res_type: &'a str,
+    class: &'a str,
+    res_id: &'a str,
+    params: Value,
+    origin: Origin,
+}
+
+struct Builder<'r> {
+    env: &'r Environment,
+    definitions: HashMap<&'r str, Vec<&'r Definition>>,
+    dag: Dag<ResourceNode, EdgeKind>,
+    index: HashMap<GuresId, NodeIndex>,
+    /// The definition each node matched, to expand it.
+    matched: HashMap<NodeIndex, &'r Definition>,
+    /// Resources that matched no definition, so each is reported once.
+    unmatched: HashSet<GuresId>,
+    queue: VecDeque<NodeIndex>,
+    /// `(co-provisioning, co-provisioned)` pairs whose dependents must also depend on the second.
+    match_dependents: Vec<(NodeIndex, NodeIndex)>,
+    loops: HashSet<Vec<GuresId>>,
+    errors: Vec<BuildError>,
+}
+
+impl<'r> Builder<'r> {
+    fn new(repo: &'r Repository, env: &'r Environment) -> Self {
+        let mut definitions: HashMap<&str, Vec<&Definition>> = HashMap::new();
+        for def in &repo.definitions {
+            definitions.entry(def.res_type.as_str()).or_default().push(def);
+        }
+        Builder {
+            env,
+            definitions,
+            dag: Dag::new(),
+            index: HashMap::new(),
+            matched: HashMap::new(),
+            unmatched: HashSet::new(),
+            queue: VecDeque::new(),
+            match_dependents: Vec::new(),
+            loops: HashSet::new(),
+            errors: Vec::new(),
+        }
+    }
+
+    fn finish(self) -> Result<ResourceGraph, Vec<BuildError>> {
+        if !self.errors.is_empty() {
+            return Err(self.errors);
+        }
+        Ok(ResourceGraph {
+            env: self.env.id.clone(),
+            env_type: self.env.env_type.clone(),
+            dag: self.dag,
+            index: self.index,
+        })
+    }
+
+    /// The node for a resource, created and matched if new. `None` when nothing matches.
+    fn ensure(&mut self, req: Request<'_>, requested_at: &SourceLocation) -> Option<NodeIndex> {
+        let guresid = GuresId::new(&self.env.id, req.app, req.res_type, req.class, req.res_id);
+        if let Some(&n) = self.index.get(&guresid) {
+            self.check_shared_params(n, &req, requested_at);
+            return Some(n);
+        }
+        if self.unmatched.contains(&guresid) {
+            return None;
+        }
+        let ctx = MatchContext {
+            app_id: req.app,
+            env_id: &self.env.id,
+            env_type: &self.env.env_type,
+            res_type: req.res_type,
+            class: req.class,
+            res_id: req.res_id,
+        };
+        let candidates = self
+            .definitions
+            .get(req.res_type)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let def = match match_definition(candidates, &ctx) {
+            Ok(def) => def,
+            Err(no) => {
+                self.errors.push(BuildError::NoMatch {
+                    location: requested_at.clone(),
+                    resource: format!(
+                        "{}/{}.{}#{}",
+                        req.app.unwrap_or("-"),
+                        req.res_type,
+                        req.class,
+                        req.res_id
+                    ),
+                    res_type: req.res_type.to_owned(),
+                    context: ctx.to_string(),
+                    candidates: no.candidates,
+                });
+                self.unmatched.insert(guresid);
+                return None;
+            }
+        };
+        let node = ResourceNode {
+            guresid: guresid.clone(),
+            app: req.app.map(str::to_owned),
+            res_type: req.res_type.to_owned(),
+            class: req.class.to_owned(),
+            res_id: req.res_id.to_owned(),
+            definition: def.id.clone(),
+            driver_type: def.driver_type.clone(),
+            driver_account: def.driver_account.clone(),
+            params: Template::Value(req.params),
+            values: Template::default(),
+            secrets: Template::default(),
+            origin: req.origin,
+        };
+        let n = self.dag.add_node(node);
+        self.index.insert(guresid, n);
+        self.matched.insert(n, def);
+        self.queue.push_back(n);
+        Some(n)
+    }
+
+    fn check_shared_params(&mut self, n: NodeIndex, req: &Request<'_>, at: &SourceLocation) {
+        let (
+            Origin::Requested { workload: first, .. },
+            Origin::Requested {
+                workload: second, ..
+            },
+        ) = (&self.dag[n].origin, &req.origin)
+        else {
+            return;
+        };
+        if self.dag[n].params != Template::Value(req.params.clone()) {
+            self.errors.push(BuildError::SharedParamsConflict {
+                location: at.clone(),
+                resource: self.dag[n].label(),
+                first: first.clone(),
+                second: second.clone(),
+            });
+        }
+    }
+
+    fn workload(&mut self, app: &str, workload: &'r Workload) {
+        let res_id = format!("modules.{}", workload.name);
+        let Some(w) = self.ensure(
+            Request {
+                app: Some(app),
+                res_type: "workload",
+                class: DEFAULT_CLASS,
+                res_id: &res_id,
+                params: Value::Null,
+                origin: Origin::Workload {
+                    file: workload.file.clone(),
+                },
+            },
+            &SourceLocation::file(&workload.file),
+        ) else {
+            return;
+        };
+        let mut by_name: HashMap<&str, NodeIndex> = HashMap::new();
+        for (name, res) in &workload.resources {
+            let res_id = match &res.id {
+                Some(id) => format!("shared.{id}"),
+                None => format!("modules.{}.externals.{name}", workload.name),
+            };
+            let target = self.ensure(
+                Request {
+                    app: Some(app),
+                    res_type: &res.res_type,
+                    class: &res.class,
+                    res_id: &res_id,
+                    params: res.params.clone(),
+                    origin: Origin::Requested {
+                        workload: workload.name.clone(),
+                        name: name.clone(),
+                        location: res.location.clone(),
+                    },
+                },
+                &res.location,
+            );
+            if let Some(t) = target {
+                self.edge(w, t, EdgeKind::Dependency);
+                by_name.insert(name, t);
+            }
+        }
+        let spec = workload.spec.try_map(&mut |expr: &Expr| {
+            Ok::<_, Infallible>(match expr {
+                Expr::ScoreResource { name, path } => match by_name.get(name.as_str()) {
+                    Some(&t) => {
+                        self.edge(w, t, EdgeKind::Reference);
+                        Mapped::Expr(Binding::Output {
+                            target: self.dag[t].guresid.clone(),
+                            path: path.clone(),
+                        })
+                    }
+                    None => {
+                        if !workload.resources.contains_key(name) {
+                            self.errors.push(BuildError::UnknownScoreResource {
+                                location: workload_location(workload, &format!("resources.{name}")),
+                                workload: workload.name.clone(),
+                                name: name.clone(),
+                            });
+                        }
+                        Mapped::Value(Value::Null)
+                    }
+                },
+                Expr::ScoreMetadata { path } => match lookup_path(&workload.metadata, path) {
+                    Some(v) => Mapped::Value(v.clone()),
+                    None => {
+                        let path = path_to_string(path);
+                        self.errors.push(BuildError::UnknownMetadata {
+                            location: workload_location(workload, &format!("metadata.{path}")),
+                            workload: workload.name.clone(),
+                            path,
+                        });
+                        Mapped::Value(Value::Null)
+                    }
+                },
+                // The Score dialect parses neither of these.
+                Expr::Resource { .. } | Expr::Context(_) => Mapped::Value(Value::Null),
+            })
+        });
+        let Ok(spec) = spec;
+        self.dag[w].params = spec;
+    }
+
+    /// Expands queued nodes until nothing new appears.
+    fn drain(&mut self) {
+        while let Some(n) = self.queue.pop_front() {
+            self.expand(n);
+        }
+    }
+
+    /// Resolves the matched definition's references (adding resources and edges) and
+    /// co-provisions what it lists.
+    fn expand(&mut self, n: NodeIndex) {
+        let def = self.matched[&n];
+        let values = self.map_definition_template(n, def, &def.values);
+        let secrets = self.map_definition_template(n, def, &def.secrets);
+        self.dag[n].values = values;
+        self.dag[n].secrets = secrets;
+
+        for p in &def.provision {
+            let node = &self.dag[n];
+            let app = node.app.clone();
+            let class = p.class.clone().unwrap_or_else(|| node.class.clone());
+            let res_id = p.id.clone().unwrap_or_else(|| node.res_id.clone());
+            let by = node.guresid.clone();
+            let Some(c) = self.ensure(
+                Request {
+                    app: app.as_deref(),
+                    res_type: &p.res_type,
+                    class: &class,
+                    res_id: &res_id,
+                    params: p.params.clone(),
+                    origin: Origin::Coprovisioned {
+                        by,
+                        definition: def.id.clone(),
+                    },
+                },
+                &def.locate(&p.key),
+            ) else {
+                continue;
+            };
+            if p.is_dependent {
+                self.edge(c, n, EdgeKind::Coprovision);
+            }
+            if p.match_dependents {
+                self.match_dependents.push((n, c));
+            }
+        }
+    }
+
+    fn map_definition_template(
+        &mut self,
+        n: NodeIndex,
+        def: &'r Definition,
+        template: &Template<Expr>,
+    ) -> Template<Binding> {
+        let mapped = template.try_map(&mut |expr: &Expr| {
+            Ok::<_, Infallible>(match expr {
+                Expr::Context(key) => Mapped::Value(Value::String(self.context_value(n, *key))),
+                Expr::Resource { desc, path } => {
+                    if desc.selector.is_some() {
+                        self.errors.push(BuildError::Unsupported {
+                            location: def.locate(&desc.to_string()),
+                            what: format!("the resource selector '{desc}' (selectors arrive in a later release)"),
+                        });
+                        return Ok(Mapped::Value(Value::Null));
+                    }
+                    let node = &self.dag[n];
+                    let app = node.app.clone();
+                    let class = desc.class.clone().unwrap_or_else(|| node.class.clone());
+                    let res_id = desc.id.clone().unwrap_or_else(|| node.res_id.clone());
+                    let by = node.guresid.clone();
+                    match self.ensure(
+                        Request {
+                            app: app.as_deref(),
+                            res_type: &desc.res_type,
+                            class: &class,
+                            res_id: &res_id,
+                            params: Value::Null,
+                            origin: Origin::Referenced {
+                                by,
+                                definition: def.id.clone(),
+                            },
+                        },
+                        &def.locate(&desc.to_string()),
+                    ) {
+                        Some(t) => {
+                            self.edge(n, t, EdgeKind::Reference);
+                            Mapped::Expr(Binding::Output {
+                                target: self.dag[t].guresid.clone(),
+                                path: path.clone(),
+                            })
+                        }
+                        None => Mapped::Value(Value::Null),
+                    }
+                }
+                Expr::ScoreResource { .. } | Expr::ScoreMetadata { .. } => {
+                    Mapped::Value(Value::Null)
+                }
+            })
+        });
+        let Ok(mapped) = mapped;
+        mapped
+    }
+
+    fn context_value(&self, n: NodeIndex, key: ContextKey) -> String {
+        let node = &self.dag[n];
+        match key {
+            ContextKey::AppId => node.app.clone().unwrap_or_default(),
+            ContextKey::EnvId => self.env.id.clone(),
+            ContextKey::EnvType => self.env.env_type.clone(),
+            ContextKey::ResId => node.res_id.clone(),
+            ContextKey::ResType => node.res_type.clone(),
+            ContextKey::ResClass => node.class.clone(),
+            ContextKey::ResGuresId => node.guresid.to_string(),
+        }
+    }
+
+    /// `match_dependents`: whatever depends on the co-provisioning resource also depends on the
+    /// co-provisioned one. Run once every node and reference edge exists.
+    fn match_dependents(&mut self) {
+        for (r, c) in std::mem::take(&mut self.match_dependents) {
+            let dependents: Vec<NodeIndex> = self
+                .dag
+                .graph()
+                .neighbors_directed(r, daggy::petgraph::Direction::Incoming)
+                .filter(|&p| p != c)
+                .collect();
+            for p in dependents {
+                self.edge(p, c, EdgeKind::Coprovision);
+            }
+        }
+    }
+
+    /// Adds `from -> to`, keeping the strongest kind when the pair already has an edge; a loop
+    /// is recorded with every resource on it.
+    fn edge(&mut self, from: NodeIndex, to: NodeIndex, kind: EdgeKind) {
+        if let Some(e) = self.dag.find_edge(from, to) {
+            if let Some(w) = self.dag.edge_weight_mut(e)
+                && kind > *w
+            {
+                *w = kind;
+            }
+            return;
+        }
+        if from == to || self.dag.add_edge(from, to, kind).is_err() {
+            self.report_loop(from, to);
+        }
+    }
+
+    fn report_loop(&mut self, from: NodeIndex, to: NodeIndex) {
+        // The new edge from -> to closes a loop with an existing path to ~> from.
+        let mut path = self.path(to, from).unwrap_or_else(|| vec![to]);
+        path.insert(0, from);
+        let mut key: Vec<GuresId> = path.iter().map(|&n| self.dag[n].guresid.clone()).collect();
+        key.sort();
+        key.dedup();
+        if !self.loops.insert(key) {
+            return;
+        }
+        let members = path
+            .iter()
+            .map(|&n| {
+                let node = &self.dag[n];
+                let def = self.matched.get(&n).map(|d| d.location.to_string());
+                format!(
+                    "{} (definition '{}'{})",
+                    node.label(),
+                    node.definition,
+                    def.map(|l| format!(" in {l}")).unwrap_or_default()
+                )
+            })
+            .collect();
+        self.errors.push(BuildError::Loop { members });
+    }
+
+    /// A path along dependency edges from `start` to `goal`, both included.
+    fn path(&self, start: NodeIndex, goal: NodeIndex) -> Option<Vec<NodeIndex>> {
+        let g = self.dag.graph();
+        let mut came_from: HashMap<NodeIndex, NodeIndex> = HashMap::new();
+        let mut queue = VecDeque::from([start]);
+        let mut seen = HashSet::from([start]);
+        while let Some(n) = queue.pop_front() {
+            if n == goal {
+                let mut path = vec![n];
+                let mut cur = n;
+                while let Some(&prev) = came_from.get(&cur) {
+                    path.push(prev);
+                    cur = prev;
+                }
+                path.reverse();
+                return Some(path);
+            }
+            for next in g.neighbors(n) {
+                if seen.insert(next) {
+                    came_from.insert(next, n);
+                    queue.push_back(next);
+                }
+            }
+        }
+        None
+    }
+}
+
+fn workload_location(workload: &Workload, needle: &str) -> SourceLocation {
+    SourceLocation {
+        file: workload.file.clone(),
+        line: crate::model::line_of(&workload.source, needle),
+        column: None,
+    }
+}

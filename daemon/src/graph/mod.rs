@@ -1,0 +1,227 @@
+//! The resource graph of one environment: resources as nodes, dependencies as edges, a DAG.
+//!
+//! Edges point from a resource to the resource it depends on (consumer to provider), so in
+//! daggy's terms a node's children are what it needs and its parents are its dependents.
+//! [`build`] is a pure function of the loaded repository.
+
+mod build;
+mod guresid;
+mod matching;
+
+use std::collections::HashMap;
+use std::fmt;
+
+use daggy::petgraph::visit::EdgeRef;
+use daggy::{Dag, NodeIndex};
+use serde_json::Value;
+
+use crate::model::SourceLocation;
+use crate::model::placeholder::Segment;
+use crate::model::template::Template;
+
+pub use build::{BuildError, build};
+pub use guresid::GuresId;
+pub use matching::{MatchContext, NoMatch, match_definition};
+
+/// Why an edge exists. The order is the precedence when two reasons join the same pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EdgeKind {
+    /// Reserved for edges the environment itself implies.
+    Implicit,
+    /// A workload needs one of its Score resources.
+    Dependency,
+    /// `is_dependent` or `match_dependents` of a co-provisioned resource.
+    Coprovision,
+    /// A `${resources...>TYPE}` or `<TYPE` selector.
+    Selector,
+    /// A placeholder reads an output of the other resource.
+    Reference,
+}
+
+impl EdgeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EdgeKind::Implicit => "implicit",
+            EdgeKind::Dependency => "dependency",
+            EdgeKind::Coprovision => "coprovision",
+            EdgeKind::Selector => "selector",
+            EdgeKind::Reference => "reference",
+        }
+    }
+}
+
+impl fmt::Display for EdgeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A placeholder after graph building: which resource's output it reads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Binding {
+    Output {
+        target: GuresId,
+        /// Starts with the output name.
+        path: Vec<Segment>,
+    },
+}
+
+/// Why a resource is in the graph.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Origin {
+    Workload { file: String },
+    /// A Score resource dependency of a workload.
+    Requested { workload: String, name: String, location: SourceLocation },
+    Implicit,
+    Referenced { by: GuresId, definition: String },
+    Coprovisioned { by: GuresId, definition: String },
+}
+
+/// One resource to provision.
+#[derive(Debug, Clone)]
+pub struct ResourceNode {
+    pub guresid: GuresId,
+    /// `None` for resources shared by every app of the environment.
+    pub app: Option<String>,
+    pub res_type: String,
+    pub class: String,
+    pub res_id: String,
+    pub definition: String,
+    pub driver_type: String,
+    pub driver_account: Option<String>,
+    /// The resource's own inputs (`resource` in a driver request): Score params, or for a
+    /// workload its whole Score file.
+    pub params: Template<Binding>,
+    pub values: Template<Binding>,
+    pub secrets: Template<Binding>,
+    pub origin: Origin,
+}
+
+impl ResourceNode {
+    /// `app/type.class#res_id`, how people name a resource.
+    pub fn label(&self) -> String {
+        format!(
+            "{}/{}.{}#{}",
+            self.app.as_deref().unwrap_or("-"),
+            self.res_type,
+            self.class,
+            self.res_id
+        )
+    }
+}
+
+/// The DAG of one environment at one commit.
+#[derive(Debug, Clone)]
+pub struct ResourceGraph {
+    pub env: String,
+    pub env_type: String,
+    dag: Dag<ResourceNode, EdgeKind>,
+    index: HashMap<GuresId, NodeIndex>,
+}
+
+/// An edge by GUResID: `from` depends on `to`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Edge {
+    pub from: GuresId,
+    pub to: GuresId,
+    pub kind: EdgeKind,
+}
+
+impl ResourceGraph {
+    pub fn len(&self) -> usize {
+        self.dag.node_count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dag.node_count() == 0
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &ResourceNode> {
+        self.dag.raw_nodes().iter().map(|n| &n.weight)
+    }
+
+    pub fn get(&self, id: &GuresId) -> Option<&ResourceNode> {
+        self.index.get(id).map(|&i| &self.dag[i])
+    }
+
+    pub fn contains(&self, id: &GuresId) -> bool {
+        self.index.contains_key(id)
+    }
+
+    /// Every edge, sorted for stable output.
+    pub fn edges(&self) -> Vec<Edge> {
+        let mut edges: Vec<Edge> = self
+            .dag
+            .graph()
+            .edge_references()
+            .map(|e| Edge {
+                from: self.dag[e.source()].guresid.clone(),
+                to: self.dag[e.target()].guresid.clone(),
+                kind: *e.weight(),
+            })
+            .collect();
+        edges.sort();
+        edges
+    }
+
+    /// What `id` depends on directly.
+    pub fn dependencies(&self, id: &GuresId) -> Vec<&GuresId> {
+        let Some(&i) = self.index.get(id) else {
+            return Vec::new();
+        };
+        self.dag
+            .graph()
+            .neighbors(i)
+            .map(|n| &self.dag[n].guresid)
+            .collect()
+    }
+
+    /// Resources in provisioning order: each after everything it depends on; ties by GUResID so
+    /// the order is stable.
+    pub fn provisioning_order(&self) -> Vec<&ResourceNode> {
+        let g = self.dag.graph();
+        let mut pending: Vec<usize> = g.node_indices().map(|n| g.neighbors(n).count()).collect();
+        let mut ready: std::collections::BTreeSet<(&GuresId, NodeIndex)> = g
+            .node_indices()
+            .filter(|n| pending[n.index()] == 0)
+            .map(|n| (&self.dag[n].guresid, n))
+            .collect();
+        let mut out = Vec::with_capacity(g.node_count());
+        while let Some(first) = ready.pop_first() {
+            let n = first.1;
+            out.push(&self.dag[n]);
+            for dependent in g.neighbors_directed(n, daggy::petgraph::Direction::Incoming) {
+                let p = &mut pending[dependent.index()];
+                *p -= 1;
+                if *p == 0 {
+                    ready.insert((&self.dag[dependent].guresid, dependent));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The JSON of `gitplane graph --format json` (DESIGN.md section 8).
+pub fn to_json(graph: &ResourceGraph, commit: &str) -> Value {
+    let mut nodes: Vec<&ResourceNode> = graph.nodes().collect();
+    nodes.sort_by(|a, b| a.guresid.cmp(&b.guresid));
+    serde_json::json!({
+        "env": graph.env,
+        "commit": commit,
+        "nodes": nodes.iter().map(|n| serde_json::json!({
+            "guresid": n.guresid.as_str(),
+            "app": n.app,
+            "type": n.res_type,
+            "class": n.class,
+            "id": n.res_id,
+            "definition": n.definition,
+            "driver": n.driver_type,
+        })).collect::<Vec<_>>(),
+        "edges": graph.edges().iter().map(|e| serde_json::json!({
+            "from": e.from.as_str(),
+            "to": e.to.as_str(),
+            "kind": e.kind.as_str(),
+        })).collect::<Vec<_>>(),
+    })
+}

@@ -1,0 +1,14 @@
+//! gitplane: a git-native platform orchestrator.
+//!
+//! The pipeline, one module each: [`repo`] reads a commit, [`model`] loads its files, [`graph`]
+//! builds each environment's resource graph, [`plan`] compares it with the recorded state,
+//! [`reconcile`] runs the plan through [`drivers`] and records it with `gitplane-state`, and
+//! [`cli`] is the command line. See ARCHITECTURE.md.
+
+pub mod cli;
+pub mod drivers;
+pub mod graph;
+pub mod model;
+pub mod plan;
+pub mod reconcile;
+pub mod repo;

@@ -1,0 +1,676 @@
+//! The file formats as serde types, and the loader that turns files into a [`Repository`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::placeholder::{Dialect, parse_string, ParsedString};
+use super::{
+    App, Criterion, DEFAULT_CLASS, Definition, Environment, LoadError, LoadErrorKind, Provision,
+    Repository, ScoreResource, SourceLocation, Workload, line_of, parse_template,
+    placeholder_errors,
+};
+
+const SCORE_API_VERSION: &str = "score.dev/v1b1";
+const DEFINITION_API_VERSION: &str = "entity.humanitec.io/v1b1";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnvironmentFile {
+    id: Option<String>,
+    #[serde(rename = "type")]
+    env_type: String,
+    apps: Option<Vec<String>>,
+    implicit_resources: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ScoreFile {
+    api_version: String,
+    metadata: ScoreMetadata,
+    containers: BTreeMap<String, Value>,
+    #[serde(default)]
+    service: Option<Value>,
+    #[serde(default)]
+    resources: BTreeMap<String, ScoreResourceFile>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ScoreMetadata {
+    name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScoreResourceFile {
+    #[serde(rename = "type")]
+    res_type: String,
+    class: Option<String>,
+    id: Option<String>,
+    #[serde(default)]
+    metadata: Option<Value>,
+    #[serde(default)]
+    params: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DefinitionFile {
+    api_version: String,
+    kind: String,
+    metadata: DefinitionMetadata,
+    entity: EntityFile,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DefinitionMetadata {
+    id: String,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntityFile {
+    name: Option<String>,
+    #[serde(rename = "type")]
+    res_type: String,
+    driver_type: String,
+    driver_account: Option<String>,
+    #[serde(default)]
+    driver_inputs: DriverInputsFile,
+    #[serde(default)]
+    provision: BTreeMap<String, ProvisionFile>,
+    #[serde(default)]
+    criteria: Vec<CriterionFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriverInputsFile {
+    #[serde(default)]
+    pub values: Option<Value>,
+    #[serde(default)]
+    pub secrets: Option<Value>,
+    #[serde(default)]
+    pub secret_refs: Option<Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProvisionFile {
+    #[serde(default)]
+    pub is_dependent: bool,
+    #[serde(default)]
+    pub match_dependents: bool,
+    #[serde(default)]
+    pub params: Option<Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CriterionFile {
+    /// Humanitec exports carry an id per rule; it plays no part in matching.
+    #[serde(default)]
+    pub id: Option<String>,
+    pub app_id: Option<String>,
+    pub env_id: Option<String>,
+    pub env_type: Option<String>,
+    pub res_id: Option<String>,
+    pub class: Option<String>,
+}
+
+/// Accumulates files and errors; see [`super::load`].
+#[derive(Default)]
+pub(super) struct Loader {
+    repo: Repository,
+    errors: Vec<LoadError>,
+    definition_ids: HashMap<String, SourceLocation>,
+    workload_files: HashMap<(String, String), String>,
+}
+
+impl Loader {
+    pub(super) fn file(&mut self, path: &str, bytes: &[u8]) {
+        if !(path.ends_with(".yaml") || path.ends_with(".yml")) {
+            return;
+        }
+        let parts: Vec<&str> = path.split('/').collect();
+        let kind = match parts.as_slice() {
+            ["environments", _] => FileKind::Environment,
+            ["workloads", app, _] => FileKind::Workload((*app).to_owned()),
+            ["definitions", ..] => FileKind::Definitions,
+            ["environments", ..] | ["workloads", ..] => {
+                self.error(
+                    SourceLocation::file(path),
+                    LoadErrorKind::Invalid(
+                        "misplaced file: environments live in environments/<id>.yaml and \
+                         workloads in workloads/<app>/<name>.yaml"
+                            .into(),
+                    ),
+                );
+                return;
+            }
+            _ => return,
+        };
+        let Ok(text) = std::str::from_utf8(bytes) else {
+            self.error(SourceLocation::file(path), LoadErrorKind::NotUtf8);
+            return;
+        };
+        match kind {
+            FileKind::Environment => self.environment(path, text),
+            FileKind::Workload(app) => self.workload(path, &app, text),
+            FileKind::Definitions => {
+                for (offset, doc) in split_documents(text) {
+                    self.definition(path, doc, offset);
+                }
+            }
+        }
+    }
+
+    pub(super) fn finish(mut self) -> Result<Repository, Vec<LoadError>> {
+        if self.repo.environments.is_empty() && self.errors.is_empty() {
+            self.error(SourceLocation::file("environments/"), LoadErrorKind::NoEnvironments);
+        }
+        self.check_equal_criteria();
+        if self.errors.is_empty() {
+            Ok(self.repo)
+        } else {
+            self.errors.sort_by(|a, b| a.location.cmp(&b.location));
+            Err(self.errors)
+        }
+    }
+
+    fn error(&mut self, location: SourceLocation, kind: LoadErrorKind) {
+        self.errors.push(LoadError { location, kind });
+    }
+
+    fn environment(&mut self, path: &str, text: &str) {
+        let Some(file): Option<EnvironmentFile> = self.parse_yaml(path, text, 0) else {
+            return;
+        };
+        let stem = file_stem(path);
+        let id = file.id.clone().unwrap_or_else(|| stem.to_owned());
+        if id != stem {
+            let line = line_of(text, "id:");
+            self.error(
+                SourceLocation {
+                    file: path.into(),
+                    line,
+                    column: None,
+                },
+                LoadErrorKind::Invalid(format!(
+                    "environment id '{id}' differs from the file name: name the file \
+                     environments/{id}.yaml or drop the id"
+                )),
+            );
+            return;
+        }
+        if let Err(reason) = check_identifier(&id) {
+            self.error(SourceLocation::file(path), LoadErrorKind::Invalid(reason));
+            return;
+        }
+        self.repo.environments.push(Environment {
+            id,
+            env_type: file.env_type,
+            apps: file.apps,
+            implicit_resources: file
+                .implicit_resources
+                .unwrap_or_else(|| vec!["base-env".to_owned()]),
+            location: SourceLocation::file(path),
+        });
+    }
+
+    fn workload(&mut self, path: &str, app: &str, text: &str) {
+        if let Err(reason) = check_identifier(app) {
+            self.error(
+                SourceLocation::file(path),
+                LoadErrorKind::Invalid(format!("app folder: {reason}")),
+            );
+            return;
+        }
+        let Some(file): Option<ScoreFile> = self.parse_yaml(path, text, 0) else {
+            return;
+        };
+        let Some(raw): Option<Value> = self.parse_yaml(path, text, 0) else {
+            return;
+        };
+        if file.api_version != SCORE_API_VERSION {
+            self.error(
+                SourceLocation {
+                    file: path.into(),
+                    line: line_of(text, "apiVersion"),
+                    column: None,
+                },
+                LoadErrorKind::Invalid(format!(
+                    "apiVersion '{}' is not supported: use '{SCORE_API_VERSION}'",
+                    file.api_version
+                )),
+            );
+            return;
+        }
+        let name = file.metadata.name.clone();
+        if let Err(reason) = check_identifier(&name) {
+            self.error(
+                SourceLocation {
+                    file: path.into(),
+                    line: line_of(text, "name:"),
+                    column: None,
+                },
+                LoadErrorKind::Invalid(format!("workload name: {reason}")),
+            );
+            return;
+        }
+        if let Some(first) = self
+            .workload_files
+            .insert((app.to_owned(), name.clone()), path.to_owned())
+        {
+            self.error(
+                SourceLocation::file(path),
+                LoadErrorKind::DuplicateWorkload {
+                    app: app.into(),
+                    name,
+                    first,
+                },
+            );
+            return;
+        }
+        let mut template_errors = Vec::new();
+        let spec = parse_template(&raw, Dialect::Score, "", &mut template_errors);
+        let source: Arc<str> = Arc::from(text);
+        self.errors
+            .extend(placeholder_errors(path, text, 0, template_errors));
+        let _ = file.service;
+        let _ = file.containers;
+        let mut resources = BTreeMap::new();
+        for (res_name, res) in file.resources {
+            let _ = res.metadata;
+            let location = SourceLocation {
+                file: path.into(),
+                line: line_of(text, &format!("{res_name}:")),
+                column: None,
+            };
+            if let Err(reason) = check_identifier(&res_name) {
+                self.error(
+                    location,
+                    LoadErrorKind::Invalid(format!("resource name: {reason}")),
+                );
+                continue;
+            }
+            resources.insert(
+                res_name,
+                ScoreResource {
+                    res_type: res.res_type,
+                    class: res.class.unwrap_or_else(|| DEFAULT_CLASS.to_owned()),
+                    id: res.id,
+                    params: res.params.unwrap_or(Value::Null),
+                    location,
+                },
+            );
+        }
+        let metadata = raw.get("metadata").cloned().unwrap_or(Value::Null);
+        self.repo
+            .apps
+            .entry(app.to_owned())
+            .or_insert_with(|| App {
+                id: app.to_owned(),
+                workloads: BTreeMap::new(),
+            })
+            .workloads
+            .insert(
+                name.clone(),
+                Workload {
+                    name,
+                    file: path.to_owned(),
+                    source,
+                    metadata,
+                    spec,
+                    resources,
+                },
+            );
+    }
+
+    fn definition(&mut self, path: &str, doc: &str, line_offset: usize) {
+        let Some(file): Option<DefinitionFile> = self.parse_yaml(path, doc, line_offset) else {
+            return;
+        };
+        let at = |needle: &str| SourceLocation {
+            file: path.to_owned(),
+            line: line_of(doc, needle).map(|l| l + line_offset),
+            column: None,
+        };
+        if file.api_version != DEFINITION_API_VERSION || file.kind != "Definition" {
+            self.error(
+                at("apiVersion"),
+                LoadErrorKind::Invalid(format!(
+                    "expected apiVersion '{DEFINITION_API_VERSION}' and kind 'Definition', found \
+                     '{}' and '{}'",
+                    file.api_version, file.kind
+                )),
+            );
+            return;
+        }
+        let id = file.metadata.id;
+        let location = at(&format!("id: {id}"));
+        if let Err(reason) = check_identifier(&id) {
+            self.error(location, LoadErrorKind::Invalid(format!("definition id: {reason}")));
+            return;
+        }
+        if let Some(first) = self.definition_ids.get(&id) {
+            let first = first.clone();
+            self.error(location, LoadErrorKind::DuplicateDefinition { id, first });
+            return;
+        }
+        self.definition_ids.insert(id.clone(), location.clone());
+        let _ = (file.metadata.labels, file.metadata.annotations);
+        let entity = file.entity;
+
+        let mut template_errors = Vec::new();
+        let values = parse_template(
+            entity.driver_inputs.values.as_ref().unwrap_or(&Value::Null),
+            Dialect::Definition,
+            "driver_inputs.values",
+            &mut template_errors,
+        );
+        let secrets_value = match merge_secret_refs(
+            entity.driver_inputs.secrets.unwrap_or(Value::Null),
+            entity.driver_inputs.secret_refs,
+        ) {
+            Ok(v) => v,
+            Err(reason) => {
+                self.error(at("secret_refs"), LoadErrorKind::Invalid(reason));
+                return;
+            }
+        };
+        let secrets = parse_template(
+            &secrets_value,
+            Dialect::Definition,
+            "driver_inputs.secrets",
+            &mut template_errors,
+        );
+        let before = self.errors.len();
+        self.errors
+            .extend(placeholder_errors(path, doc, line_offset, template_errors));
+
+        let mut provision = Vec::new();
+        for (key, p) in entity.provision {
+            match parse_provision_key(&key) {
+                Ok((res_type, class, id)) => provision.push(Provision {
+                    key,
+                    res_type,
+                    class,
+                    id,
+                    is_dependent: p.is_dependent,
+                    match_dependents: p.match_dependents,
+                    params: p.params.unwrap_or(Value::Null),
+                }),
+                Err(reason) => {
+                    let loc = at(&key);
+                    self.error(
+                        loc,
+                        LoadErrorKind::Invalid(format!("provision key '{key}': {reason}")),
+                    );
+                }
+            }
+        }
+        if self.errors.len() > before {
+            return;
+        }
+        let criteria = entity
+            .criteria
+            .into_iter()
+            .map(|c| Criterion {
+                res_id: c.res_id,
+                env_id: c.env_id,
+                app_id: c.app_id,
+                env_type: c.env_type,
+                class: c.class.unwrap_or_else(|| DEFAULT_CLASS.to_owned()),
+            })
+            .collect();
+        self.repo.definitions.push(Definition {
+            name: entity.name.unwrap_or_else(|| id.clone()),
+            id,
+            res_type: entity.res_type,
+            driver_type: entity.driver_type,
+            driver_account: entity.driver_account,
+            values,
+            secrets,
+            provision,
+            criteria,
+            location,
+            source: Arc::from(doc),
+            line_offset,
+        });
+    }
+
+    /// Two definitions of one type with an equal rule would make matching a coin toss.
+    fn check_equal_criteria(&mut self) {
+        let mut seen: HashMap<(&str, &Criterion), &Definition> = HashMap::new();
+        let mut found = Vec::new();
+        for def in &self.repo.definitions {
+            for rule in &def.criteria {
+                match seen.get(&(def.res_type.as_str(), rule)) {
+                    Some(first) if first.id != def.id => found.push(LoadError {
+                        location: def.locate("criteria"),
+                        kind: LoadErrorKind::EqualCriteria {
+                            res_type: def.res_type.clone(),
+                            criteria: rule.to_string(),
+                            first: first.id.clone(),
+                            second: def.id.clone(),
+                        },
+                    }),
+                    Some(_) => {}
+                    None => {
+                        seen.insert((def.res_type.as_str(), rule), def);
+                    }
+                }
+            }
+        }
+        self.errors.extend(found);
+    }
+
+    fn parse_yaml<T: serde::de::DeserializeOwned>(
+        &mut self,
+        path: &str,
+        text: &str,
+        line_offset: usize,
+    ) -> Option<T> {
+        let options = serde_saphyr::options! { strict_booleans: true };
+        match serde_saphyr::from_str_with_options::<T>(text, options) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                let (line, column) = match e.location() {
+                    Some(l) => (
+                        Some(l.line() as usize + line_offset),
+                        Some(l.column() as usize),
+                    ),
+                    None => (None, None),
+                };
+                self.error(
+                    SourceLocation {
+                        file: path.to_owned(),
+                        line,
+                        column,
+                    },
+                    LoadErrorKind::Yaml(yaml_message(&e)),
+                );
+                None
+            }
+        }
+    }
+}
+
+enum FileKind {
+    Environment,
+    Workload(String),
+    Definitions,
+}
+
+/// The error's message alone: the location is reported separately, and a snippet of the file
+/// could show a secret.
+fn yaml_message(e: &serde_saphyr::Error) -> String {
+    let text = e.without_snippet().to_string();
+    let first = text.lines().next().unwrap_or("invalid YAML").trim();
+    // The crate appends " at line L column C"; the location is printed by our caller.
+    match first.rfind(" at line ") {
+        Some(pos) => first[..pos].to_owned(),
+        None => first.to_owned(),
+    }
+}
+
+/// Splits a multi-document YAML file; yields each document with the number of lines before it.
+fn split_documents(text: &str) -> Vec<(usize, &str)> {
+    let mut docs = Vec::new();
+    let mut start_byte = 0;
+    let mut start_line = 0;
+    let mut byte = 0;
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        let trimmed = line.trim_end();
+        if trimmed == "---" || trimmed.starts_with("--- ") {
+            docs.push((start_line, &text[start_byte..byte]));
+            start_byte = byte + line.len();
+            start_line = i + 1;
+        }
+        byte += line.len();
+    }
+    docs.push((start_line, &text[start_byte..]));
+    docs.into_iter()
+        .filter(|(_, d)| {
+            d.lines()
+                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#') && l.trim() != "...")
+        })
+        .collect()
+}
+
+/// `secret_refs` leaves are `{value: ...}` (a literal or a placeholder); they join `secrets`.
+fn merge_secret_refs(secrets: Value, refs: Option<Value>) -> Result<Value, String> {
+    let Some(refs) = refs else {
+        return Ok(secrets);
+    };
+    fn flatten(v: Value, path: &str) -> Result<Value, String> {
+        match v {
+            Value::Object(map) if map.contains_key("store") || map.contains_key("ref") => Err(format!(
+                "secret_refs.{path}: secret stores ({{store, ref}}) are not supported yet; \
+                 use {{value: ...}}"
+            )),
+            Value::Object(mut map) if map.len() == 1 && map.contains_key("value") => {
+                Ok(map.remove("value").unwrap_or(Value::Null))
+            }
+            Value::Object(map) => map
+                .into_iter()
+                .map(|(k, v)| {
+                    let child = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                    Ok((k, flatten(v, &child)?))
+                })
+                .collect::<Result<serde_json::Map<_, _>, _>>()
+                .map(Value::Object),
+            _ => Err(format!(
+                "secret_refs.{path}: expected {{value: ...}} or an object of them"
+            )),
+        }
+    }
+    let refs = flatten(refs, "")?;
+    match (secrets, refs) {
+        (Value::Null, refs) => Ok(refs),
+        (Value::Object(mut s), Value::Object(r)) => {
+            for (k, v) in r {
+                if s.contains_key(&k) {
+                    return Err(format!(
+                        "'{k}' is set in both secrets and secret_refs: keep one"
+                    ));
+                }
+                s.insert(k, v);
+            }
+            Ok(Value::Object(s))
+        }
+        _ => Err("secrets and secret_refs must both be objects".into()),
+    }
+}
+
+/// `TYPE[.CLASS][#ID]`.
+fn parse_provision_key(key: &str) -> Result<(String, Option<String>, Option<String>), String> {
+    // Reuse the placeholder grammar's descriptor rules.
+    let probe = format!("${{resources['{key}'].outputs.x}}");
+    match parse_string(&probe, Dialect::Definition) {
+        Ok(ParsedString::Whole(super::placeholder::Expr::Resource { desc, .. }))
+            if desc.selector.is_none() =>
+        {
+            Ok((desc.res_type, desc.class, desc.id))
+        }
+        Ok(_) => Err("expected TYPE[.CLASS][#ID]".into()),
+        Err(e) => Err(e.reason),
+    }
+}
+
+fn file_stem(path: &str) -> &str {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.strip_suffix(".yaml")
+        .or_else(|| name.strip_suffix(".yml"))
+        .unwrap_or(name)
+}
+
+/// Ids of environments, apps, workloads and definitions end up in res_ids and file names.
+fn check_identifier(id: &str) -> Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= 100
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && id.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "'{id}' is not a valid id: use letters, digits, '-' and '_', starting with a letter or digit"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_keep_their_line_offsets() {
+        let text = "a: 1\n---\nb: 2\nc: 3\n--- \n# only a comment\n---\nd: 4\n";
+        let docs = split_documents(text);
+        assert_eq!(docs, vec![(0, "a: 1\n"), (2, "b: 2\nc: 3\n"), (7, "d: 4\n")]);
+    }
+
+    #[test]
+    fn secret_refs_join_secrets() {
+        let merged = merge_secret_refs(
+            serde_json::json!({"a": 1}),
+            Some(serde_json::json!({"b": {"value": "x"}, "c": {"d": {"value": "${y}"}}})),
+        )
+        .unwrap();
+        assert_eq!(
+            merged,
+            serde_json::json!({"a": 1, "b": "x", "c": {"d": "${y}"}})
+        );
+        let err = merge_secret_refs(
+            Value::Null,
+            Some(serde_json::json!({"b": {"store": "vault", "ref": "x"}})),
+        )
+        .unwrap_err();
+        assert!(err.contains("secret_refs.b"), "{err}");
+    }
+
+    #[test]
+    fn provision_keys() {
+        assert_eq!(
+            parse_provision_key("aws-policy.strict#common").unwrap(),
+            ("aws-policy".into(), Some("strict".into()), Some("common".into()))
+        );
+        assert_eq!(
+            parse_provision_key("aws-policy").unwrap(),
+            ("aws-policy".into(), None, None)
+        );
+        assert!(parse_provision_key("a>b").is_err());
+    }
+}

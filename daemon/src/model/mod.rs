@@ -1,0 +1,287 @@
+//! The config repository as typed values: environments, Score workloads and Resource Definitions.
+//!
+//! [`load`] is a pure function of a commit's files: it parses every file, checks what can be
+//! checked without building a graph, and returns every error it found, each with its file and
+//! line, rather than stopping at the first.
+
+pub mod placeholder;
+pub mod template;
+
+mod files;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+pub use files::{CriterionFile, DriverInputsFile, ProvisionFile};
+use placeholder::{Dialect, Expr, PlaceholderError};
+use template::{Template, TemplateError};
+
+/// The class a resource has when nobody names one.
+pub const DEFAULT_CLASS: &str = "default";
+
+/// A place in the repository: file, and line and column where known.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SourceLocation {
+    pub file: String,
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+}
+
+impl SourceLocation {
+    pub fn file(file: impl Into<String>) -> Self {
+        SourceLocation {
+            file: file.into(),
+            line: None,
+            column: None,
+        }
+    }
+
+    pub fn at(file: impl Into<String>, line: usize) -> Self {
+        SourceLocation {
+            file: file.into(),
+            line: Some(line),
+            column: None,
+        }
+    }
+}
+
+impl fmt::Display for SourceLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+            if let Some(column) = self.column {
+                write!(f, ":{column}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a commit's files do not load.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{location}: {kind}")]
+pub struct LoadError {
+    pub location: SourceLocation,
+    pub kind: LoadErrorKind,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LoadErrorKind {
+    #[error("{0}")]
+    Yaml(String),
+    #[error("file is not UTF-8")]
+    NotUtf8,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("bad placeholder in '{path}' ({text:?}) at {source}")]
+    Placeholder {
+        path: String,
+        text: String,
+        source: PlaceholderError,
+    },
+    #[error("definition id '{id}' is already used in {first}")]
+    DuplicateDefinition { id: String, first: SourceLocation },
+    #[error(
+        "definitions '{first}' and '{second}' have equal criteria {criteria} for type \
+         '{res_type}': make one rule more specific or remove it"
+    )]
+    EqualCriteria {
+        res_type: String,
+        criteria: String,
+        first: String,
+        second: String,
+    },
+    #[error("workload '{name}' of app '{app}' is already defined in {first}")]
+    DuplicateWorkload {
+        app: String,
+        name: String,
+        first: String,
+    },
+    #[error("the repository has no environments: add a file environments/<id>.yaml")]
+    NoEnvironments,
+}
+
+/// Everything a commit declares, checked and ready for the graph builder.
+#[derive(Debug, Clone, Default)]
+pub struct Repository {
+    pub environments: Vec<Environment>,
+    /// Apps by id, each with its workloads.
+    pub apps: BTreeMap<String, App>,
+    pub definitions: Vec<Definition>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Environment {
+    pub id: String,
+    pub env_type: String,
+    /// `None`: every app of the repository.
+    pub apps: Option<Vec<String>>,
+    /// Resource types every app gets in this environment, each with res_id equal to its type.
+    pub implicit_resources: Vec<String>,
+    pub location: SourceLocation,
+}
+
+impl Environment {
+    pub fn runs_app(&self, app: &str) -> bool {
+        self.apps
+            .as_ref()
+            .is_none_or(|apps| apps.iter().any(|a| a == app))
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct App {
+    pub id: String,
+    /// Workloads by name.
+    pub workloads: BTreeMap<String, Workload>,
+}
+
+/// A Score workload file.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub name: String,
+    pub file: String,
+    pub source: Arc<str>,
+    /// The Score file's `metadata`, which `${metadata.KEY}` reads.
+    pub metadata: Value,
+    /// The whole Score file, with its placeholders; resolved, it is the workload's resource input.
+    pub spec: Template<Expr>,
+    /// Resource dependencies by name.
+    pub resources: BTreeMap<String, ScoreResource>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ScoreResource {
+    pub res_type: String,
+    pub class: String,
+    /// `Some`: shared inside the app as `shared.<id>`.
+    pub id: Option<String>,
+    pub params: Value,
+    pub location: SourceLocation,
+}
+
+/// A Resource Definition (Humanitec format).
+#[derive(Debug, Clone)]
+pub struct Definition {
+    pub id: String,
+    pub name: String,
+    pub res_type: String,
+    pub driver_type: String,
+    pub driver_account: Option<String>,
+    pub values: Template<Expr>,
+    pub secrets: Template<Expr>,
+    pub provision: Vec<Provision>,
+    pub criteria: Vec<Criterion>,
+    pub location: SourceLocation,
+    /// The text of this definition's YAML document, to point errors at the right line.
+    pub source: Arc<str>,
+    /// Line of the document's first line in its file, minus one.
+    pub line_offset: usize,
+}
+
+impl Definition {
+    /// Where `needle` first appears in this definition, or the definition itself.
+    pub fn locate(&self, needle: &str) -> SourceLocation {
+        match line_of(&self.source, needle) {
+            Some(line) => SourceLocation::at(&self.location.file, line + self.line_offset),
+            None => self.location.clone(),
+        }
+    }
+}
+
+/// A co-provisioned resource: `provision: {"TYPE[.CLASS][#ID]": {...}}`.
+#[derive(Debug, Clone)]
+pub struct Provision {
+    pub key: String,
+    pub res_type: String,
+    pub class: Option<String>,
+    pub id: Option<String>,
+    pub is_dependent: bool,
+    pub match_dependents: bool,
+    pub params: Value,
+}
+
+/// One matching rule. Fields left out match anything; a missing class means `default`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Criterion {
+    pub res_id: Option<String>,
+    pub env_id: Option<String>,
+    pub app_id: Option<String>,
+    pub env_type: Option<String>,
+    pub class: String,
+}
+
+impl fmt::Display for Criterion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut fields = Vec::new();
+        for (name, value) in [
+            ("app_id", &self.app_id),
+            ("env_id", &self.env_id),
+            ("env_type", &self.env_type),
+            ("res_id", &self.res_id),
+        ] {
+            if let Some(v) = value {
+                fields.push(format!("{name}: {v}"));
+            }
+        }
+        fields.push(format!("class: {}", self.class));
+        write!(f, "{{{}}}", fields.join(", "))
+    }
+}
+
+/// The first line (1-based) of `source` that contains `needle`.
+pub fn line_of(source: &str, needle: &str) -> Option<usize> {
+    if needle.is_empty() {
+        return None;
+    }
+    let first_line_of_needle = needle.lines().next().unwrap_or(needle);
+    source
+        .lines()
+        .position(|l| l.contains(first_line_of_needle))
+        .map(|i| i + 1)
+}
+
+/// Loads every file of a commit. `files` maps repository paths to file contents.
+pub fn load(files: &BTreeMap<String, Vec<u8>>) -> Result<Repository, Vec<LoadError>> {
+    let mut loader = files::Loader::default();
+    for (path, bytes) in files {
+        loader.file(path, bytes);
+    }
+    loader.finish()
+}
+
+pub(crate) fn placeholder_errors<'s>(
+    file: &'s str,
+    source: &'s str,
+    line_offset: usize,
+    errors: Vec<TemplateError>,
+) -> impl Iterator<Item = LoadError> + 's {
+    errors.into_iter().map(move |e| {
+        let line = line_of(source, &e.text).map(|l| l + line_offset);
+        LoadError {
+            location: SourceLocation {
+                file: file.to_owned(),
+                line,
+                column: None,
+            },
+            kind: LoadErrorKind::Placeholder {
+                path: e.path,
+                text: e.text,
+                source: e.error,
+            },
+        }
+    })
+}
+
+pub(crate) fn parse_template(
+    value: &Value,
+    dialect: Dialect,
+    path: &str,
+    errors: &mut Vec<TemplateError>,
+) -> Template<Expr> {
+    Template::parse(value, dialect, path, errors)
+}

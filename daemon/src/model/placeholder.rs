@@ -1,0 +1,567 @@
+//! The placeholder language: parses `${...}` expressions inside strings of definitions and Score files.
+//!
+//! Grammar (DESIGN.md section 4), for the Humanitec dialect used in Resource Definitions:
+//!
+//! ```text
+//! string      := (text | escape | placeholder)*
+//! escape      := '$\{' | '$${'                 -- both are a literal '${'
+//! placeholder := '${' expr '}'
+//! expr        := 'resources' descriptor '.outputs' path
+//!              | 'context' '.' ('app.id' | 'env.id' | 'env.type' | 'res.id' | 'res.type'
+//!                               | 'res.class' | 'res.guresid')
+//! descriptor  := '.' DESC                       -- DESC ends at the first '.outputs'
+//!              | '[' quoted-DESC ']'            -- quotes are ' or ", ids may hold dots
+//! DESC        := TYPE ['.' CLASS] ['#' ID] [('>' | '<') TYPE]
+//! path        := segment+
+//! segment     := '.' NAME | '[' INDEX ']' | '[' quoted-NAME ']'
+//! ```
+//!
+//! The Score dialect (workload files) has `resources.NAME path` and `metadata path` instead.
+//! Columns in errors are 1-based character positions of the `${` that opens the bad placeholder.
+
+use std::fmt;
+
+/// Which placeholder forms a string may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// Resource Definitions: `${resources.DESC.outputs...}` and `${context...}`.
+    Definition,
+    /// Score workload files: `${resources.NAME...}` and `${metadata...}`.
+    Score,
+}
+
+/// One step into a structured value.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+impl fmt::Display for Segment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Segment::Key(k) if is_plain_name(k) => write!(f, ".{k}"),
+            Segment::Key(k) => write!(f, "['{k}']"),
+            Segment::Index(i) => write!(f, "[{i}]"),
+        }
+    }
+}
+
+/// Writes a path such as `.outputs.a[0]` without the leading dot.
+pub fn path_to_string(path: &[Segment]) -> String {
+    let s: String = path.iter().map(ToString::to_string).collect();
+    s.strip_prefix('.').map(str::to_owned).unwrap_or(s)
+}
+
+/// Direction of a resource selector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SelectorDirection {
+    /// `DESC>TYPE`: resources of TYPE that DESC depends on.
+    DependedOn,
+    /// `DESC<TYPE`: resources of TYPE that depend on DESC.
+    Dependents,
+}
+
+/// `TYPE[.CLASS][#ID][(>|<)TYPE]`: names a resource relative to the one that holds the placeholder.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Descriptor {
+    pub res_type: String,
+    /// `None`: propagate the referencing resource's class.
+    pub class: Option<String>,
+    /// `None`: propagate the referencing resource's id.
+    pub id: Option<String>,
+    pub selector: Option<(SelectorDirection, String)>,
+}
+
+impl fmt::Display for Descriptor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.res_type)?;
+        if let Some(class) = &self.class {
+            write!(f, ".{class}")?;
+        }
+        if let Some(id) = &self.id {
+            write!(f, "#{id}")?;
+        }
+        match &self.selector {
+            Some((SelectorDirection::DependedOn, t)) => write!(f, ">{t}"),
+            Some((SelectorDirection::Dependents, t)) => write!(f, "<{t}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The context values a definition may read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ContextKey {
+    AppId,
+    EnvId,
+    EnvType,
+    ResId,
+    ResType,
+    ResClass,
+    ResGuresId,
+}
+
+/// What a placeholder refers to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Expr {
+    /// `resources.DESC.outputs.PATH`; `path[0]` is the output name.
+    Resource { desc: Descriptor, path: Vec<Segment> },
+    Context(ContextKey),
+    /// Score: `resources.NAME.PATH`, an output of the workload's resource NAME.
+    ScoreResource { name: String, path: Vec<Segment> },
+    /// Score: `metadata.PATH`, a value of the workload's own metadata.
+    ScoreMetadata { path: Vec<Segment> },
+}
+
+/// A piece of a string that holds placeholders.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part<E> {
+    Text(String),
+    Expr(E),
+}
+
+/// A string after parsing.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ParsedString {
+    /// No placeholder; escapes already replaced.
+    Literal(String),
+    /// Exactly one placeholder and nothing else: the value keeps its type.
+    Whole(Expr),
+    /// Text and placeholders: the result is a string.
+    Mixed(Vec<Part<Expr>>),
+}
+
+/// Why a placeholder does not parse, and where it starts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("column {column}: {reason}")]
+pub struct PlaceholderError {
+    /// 1-based character column of the `${` that opens the bad placeholder.
+    pub column: usize,
+    pub reason: String,
+}
+
+/// Parses every placeholder of `input`.
+pub fn parse_string(input: &str, dialect: Dialect) -> Result<ParsedString, PlaceholderError> {
+    if !input.contains('$') {
+        return Ok(ParsedString::Literal(input.to_owned()));
+    }
+    let chars: Vec<char> = input.chars().collect();
+    let mut parts: Vec<Part<Expr>> = Vec::new();
+    let mut text = String::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '$' && chars.get(i + 1) == Some(&'\\') && chars.get(i + 2) == Some(&'{') {
+            text.push_str("${");
+            i += 3;
+        } else if c == '$' && chars.get(i + 1) == Some(&'$') && chars.get(i + 2) == Some(&'{') {
+            text.push_str("${");
+            i += 3;
+        } else if c == '$' && chars.get(i + 1) == Some(&'{') {
+            let column = i + 1;
+            let end = find_close(&chars, i + 2).ok_or_else(|| PlaceholderError {
+                column,
+                reason: "placeholder is not closed: missing '}'".into(),
+            })?;
+            let body: String = chars[i + 2..end].iter().collect();
+            let expr = parse_expr(body.trim(), dialect).map_err(|reason| PlaceholderError {
+                column,
+                reason: format!("in '${{{body}}}': {reason}"),
+            })?;
+            if !text.is_empty() {
+                parts.push(Part::Text(std::mem::take(&mut text)));
+            }
+            parts.push(Part::Expr(expr));
+            i = end + 1;
+        } else {
+            text.push(c);
+            i += 1;
+        }
+    }
+    if !text.is_empty() {
+        parts.push(Part::Text(text));
+    }
+    Ok(match parts.len() {
+        0 => ParsedString::Literal(String::new()),
+        1 => match parts.pop() {
+            Some(Part::Expr(e)) => ParsedString::Whole(e),
+            Some(Part::Text(t)) => ParsedString::Literal(t),
+            None => ParsedString::Literal(String::new()),
+        },
+        _ => ParsedString::Mixed(parts),
+    })
+}
+
+/// Index of the `}` closing a placeholder whose body starts at `start`; quotes may hold braces.
+fn find_close(chars: &[char], start: usize) -> Option<usize> {
+    let mut quote: Option<char> = None;
+    for (offset, &c) in chars[start..].iter().enumerate() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None if c == '\'' || c == '"' => quote = Some(c),
+            None if c == '}' => return Some(start + offset),
+            None => {}
+        }
+    }
+    None
+}
+
+fn parse_expr(body: &str, dialect: Dialect) -> Result<Expr, String> {
+    if body.is_empty() {
+        return Err("empty placeholder".into());
+    }
+    let (head, rest) = split_head(body);
+    match (dialect, head) {
+        (Dialect::Definition, "resources") => parse_resource_ref(rest),
+        (Dialect::Definition, "context") => parse_context(rest),
+        (Dialect::Score, "resources") => {
+            let path = parse_path(rest)?;
+            match path.split_first() {
+                Some((Segment::Key(name), tail)) if !tail.is_empty() => Ok(Expr::ScoreResource {
+                    name: name.clone(),
+                    path: tail.to_vec(),
+                }),
+                Some((Segment::Key(name), _)) => Err(format!(
+                    "'resources.{name}' names no output: write 'resources.{name}.OUTPUT'"
+                )),
+                _ => Err("expected 'resources.NAME.OUTPUT'".into()),
+            }
+        }
+        (Dialect::Score, "metadata") => {
+            let path = parse_path(rest)?;
+            if path.is_empty() {
+                return Err("expected 'metadata.KEY'".into());
+            }
+            Ok(Expr::ScoreMetadata { path })
+        }
+        (Dialect::Definition, other) => Err(format!(
+            "unknown placeholder root '{other}': expected 'resources' or 'context'"
+        )),
+        (Dialect::Score, other) => Err(format!(
+            "unknown placeholder root '{other}': expected 'resources' or 'metadata'"
+        )),
+    }
+}
+
+/// Splits the leading identifier from the rest (`resources.x` -> `("resources", ".x")`).
+fn split_head(body: &str) -> (&str, &str) {
+    let end = body.find(['.', '[']).unwrap_or(body.len());
+    (&body[..end], &body[end..])
+}
+
+fn parse_resource_ref(rest: &str) -> Result<Expr, String> {
+    let (desc_text, after) = if let Some(inner) = rest.strip_prefix('[') {
+        let (quoted, after) = take_quoted(inner)?;
+        let after = after
+            .strip_prefix(']')
+            .ok_or("expected ']' after the quoted resource descriptor")?;
+        (quoted, after)
+    } else if let Some(dotted) = rest.strip_prefix('.') {
+        let end = find_outputs(dotted).ok_or(
+            "expected '.outputs' after the resource descriptor, as in 'resources.TYPE.outputs.NAME'",
+        )?;
+        (dotted[..end].to_owned(), &dotted[end..])
+    } else {
+        return Err("expected '.' or '[' after 'resources'".into());
+    };
+    let desc = parse_descriptor(&desc_text)?;
+    let path_text = after
+        .strip_prefix(".outputs")
+        .ok_or("expected '.outputs' after the resource descriptor")?;
+    let path = parse_path(path_text)?;
+    if path.is_empty() {
+        return Err("expected an output name after '.outputs'".into());
+    }
+    if !matches!(path[0], Segment::Key(_)) {
+        return Err("the first step after '.outputs' must be an output name".into());
+    }
+    Ok(Expr::Resource { desc, path })
+}
+
+/// Byte index of the `.outputs` that ends a dotted descriptor (followed by `.`, `[` or the end).
+fn find_outputs(s: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(pos) = s[from..].find(".outputs") {
+        let at = from + pos;
+        let next = s[at + ".outputs".len()..].chars().next();
+        if matches!(next, None | Some('.') | Some('[')) {
+            return Some(at);
+        }
+        from = at + 1;
+    }
+    None
+}
+
+fn parse_descriptor(text: &str) -> Result<Descriptor, String> {
+    let (main, selector) = match text.find(['>', '<']) {
+        Some(pos) => {
+            let dir = if text[pos..].starts_with('>') {
+                SelectorDirection::DependedOn
+            } else {
+                SelectorDirection::Dependents
+            };
+            let selected = &text[pos + 1..];
+            check_name(selected, "selected resource type")?;
+            (&text[..pos], Some((dir, selected.to_owned())))
+        }
+        None => (text, None),
+    };
+    let (type_class, id) = match main.split_once('#') {
+        Some((tc, id)) => {
+            if id.is_empty() {
+                return Err("empty resource id after '#'".into());
+            }
+            (tc, Some(id.to_owned()))
+        }
+        None => (main, None),
+    };
+    let (res_type, class) = match type_class.split_once('.') {
+        Some((t, c)) => {
+            check_name(c, "resource class")?;
+            (t, Some(c.to_owned()))
+        }
+        None => (type_class, None),
+    };
+    check_name(res_type, "resource type")?;
+    Ok(Descriptor {
+        res_type: res_type.to_owned(),
+        class,
+        id,
+        selector,
+    })
+}
+
+fn check_name(name: &str, what: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err(format!("empty {what}"));
+    }
+    if !is_plain_name(name) {
+        return Err(format!(
+            "invalid {what} '{name}': use letters, digits, '-' and '_'"
+        ));
+    }
+    Ok(())
+}
+
+fn is_plain_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+fn parse_context(rest: &str) -> Result<Expr, String> {
+    let key = match rest {
+        ".app.id" => ContextKey::AppId,
+        ".env.id" => ContextKey::EnvId,
+        ".env.type" => ContextKey::EnvType,
+        ".res.id" => ContextKey::ResId,
+        ".res.type" => ContextKey::ResType,
+        ".res.class" => ContextKey::ResClass,
+        ".res.guresid" => ContextKey::ResGuresId,
+        _ => {
+            return Err(format!(
+                "unknown context 'context{rest}': expected one of context.app.id, context.env.id, \
+                 context.env.type, context.res.id, context.res.type, context.res.class, \
+                 context.res.guresid"
+            ));
+        }
+    };
+    Ok(Expr::Context(key))
+}
+
+/// Parses `.a.b[0]['c.d']` into segments.
+fn parse_path(mut rest: &str) -> Result<Vec<Segment>, String> {
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix('.') {
+            let end = after.find(['.', '[']).unwrap_or(after.len());
+            let name = &after[..end];
+            if name.is_empty() {
+                return Err("empty name in path".into());
+            }
+            if !is_plain_name(name) {
+                return Err(format!("invalid name '{name}' in path: quote it as ['{name}']"));
+            }
+            out.push(Segment::Key(name.to_owned()));
+            rest = &after[end..];
+        } else if let Some(after) = rest.strip_prefix('[') {
+            if after.starts_with(['\'', '"']) {
+                let (key, after) = take_quoted(after)?;
+                rest = after.strip_prefix(']').ok_or("expected ']' after a quoted key")?;
+                out.push(Segment::Key(key));
+            } else {
+                let end = after.find(']').ok_or("expected ']' after an index")?;
+                let index: usize = after[..end]
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("invalid index '[{}]'", &after[..end]))?;
+                out.push(Segment::Index(index));
+                rest = &after[end + 1..];
+            }
+        } else {
+            return Err(format!("unexpected '{rest}' in path"));
+        }
+    }
+    Ok(out)
+}
+
+/// Takes `'...'` or `"..."` from the start of `s`; returns the contents and what follows.
+fn take_quoted(s: &str) -> Result<(String, &str), String> {
+    let quote = s
+        .chars()
+        .next()
+        .filter(|c| *c == '\'' || *c == '"')
+        .ok_or("expected a quoted string")?;
+    let body = &s[1..];
+    let end = body.find(quote).ok_or("unterminated quoted string")?;
+    Ok((body[..end].to_owned(), &body[end + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whole(s: &str) -> Expr {
+        match parse_string(s, Dialect::Definition) {
+            Ok(ParsedString::Whole(e)) => e,
+            other => panic!("expected one placeholder in {s:?}, got {other:?}"),
+        }
+    }
+
+    fn key(s: &str) -> Segment {
+        Segment::Key(s.into())
+    }
+
+    #[test]
+    fn dotted_reference_with_id() {
+        let e = whole("${resources.base-env#base-env.outputs.pghost}");
+        assert_eq!(
+            e,
+            Expr::Resource {
+                desc: Descriptor {
+                    res_type: "base-env".into(),
+                    class: None,
+                    id: Some("base-env".into()),
+                    selector: None
+                },
+                path: vec![key("pghost")],
+            }
+        );
+    }
+
+    #[test]
+    fn bracket_descriptor_keeps_dots_in_id() {
+        let e = whole("${resources['dns.public#shared.dns'].outputs.host}");
+        let Expr::Resource { desc, path } = e else {
+            panic!("not a resource")
+        };
+        assert_eq!(desc.res_type, "dns");
+        assert_eq!(desc.class.as_deref(), Some("public"));
+        assert_eq!(desc.id.as_deref(), Some("shared.dns"));
+        assert_eq!(path, vec![key("host")]);
+    }
+
+    #[test]
+    fn dotted_id_with_dots_ends_at_outputs() {
+        let Expr::Resource { desc, path } = whole("${resources.dns#shared.dns.outputs.a.b[2]}")
+        else {
+            panic!("not a resource")
+        };
+        assert_eq!(desc.id.as_deref(), Some("shared.dns"));
+        assert_eq!(path, vec![key("a"), key("b"), Segment::Index(2)]);
+    }
+
+    #[test]
+    fn selectors_parse_both_directions() {
+        let Expr::Resource { desc, .. } = whole("${resources.workload>aws-policy.outputs.name}")
+        else {
+            panic!()
+        };
+        assert_eq!(
+            desc.selector,
+            Some((SelectorDirection::DependedOn, "aws-policy".into()))
+        );
+        let Expr::Resource { desc, .. } =
+            whole("${resources['dns.public#shared.dns<route'].outputs.path}")
+        else {
+            panic!()
+        };
+        assert_eq!(
+            desc.selector,
+            Some((SelectorDirection::Dependents, "route".into()))
+        );
+        assert_eq!(desc.id.as_deref(), Some("shared.dns"));
+    }
+
+    #[test]
+    fn mixed_text_and_escapes() {
+        let p = parse_string(
+            "postgres://${resources.postgres.outputs.host}:$\\{x} $${y}",
+            Dialect::Definition,
+        )
+        .unwrap();
+        let ParsedString::Mixed(parts) = p else {
+            panic!("{p:?}")
+        };
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[0], Part::Text("postgres://".into()));
+        assert_eq!(parts[2], Part::Text(":${x} ${y}".into()));
+    }
+
+    #[test]
+    fn escapes_alone_are_literal() {
+        assert_eq!(
+            parse_string("$\\{not} and $${not}", Dialect::Score).unwrap(),
+            ParsedString::Literal("${not} and ${not}".into())
+        );
+    }
+
+    #[test]
+    fn context_keys() {
+        assert_eq!(
+            whole("${context.res.guresid}"),
+            Expr::Context(ContextKey::ResGuresId)
+        );
+        let err = parse_string("x ${context.nope}", Dialect::Definition).unwrap_err();
+        assert_eq!(err.column, 3);
+    }
+
+    #[test]
+    fn score_forms() {
+        let p = parse_string("${resources.db.host}", Dialect::Score).unwrap();
+        assert_eq!(
+            p,
+            ParsedString::Whole(Expr::ScoreResource {
+                name: "db".into(),
+                path: vec![key("host")]
+            })
+        );
+        let p = parse_string("${metadata.name}", Dialect::Score).unwrap();
+        assert_eq!(
+            p,
+            ParsedString::Whole(Expr::ScoreMetadata {
+                path: vec![key("name")]
+            })
+        );
+    }
+
+    #[test]
+    fn bad_placeholders_report_their_column() {
+        for (input, column, needle) in [
+            ("${resources.postgres.host}", 1, "'.outputs'"),
+            ("abc ${resources.postgres.outputs.x", 5, "not closed"),
+            ("ab${resources..outputs.x}", 3, "empty resource type"),
+            ("${nope.x}", 1, "unknown placeholder root"),
+            ("${resources.pg.outputs}", 1, "output name"),
+            ("${resources['pg#x.outputs.y}", 1, "unterminated"),
+            ("é ${resources.pg#.outputs.x}", 3, "empty resource id"),
+            ("${}", 1, "empty placeholder"),
+        ] {
+            let err = parse_string(input, Dialect::Definition).unwrap_err();
+            assert_eq!(err.column, column, "{input}: {err}");
+            assert!(err.reason.contains(needle), "{input}: {err}");
+        }
+    }
+}

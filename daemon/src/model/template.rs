@@ -1,0 +1,318 @@
+//! Value trees with placeholders in them, and how they resolve to plain JSON values.
+
+use serde_json::Value;
+
+use super::placeholder::{Dialect, ParsedString, Part, PlaceholderError, Segment, parse_string};
+
+/// A JSON-like value whose strings may hold placeholders of type `E`.
+///
+/// Subtrees without placeholders stay plain [`Value`]s, so most of a definition costs nothing to
+/// resolve.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Template<E> {
+    Value(Value),
+    /// A string made of text and placeholders; the result is a string.
+    Str(Vec<Part<E>>),
+    /// A string that is one placeholder: the result keeps the referenced value's type.
+    Whole(E),
+    Array(Vec<Template<E>>),
+    Object(Vec<(String, Template<E>)>),
+}
+
+/// A placeholder that failed to parse, with the JSON path of the string that held it.
+#[derive(Debug, Clone)]
+pub struct TemplateError {
+    /// Where in the value, such as `values.host`.
+    pub path: String,
+    /// The string that held the placeholder, to find its line in the file.
+    pub text: String,
+    pub error: PlaceholderError,
+}
+
+impl<E> Default for Template<E> {
+    fn default() -> Self {
+        Template::Value(Value::Null)
+    }
+}
+
+impl Template<super::placeholder::Expr> {
+    /// Parses every string in `value`; collects every bad placeholder.
+    pub fn parse(value: &Value, dialect: Dialect, path: &str, errors: &mut Vec<TemplateError>) -> Self {
+        match value {
+            Value::String(s) => match parse_string(s, dialect) {
+                Ok(ParsedString::Literal(l)) if l == *s => Template::Value(value.clone()),
+                Ok(ParsedString::Literal(l)) => Template::Value(Value::String(l)),
+                Ok(ParsedString::Whole(e)) => Template::Whole(e),
+                Ok(ParsedString::Mixed(parts)) => Template::Str(parts),
+                Err(error) => {
+                    errors.push(TemplateError {
+                        path: path.to_owned(),
+                        text: s.clone(),
+                        error,
+                    });
+                    Template::Value(Value::Null)
+                }
+            },
+            Value::Array(items) => {
+                let items: Vec<_> = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| Self::parse(v, dialect, &format!("{path}[{i}]"), errors))
+                    .collect();
+                if items.iter().all(|t| matches!(t, Template::Value(_))) {
+                    Template::Value(Value::Array(
+                        items.into_iter().map(Template::into_value_unchecked).collect(),
+                    ))
+                } else {
+                    Template::Array(items)
+                }
+            }
+            Value::Object(map) => {
+                let fields: Vec<_> = map
+                    .iter()
+                    .map(|(k, v)| {
+                        let child = if path.is_empty() {
+                            k.clone()
+                        } else {
+                            format!("{path}.{k}")
+                        };
+                        (k.clone(), Self::parse(v, dialect, &child, errors))
+                    })
+                    .collect();
+                if fields.iter().all(|(_, t)| matches!(t, Template::Value(_))) {
+                    Template::Value(Value::Object(
+                        fields
+                            .into_iter()
+                            .map(|(k, t)| (k, t.into_value_unchecked()))
+                            .collect(),
+                    ))
+                } else {
+                    Template::Object(fields)
+                }
+            }
+            other => Template::Value(other.clone()),
+        }
+    }
+}
+
+impl<E> Template<E> {
+    fn into_value_unchecked(self) -> Value {
+        match self {
+            Template::Value(v) => v,
+            _ => Value::Null,
+        }
+    }
+
+    /// Every placeholder in the tree, in document order.
+    pub fn exprs(&self) -> Vec<&E> {
+        let mut out = Vec::new();
+        self.collect_exprs(&mut out);
+        out
+    }
+
+    fn collect_exprs<'a>(&'a self, out: &mut Vec<&'a E>) {
+        match self {
+            Template::Value(_) => {}
+            Template::Str(parts) => out.extend(parts.iter().filter_map(|p| match p {
+                Part::Expr(e) => Some(e),
+                Part::Text(_) => None,
+            })),
+            Template::Whole(e) => out.push(e),
+            Template::Array(items) => items.iter().for_each(|t| t.collect_exprs(out)),
+            Template::Object(fields) => fields.iter().for_each(|(_, t)| t.collect_exprs(out)),
+        }
+    }
+
+    /// Replaces every placeholder; `f` may turn one into literal text (`Err(Value)`) or into
+    /// another placeholder type (`Ok(F)`).
+    pub fn try_map<F, X>(&self, f: &mut impl FnMut(&E) -> Result<Mapped<F>, X>) -> Result<Template<F>, X> {
+        Ok(match self {
+            Template::Value(v) => Template::Value(v.clone()),
+            Template::Whole(e) => match f(e)? {
+                Mapped::Expr(n) => Template::Whole(n),
+                Mapped::Value(v) => Template::Value(v),
+            },
+            Template::Str(parts) => {
+                let mut out: Vec<Part<F>> = Vec::with_capacity(parts.len());
+                for p in parts {
+                    let piece = match p {
+                        Part::Text(t) => Part::Text(t.clone()),
+                        Part::Expr(e) => match f(e)? {
+                            Mapped::Expr(n) => Part::Expr(n),
+                            Mapped::Value(v) => Part::Text(insert_as_text(&v)),
+                        },
+                    };
+                    // Adjacent text merges, so a string with only context placeholders becomes
+                    // a plain value.
+                    match (out.last_mut(), piece) {
+                        (Some(Part::Text(prev)), Part::Text(t)) => prev.push_str(&t),
+                        (_, piece) => out.push(piece),
+                    }
+                }
+                match out.as_slice() {
+                    [] => Template::Value(Value::String(String::new())),
+                    [Part::Text(t)] => Template::Value(Value::String(t.clone())),
+                    _ => Template::Str(out),
+                }
+            }
+            Template::Array(items) => Template::Array(
+                items
+                    .iter()
+                    .map(|t| t.try_map(f))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Template::Object(fields) => Template::Object(
+                fields
+                    .iter()
+                    .map(|(k, t)| Ok((k.clone(), t.try_map(f)?)))
+                    .collect::<Result<_, _>>()?,
+            ),
+        })
+    }
+
+    /// Resolves every placeholder with `lookup`, which returns the value and whether it is secret.
+    pub fn resolve<X>(&self, lookup: &mut impl FnMut(&E) -> Result<Resolved, X>) -> Result<Resolved, X> {
+        Ok(match self {
+            Template::Value(v) => Resolved {
+                value: v.clone(),
+                secret: false,
+            },
+            Template::Whole(e) => lookup(e)?,
+            Template::Str(parts) => {
+                let mut s = String::new();
+                let mut secret = false;
+                for p in parts {
+                    match p {
+                        Part::Text(t) => s.push_str(t),
+                        Part::Expr(e) => {
+                            let r = lookup(e)?;
+                            secret |= r.secret;
+                            s.push_str(&insert_as_text(&r.value));
+                        }
+                    }
+                }
+                Resolved {
+                    value: Value::String(s),
+                    secret,
+                }
+            }
+            Template::Array(items) => {
+                let mut secret = false;
+                let mut out = Vec::with_capacity(items.len());
+                for t in items {
+                    let r = t.resolve(lookup)?;
+                    secret |= r.secret;
+                    out.push(r.value);
+                }
+                Resolved {
+                    value: Value::Array(out),
+                    secret,
+                }
+            }
+            Template::Object(fields) => {
+                let mut secret = false;
+                let mut out = serde_json::Map::new();
+                for (k, t) in fields {
+                    let r = t.resolve(lookup)?;
+                    secret |= r.secret;
+                    out.insert(k.clone(), r.value);
+                }
+                Resolved {
+                    value: Value::Object(out),
+                    secret,
+                }
+            }
+        })
+    }
+}
+
+/// What [`Template::try_map`] turns one placeholder into.
+pub enum Mapped<F> {
+    Expr(F),
+    Value(Value),
+}
+
+/// A resolved value and whether any secret flowed into it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub value: Value,
+    pub secret: bool,
+}
+
+/// Inside a longer string a string is inserted as is and any other value as JSON.
+pub fn insert_as_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Follows `path` into `value`.
+pub fn lookup_path<'a>(value: &'a Value, path: &[Segment]) -> Option<&'a Value> {
+    path.iter().try_fold(value, |v, seg| match seg {
+        Segment::Key(k) => v.get(k),
+        Segment::Index(i) => v.get(*i),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::placeholder::Expr;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Template<Expr> {
+        let mut errors = Vec::new();
+        let t = Template::parse(&v, Dialect::Definition, "", &mut errors);
+        assert!(errors.is_empty(), "{errors:?}");
+        t
+    }
+
+    fn resolve_with(t: &Template<Expr>, value: Value, secret: bool) -> Resolved {
+        t.resolve(&mut |_e: &Expr| {
+            Ok::<_, ()>(Resolved {
+                value: value.clone(),
+                secret,
+            })
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn plain_subtrees_stay_values() {
+        let v = json!({"a": {"b": [1, "x"]}, "c": true});
+        assert_eq!(parse(v.clone()), Template::Value(v));
+    }
+
+    #[test]
+    fn whole_placeholder_keeps_type_and_mixed_inserts_json() {
+        let t = parse(json!({
+            "port": "${resources.pg.outputs.port}",
+            "url": "pg:${resources.pg.outputs.port}/${resources.pg.outputs.port}",
+        }));
+        let r = resolve_with(&t, json!(5432), false);
+        assert_eq!(r.value, json!({"port": 5432, "url": "pg:5432/5432"}));
+        let r = resolve_with(&t, json!({"k": [1]}), false);
+        assert_eq!(r.value["url"], json!(r#"pg:{"k":[1]}/{"k":[1]}"#));
+    }
+
+    #[test]
+    fn a_string_containing_a_secret_is_secret() {
+        let t = parse(json!({"dsn": "user:${resources.pg.outputs.password}@h"}));
+        let r = resolve_with(&t, json!("hunter2"), true);
+        assert!(r.secret);
+    }
+
+    #[test]
+    fn bad_placeholders_are_collected_with_their_path() {
+        let mut errors = Vec::new();
+        Template::parse(
+            &json!({"a": ["${resources.x}"], "b": {"c": "${bad.y}"}}),
+            Dialect::Definition,
+            "values",
+            &mut errors,
+        );
+        let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["values.a[0]", "values.b.c"]);
+    }
+}

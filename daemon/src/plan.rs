@@ -1,0 +1,346 @@
+//! The plan: what applying a graph would do to the recorded state, and why.
+//!
+//! [`plan`] is a pure function of an environment's graph and its recorded resources and edges.
+//! It also owns how a resource's inputs are resolved ([`resolve_inputs`]) and hashed
+//! ([`inputs_hash`]), so the plan and the reconciler can never disagree about what "changed"
+//! means.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+
+use gitplane_state::{EdgeRecord, ResourceRecord, ResourceStatus};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::graph::{Binding, GuresId, ResourceGraph, ResourceNode};
+use crate::model::placeholder::path_to_string;
+use crate::model::template::{Resolved, lookup_path};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Action {
+    Create,
+    Update,
+    /// Its inputs read outputs of resources that change in this plan: whether it changes is
+    /// known after apply.
+    MaybeUpdate,
+    Unchanged,
+    Delete,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Create => "create",
+            Action::Update => "update",
+            Action::MaybeUpdate => "update?",
+            Action::Unchanged => "unchanged",
+            Action::Delete => "delete",
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One resource's part of the plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub guresid: GuresId,
+    pub app: Option<String>,
+    pub res_type: String,
+    pub class: String,
+    pub res_id: String,
+    pub action: Action,
+    pub reason: String,
+}
+
+impl Step {
+    pub fn label(&self) -> String {
+        format!(
+            "{}/{}.{}#{}",
+            self.app.as_deref().unwrap_or("-"),
+            self.res_type,
+            self.class,
+            self.res_id
+        )
+    }
+}
+
+/// The steps for one environment: puts in provisioning order, then deletions in reverse
+/// dependency order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub env: String,
+    pub steps: Vec<Step>,
+}
+
+impl Plan {
+    pub fn count(&self, action: Action) -> usize {
+        self.steps.iter().filter(|s| s.action == action).count()
+    }
+
+    pub fn changes_nothing(&self) -> bool {
+        self.steps.iter().all(|s| s.action == Action::Unchanged)
+    }
+}
+
+/// The inputs a driver receives for one resource, every placeholder resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedInputs {
+    pub resource: Value,
+    pub values: Value,
+    pub secrets: Value,
+}
+
+/// Why a resource's inputs cannot be resolved.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ResolveError {
+    #[error(
+        "reads output '{path}' of {target}, which it does not provide (its outputs: {available})"
+    )]
+    MissingOutput {
+        target: String,
+        path: String,
+        available: String,
+    },
+    #[error(
+        "driver_inputs.values reads the secret output '{path}' of {target}: move it under \
+         driver_inputs.secrets"
+    )]
+    SecretInValues { target: String, path: String },
+    /// An upstream resource changes first; only the reconciler can resolve this.
+    #[error("reads outputs of {target}, which are known after apply")]
+    KnownAfterApply { target: String },
+}
+
+/// The outputs of a provisioned resource, as a lookup for resolution.
+pub trait Outputs {
+    /// `(outputs, secret_outputs, label)` of `id`, or `None` when not known (yet).
+    fn outputs(&self, id: &GuresId) -> Option<(&Value, &Value, String)>;
+}
+
+impl Outputs for HashMap<GuresId, (Value, Value, String)> {
+    fn outputs(&self, id: &GuresId) -> Option<(&Value, &Value, String)> {
+        self.get(id).map(|(o, s, l)| (o, s, l.clone()))
+    }
+}
+
+/// Resolves a node's inputs against upstream outputs.
+pub fn resolve_inputs(node: &ResourceNode, upstream: &impl Outputs) -> Result<ResolvedInputs, ResolveError> {
+    let mut lookup = |b: &Binding| -> Result<Resolved, ResolveError> {
+        let Binding::Output { target, path } = b;
+        let Some((outputs, secrets, label)) = upstream.outputs(target) else {
+            return Err(ResolveError::KnownAfterApply {
+                target: target.to_string(),
+            });
+        };
+        if let Some(v) = lookup_path(outputs, path) {
+            return Ok(Resolved {
+                value: v.clone(),
+                secret: false,
+            });
+        }
+        if let Some(v) = lookup_path(secrets, path) {
+            return Ok(Resolved {
+                value: v.clone(),
+                secret: true,
+            });
+        }
+        let mut available: Vec<&String> = outputs
+            .as_object()
+            .into_iter()
+            .chain(secrets.as_object())
+            .flat_map(|m| m.keys())
+            .collect();
+        available.sort();
+        Err(ResolveError::MissingOutput {
+            target: label,
+            path: path_to_string(path),
+            available: if available.is_empty() {
+                "none".to_owned()
+            } else {
+                available.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            },
+        })
+    };
+    let values = node.values.resolve(&mut lookup)?;
+    if values.secret {
+        // Name the first secret reference, so the user knows what to move.
+        let mut first_secret: Option<ResolveError> = None;
+        node.values
+            .resolve(&mut |b: &Binding| {
+                let r = lookup(b)?;
+                if r.secret && first_secret.is_none() {
+                    let Binding::Output { target, path } = b;
+                    let label = upstream
+                        .outputs(target)
+                        .map(|(_, _, l)| l)
+                        .unwrap_or_else(|| target.to_string());
+                    first_secret = Some(ResolveError::SecretInValues {
+                        target: label,
+                        path: path_to_string(path),
+                    });
+                }
+                Ok::<_, ResolveError>(r)
+            })
+            .ok();
+        return Err(first_secret.unwrap_or(ResolveError::SecretInValues {
+            target: "an upstream resource".into(),
+            path: "?".into(),
+        }));
+    }
+    let secrets = node.secrets.resolve(&mut lookup)?;
+    let resource = node.params.resolve(&mut lookup)?;
+    Ok(ResolvedInputs {
+        resource: resource.value,
+        values: values.value,
+        secrets: secrets.value,
+    })
+}
+
+/// A digest of everything a driver receives for a resource: a change means the resource must be
+/// updated. Secrets are part of it (a rotated password must reach the driver); only the digest
+/// is stored, never the values.
+pub fn inputs_hash(node: &ResourceNode, inputs: &ResolvedInputs) -> String {
+    let canonical = serde_json::json!({
+        "definition": node.definition,
+        "driver": node.driver_type,
+        "account": node.driver_account,
+        "resource": inputs.resource,
+        "values": inputs.values,
+        "secrets": inputs.secrets,
+    });
+    // serde_json's maps are sorted, so equal inputs give equal text.
+    let digest = Sha256::digest(canonical.to_string().as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compares `graph` with the recorded resources and edges of its environment.
+pub fn plan(graph: &ResourceGraph, recorded: &[ResourceRecord], recorded_edges: &[EdgeRecord]) -> Plan {
+    let by_id: HashMap<&str, &ResourceRecord> =
+        recorded.iter().map(|r| (r.guresid.as_str(), r)).collect();
+    // Outputs of resources that stay as they are: what unchanged downstream inputs resolve to.
+    let mut stable: HashMap<GuresId, (Value, Value, String)> = HashMap::new();
+    let mut steps = Vec::new();
+    for node in graph.provisioning_order() {
+        let rec = by_id.get(node.guresid.as_str()).copied();
+        let (action, reason) = put_action(node, rec, &stable);
+        if action == Action::Unchanged
+            && let Some(rec) = rec
+        {
+            stable.insert(
+                node.guresid.clone(),
+                (rec.outputs.clone(), rec.secret_outputs.clone(), node.label()),
+            );
+        }
+        steps.push(Step {
+            guresid: node.guresid.clone(),
+            app: node.app.clone(),
+            res_type: node.res_type.clone(),
+            class: node.class.clone(),
+            res_id: node.res_id.clone(),
+            action,
+            reason,
+        });
+    }
+    let orphans: Vec<&ResourceRecord> = recorded
+        .iter()
+        .filter(|r| !graph.contains(&GuresId::from_recorded(r.guresid.clone())))
+        .collect();
+    for rec in deletion_order(&orphans, recorded_edges) {
+        steps.push(Step {
+            guresid: GuresId::from_recorded(rec.guresid.clone()),
+            app: rec.app.clone(),
+            res_type: rec.res_type.clone(),
+            class: rec.class.clone(),
+            res_id: rec.res_id.clone(),
+            action: Action::Delete,
+            reason: "no longer in the graph".into(),
+        });
+    }
+    Plan {
+        env: graph.env.clone(),
+        steps,
+    }
+}
+
+fn put_action(
+    node: &ResourceNode,
+    rec: Option<&ResourceRecord>,
+    stable: &HashMap<GuresId, (Value, Value, String)>,
+) -> (Action, String) {
+    let Some(rec) = rec else {
+        return (Action::Create, "new resource".into());
+    };
+    if rec.status == ResourceStatus::Failed {
+        return (Action::Update, "the last apply failed: retry".into());
+    }
+    if rec.definition != node.definition {
+        return (
+            Action::Update,
+            format!("definition changed from '{}' to '{}'", rec.definition, node.definition),
+        );
+    }
+    if rec.driver != node.driver_type {
+        return (
+            Action::Update,
+            format!("driver changed from '{}' to '{}'", rec.driver, node.driver_type),
+        );
+    }
+    match resolve_inputs(node, stable) {
+        Ok(inputs) if inputs_hash(node, &inputs) == rec.inputs_hash => {
+            (Action::Unchanged, String::new())
+        }
+        Ok(_) => (Action::Update, "inputs changed".into()),
+        Err(ResolveError::KnownAfterApply { .. }) => (
+            Action::MaybeUpdate,
+            "reads outputs of resources that change first: known after apply".into(),
+        ),
+        Err(e) => (Action::Update, format!("inputs do not resolve: {e}")),
+    }
+}
+
+/// Orphans ordered so each is deleted before anything it depends on.
+pub fn deletion_order<'a>(
+    orphans: &[&'a ResourceRecord],
+    edges: &[EdgeRecord],
+) -> Vec<&'a ResourceRecord> {
+    let ids: BTreeMap<&str, &ResourceRecord> =
+        orphans.iter().map(|r| (r.guresid.as_str(), *r)).collect();
+    // How many orphans still depend on each orphan.
+    let mut dependents: HashMap<&str, usize> = HashMap::new();
+    let mut depends_on: HashMap<&str, Vec<&str>> = HashMap::new();
+    for e in edges {
+        if ids.contains_key(e.from.as_str()) && ids.contains_key(e.to.as_str()) {
+            *dependents.entry(e.to.as_str()).or_default() += 1;
+            depends_on.entry(e.from.as_str()).or_default().push(e.to.as_str());
+        }
+    }
+    let mut ready: BTreeSet<&str> = ids
+        .keys()
+        .filter(|id| dependents.get(*id).copied().unwrap_or(0) == 0)
+        .copied()
+        .collect();
+    let mut out = Vec::with_capacity(ids.len());
+    while let Some(id) = ready.pop_first() {
+        out.push(ids[id]);
+        for &to in depends_on.get(id).map(Vec::as_slice).unwrap_or_default() {
+            if let Some(n) = dependents.get_mut(to) {
+                *n -= 1;
+                if *n == 0 {
+                    ready.insert(to);
+                }
+            }
+        }
+    }
+    // Recorded edges form a DAG; should they not, what is left still gets deleted, last.
+    for (id, rec) in &ids {
+        if !out.iter().any(|r| r.guresid == *id) {
+            out.push(rec);
+        }
+    }
+    out
+}

@@ -1,0 +1,785 @@
+//! The SQLite store of gitplane: the schema, its migrations, and every query gitplane makes.
+//!
+//! Only this crate knows SQL. The schema itself is `schema.sql` at the repository root, a public
+//! interface that people query with `sqlite3`; this crate applies it by migrations keyed on
+//! `PRAGMA user_version`, in WAL mode with foreign keys on.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use serde_json::Value;
+
+const SCHEMA: &str = include_str!("../../schema.sql");
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("state {path}: {source}")]
+    Sqlite {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("state {path}: cannot create the file: {source}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "state {path}: schema version {found} is newer than this gitplane knows ({known}): \
+         upgrade gitplane"
+    )]
+    TooNew {
+        path: PathBuf,
+        found: i64,
+        known: i64,
+    },
+    #[error("state {path}: column {column} of {guresid} holds invalid JSON: {source}")]
+    Json {
+        path: PathBuf,
+        guresid: String,
+        column: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+pub type Result<T, E = StateError> = std::result::Result<T, E>;
+
+/// A provisioned resource as recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceRecord {
+    pub guresid: String,
+    pub env: String,
+    pub app: Option<String>,
+    pub res_type: String,
+    pub class: String,
+    pub res_id: String,
+    pub definition: String,
+    pub driver: String,
+    pub status: ResourceStatus,
+    pub inputs_hash: String,
+    /// Non-secret outputs, a JSON object.
+    pub outputs: Value,
+    /// Secret outputs, a JSON object; never shown, only fed to dependent resources.
+    pub secret_outputs: Value,
+    pub error: Option<String>,
+    pub commit_id: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResourceStatus {
+    Ready,
+    Failed,
+}
+
+impl ResourceStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResourceStatus::Ready => "ready",
+            ResourceStatus::Failed => "failed",
+        }
+    }
+}
+
+/// An edge of an environment's graph: `from` depends on `to`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct EdgeRecord {
+    pub from: String,
+    pub to: String,
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeploymentStatus {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl DeploymentStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeploymentStatus::Running => "running",
+            DeploymentStatus::Succeeded => "succeeded",
+            DeploymentStatus::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> Self {
+        match s {
+            "running" => DeploymentStatus::Running,
+            "succeeded" => DeploymentStatus::Succeeded,
+            _ => DeploymentStatus::Failed,
+        }
+    }
+}
+
+/// What a deployment changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub created: i64,
+    pub updated: i64,
+    pub deleted: i64,
+    pub unchanged: i64,
+    pub failed: i64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeploymentRecord {
+    pub id: i64,
+    pub env: String,
+    pub commit_id: Option<String>,
+    pub status: DeploymentStatus,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub counts: Counts,
+    pub error: Option<String>,
+}
+
+/// A driver call about to start.
+#[derive(Debug, Clone)]
+pub struct OperationStart<'a> {
+    pub deployment: i64,
+    pub guresid: &'a str,
+    pub app: Option<&'a str>,
+    pub res_type: &'a str,
+    pub class: &'a str,
+    pub res_id: &'a str,
+    /// `create`, `update` or `delete`.
+    pub action: &'a str,
+    pub reason: &'a str,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationRecord {
+    pub id: i64,
+    pub deployment: i64,
+    pub guresid: String,
+    pub action: String,
+    pub reason: String,
+    pub status: String,
+    pub error: Option<String>,
+}
+
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+/// An open state file.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating if needed, readable by its owner alone) and migrates the state file.
+    pub fn open(path: &Path) -> Result<Store> {
+        if !path.exists() {
+            create_private(path).map_err(|source| StateError::Create {
+                path: path.to_owned(),
+                source,
+            })?;
+        }
+        let conn = Connection::open(path).map_err(|source| StateError::Sqlite {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut store = Store {
+            conn,
+            path: path.to_owned(),
+        };
+        store.configure()?;
+        store.migrate()?;
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn err(&self) -> impl Fn(rusqlite::Error) -> StateError + '_ {
+        |source| StateError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn configure(&mut self) -> Result<()> {
+        let e = |source| StateError::Sqlite {
+            path: self.path.clone(),
+            source,
+        };
+        self.conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))
+            .map_err(e)?;
+        self.conn.pragma_update(None, "synchronous", "NORMAL").map_err(e)?;
+        self.conn.pragma_update(None, "foreign_keys", true).map_err(e)?;
+        self.conn.busy_timeout(Duration::from_secs(10)).map_err(e)?;
+        Ok(())
+    }
+
+    fn migrate(&mut self) -> Result<()> {
+        let e = |source| StateError::Sqlite {
+            path: self.path.clone(),
+            source,
+        };
+        let migrations = migrations();
+        let known = migrations.len() as i64;
+        let current: i64 = self
+            .conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(e)?;
+        if current > known {
+            return Err(StateError::TooNew {
+                path: self.path.clone(),
+                found: current,
+                known,
+            });
+        }
+        for (i, sql) in migrations.iter().enumerate().skip(current as usize) {
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(e)?;
+            tx.execute_batch(sql).map_err(e)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64).map_err(e)?;
+            tx.commit().map_err(e)?;
+        }
+        Ok(())
+    }
+
+    /// Every environment that has resources or deployments recorded.
+    pub fn environments(&self) -> Result<Vec<String>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT env FROM resource UNION SELECT env FROM deployment ORDER BY env",
+            )
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([], |r| r.get(0))
+            .map_err(self.err())?
+            .collect::<rusqlite::Result<Vec<String>>>()
+            .map_err(self.err())?;
+        Ok(rows)
+    }
+
+    /// The resources recorded for `env`, secret outputs included, ordered by GUResID.
+    pub fn resources(&self, env: &str) -> Result<Vec<ResourceRecord>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT r.guresid, r.env, r.app, r.type, r.class, r.res_id, r.definition, r.driver,
+                        r.status, r.inputs_hash, r.outputs, s.outputs, r.error, r.commit_id
+                 FROM resource r LEFT JOIN resource_secret s ON s.guresid = r.guresid
+                 WHERE r.env = ?1 ORDER BY r.guresid",
+            )
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([env], |r| {
+                Ok((
+                    ResourceRecord {
+                        guresid: r.get(0)?,
+                        env: r.get(1)?,
+                        app: r.get(2)?,
+                        res_type: r.get(3)?,
+                        class: r.get(4)?,
+                        res_id: r.get(5)?,
+                        definition: r.get(6)?,
+                        driver: r.get(7)?,
+                        status: if r.get::<_, String>(8)? == "ready" {
+                            ResourceStatus::Ready
+                        } else {
+                            ResourceStatus::Failed
+                        },
+                        inputs_hash: r.get(9)?,
+                        outputs: Value::Null,
+                        secret_outputs: Value::Null,
+                        error: r.get(12)?,
+                        commit_id: r.get(13)?,
+                    },
+                    r.get::<_, String>(10)?,
+                    r.get::<_, Option<String>>(11)?,
+                ))
+            })
+            .map_err(self.err())?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(self.err())?;
+        rows.into_iter()
+            .map(|(mut rec, outputs, secrets)| {
+                rec.outputs = self.json(&rec.guresid, "outputs", &outputs)?;
+                rec.secret_outputs = match secrets {
+                    Some(s) => self.json(&rec.guresid, "resource_secret.outputs", &s)?,
+                    None => Value::Object(Default::default()),
+                };
+                Ok(rec)
+            })
+            .collect()
+    }
+
+    fn json(&self, guresid: &str, column: &'static str, text: &str) -> Result<Value> {
+        serde_json::from_str(text).map_err(|source| StateError::Json {
+            path: self.path.clone(),
+            guresid: guresid.to_owned(),
+            column,
+            source,
+        })
+    }
+
+    /// The edges of `env` as last applied.
+    pub fn edges(&self, env: &str) -> Result<Vec<EdgeRecord>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT from_guresid, to_guresid, kind FROM edge WHERE env = ?1
+                 ORDER BY from_guresid, to_guresid",
+            )
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([env], |r| {
+                Ok(EdgeRecord {
+                    from: r.get(0)?,
+                    to: r.get(1)?,
+                    kind: r.get(2)?,
+                })
+            })
+            .map_err(self.err())?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(self.err())?;
+        Ok(rows)
+    }
+
+    /// Records the start of a deployment of `commit` to `env`.
+    pub fn begin_deployment(&self, env: &str, commit: &str) -> Result<i64> {
+        self.conn
+            .prepare_cached(&format!(
+                "INSERT INTO deployment (env, commit_id, status, started_at)
+                 VALUES (?1, ?2, 'running', {NOW})"
+            ))
+            .and_then(|mut s| s.insert(params![env, commit]))
+            .map_err(self.err())
+    }
+
+    /// Records a deployment that failed before any driver was called (the commit did not load
+    /// or build): nothing else in state changes.
+    pub fn failed_deployment(&self, env: &str, commit: Option<&str>, error: &str) -> Result<i64> {
+        self.conn
+            .prepare_cached(&format!(
+                "INSERT INTO deployment (env, commit_id, status, started_at, finished_at, error)
+                 VALUES (?1, ?2, 'failed', {NOW}, {NOW}, ?3)"
+            ))
+            .and_then(|mut s| s.insert(params![env, commit, error]))
+            .map_err(self.err())
+    }
+
+    /// Ends a deployment with its status and counts.
+    pub fn finish_deployment(
+        &self,
+        id: i64,
+        status: DeploymentStatus,
+        counts: &Counts,
+        error: Option<&str>,
+    ) -> Result<()> {
+        self.conn
+            .prepare_cached(&format!(
+                "UPDATE deployment SET status = ?2, finished_at = {NOW}, created = ?3,
+                        updated = ?4, deleted = ?5, unchanged = ?6, failed = ?7, error = ?8
+                 WHERE id = ?1"
+            ))
+            .and_then(|mut s| {
+                s.execute(params![
+                    id,
+                    status.as_str(),
+                    counts.created,
+                    counts.updated,
+                    counts.deleted,
+                    counts.unchanged,
+                    counts.failed,
+                    error
+                ])
+            })
+            .map_err(self.err())?;
+        Ok(())
+    }
+
+    /// Deployments, newest first; of one environment when `env` is set.
+    pub fn deployments(&self, env: Option<&str>) -> Result<Vec<DeploymentRecord>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT id, env, commit_id, status, started_at, finished_at,
+                        created, updated, deleted, unchanged, failed, error
+                 FROM deployment WHERE ?1 IS NULL OR env = ?1 ORDER BY id DESC",
+            )
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([env], |r| {
+                Ok(DeploymentRecord {
+                    id: r.get(0)?,
+                    env: r.get(1)?,
+                    commit_id: r.get(2)?,
+                    status: DeploymentStatus::parse(&r.get::<_, String>(3)?),
+                    started_at: r.get(4)?,
+                    finished_at: r.get(5)?,
+                    counts: Counts {
+                        created: r.get(6)?,
+                        updated: r.get(7)?,
+                        deleted: r.get(8)?,
+                        unchanged: r.get(9)?,
+                        failed: r.get(10)?,
+                    },
+                    error: r.get(11)?,
+                })
+            })
+            .map_err(self.err())?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(self.err())?;
+        Ok(rows)
+    }
+
+    /// Journals a driver call before it starts.
+    pub fn begin_operation(&self, op: &OperationStart<'_>) -> Result<i64> {
+        self.insert_operation(op, "started", None)
+    }
+
+    /// Records an operation that was not attempted, and why.
+    pub fn skipped_operation(&self, op: &OperationStart<'_>, why: &str) -> Result<i64> {
+        self.insert_operation(op, "skipped", Some(why))
+    }
+
+    fn insert_operation(&self, op: &OperationStart<'_>, status: &str, error: Option<&str>) -> Result<i64> {
+        let finished = if status == "started" { "NULL" } else { NOW };
+        self.conn
+            .prepare_cached(&format!(
+                "INSERT INTO operation (deployment_id, guresid, app, type, class, res_id, action,
+                                        reason, status, error, started_at, finished_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, {NOW}, {finished})"
+            ))
+            .and_then(|mut s| {
+                s.insert(params![
+                    op.deployment,
+                    op.guresid,
+                    op.app,
+                    op.res_type,
+                    op.class,
+                    op.res_id,
+                    op.action,
+                    op.reason,
+                    status,
+                    error
+                ])
+            })
+            .map_err(self.err())
+    }
+
+    /// Ends a put (create or update): the operation's outcome and the resource's new record,
+    /// in one transaction.
+    pub fn finish_put(
+        &mut self,
+        operation: i64,
+        deployment: i64,
+        record: &ResourceRecord,
+    ) -> Result<()> {
+        let path = self.path.clone();
+        let e = |source| StateError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(e)?;
+        let (status, error) = match record.status {
+            ResourceStatus::Ready => ("succeeded", None),
+            ResourceStatus::Failed => ("failed", record.error.as_deref()),
+        };
+        tx.prepare_cached(&format!(
+            "UPDATE operation SET status = ?2, error = ?3, finished_at = {NOW} WHERE id = ?1"
+        ))
+        .and_then(|mut s| s.execute(params![operation, status, error]))
+        .map_err(e)?;
+        tx.prepare_cached(&format!(
+            "INSERT INTO resource (guresid, env, app, type, class, res_id, definition, driver,
+                                   status, inputs_hash, outputs, error, commit_id, deployment_id,
+                                   created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, {NOW}, {NOW})
+             ON CONFLICT (guresid) DO UPDATE SET
+                 definition = excluded.definition, driver = excluded.driver,
+                 status = excluded.status, inputs_hash = excluded.inputs_hash,
+                 outputs = excluded.outputs, error = excluded.error,
+                 commit_id = excluded.commit_id, deployment_id = excluded.deployment_id,
+                 updated_at = excluded.updated_at"
+        ))
+        .and_then(|mut s| {
+            s.execute(params![
+                record.guresid,
+                record.env,
+                record.app,
+                record.res_type,
+                record.class,
+                record.res_id,
+                record.definition,
+                record.driver,
+                record.status.as_str(),
+                record.inputs_hash,
+                record.outputs.to_string(),
+                record.error,
+                record.commit_id,
+                deployment
+            ])
+        })
+        .map_err(e)?;
+        tx.prepare_cached(
+            "INSERT INTO resource_secret (guresid, outputs) VALUES (?1, ?2)
+             ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs",
+        )
+        .and_then(|mut s| s.execute(params![record.guresid, record.secret_outputs.to_string()]))
+        .map_err(e)?;
+        tx.commit().map_err(e)
+    }
+
+    /// Ends a delete: on success the resource and its secrets are forgotten, in one transaction.
+    pub fn finish_delete(&mut self, operation: i64, guresid: &str, error: Option<&str>) -> Result<()> {
+        let path = self.path.clone();
+        let e = |source| StateError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(e)?;
+        let status = if error.is_some() { "failed" } else { "succeeded" };
+        tx.prepare_cached(&format!(
+            "UPDATE operation SET status = ?2, error = ?3, finished_at = {NOW} WHERE id = ?1"
+        ))
+        .and_then(|mut s| s.execute(params![operation, status, error]))
+        .map_err(e)?;
+        if error.is_none() {
+            tx.prepare_cached("DELETE FROM resource WHERE guresid = ?1")
+                .and_then(|mut s| s.execute([guresid]))
+                .map_err(e)?;
+            tx.prepare_cached("DELETE FROM edge WHERE from_guresid = ?1 OR to_guresid = ?1")
+                .and_then(|mut s| s.execute([guresid]))
+                .map_err(e)?;
+        }
+        tx.commit().map_err(e)
+    }
+
+    /// Replaces the recorded edges of `env` with `edges`.
+    pub fn replace_edges(&mut self, env: &str, edges: &[EdgeRecord]) -> Result<()> {
+        let path = self.path.clone();
+        let e = |source| StateError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(e)?;
+        tx.execute("DELETE FROM edge WHERE env = ?1", [env]).map_err(e)?;
+        {
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT INTO edge (env, from_guresid, to_guresid, kind) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(e)?;
+            for edge in edges {
+                stmt.execute(params![env, edge.from, edge.to, edge.kind]).map_err(e)?;
+            }
+        }
+        tx.commit().map_err(e)
+    }
+
+    /// The operations of a deployment, in the order they were journalled.
+    pub fn operations(&self, deployment: i64) -> Result<Vec<OperationRecord>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT id, deployment_id, guresid, action, reason, status, error
+                 FROM operation WHERE deployment_id = ?1 ORDER BY id",
+            )
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([deployment], |r| {
+                Ok(OperationRecord {
+                    id: r.get(0)?,
+                    deployment: r.get(1)?,
+                    guresid: r.get(2)?,
+                    action: r.get(3)?,
+                    reason: r.get(4)?,
+                    status: r.get(5)?,
+                    error: r.get(6)?,
+                })
+            })
+            .map_err(self.err())?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(self.err())?;
+        Ok(rows)
+    }
+
+    /// The newest deployment of `env`, if any.
+    pub fn latest_deployment(&self, env: &str) -> Result<Option<DeploymentRecord>> {
+        let id: Option<i64> = self
+            .conn
+            .prepare_cached("SELECT MAX(id) FROM deployment WHERE env = ?1")
+            .and_then(|mut s| s.query_row([env], |r| r.get(0)).optional())
+            .map_err(self.err())?
+            .flatten();
+        match id {
+            Some(id) => Ok(self.deployments(Some(env))?.into_iter().find(|d| d.id == id)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The migrations of `schema.sql`: the lines after each `-- migration N` marker.
+fn migrations() -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    for line in SCHEMA.lines() {
+        if line.starts_with("-- migration ") {
+            out.extend(current.replace(String::new()));
+        } else if let Some(body) = current.as_mut() {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    out.extend(current);
+    out
+}
+
+#[cfg(unix)]
+fn create_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(parent) = path.parent()
+        && !parent.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map(drop)
+}
+
+#[cfg(not(unix))]
+fn create_private(path: &Path) -> std::io::Result<()> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(guresid: &str) -> ResourceRecord {
+        ResourceRecord {
+            guresid: guresid.into(),
+            env: "development".into(),
+            app: Some("shop".into()),
+            res_type: "postgres".into(),
+            class: "default".into(),
+            res_id: "shared.db".into(),
+            definition: "pg".into(),
+            driver: "echo".into(),
+            status: ResourceStatus::Ready,
+            inputs_hash: "h1".into(),
+            outputs: serde_json::json!({"host": "db"}),
+            secret_outputs: serde_json::json!({"password": "s3cret"}),
+            error: None,
+            commit_id: "c1".into(),
+        }
+    }
+
+    #[test]
+    fn migrations_split_schema_sql() {
+        let m = migrations();
+        assert_eq!(m.len(), 1);
+        assert!(m[0].contains("CREATE TABLE deployment"));
+        assert!(m[0].contains("CREATE VIEW failures"));
+    }
+
+    #[test]
+    fn open_is_idempotent_and_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/state.db");
+        drop(Store::open(&path).unwrap());
+        let store = Store::open(&path).unwrap();
+        let version: i64 = store
+            .conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, migrations().len() as i64);
+        let mode: String = store
+            .conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let perms = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(perms, 0o600);
+        }
+    }
+
+    #[test]
+    fn newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open(&path).unwrap();
+        store.conn.pragma_update(None, "user_version", 99).unwrap();
+        drop(store);
+        assert!(matches!(Store::open(&path), Err(StateError::TooNew { found: 99, .. })));
+    }
+
+    #[test]
+    fn put_and_delete_round_trip_with_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+        let dep = store.begin_deployment("development", "c1").unwrap();
+        let start = OperationStart {
+            deployment: dep,
+            guresid: "g1",
+            app: Some("shop"),
+            res_type: "postgres",
+            class: "default",
+            res_id: "shared.db",
+            action: "create",
+            reason: "new",
+        };
+        let op = store.begin_operation(&start).unwrap();
+        assert_eq!(store.operations(dep).unwrap()[0].status, "started");
+        store.finish_put(op, dep, &record("g1")).unwrap();
+        let got = store.resources("development").unwrap();
+        assert_eq!(got, vec![record("g1")]);
+        assert_eq!(store.operations(dep).unwrap()[0].status, "succeeded");
+
+        let del = store
+            .begin_operation(&OperationStart {
+                action: "delete",
+                ..start
+            })
+            .unwrap();
+        store.finish_delete(del, "g1", None).unwrap();
+        assert!(store.resources("development").unwrap().is_empty());
+        let secrets: i64 = store
+            .conn
+            .query_row("SELECT COUNT(*) FROM resource_secret", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(secrets, 0, "secrets go with their resource");
+        store
+            .finish_deployment(
+                dep,
+                DeploymentStatus::Succeeded,
+                &Counts {
+                    created: 1,
+                    deleted: 1,
+                    ..Counts::default()
+                },
+                None,
+            )
+            .unwrap();
+        let d = store.latest_deployment("development").unwrap().unwrap();
+        assert_eq!(d.status, DeploymentStatus::Succeeded);
+        assert_eq!(d.counts.created, 1);
+        assert!(d.finished_at.is_some());
+    }
+}

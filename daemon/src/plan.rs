@@ -129,7 +129,10 @@ impl Outputs for HashMap<GuresId, (Value, Value, String)> {
 }
 
 /// Resolves a node's inputs against upstream outputs.
-pub fn resolve_inputs(node: &ResourceNode, upstream: &impl Outputs) -> Result<ResolvedInputs, ResolveError> {
+pub fn resolve_inputs(
+    node: &ResourceNode,
+    upstream: &impl Outputs,
+) -> Result<ResolvedInputs, ResolveError> {
     let mut lookup = |b: &Binding| -> Result<Resolved, ResolveError> {
         let Binding::Output { target, path } = b;
         let Some((outputs, secrets, label)) = upstream.outputs(target) else {
@@ -162,7 +165,11 @@ pub fn resolve_inputs(node: &ResourceNode, upstream: &impl Outputs) -> Result<Re
             available: if available.is_empty() {
                 "none".to_owned()
             } else {
-                available.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                available
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             },
         })
     };
@@ -219,7 +226,11 @@ pub fn inputs_hash(node: &ResourceNode, inputs: &ResolvedInputs) -> String {
 }
 
 /// Compares `graph` with the recorded resources and edges of its environment.
-pub fn plan(graph: &ResourceGraph, recorded: &[ResourceRecord], recorded_edges: &[EdgeRecord]) -> Plan {
+pub fn plan(
+    graph: &ResourceGraph,
+    recorded: &[ResourceRecord],
+    recorded_edges: &[EdgeRecord],
+) -> Plan {
     let by_id: HashMap<&str, &ResourceRecord> =
         recorded.iter().map(|r| (r.guresid.as_str(), r)).collect();
     // Outputs of resources that stay as they are: what unchanged downstream inputs resolve to.
@@ -233,7 +244,11 @@ pub fn plan(graph: &ResourceGraph, recorded: &[ResourceRecord], recorded_edges: 
         {
             stable.insert(
                 node.guresid.clone(),
-                (rec.outputs.clone(), rec.secret_outputs.clone(), node.label()),
+                (
+                    rec.outputs.clone(),
+                    rec.secret_outputs.clone(),
+                    node.label(),
+                ),
             );
         }
         steps.push(Step {
@@ -281,13 +296,19 @@ fn put_action(
     if rec.definition != node.definition {
         return (
             Action::Update,
-            format!("definition changed from '{}' to '{}'", rec.definition, node.definition),
+            format!(
+                "definition changed from '{}' to '{}'",
+                rec.definition, node.definition
+            ),
         );
     }
     if rec.driver != node.driver_type {
         return (
             Action::Update,
-            format!("driver changed from '{}' to '{}'", rec.driver, node.driver_type),
+            format!(
+                "driver changed from '{}' to '{}'",
+                rec.driver, node.driver_type
+            ),
         );
     }
     match resolve_inputs(node, stable) {
@@ -316,7 +337,10 @@ pub fn deletion_order<'a>(
     for e in edges {
         if ids.contains_key(e.from.as_str()) && ids.contains_key(e.to.as_str()) {
             *dependents.entry(e.to.as_str()).or_default() += 1;
-            depends_on.entry(e.from.as_str()).or_default().push(e.to.as_str());
+            depends_on
+                .entry(e.from.as_str())
+                .or_default()
+                .push(e.to.as_str());
         }
     }
     let mut ready: BTreeSet<&str> = ids
@@ -343,4 +367,210 @@ pub fn deletion_order<'a>(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::graph::tests::template_files;
+    use crate::model;
+
+    fn graph(files: &BTreeMap<String, Vec<u8>>) -> ResourceGraph {
+        let repo = model::load(files).unwrap();
+        let env = repo
+            .environments
+            .iter()
+            .find(|e| e.id == "development")
+            .unwrap();
+        crate::graph::build(&repo, env).unwrap()
+    }
+
+    /// What applying `graph` with echo drivers records, computed without I/O.
+    fn applied(graph: &ResourceGraph) -> (Vec<ResourceRecord>, Vec<EdgeRecord>) {
+        let mut outputs: HashMap<GuresId, (Value, Value, String)> = HashMap::new();
+        let mut records = Vec::new();
+        for node in graph.provisioning_order() {
+            let inputs = resolve_inputs(node, &outputs).unwrap();
+            records.push(ResourceRecord {
+                guresid: node.guresid.to_string(),
+                env: graph.env.clone(),
+                app: node.app.clone(),
+                res_type: node.res_type.clone(),
+                class: node.class.clone(),
+                res_id: node.res_id.clone(),
+                definition: node.definition.clone(),
+                driver: node.driver_type.clone(),
+                status: ResourceStatus::Ready,
+                inputs_hash: inputs_hash(node, &inputs),
+                outputs: inputs.values.clone(),
+                secret_outputs: inputs.secrets.clone(),
+                error: None,
+                commit_id: "c1".into(),
+            });
+            outputs.insert(
+                node.guresid.clone(),
+                (inputs.values, inputs.secrets, node.label()),
+            );
+        }
+        let edges = graph
+            .edges()
+            .into_iter()
+            .map(|e| EdgeRecord {
+                from: e.from.to_string(),
+                to: e.to.to_string(),
+                kind: e.kind.as_str().into(),
+            })
+            .collect();
+        (records, edges)
+    }
+
+    fn actions(plan: &Plan) -> Vec<(String, Action)> {
+        plan.steps
+            .iter()
+            .map(|s| (format!("{}#{}", s.res_type, s.res_id), s.action))
+            .collect()
+    }
+
+    fn edit(files: &mut BTreeMap<String, Vec<u8>>, path: &str, from: &str, to: &str) {
+        let text = String::from_utf8(files[path].clone()).unwrap();
+        assert!(text.contains(from), "{from} not in {path}");
+        files.insert(path.into(), text.replacen(from, to, 1).into_bytes());
+    }
+
+    #[test]
+    fn empty_state_creates_everything_in_provisioning_order() {
+        let g = graph(&template_files());
+        let p = plan(&g, &[], &[]);
+        assert_eq!(p.count(Action::Create), 6);
+        let order: Vec<&GuresId> = p.steps.iter().map(|s| &s.guresid).collect();
+        let expected: Vec<&GuresId> = g.provisioning_order().iter().map(|n| &n.guresid).collect();
+        assert_eq!(order, expected);
+    }
+
+    #[test]
+    fn applied_state_plans_no_change() {
+        let g = graph(&template_files());
+        let (records, edges) = applied(&g);
+        assert!(plan(&g, &records, &edges).changes_nothing());
+    }
+
+    #[test]
+    fn a_changed_value_updates_its_resource_and_marks_readers_known_after_apply() {
+        let mut files = template_files();
+        let (records, edges) = applied(&graph(&files));
+        edit(
+            &mut files,
+            "definitions/base-env.yaml",
+            "pgport: 5432",
+            "pgport: 6432",
+        );
+        let p = plan(&graph(&files), &records, &edges);
+        let changed: Vec<(String, Action)> = actions(&p)
+            .into_iter()
+            .filter(|(_, a)| *a != Action::Unchanged)
+            .collect();
+        // Every resource reads base-env, directly or not: whether each changes is known after
+        // apply, when base-env's new outputs are.
+        assert_eq!(changed[0], ("base-env#base-env".to_owned(), Action::Update));
+        assert_eq!(changed.len(), 6);
+        assert!(
+            changed[1..].iter().all(|(_, a)| *a == Action::MaybeUpdate),
+            "{changed:?}"
+        );
+        assert_eq!(p.count(Action::Create) + p.count(Action::Delete), 0);
+    }
+
+    #[test]
+    fn a_changed_literal_updates_only_its_resource() {
+        let mut files = template_files();
+        let (records, edges) = applied(&graph(&files));
+        edit(
+            &mut files,
+            "definitions/redis.yaml",
+            "port: 6379",
+            "port: 6380",
+        );
+        let p = plan(&graph(&files), &records, &edges);
+        let changed: Vec<(String, Action)> = actions(&p)
+            .into_iter()
+            .filter(|(_, a)| *a != Action::Unchanged)
+            .collect();
+        assert_eq!(
+            changed[0],
+            ("redis#shared.cache".to_owned(), Action::Update)
+        );
+        // Both workloads read the cache's port: they can only be decided after apply.
+        assert!(
+            changed[1..]
+                .iter()
+                .all(|(n, a)| n.starts_with("workload#") && *a == Action::MaybeUpdate)
+        );
+        assert_eq!(changed.len(), 3);
+    }
+
+    #[test]
+    fn orphans_are_deleted_dependents_first() {
+        let mut files = template_files();
+        let (records, edges) = applied(&graph(&files));
+        files.remove("workloads/shop/frontend.yaml");
+        let p = plan(&graph(&files), &records, &edges);
+        let deletes: Vec<String> = p
+            .steps
+            .iter()
+            .filter(|s| s.action == Action::Delete)
+            .map(|s| format!("{}#{}", s.res_type, s.res_id))
+            .collect();
+        assert_eq!(
+            deletes,
+            [
+                "workload#modules.frontend",
+                "dns#modules.frontend.externals.dns"
+            ]
+        );
+        assert!(
+            p.steps
+                .iter()
+                .rev()
+                .take(2)
+                .all(|s| s.action == Action::Delete),
+            "deletions come last"
+        );
+    }
+
+    #[test]
+    fn a_secret_read_under_values_is_refused() {
+        let mut files = template_files();
+        edit(
+            &mut files,
+            "definitions/dns.yaml",
+            "host: ${context.app.id}",
+            "pw: ${resources.base-env#base-env.outputs.pgpassword}\n      host: ${context.app.id}",
+        );
+        let g = graph(&files);
+        let (records, _) = applied(&graph(&template_files()));
+        let upstream: HashMap<GuresId, (Value, Value, String)> = records
+            .iter()
+            .map(|r| {
+                (
+                    GuresId::from_recorded(r.guresid.clone()),
+                    (
+                        r.outputs.clone(),
+                        r.secret_outputs.clone(),
+                        r.res_type.clone(),
+                    ),
+                )
+            })
+            .collect();
+        let dns = g.nodes().find(|n| n.res_type == "dns").unwrap();
+        let err = resolve_inputs(dns, &upstream).unwrap_err();
+        assert_eq!(
+            err,
+            ResolveError::SecretInValues {
+                target: "base-env".into(),
+                path: "pgpassword".into()
+            }
+        );
+    }
 }

@@ -195,9 +195,8 @@ impl Run<'_, '_> {
             Ok(inputs) => inputs,
             Err(e) => {
                 let error = format!("inputs do not resolve: {e}");
-                let op = self.begin(step, action, "inputs changed")?;
-                self.fail_put(node, op, action, &error)?;
-                return Ok(());
+                let op = self.begin(step, action, &step.reason)?;
+                return self.fail_before_driver(node, op, action, &error);
             }
         };
         let hash = inputs_hash(node, &inputs);
@@ -218,7 +217,7 @@ impl Run<'_, '_> {
         let op = self.begin(step, action, &reason)?;
         let Some(driver) = self.drivers.get(&node.driver_type) else {
             let error = format!("no driver '{}' is registered", node.driver_type);
-            return self.fail_put(node, op, action, &error);
+            return self.fail_before_driver(node, op, action, &error);
         };
         let request = PutRequest {
             guresid: node.guresid.as_str(),
@@ -233,7 +232,14 @@ impl Run<'_, '_> {
         };
         match driver.put(&request) {
             Ok(done) => {
-                let record = self.record(node, ResourceStatus::Ready, hash, done.outputs.clone(), done.secret_outputs.clone(), None);
+                let record = self.record(
+                    node,
+                    ResourceStatus::Ready,
+                    hash,
+                    done.outputs.clone(),
+                    done.secret_outputs.clone(),
+                    None,
+                );
                 self.store.finish_put(op, self.deployment, &record)?;
                 self.outputs.insert(
                     node.guresid.clone(),
@@ -246,7 +252,11 @@ impl Run<'_, '_> {
                 }
                 (self.on_event)(&Event {
                     label,
-                    action: if action == "create" { Action::Create } else { Action::Update },
+                    action: if action == "create" {
+                        Action::Create
+                    } else {
+                        Action::Update
+                    },
                     outcome: Outcome::Done,
                 });
                 Ok(())
@@ -255,23 +265,61 @@ impl Run<'_, '_> {
         }
     }
 
-    fn fail_put(&mut self, node: &ResourceNode, op: i64, action: &str, error: &str) -> Result<(), StateError> {
+    fn fail_put(
+        &mut self,
+        node: &ResourceNode,
+        op: i64,
+        action: &str,
+        error: &str,
+    ) -> Result<(), StateError> {
         // A failed update keeps the outputs last provisioned: dependents may still use them.
         let (outputs, secrets, hash) = match self.recorded.get(node.guresid.as_str()) {
-            Some(rec) => (rec.outputs.clone(), rec.secret_outputs.clone(), rec.inputs_hash.clone()),
+            Some(rec) => (
+                rec.outputs.clone(),
+                rec.secret_outputs.clone(),
+                rec.inputs_hash.clone(),
+            ),
             None => (empty(), empty(), String::new()),
         };
-        let record = self.record(node, ResourceStatus::Failed, hash, outputs, secrets, Some(error.to_owned()));
+        let record = self.record(
+            node,
+            ResourceStatus::Failed,
+            hash,
+            outputs,
+            secrets,
+            Some(error.to_owned()),
+        );
         self.store.finish_put(op, self.deployment, &record)?;
-        self.broken.insert(node.guresid.clone());
+        self.failed(node.label(), &node.guresid, action, error);
+        Ok(())
+    }
+
+    /// No driver was called, so the resource itself is as it was: only the operation fails.
+    fn fail_before_driver(
+        &mut self,
+        node: &ResourceNode,
+        op: i64,
+        action: &str,
+        error: &str,
+    ) -> Result<(), StateError> {
+        self.store.fail_operation(op, error)?;
+        self.failed(node.label(), &node.guresid, action, error);
+        Ok(())
+    }
+
+    fn failed(&mut self, label: String, guresid: &GuresId, action: &str, error: &str) {
+        self.broken.insert(guresid.clone());
         self.counts.failed += 1;
-        self.failures.push(format!("{}: {error}", node.label()));
+        self.failures.push(format!("{label}: {error}"));
         (self.on_event)(&Event {
-            label: node.label(),
-            action: if action == "create" { Action::Create } else { Action::Update },
+            label,
+            action: match action {
+                "create" => Action::Create,
+                "delete" => Action::Delete,
+                _ => Action::Update,
+            },
             outcome: Outcome::Failed(error),
         });
-        Ok(())
     }
 
     fn delete(&mut self, step: &Step) -> Result<(), StateError> {
@@ -304,21 +352,15 @@ impl Run<'_, '_> {
             }
             Err(error) => {
                 self.store.finish_delete(op, &rec.guresid, Some(&error))?;
-                self.counts.failed += 1;
-                self.broken.insert(step.guresid.clone());
-                self.failures.push(format!("{label}: {error}"));
-                (self.on_event)(&Event {
-                    label,
-                    action: Action::Delete,
-                    outcome: Outcome::Failed(&error),
-                });
+                self.failed(label, &step.guresid, "delete", &error);
             }
         }
         Ok(())
     }
 
     fn skip(&mut self, step: &Step, action: &str, why: &str) -> Result<(), StateError> {
-        self.store.skipped_operation(&self.start(step, action, &step.reason), why)?;
+        self.store
+            .skipped_operation(&self.start(step, action, &step.reason), why)?;
         self.counts.failed += 1;
         self.failures.push(format!("{}: {why}", step.label()));
         (self.on_event)(&Event {
@@ -330,7 +372,8 @@ impl Run<'_, '_> {
     }
 
     fn begin(&mut self, step: &Step, action: &str, reason: &str) -> Result<i64, StateError> {
-        self.store.begin_operation(&self.start(step, action, reason))
+        self.store
+            .begin_operation(&self.start(step, action, reason))
     }
 
     fn start<'s>(&self, step: &'s Step, action: &'s str, reason: &'s str) -> OperationStart<'s> {

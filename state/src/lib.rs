@@ -212,8 +212,12 @@ impl Store {
         self.conn
             .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))
             .map_err(e)?;
-        self.conn.pragma_update(None, "synchronous", "NORMAL").map_err(e)?;
-        self.conn.pragma_update(None, "foreign_keys", true).map_err(e)?;
+        self.conn
+            .pragma_update(None, "synchronous", "NORMAL")
+            .map_err(e)?;
+        self.conn
+            .pragma_update(None, "foreign_keys", true)
+            .map_err(e)?;
         self.conn.busy_timeout(Duration::from_secs(10)).map_err(e)?;
         Ok(())
     }
@@ -242,7 +246,8 @@ impl Store {
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(e)?;
             tx.execute_batch(sql).map_err(e)?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64).map_err(e)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)
+                .map_err(e)?;
             tx.commit().map_err(e)?;
         }
         Ok(())
@@ -447,7 +452,12 @@ impl Store {
         self.insert_operation(op, "skipped", Some(why))
     }
 
-    fn insert_operation(&self, op: &OperationStart<'_>, status: &str, error: Option<&str>) -> Result<i64> {
+    fn insert_operation(
+        &self,
+        op: &OperationStart<'_>,
+        status: &str,
+        error: Option<&str>,
+    ) -> Result<i64> {
         let finished = if status == "started" { "NULL" } else { NOW };
         self.conn
             .prepare_cached(&format!(
@@ -535,15 +545,35 @@ impl Store {
         tx.commit().map_err(e)
     }
 
+    /// Ends an operation that failed before its driver was called: the resource is untouched.
+    pub fn fail_operation(&self, operation: i64, error: &str) -> Result<()> {
+        self.conn
+            .prepare_cached(&format!(
+                "UPDATE operation SET status = 'failed', error = ?2, finished_at = {NOW} WHERE id = ?1"
+            ))
+            .and_then(|mut s| s.execute(params![operation, error]))
+            .map_err(self.err())?;
+        Ok(())
+    }
+
     /// Ends a delete: on success the resource and its secrets are forgotten, in one transaction.
-    pub fn finish_delete(&mut self, operation: i64, guresid: &str, error: Option<&str>) -> Result<()> {
+    pub fn finish_delete(
+        &mut self,
+        operation: i64,
+        guresid: &str,
+        error: Option<&str>,
+    ) -> Result<()> {
         let path = self.path.clone();
         let e = |source| StateError::Sqlite {
             path: path.clone(),
             source,
         };
         let tx = self.conn.transaction().map_err(e)?;
-        let status = if error.is_some() { "failed" } else { "succeeded" };
+        let status = if error.is_some() {
+            "failed"
+        } else {
+            "succeeded"
+        };
         tx.prepare_cached(&format!(
             "UPDATE operation SET status = ?2, error = ?3, finished_at = {NOW} WHERE id = ?1"
         ))
@@ -568,7 +598,8 @@ impl Store {
             source,
         };
         let tx = self.conn.transaction().map_err(e)?;
-        tx.execute("DELETE FROM edge WHERE env = ?1", [env]).map_err(e)?;
+        tx.execute("DELETE FROM edge WHERE env = ?1", [env])
+            .map_err(e)?;
         {
             let mut stmt = tx
                 .prepare_cached(
@@ -576,7 +607,8 @@ impl Store {
                 )
                 .map_err(e)?;
             for edge in edges {
-                stmt.execute(params![env, edge.from, edge.to, edge.kind]).map_err(e)?;
+                stmt.execute(params![env, edge.from, edge.to, edge.kind])
+                    .map_err(e)?;
             }
         }
         tx.commit().map_err(e)
@@ -618,7 +650,10 @@ impl Store {
             .map_err(self.err())?
             .flatten();
         match id {
-            Some(id) => Ok(self.deployments(Some(env))?.into_iter().find(|d| d.id == id)),
+            Some(id) => Ok(self
+                .deployments(Some(env))?
+                .into_iter()
+                .find(|d| d.id == id)),
             None => Ok(None),
         }
     }
@@ -727,7 +762,10 @@ mod tests {
         let store = Store::open(&path).unwrap();
         store.conn.pragma_update(None, "user_version", 99).unwrap();
         drop(store);
-        assert!(matches!(Store::open(&path), Err(StateError::TooNew { found: 99, .. })));
+        assert!(matches!(
+            Store::open(&path),
+            Err(StateError::TooNew { found: 99, .. })
+        ));
     }
 
     #[test]

@@ -6,7 +6,10 @@ use std::process::Command;
 /// The files of `repo-template/`, embedded so the binary can make a repository anywhere.
 /// A unit test keeps this list equal to the folder.
 pub const TEMPLATE: &[(&str, &str)] = &[
-    (".gitignore", include_str!("../../../repo-template/.gitignore")),
+    (
+        ".gitignore",
+        include_str!("../../../repo-template/.gitignore"),
+    ),
     (
         "environments/development.yaml",
         include_str!("../../../repo-template/environments/development.yaml"),
@@ -88,9 +91,19 @@ pub fn init(dir: &Path) -> Result<(), InitError> {
     let mut commit: Vec<&str> = Vec::new();
     if !has_identity {
         // A fresh machine has no git identity; the first commit must not fail for that.
-        commit.extend(["-c", "user.name=gitplane", "-c", "user.email=gitplane@localhost"]);
+        commit.extend([
+            "-c",
+            "user.name=gitplane",
+            "-c",
+            "user.email=gitplane@localhost",
+        ]);
     }
-    commit.extend(["commit", "--quiet", "-m", "Initial platform configuration from gitplane init"]);
+    commit.extend([
+        "commit",
+        "--quiet",
+        "-m",
+        "Initial platform configuration from gitplane init",
+    ]);
     git(dir, &commit)
 }
 
@@ -128,7 +141,11 @@ mod tests {
                 if path.is_dir() {
                     stack.push(path);
                 } else {
-                    let rel = path.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
+                    let rel = path
+                        .strip_prefix(&root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned();
                     on_disk.push(rel);
                 }
             }

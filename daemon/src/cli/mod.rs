@@ -37,7 +37,12 @@ pub struct Common {
     #[arg(long, env = "GITPLANE_REPO", default_value = ".", global = true)]
     pub repo: PathBuf,
     /// The SQLite state file.
-    #[arg(long, env = "GITPLANE_STATE", default_value = "gitplane.db", global = true)]
+    #[arg(
+        long,
+        env = "GITPLANE_STATE",
+        default_value = "gitplane.db",
+        global = true
+    )]
     pub state: PathBuf,
     /// Only this environment (repeat for several); default: every environment.
     #[arg(long = "env", value_name = "ENV", global = true)]
@@ -169,7 +174,14 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
                     let summary: Vec<String> = built
                         .graphs
                         .iter()
-                        .map(|g| format!("{} ({} resources, {} edges)", g.env, g.len(), g.edges().len()))
+                        .map(|g| {
+                            format!(
+                                "{} ({} resources, {} edges)",
+                                g.env,
+                                g.len(),
+                                g.edges().len()
+                            )
+                        })
                         .collect();
                     writeln!(
                         stdout,
@@ -185,7 +197,11 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
                 }
             }
         }
-        Command::Plan { common, rev, format } => {
+        Command::Plan {
+            common,
+            rev,
+            format,
+        } => {
             let (snapshot, result) = load_and_build(&common, rev.rev.as_deref())?;
             let built = match result {
                 Ok(built) => built,
@@ -208,18 +224,28 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
                 };
                 let p = plan::plan(g, &recorded, &edges);
                 match format {
-                    Format::Table => write!(stdout, "{}", output::plan_table(&p, &snapshot.commit))?,
+                    Format::Table => {
+                        write!(stdout, "{}", output::plan_table(&p, &snapshot.commit))?
+                    }
                     Format::Json => json.push(output::plan_json(&p, &snapshot.commit)),
                 }
             }
             if format == Format::Json {
-                writeln!(stdout, "{}", serde_json::to_string_pretty(&output::one_or_many(json)).unwrap_or_default())?;
+                writeln!(
+                    stdout,
+                    "{}",
+                    serde_json::to_string_pretty(&output::one_or_many(json)).unwrap_or_default()
+                )?;
             }
             Ok(CommandResult::Success)
         }
         Command::Apply { common, rev } => apply(&common, rev.rev.as_deref(), stdout),
         Command::Status { common, format } => status(&common, format, stdout),
-        Command::Graph { common, rev, format } => {
+        Command::Graph {
+            common,
+            rev,
+            format,
+        } => {
             let (snapshot, result) = load_and_build(&common, rev.rev.as_deref())?;
             let built = match result {
                 Ok(built) => built,
@@ -243,7 +269,8 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
                     writeln!(
                         stdout,
                         "{}",
-                        serde_json::to_string_pretty(&output::one_or_many(items)).unwrap_or_default()
+                        serde_json::to_string_pretty(&output::one_or_many(items))
+                            .unwrap_or_default()
                     )?;
                 }
             }
@@ -271,7 +298,10 @@ fn target_envs(snapshot: &Snapshot, asked: &[String]) -> Result<Vec<String>, Cli
         .keys()
         .filter_map(|p| p.strip_prefix("environments/"))
         .filter(|name| !name.contains('/'))
-        .filter_map(|name| name.strip_suffix(".yaml").or_else(|| name.strip_suffix(".yml")))
+        .filter_map(|name| {
+            name.strip_suffix(".yaml")
+                .or_else(|| name.strip_suffix(".yml"))
+        })
         .map(str::to_owned)
         .collect();
     if asked.is_empty() {
@@ -358,7 +388,11 @@ fn report_rejected(snapshot: &Snapshot, rejected: &Rejected) {
     );
 }
 
-fn apply(common: &Common, rev: Option<&str>, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
+fn apply(
+    common: &Common,
+    rev: Option<&str>,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
     let (snapshot, result) = load_and_build(common, rev)?;
     let mut store = Store::open(&common.state)?;
     let built = match result {
@@ -375,15 +409,29 @@ fn apply(common: &Common, rev: Option<&str>, stdout: &mut impl Write) -> Result<
     let drivers = Registry::builtin();
     let mut outcome = CommandResult::Success;
     for g in &built.graphs {
-        eprintln!("{}: applying commit {}", g.env, output::short(&snapshot.commit));
-        let report = reconcile::apply(&mut store, &drivers, g, &snapshot.commit, &mut |e: &Event<'_>| {
-            let what = match e.outcome {
-                Outcome::Done => format!("{:<9} {}", e.action.as_str(), e.label),
-                Outcome::Failed(err) => format!("{:<9} {} FAILED: {err}", e.action.as_str(), e.label),
-                Outcome::Skipped(why) => format!("{:<9} {} skipped: {why}", e.action.as_str(), e.label),
-            };
-            eprintln!("  {what}");
-        })?;
+        eprintln!(
+            "{}: applying commit {}",
+            g.env,
+            output::short(&snapshot.commit)
+        );
+        let report = reconcile::apply(
+            &mut store,
+            &drivers,
+            g,
+            &snapshot.commit,
+            &mut |e: &Event<'_>| {
+                let what = match e.outcome {
+                    Outcome::Done => format!("{:<9} {}", e.action.as_str(), e.label),
+                    Outcome::Failed(err) => {
+                        format!("{:<9} {} FAILED: {err}", e.action.as_str(), e.label)
+                    }
+                    Outcome::Skipped(why) => {
+                        format!("{:<9} {} skipped: {why}", e.action.as_str(), e.label)
+                    }
+                };
+                eprintln!("  {what}");
+            },
+        )?;
         let c = report.counts;
         writeln!(
             stdout,
@@ -407,7 +455,11 @@ fn apply(common: &Common, rev: Option<&str>, stdout: &mut impl Write) -> Result<
     Ok(outcome)
 }
 
-fn status(common: &Common, format: Format, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
+fn status(
+    common: &Common,
+    format: Format,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
     if !common.state.exists() {
         return Err(CliError::NoState {
             path: common.state.clone(),
@@ -434,7 +486,11 @@ fn status(common: &Common, format: Format, stdout: &mut impl Write) -> Result<Co
         }
     }
     if format == Format::Json {
-        writeln!(stdout, "{}", serde_json::to_string_pretty(&output::one_or_many(json)).unwrap_or_default())?;
+        writeln!(
+            stdout,
+            "{}",
+            serde_json::to_string_pretty(&output::one_or_many(json)).unwrap_or_default()
+        )?;
     }
     Ok(CommandResult::Success)
 }
@@ -442,7 +498,11 @@ fn status(common: &Common, format: Format, stdout: &mut impl Write) -> Result<Co
 fn quickstart(dir: &Path, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
     if !dir.join(".git").exists() {
         init::init(dir)?;
-        writeln!(stdout, "Created a config repository from the template in {}\n", dir.display())?;
+        writeln!(
+            stdout,
+            "Created a config repository from the template in {}\n",
+            dir.display()
+        )?;
     } else {
         writeln!(stdout, "Using the config repository in {}\n", dir.display())?;
     }

@@ -58,7 +58,11 @@ pub fn short(commit: &str) -> &str {
 pub fn plan_table(plan: &Plan, commit: &str) -> String {
     let mut t = Table::new(&["ACTION", "RESOURCE", "REASON"]);
     for step in &plan.steps {
-        t.row(vec![step.action.to_string(), step.label(), step.reason.clone()]);
+        t.row(vec![
+            step.action.to_string(),
+            step.label(),
+            step.reason.clone(),
+        ]);
     }
     format!(
         "{} @ {}\n{}  {} to create, {} to update, {} may update, {} unchanged, {} to delete\n",
@@ -91,10 +95,15 @@ pub fn plan_json(plan: &Plan, commit: &str) -> Value {
 
 /// The commit an environment's recorded state comes from: that of its newest deployment that
 /// reached the drivers.
-pub fn state_commit(deployments: &[DeploymentRecord], resources: &[ResourceRecord]) -> Option<String> {
+pub fn state_commit(
+    deployments: &[DeploymentRecord],
+    resources: &[ResourceRecord],
+) -> Option<String> {
     deployments
         .iter()
-        .find(|d| d.status != gitplane_state::DeploymentStatus::Failed || d.counts != Default::default())
+        .find(|d| {
+            d.status != gitplane_state::DeploymentStatus::Failed || d.counts != Default::default()
+        })
         .and_then(|d| d.commit_id.clone())
         .or_else(|| resources.first().map(|r| r.commit_id.clone()))
 }
@@ -124,7 +133,15 @@ pub fn status_table(
     latest: Option<&DeploymentRecord>,
     resources: &[ResourceRecord],
 ) -> String {
-    let mut t = Table::new(&["APP", "TYPE", "CLASS", "ID", "STATUS", "DEFINITION", "GURESID"]);
+    let mut t = Table::new(&[
+        "APP",
+        "TYPE",
+        "CLASS",
+        "ID",
+        "STATUS",
+        "DEFINITION",
+        "GURESID",
+    ]);
     for r in resources {
         t.row(vec![
             r.app.clone().unwrap_or_else(|| "-".into()),

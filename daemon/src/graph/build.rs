@@ -147,7 +147,10 @@ impl<'r> Builder<'r> {
     fn new(repo: &'r Repository, env: &'r Environment) -> Self {
         let mut definitions: HashMap<&str, Vec<&Definition>> = HashMap::new();
         for def in &repo.definitions {
-            definitions.entry(def.res_type.as_str()).or_default().push(def);
+            definitions
+                .entry(def.res_type.as_str())
+                .or_default()
+                .push(def);
         }
         Builder {
             env,
@@ -241,7 +244,9 @@ impl<'r> Builder<'r> {
 
     fn check_shared_params(&mut self, n: NodeIndex, req: &Request<'_>, at: &SourceLocation) {
         let (
-            Origin::Requested { workload: first, .. },
+            Origin::Requested {
+                workload: first, ..
+            },
             Origin::Requested {
                 workload: second, ..
             },

@@ -49,7 +49,10 @@ fn specificity(rule: &Criterion) -> Specificity {
 }
 
 /// The fields of `rule` that `ctx` fails, as `(field, resource's value, rule's value)`.
-fn mismatches<'a>(rule: &'a Criterion, ctx: &MatchContext<'a>) -> Vec<(&'static str, String, &'a str)> {
+fn mismatches<'a>(
+    rule: &'a Criterion,
+    ctx: &MatchContext<'a>,
+) -> Vec<(&'static str, String, &'a str)> {
     let mut out = Vec::new();
     let mut check = |name: &'static str, want: Option<&'a str>, have: Option<&str>| {
         if let Some(want) = want
@@ -125,7 +128,12 @@ mod tests {
     use std::sync::Arc;
 
     fn rule(fields: &[(&str, &str)]) -> Criterion {
-        let get = |k: &str| fields.iter().find(|(f, _)| *f == k).map(|(_, v)| v.to_string());
+        let get = |k: &str| {
+            fields
+                .iter()
+                .find(|(f, _)| *f == k)
+                .map(|(_, v)| v.to_string())
+        };
         Criterion {
             res_id: get("res_id"),
             env_id: get("env_id"),
@@ -174,7 +182,10 @@ mod tests {
             def("by-type", vec![rule(&[("env_type", "development")])]),
             def("by-app", vec![rule(&[("app_id", "shop")])]),
             def("by-env", vec![rule(&[("env_id", "development")])]),
-            def("by-res", vec![rule(&[("res_id", "modules.backend.externals.db")])]),
+            def(
+                "by-res",
+                vec![rule(&[("res_id", "modules.backend.externals.db")])],
+            ),
         ];
         assert_eq!(pick(&defs, "default").unwrap(), "by-res");
         assert_eq!(pick(&defs[..3], "default").unwrap(), "by-env");
@@ -188,9 +199,15 @@ mod tests {
             def("env-only", vec![rule(&[("env_id", "development")])]),
             def(
                 "env-and-type",
-                vec![rule(&[("env_id", "development"), ("env_type", "development")])],
+                vec![rule(&[
+                    ("env_id", "development"),
+                    ("env_type", "development"),
+                ])],
             ),
-            def("env-and-app", vec![rule(&[("env_id", "development"), ("app_id", "shop")])]),
+            def(
+                "env-and-app",
+                vec![rule(&[("env_id", "development"), ("app_id", "shop")])],
+            ),
         ];
         assert_eq!(pick(&defs, "default").unwrap(), "env-and-app");
         assert_eq!(pick(&defs[..2], "default").unwrap(), "env-and-type");
@@ -210,7 +227,10 @@ mod tests {
     fn no_match_names_the_closest_candidates() {
         let defs = vec![
             def("prod", vec![rule(&[("env_type", "production")])]),
-            def("other-app", vec![rule(&[("app_id", "other"), ("env_id", "staging")])]),
+            def(
+                "other-app",
+                vec![rule(&[("app_id", "other"), ("env_id", "staging")])],
+            ),
             def("none", vec![]),
         ];
         let err = pick(&defs, "default").unwrap_err();

@@ -69,12 +69,24 @@ pub enum Binding {
 /// Why a resource is in the graph.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Origin {
-    Workload { file: String },
+    Workload {
+        file: String,
+    },
     /// A Score resource dependency of a workload.
-    Requested { workload: String, name: String, location: SourceLocation },
+    Requested {
+        workload: String,
+        name: String,
+        location: SourceLocation,
+    },
     Implicit,
-    Referenced { by: GuresId, definition: String },
-    Coprovisioned { by: GuresId, definition: String },
+    Referenced {
+        by: GuresId,
+        definition: String,
+    },
+    Coprovisioned {
+        by: GuresId,
+        definition: String,
+    },
 }
 
 /// One resource to provision.
@@ -225,3 +237,6 @@ pub fn to_json(graph: &ResourceGraph, commit: &str) -> Value {
         })).collect::<Vec<_>>(),
     })
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

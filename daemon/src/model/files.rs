@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::placeholder::{Dialect, parse_string, ParsedString};
+use super::placeholder::{Dialect, ParsedString, parse_string};
 use super::{
     App, Criterion, DEFAULT_CLASS, Definition, Environment, LoadError, LoadErrorKind, Provision,
     Repository, ScoreResource, SourceLocation, Workload, line_of, parse_template,
@@ -175,7 +175,10 @@ impl Loader {
 
     pub(super) fn finish(mut self) -> Result<Repository, Vec<LoadError>> {
         if self.repo.environments.is_empty() && self.errors.is_empty() {
-            self.error(SourceLocation::file("environments/"), LoadErrorKind::NoEnvironments);
+            self.error(
+                SourceLocation::file("environments/"),
+                LoadErrorKind::NoEnvironments,
+            );
         }
         self.check_equal_criteria();
         if self.errors.is_empty() {
@@ -358,7 +361,10 @@ impl Loader {
         let id = file.metadata.id;
         let location = at(&format!("id: {id}"));
         if let Err(reason) = check_identifier(&id) {
-            self.error(location, LoadErrorKind::Invalid(format!("definition id: {reason}")));
+            self.error(
+                location,
+                LoadErrorKind::Invalid(format!("definition id: {reason}")),
+            );
             return;
         }
         if let Some(first) = self.definition_ids.get(&id) {
@@ -541,8 +547,9 @@ fn split_documents(text: &str) -> Vec<(usize, &str)> {
     docs.push((start_line, &text[start_byte..]));
     docs.into_iter()
         .filter(|(_, d)| {
-            d.lines()
-                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#') && l.trim() != "...")
+            d.lines().any(|l| {
+                !l.trim().is_empty() && !l.trim_start().starts_with('#') && l.trim() != "..."
+            })
         })
         .collect()
 }
@@ -554,17 +561,23 @@ fn merge_secret_refs(secrets: Value, refs: Option<Value>) -> Result<Value, Strin
     };
     fn flatten(v: Value, path: &str) -> Result<Value, String> {
         match v {
-            Value::Object(map) if map.contains_key("store") || map.contains_key("ref") => Err(format!(
-                "secret_refs.{path}: secret stores ({{store, ref}}) are not supported yet; \
+            Value::Object(map) if map.contains_key("store") || map.contains_key("ref") => {
+                Err(format!(
+                    "secret_refs.{path}: secret stores ({{store, ref}}) are not supported yet; \
                  use {{value: ...}}"
-            )),
+                ))
+            }
             Value::Object(mut map) if map.len() == 1 && map.contains_key("value") => {
                 Ok(map.remove("value").unwrap_or(Value::Null))
             }
             Value::Object(map) => map
                 .into_iter()
                 .map(|(k, v)| {
-                    let child = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                    let child = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
                     Ok((k, flatten(v, &child)?))
                 })
                 .collect::<Result<serde_json::Map<_, _>, _>>()
@@ -639,7 +652,10 @@ mod tests {
     fn documents_keep_their_line_offsets() {
         let text = "a: 1\n---\nb: 2\nc: 3\n--- \n# only a comment\n---\nd: 4\n";
         let docs = split_documents(text);
-        assert_eq!(docs, vec![(0, "a: 1\n"), (2, "b: 2\nc: 3\n"), (7, "d: 4\n")]);
+        assert_eq!(
+            docs,
+            vec![(0, "a: 1\n"), (2, "b: 2\nc: 3\n"), (7, "d: 4\n")]
+        );
     }
 
     #[test]
@@ -665,7 +681,11 @@ mod tests {
     fn provision_keys() {
         assert_eq!(
             parse_provision_key("aws-policy.strict#common").unwrap(),
-            ("aws-policy".into(), Some("strict".into()), Some("common".into()))
+            (
+                "aws-policy".into(),
+                Some("strict".into()),
+                Some("common".into())
+            )
         );
         assert_eq!(
             parse_provision_key("aws-policy").unwrap(),

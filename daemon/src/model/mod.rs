@@ -77,7 +77,7 @@ pub enum LoadErrorKind {
     NotUtf8,
     #[error("{0}")]
     Invalid(String),
-    #[error("bad placeholder in '{path}' ({text:?}) at {source}")]
+    #[error("bad placeholder in '{path}' ({text:?}): {}", source.reason)]
     Placeholder {
         path: String,
         text: String,
@@ -261,12 +261,21 @@ pub(crate) fn placeholder_errors<'s>(
     errors: Vec<TemplateError>,
 ) -> impl Iterator<Item = LoadError> + 's {
     errors.into_iter().map(move |e| {
-        let line = line_of(source, &e.text).map(|l| l + line_offset);
+        // Point at the bad placeholder itself: the string's line, and its column in that line
+        // plus the placeholder's column in the string.
+        let found = source.lines().enumerate().find_map(|(i, line)| {
+            line.find(e.text.as_str())
+                .map(|byte| (i + 1, line[..byte].chars().count()))
+        });
+        let (line, column) = match found {
+            Some((line, before)) => (Some(line + line_offset), Some(before + e.error.column)),
+            None => (line_of(source, &e.text).map(|l| l + line_offset), None),
+        };
         LoadError {
             location: SourceLocation {
                 file: file.to_owned(),
                 line,
-                column: None,
+                column,
             },
             kind: LoadErrorKind::Placeholder {
                 path: e.path,

@@ -106,12 +106,20 @@ pub enum ContextKey {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Expr {
     /// `resources.DESC.outputs.PATH`; `path[0]` is the output name.
-    Resource { desc: Descriptor, path: Vec<Segment> },
+    Resource {
+        desc: Descriptor,
+        path: Vec<Segment>,
+    },
     Context(ContextKey),
     /// Score: `resources.NAME.PATH`, an output of the workload's resource NAME.
-    ScoreResource { name: String, path: Vec<Segment> },
+    ScoreResource {
+        name: String,
+        path: Vec<Segment>,
+    },
     /// Score: `metadata.PATH`, a value of the workload's own metadata.
-    ScoreMetadata { path: Vec<Segment> },
+    ScoreMetadata {
+        path: Vec<Segment>,
+    },
 }
 
 /// A piece of a string that holds placeholders.
@@ -160,9 +168,9 @@ pub fn parse_string(input: &str, dialect: Dialect) -> Result<ParsedString, Place
             i += 3;
         } else if c == '$' && chars.get(i + 1) == Some(&'{') {
             let column = i + 1;
-            let end = find_close(&chars, i + 2).ok_or_else(|| PlaceholderError {
+            let end = find_close(&chars, i + 2).map_err(|reason| PlaceholderError {
                 column,
-                reason: "placeholder is not closed: missing '}'".into(),
+                reason: reason.into(),
             })?;
             let body: String = chars[i + 2..end].iter().collect();
             let expr = parse_expr(body.trim(), dialect).map_err(|reason| PlaceholderError {
@@ -194,18 +202,21 @@ pub fn parse_string(input: &str, dialect: Dialect) -> Result<ParsedString, Place
 }
 
 /// Index of the `}` closing a placeholder whose body starts at `start`; quotes may hold braces.
-fn find_close(chars: &[char], start: usize) -> Option<usize> {
+fn find_close(chars: &[char], start: usize) -> Result<usize, &'static str> {
     let mut quote: Option<char> = None;
     for (offset, &c) in chars[start..].iter().enumerate() {
         match quote {
             Some(q) if c == q => quote = None,
             Some(_) => {}
             None if c == '\'' || c == '"' => quote = Some(c),
-            None if c == '}' => return Some(start + offset),
+            None if c == '}' => return Ok(start + offset),
             None => {}
         }
     }
-    None
+    match quote {
+        Some(_) => Err("unterminated quoted string in placeholder"),
+        None => Err("placeholder is not closed: missing '}'"),
+    }
 }
 
 fn parse_expr(body: &str, dialect: Dialect) -> Result<Expr, String> {
@@ -382,14 +393,18 @@ fn parse_path(mut rest: &str) -> Result<Vec<Segment>, String> {
                 return Err("empty name in path".into());
             }
             if !is_plain_name(name) {
-                return Err(format!("invalid name '{name}' in path: quote it as ['{name}']"));
+                return Err(format!(
+                    "invalid name '{name}' in path: quote it as ['{name}']"
+                ));
             }
             out.push(Segment::Key(name.to_owned()));
             rest = &after[end..];
         } else if let Some(after) = rest.strip_prefix('[') {
             if after.starts_with(['\'', '"']) {
                 let (key, after) = take_quoted(after)?;
-                rest = after.strip_prefix(']').ok_or("expected ']' after a quoted key")?;
+                rest = after
+                    .strip_prefix(']')
+                    .ok_or("expected ']' after a quoted key")?;
                 out.push(Segment::Key(key));
             } else {
                 let end = after.find(']').ok_or("expected ']' after an index")?;

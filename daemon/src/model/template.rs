@@ -37,7 +37,12 @@ impl<E> Default for Template<E> {
 
 impl Template<super::placeholder::Expr> {
     /// Parses every string in `value`; collects every bad placeholder.
-    pub fn parse(value: &Value, dialect: Dialect, path: &str, errors: &mut Vec<TemplateError>) -> Self {
+    pub fn parse(
+        value: &Value,
+        dialect: Dialect,
+        path: &str,
+        errors: &mut Vec<TemplateError>,
+    ) -> Self {
         match value {
             Value::String(s) => match parse_string(s, dialect) {
                 Ok(ParsedString::Literal(l)) if l == *s => Template::Value(value.clone()),
@@ -61,7 +66,10 @@ impl Template<super::placeholder::Expr> {
                     .collect();
                 if items.iter().all(|t| matches!(t, Template::Value(_))) {
                     Template::Value(Value::Array(
-                        items.into_iter().map(Template::into_value_unchecked).collect(),
+                        items
+                            .into_iter()
+                            .map(Template::into_value_unchecked)
+                            .collect(),
                     ))
                 } else {
                     Template::Array(items)
@@ -125,7 +133,10 @@ impl<E> Template<E> {
 
     /// Replaces every placeholder; `f` may turn one into literal text (`Err(Value)`) or into
     /// another placeholder type (`Ok(F)`).
-    pub fn try_map<F, X>(&self, f: &mut impl FnMut(&E) -> Result<Mapped<F>, X>) -> Result<Template<F>, X> {
+    pub fn try_map<F, X>(
+        &self,
+        f: &mut impl FnMut(&E) -> Result<Mapped<F>, X>,
+    ) -> Result<Template<F>, X> {
         Ok(match self {
             Template::Value(v) => Template::Value(v.clone()),
             Template::Whole(e) => match f(e)? {
@@ -171,7 +182,10 @@ impl<E> Template<E> {
     }
 
     /// Resolves every placeholder with `lookup`, which returns the value and whether it is secret.
-    pub fn resolve<X>(&self, lookup: &mut impl FnMut(&E) -> Result<Resolved, X>) -> Result<Resolved, X> {
+    pub fn resolve<X>(
+        &self,
+        lookup: &mut impl FnMut(&E) -> Result<Resolved, X>,
+    ) -> Result<Resolved, X> {
         Ok(match self {
             Template::Value(v) => Resolved {
                 value: v.clone(),

@@ -1,0 +1,456 @@
+//! Graph building tested on plain files, no git and no state.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::*;
+use crate::model;
+
+/// Files by path, as a commit would hold them.
+pub(crate) fn files(entries: &[(&str, &str)]) -> BTreeMap<String, Vec<u8>> {
+    entries
+        .iter()
+        .map(|(p, t)| (p.to_string(), t.as_bytes().to_vec()))
+        .collect()
+}
+
+pub(crate) fn template_files() -> BTreeMap<String, Vec<u8>> {
+    crate::cli::TEMPLATE
+        .iter()
+        .map(|(p, t)| (p.to_string(), t.as_bytes().to_vec()))
+        .collect()
+}
+
+fn build_env(
+    files: &BTreeMap<String, Vec<u8>>,
+    env: &str,
+) -> Result<ResourceGraph, Vec<BuildError>> {
+    let repo = model::load(files).unwrap_or_else(|e| panic!("load failed: {e:#?}"));
+    let env = repo
+        .environments
+        .iter()
+        .find(|e| e.id == env)
+        .unwrap_or_else(|| panic!("no environment {env}"));
+    build(&repo, env)
+}
+
+/// Nodes as `type#res_id` and edges as `type#res_id -> type#res_id (kind)`.
+fn shape(g: &ResourceGraph) -> (BTreeSet<String>, BTreeSet<String>) {
+    let name = |id: &GuresId| {
+        let n = g.get(id).expect("edge ends are nodes");
+        format!("{}#{}", n.res_type, n.res_id)
+    };
+    let nodes = g
+        .nodes()
+        .map(|n| format!("{}#{}", n.res_type, n.res_id))
+        .collect();
+    let edges = g
+        .edges()
+        .iter()
+        .map(|e| format!("{} -> {} ({})", name(&e.from), name(&e.to), e.kind))
+        .collect();
+    (nodes, edges)
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+const ENV: &str = "type: development\n";
+
+fn definition(id: &str, res_type: &str, inputs: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\nentity:\n  \
+         type: {res_type}\n  driver_type: echo\n  driver_inputs:\n    values:\n{inputs}{extra}  criteria:\n    - {{}}\n"
+    )
+}
+
+fn workload(name: &str, resources: &str) -> String {
+    format!(
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: {name}\ncontainers:\n  main:\n    image: x\nresources:\n{resources}"
+    )
+}
+
+#[test]
+fn repo_template_graph_has_the_expected_nodes_and_edges() {
+    let g = build_env(&template_files(), "development").unwrap();
+    let (nodes, edges) = shape(&g);
+    assert_eq!(
+        nodes,
+        set(&[
+            "base-env#base-env",
+            "dns#modules.frontend.externals.dns",
+            "postgres#modules.backend.externals.db",
+            "redis#shared.cache",
+            "workload#modules.backend",
+            "workload#modules.frontend",
+        ])
+    );
+    assert_eq!(
+        edges,
+        set(&[
+            "dns#modules.frontend.externals.dns -> base-env#base-env (reference)",
+            "postgres#modules.backend.externals.db -> base-env#base-env (reference)",
+            "redis#shared.cache -> base-env#base-env (reference)",
+            "workload#modules.backend -> postgres#modules.backend.externals.db (reference)",
+            "workload#modules.backend -> redis#shared.cache (reference)",
+            "workload#modules.frontend -> dns#modules.frontend.externals.dns (reference)",
+            "workload#modules.frontend -> redis#shared.cache (reference)",
+        ])
+    );
+    let pg = |env: &str| {
+        let g = build_env(&template_files(), env).unwrap();
+        g.nodes()
+            .find(|n| n.res_type == "postgres")
+            .unwrap()
+            .definition
+            .clone()
+    };
+    assert_eq!(pg("development"), "postgres-dev");
+    assert_eq!(pg("production"), "postgres-prod");
+}
+
+#[test]
+fn provisioning_order_respects_every_edge() {
+    let g = build_env(&template_files(), "production").unwrap();
+    let order: Vec<&GuresId> = g.provisioning_order().iter().map(|n| &n.guresid).collect();
+    assert_eq!(order.len(), g.len());
+    for e in g.edges() {
+        let from = order.iter().position(|id| **id == e.from).unwrap();
+        let to = order.iter().position(|id| **id == e.to).unwrap();
+        assert!(to < from, "{} must come before {}", e.to, e.from);
+    }
+}
+
+#[test]
+fn class_and_id_propagate_from_the_referencing_resource() {
+    let files = files(&[
+        ("environments/development.yaml", ENV),
+        (
+            "workloads/app/web.yaml",
+            &workload("web", "  db:\n    type: postgres\n    class: large\n"),
+        ),
+        ("definitions/wl.yaml", &definition("wl", "workload", "      a: 1\n", "")),
+        (
+            "definitions/pg.yaml",
+            &format!(
+                "{}---\n{}",
+                // Matches class large only.
+                definition(
+                    "pg",
+                    "postgres",
+                    "      sa: ${resources.service-account.outputs.name}\n      env: ${resources.base-env#base-env.outputs.x}\n",
+                    ""
+                )
+                .replace("- {}", "- {class: large}"),
+                definition("sa", "service-account", "      name: x\n", "").replace("- {}", "- {class: large}"),
+            ),
+        ),
+        (
+            "definitions/base.yaml",
+            &definition("base", "base-env", "      x: 1\n", "").replace("- {}", "- {class: large}\n    - {}"),
+        ),
+    ]);
+    let g = build_env(&files, "development").unwrap();
+    let labels: BTreeSet<String> = g.nodes().map(ResourceNode::label).collect();
+    assert!(
+        labels.contains("app/service-account.large#modules.web.externals.db"),
+        "class and id propagate: {labels:?}"
+    );
+    assert!(
+        labels.contains("app/base-env.large#base-env"),
+        "class propagates, id given: {labels:?}"
+    );
+    assert!(
+        labels.contains("app/base-env.default#base-env"),
+        "the implicit base-env: {labels:?}"
+    );
+}
+
+#[test]
+fn shared_resources_are_one_node_per_app() {
+    let files = files(&[
+        ("environments/development.yaml", ENV),
+        (
+            "workloads/a/one.yaml",
+            &workload("one", "  q:\n    type: queue\n    id: jobs\n"),
+        ),
+        (
+            "workloads/a/two.yaml",
+            &workload("two", "  q:\n    type: queue\n    id: jobs\n"),
+        ),
+        (
+            "workloads/b/three.yaml",
+            &workload("three", "  q:\n    type: queue\n    id: jobs\n"),
+        ),
+        (
+            "definitions/wl.yaml",
+            &definition("wl", "workload", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/q.yaml",
+            &definition("q", "queue", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/base.yaml",
+            &definition("base", "base-env", "      a: 1\n", ""),
+        ),
+    ]);
+    let g = build_env(&files, "development").unwrap();
+    let queues: Vec<String> = g
+        .nodes()
+        .filter(|n| n.res_type == "queue")
+        .map(ResourceNode::label)
+        .collect();
+    assert_eq!(queues.len(), 2, "{queues:?}");
+    assert!(queues.contains(&"a/queue.default#shared.jobs".to_owned()));
+    assert!(queues.contains(&"b/queue.default#shared.jobs".to_owned()));
+}
+
+/// The three co-provisioning figures of seed document 000: P depends on R, R co-provisions N.
+#[test]
+fn co_provisioning_figures() {
+    let case = |n_inputs: &str, flags: &str| {
+        let files = files(&[
+            (
+                "environments/development.yaml",
+                "type: development\nimplicit_resources: []\n",
+            ),
+            (
+                "workloads/app/p.yaml",
+                &workload("p", "  r:\n    type: r\n"),
+            ),
+            (
+                "definitions/wl.yaml",
+                &definition("wl", "workload", "      a: 1\n", ""),
+            ),
+            (
+                "definitions/r.yaml",
+                &definition(
+                    "r",
+                    "r",
+                    "      a: 1\n",
+                    &format!("  provision:\n    n:\n{flags}"),
+                ),
+            ),
+            ("definitions/n.yaml", &definition("n", "n", n_inputs, "")),
+        ]);
+        shape(&build_env(&files, "development").unwrap()).1
+    };
+    // Figure 1: no additional links.
+    assert_eq!(
+        case("      a: 1\n", "      is_dependent: false\n"),
+        set(&["workload#modules.p -> r#modules.p.externals.r (dependency)"])
+    );
+    // Figure 2: N references R.
+    assert_eq!(
+        case(
+            "      a: ${resources.r.outputs.a}\n",
+            "      match_dependents: false\n"
+        ),
+        set(&[
+            "n#modules.p.externals.r -> r#modules.p.externals.r (reference)",
+            "workload#modules.p -> r#modules.p.externals.r (dependency)",
+        ])
+    );
+    // Figure 3: N references R and matches R's dependents.
+    assert_eq!(
+        case(
+            "      a: ${resources.r.outputs.a}\n",
+            "      match_dependents: true\n"
+        ),
+        set(&[
+            "n#modules.p.externals.r -> r#modules.p.externals.r (reference)",
+            "workload#modules.p -> n#modules.p.externals.r (coprovision)",
+            "workload#modules.p -> r#modules.p.externals.r (dependency)",
+        ])
+    );
+    // is_dependent adds the edge even without a reference.
+    assert_eq!(
+        case("      a: 1\n", "      is_dependent: true\n"),
+        set(&[
+            "n#modules.p.externals.r -> r#modules.p.externals.r (coprovision)",
+            "workload#modules.p -> r#modules.p.externals.r (dependency)",
+        ])
+    );
+}
+
+#[test]
+fn a_loop_names_every_resource_on_it() {
+    let files = files(&[
+        (
+            "environments/development.yaml",
+            "type: development\nimplicit_resources: []\n",
+        ),
+        (
+            "workloads/app/web.yaml",
+            &workload("web", "  x:\n    type: a\n"),
+        ),
+        (
+            "definitions/wl.yaml",
+            &definition("wl", "workload", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/a.yaml",
+            &definition("def-a", "a", "      v: ${resources.b.outputs.v}\n", ""),
+        ),
+        (
+            "definitions/b.yaml",
+            &definition("def-b", "b", "      v: ${resources.c.outputs.v}\n", ""),
+        ),
+        (
+            "definitions/c.yaml",
+            &definition("def-c", "c", "      v: ${resources.a.outputs.v}\n", ""),
+        ),
+    ]);
+    let errors = build_env(&files, "development").unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    let msg = errors[0].to_string();
+    assert!(msg.starts_with("dependency loop: "), "{msg}");
+    for needle in [
+        "app/a.default#modules.web.externals.x (definition 'def-a' in definitions/a.yaml:4)",
+        "app/b.default#modules.web.externals.x (definition 'def-b'",
+        "app/c.default#modules.web.externals.x (definition 'def-c'",
+    ] {
+        assert!(msg.contains(needle), "{needle} missing in {msg}");
+    }
+}
+
+#[test]
+fn no_match_names_the_requesting_line_and_candidates() {
+    let files = files(&[
+        ("environments/development.yaml", ENV),
+        (
+            "workloads/app/web.yaml",
+            &workload("web", "  db:\n    type: postgres\n"),
+        ),
+        (
+            "definitions/wl.yaml",
+            &definition("wl", "workload", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/base.yaml",
+            &definition("base", "base-env", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/pg.yaml",
+            &definition("pg-prod", "postgres", "      a: 1\n", "")
+                .replace("- {}", "- env_type: production"),
+        ),
+    ]);
+    let errors = build_env(&files, "development").unwrap_err();
+    let msg = errors[0].to_string();
+    assert!(msg.starts_with("workloads/app/web.yaml:8: no definition of type 'postgres' matches app/postgres.default#modules.web.externals.db"), "{msg}");
+    assert!(
+        msg.contains(
+            "closest candidates: pg-prod (env_type is development, the rule wants production)"
+        ),
+        "{msg}"
+    );
+}
+
+#[test]
+fn score_placeholders_must_name_declared_resources_and_metadata() {
+    let files = files(&[
+        ("environments/development.yaml", ENV),
+        (
+            "workloads/app/web.yaml",
+            "apiVersion: score.dev/v1b1\nmetadata:\n  name: web\ncontainers:\n  main:\n    image: x\n    \
+             variables:\n      A: ${resources.nope.host}\n      B: ${metadata.team}\n",
+        ),
+        (
+            "definitions/wl.yaml",
+            &definition("wl", "workload", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/base.yaml",
+            &definition("base", "base-env", "      a: 1\n", ""),
+        ),
+    ]);
+    let errors: Vec<String> = build_env(&files, "development")
+        .unwrap_err()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        errors,
+        vec![
+            "workloads/app/web.yaml:8: workload 'web' reads '${resources.nope...}', but its resources section declares no 'nope'".to_owned(),
+            "workloads/app/web.yaml:9: workload 'web' reads '${metadata.team}', which is not set".to_owned(),
+        ]
+    );
+}
+
+#[test]
+fn shared_resource_with_different_params_is_ambiguous() {
+    let files = files(&[
+        ("environments/development.yaml", ENV),
+        (
+            "workloads/app/one.yaml",
+            &workload(
+                "one",
+                "  q:\n    type: queue\n    id: jobs\n    params: {size: 1}\n",
+            ),
+        ),
+        (
+            "workloads/app/two.yaml",
+            &workload(
+                "two",
+                "  q:\n    type: queue\n    id: jobs\n    params: {size: 2}\n",
+            ),
+        ),
+        (
+            "definitions/wl.yaml",
+            &definition("wl", "workload", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/q.yaml",
+            &definition("q", "queue", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/base.yaml",
+            &definition("base", "base-env", "      a: 1\n", ""),
+        ),
+    ]);
+    let msg = build_env(&files, "development").unwrap_err()[0].to_string();
+    assert!(
+        msg.contains("requested with different params by workloads 'one' and 'two'"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn graph_json_has_the_documented_shape() {
+    let g = build_env(&template_files(), "development").unwrap();
+    let json = to_json(&g, "abc");
+    assert_eq!(json["env"], "development");
+    assert_eq!(json["commit"], "abc");
+    let node = &json["nodes"][0];
+    let mut keys: Vec<&str> = node
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "app",
+            "class",
+            "definition",
+            "driver",
+            "guresid",
+            "id",
+            "type"
+        ]
+    );
+    let edge = &json["edges"][0];
+    let mut keys: Vec<&str> = edge
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["from", "kind", "to"]);
+}

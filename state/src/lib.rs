@@ -35,6 +35,11 @@ pub enum StateError {
         found: i64,
         known: i64,
     },
+    #[error(
+        "state {path}: another gitplane is applying to this state (it holds {lock}); wait for it \
+         to finish"
+    )]
+    Busy { path: PathBuf, lock: PathBuf },
     #[error("state {path}: column {column} of {guresid} holds invalid JSON: {source}")]
     Json {
         path: PathBuf,
@@ -164,6 +169,51 @@ pub struct OperationRecord {
 }
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+/// Held while one process applies to a state file; released on drop.
+///
+/// SQLite serialises single writes, but an apply is many writes that must not interleave with
+/// another apply's, so the whole apply holds this advisory lock on `<state>.lock`.
+#[derive(Debug)]
+pub struct ApplyLock {
+    _file: std::fs::File,
+}
+
+impl ApplyLock {
+    /// Takes the lock of the state file at `state`, or fails at once if another process has it.
+    pub fn acquire(state: &Path) -> Result<ApplyLock> {
+        let mut name = state.as_os_str().to_owned();
+        name.push(".lock");
+        let lock = PathBuf::from(name);
+        if let Some(parent) = lock.parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent).map_err(|source| StateError::Create {
+                path: lock.clone(),
+                source,
+            })?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock)
+            .map_err(|source| StateError::Create {
+                path: lock.clone(),
+                source,
+            })?;
+        match file.try_lock() {
+            Ok(()) => Ok(ApplyLock { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(StateError::Busy {
+                path: state.to_owned(),
+                lock,
+            }),
+            Err(std::fs::TryLockError::Error(source)) => {
+                Err(StateError::Create { path: lock, source })
+            }
+        }
+    }
+}
 
 /// An open state file.
 pub struct Store {
@@ -753,6 +803,19 @@ mod tests {
             let perms = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
             assert_eq!(perms, 0o600);
         }
+    }
+
+    #[test]
+    fn one_apply_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.db");
+        let held = ApplyLock::acquire(&state).unwrap();
+        assert!(matches!(
+            ApplyLock::acquire(&state),
+            Err(StateError::Busy { .. })
+        ));
+        drop(held);
+        ApplyLock::acquire(&state).unwrap();
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use gitplane_state::{DeploymentStatus, StateError, Store};
+use gitplane_state::{ApplyLock, DeploymentStatus, StateError, Store};
 
 use crate::drivers::Registry;
 use crate::graph::{self, ResourceGraph};
@@ -393,6 +393,7 @@ fn apply(
     rev: Option<&str>,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
+    let _lock = ApplyLock::acquire(&common.state)?;
     let (snapshot, result) = load_and_build(common, rev)?;
     let mut store = Store::open(&common.state)?;
     let built = match result {

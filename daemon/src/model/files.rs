@@ -142,6 +142,7 @@ impl Loader {
         }
         let parts: Vec<&str> = path.split('/').collect();
         let kind = match parts.as_slice() {
+            ["gitplane.yaml"] => FileKind::Settings,
             ["environments", _] => FileKind::Environment,
             ["workloads", app, _] => FileKind::Workload((*app).to_owned()),
             ["definitions", ..] => FileKind::Definitions,
@@ -163,6 +164,7 @@ impl Loader {
             return;
         };
         match kind {
+            FileKind::Settings => self.settings(path, text),
             FileKind::Environment => self.environment(path, text),
             FileKind::Workload(app) => self.workload(path, &app, text),
             FileKind::Definitions => {
@@ -191,6 +193,32 @@ impl Loader {
 
     fn error(&mut self, location: SourceLocation, kind: LoadErrorKind) {
         self.errors.push(LoadError { location, kind });
+    }
+
+    /// `gitplane.yaml` is reserved for repository-wide settings. There are none yet, so any key
+    /// is an error rather than a setting silently ignored.
+    fn settings(&mut self, path: &str, text: &str) {
+        let Some(value): Option<Value> = self.parse_yaml(path, text, 0) else {
+            return;
+        };
+        let keys: Vec<String> = match value {
+            Value::Null => Vec::new(),
+            Value::Object(map) => map.keys().cloned().collect(),
+            _ => vec!["(not a mapping)".to_owned()],
+        };
+        if let Some(key) = keys.first() {
+            let location = SourceLocation {
+                file: path.into(),
+                line: line_of(text, key),
+                column: None,
+            };
+            self.error(
+                location,
+                LoadErrorKind::Invalid(format!(
+                    "unknown setting '{key}': this version of gitplane has no repository settings"
+                )),
+            );
+        }
     }
 
     fn environment(&mut self, path: &str, text: &str) {
@@ -512,6 +540,7 @@ impl Loader {
 }
 
 enum FileKind {
+    Settings,
     Environment,
     Workload(String),
     Definitions,

@@ -706,6 +706,114 @@ mod tests {
         assert!(err.contains("secret_refs.b"), "{err}");
     }
 
+    fn load_errors(entries: &[(&str, &str)]) -> Vec<String> {
+        let files = entries
+            .iter()
+            .map(|(p, t)| (p.to_string(), t.as_bytes().to_vec()))
+            .collect();
+        match crate::model::load(&files) {
+            Ok(_) => Vec::new(),
+            Err(errors) => errors.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    const ENV: (&str, &str) = ("environments/dev.yaml", "type: development\n");
+
+    fn def(id: &str, criteria: &str) -> String {
+        format!(
+            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\n\
+             entity:\n  type: postgres\n  driver_type: echo\n  criteria:\n{criteria}"
+        )
+    }
+
+    #[test]
+    fn equal_criteria_for_one_type_are_an_error() {
+        let errors = load_errors(&[
+            ENV,
+            (
+                "definitions/a.yaml",
+                &def("pg-a", "    - env_type: development\n"),
+            ),
+            (
+                "definitions/b.yaml",
+                &def("pg-b", "    - {env_type: development, class: default}\n"),
+            ),
+        ]);
+        assert_eq!(
+            errors,
+            [
+                "definitions/b.yaml:8: definitions 'pg-a' and 'pg-b' have equal criteria \
+              {env_type: development, class: default} for type 'postgres': make one rule more \
+              specific or remove it"
+            ]
+        );
+    }
+
+    #[test]
+    fn duplicate_definition_ids_name_both_places() {
+        let two = format!(
+            "{}---\n{}",
+            def("pg", "    - {}\n"),
+            def("pg", "    - {}\n")
+        );
+        let errors = load_errors(&[ENV, ("definitions/pg.yaml", &two)]);
+        assert_eq!(
+            errors,
+            ["definitions/pg.yaml:14: definition id 'pg' is already used in definitions/pg.yaml:4"]
+        );
+    }
+
+    #[test]
+    fn every_error_of_a_commit_is_reported() {
+        let errors = load_errors(&[
+            ("environments/dev.yaml", "id: prod\ntype: development\n"),
+            ("environments/test.yaml", "typo: development\n"),
+            ("workloads/app/deep/w.yaml", "x: 1\n"),
+            (
+                "workloads/app/w.yaml",
+                "apiVersion: score.dev/v1\nmetadata: {name: w}\ncontainers: {}\n",
+            ),
+            (
+                "definitions/bad.yaml",
+                "apiVersion: v1\nkind: Pod\nmetadata: {id: x}\nentity: {type: a, driver_type: b}\n",
+            ),
+            ("definitions/bin.yaml", "\u{0}"),
+        ]);
+        let expected = [
+            "definitions/bad.yaml:1: expected apiVersion 'entity.humanitec.io/v1b1' and kind 'Definition', found 'v1' and 'Pod'",
+            "definitions/bin.yaml",
+            "environments/dev.yaml:1: environment id 'prod' differs from the file name",
+            "environments/test.yaml:1:1: unknown field `typo`",
+            "workloads/app/deep/w.yaml: misplaced file",
+            "workloads/app/w.yaml:1: apiVersion 'score.dev/v1' is not supported: use 'score.dev/v1b1'",
+        ];
+        assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+        for (got, want) in errors.iter().zip(expected) {
+            assert!(got.starts_with(want), "{got} should start with {want}");
+        }
+    }
+
+    #[test]
+    fn humanitec_exports_load_unchanged() {
+        let text = "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: pg\n\
+                    entity:\n  name: pg\n  type: postgres\n  driver_type: humanitec/echo\n\
+                    \x20 driver_account: aws\n  driver_inputs:\n    values: {a: 1}\n    \
+                    secret_refs:\n      password: {value: x}\n  criteria:\n    - id: abc\n      \
+                    app_id: shop\n";
+        let files = [ENV, ("definitions/pg.yaml", text)]
+            .iter()
+            .map(|(p, t)| (p.to_string(), t.as_bytes().to_vec()))
+            .collect();
+        let repo = crate::model::load(&files).unwrap();
+        let d = &repo.definitions[0];
+        assert_eq!(d.driver_account.as_deref(), Some("aws"));
+        assert_eq!(d.criteria[0].app_id.as_deref(), Some("shop"));
+        assert_eq!(
+            d.secrets,
+            crate::model::template::Template::Value(serde_json::json!({"password": "x"}))
+        );
+    }
+
     #[test]
     fn provision_keys() {
         assert_eq!(

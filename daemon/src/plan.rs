@@ -134,44 +134,22 @@ pub fn resolve_inputs(
     upstream: &impl Outputs,
 ) -> Result<ResolvedInputs, ResolveError> {
     let mut lookup = |b: &Binding| -> Result<Resolved, ResolveError> {
-        let Binding::Output { target, path } = b;
-        let Some((outputs, secrets, label)) = upstream.outputs(target) else {
-            return Err(ResolveError::KnownAfterApply {
-                target: target.to_string(),
-            });
-        };
-        if let Some(v) = lookup_path(outputs, path) {
-            return Ok(Resolved {
-                value: v.clone(),
-                secret: false,
-            });
+        match b {
+            Binding::Output { target, path } => output_of(upstream, target, path),
+            Binding::Selector { targets, path, .. } => {
+                let mut values = Vec::with_capacity(targets.len());
+                let mut secret = false;
+                for target in targets {
+                    let r = output_of(upstream, target, path)?;
+                    secret |= r.secret;
+                    values.push(r.value);
+                }
+                Ok(Resolved {
+                    value: Value::Array(values),
+                    secret,
+                })
+            }
         }
-        if let Some(v) = lookup_path(secrets, path) {
-            return Ok(Resolved {
-                value: v.clone(),
-                secret: true,
-            });
-        }
-        let mut available: Vec<&String> = outputs
-            .as_object()
-            .into_iter()
-            .chain(secrets.as_object())
-            .flat_map(|m| m.keys())
-            .collect();
-        available.sort();
-        Err(ResolveError::MissingOutput {
-            target: label,
-            path: path_to_string(path),
-            available: if available.is_empty() {
-                "none".to_owned()
-            } else {
-                available
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            },
-        })
     };
     let values = node.values.resolve(&mut lookup)?;
     if values.secret {
@@ -181,7 +159,10 @@ pub fn resolve_inputs(
             .resolve(&mut |b: &Binding| {
                 let r = lookup(b)?;
                 if r.secret && first_secret.is_none() {
-                    let Binding::Output { target, path } = b;
+                    let (target, path) = match b {
+                        Binding::Output { target, path } => (target, path),
+                        Binding::Selector { base, path, .. } => (base, path),
+                    };
                     let label = upstream
                         .outputs(target)
                         .map(|(_, _, l)| l)
@@ -205,6 +186,51 @@ pub fn resolve_inputs(
         resource: resource.value,
         values: values.value,
         secrets: secrets.value,
+    })
+}
+
+/// One output (or a value inside it) of `target`, and whether it is secret.
+fn output_of(
+    upstream: &impl Outputs,
+    target: &GuresId,
+    path: &[crate::model::placeholder::Segment],
+) -> Result<Resolved, ResolveError> {
+    let Some((outputs, secrets, label)) = upstream.outputs(target) else {
+        return Err(ResolveError::KnownAfterApply {
+            target: target.to_string(),
+        });
+    };
+    if let Some(v) = lookup_path(outputs, path) {
+        return Ok(Resolved {
+            value: v.clone(),
+            secret: false,
+        });
+    }
+    if let Some(v) = lookup_path(secrets, path) {
+        return Ok(Resolved {
+            value: v.clone(),
+            secret: true,
+        });
+    }
+    let mut available: Vec<&String> = outputs
+        .as_object()
+        .into_iter()
+        .chain(secrets.as_object())
+        .flat_map(|m| m.keys())
+        .collect();
+    available.sort();
+    Err(ResolveError::MissingOutput {
+        target: label,
+        path: path_to_string(path),
+        available: if available.is_empty() {
+            "none".to_owned()
+        } else {
+            available
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
     })
 }
 

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::matching::{MatchContext, match_definition};
 use super::{Binding, EdgeKind, GuresId, Origin, ResourceGraph, ResourceNode};
-use crate::model::placeholder::{ContextKey, Expr, path_to_string};
+use crate::model::placeholder::{ContextKey, Expr, SelectorDirection, path_to_string};
 use crate::model::template::{Mapped, Template, lookup_path};
 use crate::model::{DEFAULT_CLASS, Definition, Environment, Repository, SourceLocation, Workload};
 
@@ -57,10 +57,14 @@ pub enum BuildError {
         first: String,
         second: String,
     },
-    #[error("{location}: {what} is not supported yet")]
-    Unsupported {
+    #[error(
+        "{location}: the selector '{selector}' of {resource} names a resource that is not in the \
+         graph: selectors add edges, never resources"
+    )]
+    SelectorBase {
         location: SourceLocation,
-        what: String,
+        selector: String,
+        resource: String,
     },
     #[error("{location}: environment '{env}' lists app '{app}', which has no workloads")]
     UnknownApp {
@@ -115,6 +119,7 @@ pub fn build(repo: &Repository, env: &Environment) -> Result<ResourceGraph, Vec<
         b.drain();
     }
     b.match_dependents();
+    b.select();
     b.finish()
 }
 
@@ -139,6 +144,8 @@ struct Builder<'r> {
     queue: VecDeque<NodeIndex>,
     /// `(co-provisioning, co-provisioned)` pairs whose dependents must also depend on the second.
     match_dependents: Vec<(NodeIndex, NodeIndex)>,
+    /// Nodes that hold selectors.
+    selectors: Vec<NodeIndex>,
     loops: HashSet<Vec<GuresId>>,
     errors: Vec<BuildError>,
 }
@@ -161,6 +168,7 @@ impl<'r> Builder<'r> {
             unmatched: HashSet::new(),
             queue: VecDeque::new(),
             match_dependents: Vec::new(),
+            selectors: Vec::new(),
             loops: HashSet::new(),
             errors: Vec::new(),
         }
@@ -405,14 +413,27 @@ impl<'r> Builder<'r> {
             Ok::<_, Infallible>(match expr {
                 Expr::Context(key) => Mapped::Value(Value::String(self.context_value(n, *key))),
                 Expr::Resource { desc, path } => {
-                    if desc.selector.is_some() {
-                        self.errors.push(BuildError::Unsupported {
-                            location: def.locate(&desc.to_string()),
-                            what: format!("the resource selector '{desc}' (selectors arrive in a later release)"),
-                        });
-                        return Ok(Mapped::Value(Value::Null));
-                    }
                     let node = &self.dag[n];
+                    if let Some((direction, selected_type)) = &desc.selector {
+                        // Selectors add edges, never nodes: the base must exist once the graph
+                        // is complete, which `select` checks.
+                        let base = GuresId::new(
+                            &self.env.id,
+                            node.app.as_deref(),
+                            &desc.res_type,
+                            desc.class.as_deref().unwrap_or(&node.class),
+                            desc.id.as_deref().unwrap_or(&node.res_id),
+                        );
+                        self.selectors.push(n);
+                        return Ok(Mapped::Expr(Binding::Selector {
+                            written: desc.to_string(),
+                            base,
+                            direction: *direction,
+                            selected_type: selected_type.clone(),
+                            path: path.clone(),
+                            targets: Vec::new(),
+                        }));
+                    }
                     let app = node.app.clone();
                     let class = desc.class.clone().unwrap_or_else(|| node.class.clone());
                     let res_id = desc.id.clone().unwrap_or_else(|| node.res_id.clone());
@@ -476,6 +497,73 @@ impl<'r> Builder<'r> {
             for p in dependents {
                 self.edge(p, c, EdgeKind::Coprovision);
             }
+        }
+    }
+
+    /// Resolves every selector against the graph as it stands before any selector edge, so the
+    /// result does not depend on the order selectors are visited in, then adds their edges.
+    fn select(&mut self) {
+        let mut edges: Vec<(NodeIndex, NodeIndex)> = Vec::new();
+        let mut holders = std::mem::take(&mut self.selectors);
+        holders.sort();
+        holders.dedup();
+        for n in holders {
+            let def = self.matched[&n];
+            let mut templates = [
+                std::mem::take(&mut self.dag[n].values),
+                std::mem::take(&mut self.dag[n].secrets),
+            ];
+            for t in &mut templates {
+                t.for_each_expr_mut(&mut |b: &mut Binding| {
+                    let Binding::Selector {
+                        written,
+                        base,
+                        direction,
+                        selected_type,
+                        targets,
+                        ..
+                    } = b
+                    else {
+                        return;
+                    };
+                    let Some(&base_node) = self.index.get(base) else {
+                        self.errors.push(BuildError::SelectorBase {
+                            location: def.locate(written),
+                            selector: written.clone(),
+                            resource: self.dag[n].label(),
+                        });
+                        return;
+                    };
+                    let g = self.dag.graph();
+                    let neighbours = match direction {
+                        SelectorDirection::DependedOn => {
+                            g.neighbors_directed(base_node, daggy::petgraph::Direction::Outgoing)
+                        }
+                        SelectorDirection::Dependents => {
+                            g.neighbors_directed(base_node, daggy::petgraph::Direction::Incoming)
+                        }
+                    };
+                    let mut selected: Vec<NodeIndex> = neighbours
+                        .filter(|&s| self.dag[s].res_type == *selected_type)
+                        .collect();
+                    selected.sort_by(|&a, &b| {
+                        let (a, b) = (&self.dag[a], &self.dag[b]);
+                        (&a.res_id, &a.class, &a.guresid).cmp(&(&b.res_id, &b.class, &b.guresid))
+                    });
+                    selected.dedup();
+                    *targets = selected
+                        .iter()
+                        .map(|&s| self.dag[s].guresid.clone())
+                        .collect();
+                    edges.extend(selected.into_iter().map(|s| (n, s)));
+                });
+            }
+            let [values, secrets] = templates;
+            self.dag[n].values = values;
+            self.dag[n].secrets = secrets;
+        }
+        for (from, to) in edges {
+            self.edge(from, to, EdgeKind::Selector);
         }
     }
 

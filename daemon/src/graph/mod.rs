@@ -16,7 +16,7 @@ use daggy::{Dag, NodeIndex};
 use serde_json::Value;
 
 use crate::model::SourceLocation;
-use crate::model::placeholder::Segment;
+use crate::model::placeholder::{Segment, SelectorDirection};
 use crate::model::template::Template;
 
 pub use build::{BuildError, build};
@@ -56,13 +56,27 @@ impl fmt::Display for EdgeKind {
     }
 }
 
-/// A placeholder after graph building: which resource's output it reads.
+/// A placeholder after graph building: which resources' outputs it reads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Binding {
+    /// `${resources.DESC.outputs.PATH}`: one output of one resource.
     Output {
         target: GuresId,
         /// Starts with the output name.
         path: Vec<Segment>,
+    },
+    /// `${resources.DESC>TYPE.outputs.PATH}` or `<TYPE`: the output of every selected resource,
+    /// as an array ordered by res_id, then class, then GUResID.
+    Selector {
+        /// The descriptor as written, such as `workload>aws-policy`.
+        written: String,
+        /// The resource DESC names.
+        base: GuresId,
+        direction: SelectorDirection,
+        selected_type: String,
+        path: Vec<Segment>,
+        /// Filled in once every node and non-selector edge exists.
+        targets: Vec<GuresId>,
     },
 }
 
@@ -238,5 +252,7 @@ pub fn to_json(graph: &ResourceGraph, commit: &str) -> Value {
     })
 }
 
+#[cfg(test)]
+mod seed_000;
 #[cfg(test)]
 pub(crate) mod tests;

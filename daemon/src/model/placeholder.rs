@@ -160,10 +160,11 @@ pub fn parse_string(input: &str, dialect: Dialect) -> Result<ParsedString, Place
     let mut i = 0;
     while i < chars.len() {
         let c = chars[i];
-        if c == '$' && chars.get(i + 1) == Some(&'\\') && chars.get(i + 2) == Some(&'{') {
-            text.push_str("${");
-            i += 3;
-        } else if c == '$' && chars.get(i + 1) == Some(&'$') && chars.get(i + 2) == Some(&'{') {
+        let escaped = c == '$'
+            && matches!(chars.get(i + 1), Some('\\') | Some('$'))
+            && chars.get(i + 2) == Some(&'{');
+        if escaped {
+            // `$\{` (Humanitec) and `$${` (Score) are a literal `${`.
             text.push_str("${");
             i += 3;
         } else if c == '$' && chars.get(i + 1) == Some(&'{') {

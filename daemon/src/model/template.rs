@@ -131,6 +131,23 @@ impl<E> Template<E> {
         }
     }
 
+    /// Visits every placeholder mutably, in document order.
+    pub fn for_each_expr_mut(&mut self, f: &mut impl FnMut(&mut E)) {
+        match self {
+            Template::Value(_) => {}
+            Template::Str(parts) => {
+                for p in parts {
+                    if let Part::Expr(e) = p {
+                        f(e);
+                    }
+                }
+            }
+            Template::Whole(e) => f(e),
+            Template::Array(items) => items.iter_mut().for_each(|t| t.for_each_expr_mut(f)),
+            Template::Object(fields) => fields.iter_mut().for_each(|(_, t)| t.for_each_expr_mut(f)),
+        }
+    }
+
     /// Replaces every placeholder; `f` may turn one into literal text (`Err(Value)`) or into
     /// another placeholder type (`Ok(F)`).
     pub fn try_map<F, X>(

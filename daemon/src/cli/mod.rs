@@ -62,6 +62,16 @@ pub enum Format {
     Json,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GraphFormat {
+    Table,
+    Json,
+    /// Graphviz: `gitplane graph --env E --format dot | dot -Tsvg > graph.svg`.
+    Dot,
+    /// A Mermaid flowchart.
+    Mermaid,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Make a new config repository from the built-in template, committed.
@@ -107,8 +117,8 @@ pub enum Command {
         common: Common,
         #[command(flatten)]
         rev: Rev,
-        #[arg(long, value_enum, default_value_t = Format::Table)]
-        format: Format,
+        #[arg(long, value_enum, default_value_t = GraphFormat::Table)]
+        format: GraphFormat,
     },
 }
 
@@ -255,12 +265,22 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
                 }
             };
             match format {
-                Format::Table => {
+                GraphFormat::Table => {
                     for g in &built.graphs {
                         writeln!(stdout, "{}", output::graph_table(g, &snapshot.commit))?;
                     }
                 }
-                Format::Json => {
+                GraphFormat::Dot => {
+                    for g in &built.graphs {
+                        write!(stdout, "{}", graph::to_dot(g, &snapshot.commit))?;
+                    }
+                }
+                GraphFormat::Mermaid => {
+                    for g in &built.graphs {
+                        write!(stdout, "{}", graph::to_mermaid(g, &snapshot.commit))?;
+                    }
+                }
+                GraphFormat::Json => {
                     let items = built
                         .graphs
                         .iter()

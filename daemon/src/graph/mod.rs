@@ -7,6 +7,7 @@
 mod build;
 mod guresid;
 mod matching;
+mod render;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,6 +23,7 @@ use crate::model::template::Template;
 pub use build::{BuildError, build};
 pub use guresid::GuresId;
 pub use matching::{MatchContext, NoMatch, match_definition};
+pub use render::{to_dot, to_mermaid};
 
 /// Why an edge exists. The order is the precedence when two reasons join the same pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

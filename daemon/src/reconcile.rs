@@ -313,11 +313,7 @@ impl Run<'_, '_> {
         self.failures.push(format!("{label}: {error}"));
         (self.on_event)(&Event {
             label,
-            action: match action {
-                "create" => Action::Create,
-                "delete" => Action::Delete,
-                _ => Action::Update,
-            },
+            action: action_of(action),
             outcome: Outcome::Failed(error),
         });
     }
@@ -365,7 +361,7 @@ impl Run<'_, '_> {
         self.failures.push(format!("{}: {why}", step.label()));
         (self.on_event)(&Event {
             label: step.label(),
-            action: step.action,
+            action: action_of(action),
             outcome: Outcome::Skipped(why),
         });
         Ok(())
@@ -424,6 +420,14 @@ impl Run<'_, '_> {
             .filter(|s| self.broken.contains(&s.guresid) || !self.broken.is_empty())
             .map(|s| s.guresid.as_str())
             .collect()
+    }
+}
+
+fn action_of(action: &str) -> Action {
+    match action {
+        "create" => Action::Create,
+        "delete" => Action::Delete,
+        _ => Action::Update,
     }
 }
 

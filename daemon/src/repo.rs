@@ -74,7 +74,10 @@ impl ConfigRepo {
                 .map_err(|e| RepoError::Revision {
                     path: self.path.clone(),
                     rev: rev.to_owned(),
-                    message: e.to_string(),
+                    message: format!(
+                        "no branch, tag or commit of that name ({})",
+                        e.to_string().trim()
+                    ),
                 })?
                 .detach(),
         };

@@ -332,7 +332,7 @@ fn equal_criteria_for_one_type() {
         },
         &[
             "definitions/redis2.yaml:14",
-            "'redis' and 'redis-two' have equal criteria",
+            "'redis' (definitions/redis.yaml:14) and 'redis-two' have equal criteria",
             "type 'redis'",
         ],
     );

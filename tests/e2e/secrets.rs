@@ -257,7 +257,7 @@ fn secrets_stay_out_of_a_failing_apply_on_a_build_error_in_a_secret_definition()
 }
 
 #[test]
-#[ignore = "bug: a secret holding a malformed placeholder is echoed in the load error (stderr and deployment.error)"]
+
 fn secrets_stay_out_of_a_failing_apply_on_a_bad_placeholder_in_a_secret() {
     failing_commit(|sb| {
         sb.edit(

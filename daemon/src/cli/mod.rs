@@ -136,6 +136,12 @@ pub enum CliError {
         commit: String,
         known: String,
     },
+    #[error("{state}: no environment '{env}' is recorded (recorded: {known})")]
+    UnknownStateEnv {
+        env: String,
+        state: PathBuf,
+        known: String,
+    },
     #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]
     NoState { path: PathBuf },
     #[error("writing output: {0}")]
@@ -487,8 +493,18 @@ fn status(
         });
     }
     let store = Store::open(&common.state)?;
+    let known = store.environments()?;
+    for env in &common.envs {
+        if !known.contains(env) {
+            return Err(CliError::UnknownStateEnv {
+                env: env.clone(),
+                state: common.state.clone(),
+                known: known.join(", "),
+            });
+        }
+    }
     let envs = if common.envs.is_empty() {
-        store.environments()?
+        known
     } else {
         common.envs.clone()
     };
@@ -496,7 +512,7 @@ fn status(
     for env in &envs {
         let resources = store.resources(env)?;
         let deployments = store.deployments(Some(env))?;
-        let commit = output::state_commit(&deployments, &resources);
+        let commit = output::state_commit(&deployments);
         match format {
             Format::Table => writeln!(
                 stdout,

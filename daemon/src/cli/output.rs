@@ -93,19 +93,15 @@ pub fn plan_json(plan: &Plan, commit: &str) -> Value {
     })
 }
 
-/// The commit an environment's recorded state comes from: that of its newest deployment that
-/// reached the drivers.
-pub fn state_commit(
-    deployments: &[DeploymentRecord],
-    resources: &[ResourceRecord],
-) -> Option<String> {
+/// The commit an environment's recorded state comes from: that of its newest succeeded
+/// deployment, or, when none succeeded, of the newest one that reached the drivers.
+pub fn state_commit(deployments: &[DeploymentRecord]) -> Option<String> {
+    let reached_drivers = |d: &&DeploymentRecord| d.counts != Default::default();
     deployments
         .iter()
-        .find(|d| {
-            d.status != gitplane_state::DeploymentStatus::Failed || d.counts != Default::default()
-        })
+        .find(|d| d.status == gitplane_state::DeploymentStatus::Succeeded)
+        .or_else(|| deployments.iter().find(reached_drivers))
         .and_then(|d| d.commit_id.clone())
-        .or_else(|| resources.first().map(|r| r.commit_id.clone()))
 }
 
 pub fn status_json(env: &str, commit: Option<&str>, resources: &[ResourceRecord]) -> Value {

@@ -495,6 +495,7 @@ impl Loader {
                             res_type: def.res_type.clone(),
                             criteria: rule.to_string(),
                             first: first.id.clone(),
+                            first_location: first.locate("criteria"),
                             second: def.id.clone(),
                         },
                     }),
@@ -742,7 +743,7 @@ mod tests {
         assert_eq!(
             errors,
             [
-                "definitions/b.yaml:8: definitions 'pg-a' and 'pg-b' have equal criteria \
+                "definitions/b.yaml:8: definitions 'pg-a' (definitions/a.yaml:8) and 'pg-b' have equal criteria \
               {env_type: development, class: default} for type 'postgres': make one rule more \
               specific or remove it"
             ]

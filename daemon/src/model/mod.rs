@@ -77,22 +77,28 @@ pub enum LoadErrorKind {
     NotUtf8,
     #[error("{0}")]
     Invalid(String),
-    #[error("bad placeholder in '{path}' ({text:?}): {}", source.reason)]
+    #[error(
+        "bad placeholder in '{path}' ({}): {}",
+        text.as_deref().map(|t| format!("{t:?}")).unwrap_or_else(|| "value hidden: it is secret".into()),
+        source.reason
+    )]
     Placeholder {
         path: String,
-        text: String,
+        /// The string that holds the placeholder; `None` under `secrets`, which is never shown.
+        text: Option<String>,
         source: PlaceholderError,
     },
     #[error("definition id '{id}' is already used in {first}")]
     DuplicateDefinition { id: String, first: SourceLocation },
     #[error(
-        "definitions '{first}' and '{second}' have equal criteria {criteria} for type \
-         '{res_type}': make one rule more specific or remove it"
+        "definitions '{first}' ({first_location}) and '{second}' have equal criteria {criteria} \
+         for type '{res_type}': make one rule more specific or remove it"
     )]
     EqualCriteria {
         res_type: String,
         criteria: String,
         first: String,
+        first_location: SourceLocation,
         second: String,
     },
     #[error("workload '{name}' of app '{app}' is already defined in {first}")]
@@ -278,8 +284,8 @@ pub(crate) fn placeholder_errors<'s>(
                 column,
             },
             kind: LoadErrorKind::Placeholder {
+                text: (!e.path.starts_with("driver_inputs.secrets")).then_some(e.text),
                 path: e.path,
-                text: e.text,
                 source: e.error,
             },
         }

@@ -174,10 +174,8 @@ pub fn parse_string(input: &str, dialect: Dialect) -> Result<ParsedString, Place
                 reason: reason.into(),
             })?;
             let body: String = chars[i + 2..end].iter().collect();
-            let expr = parse_expr(body.trim(), dialect).map_err(|reason| PlaceholderError {
-                column,
-                reason: format!("in '${{{body}}}': {reason}"),
-            })?;
+            let expr = parse_expr(body.trim(), dialect)
+                .map_err(|reason| PlaceholderError { column, reason })?;
             if !text.is_empty() {
                 parts.push(Part::Text(std::mem::take(&mut text)));
             }
@@ -216,7 +214,7 @@ fn find_close(chars: &[char], start: usize) -> Result<usize, &'static str> {
     }
     match quote {
         Some(_) => Err("unterminated quoted string in placeholder"),
-        None => Err("placeholder is not closed: missing '}'"),
+        None => Err("placeholder is not closed: missing '}' (a literal '${' is written '$${')"),
     }
 }
 

@@ -55,6 +55,9 @@ pub struct Step {
     pub res_id: String,
     pub action: Action,
     pub reason: String,
+    /// For [`Action::MaybeUpdate`]: each input that reads an output of a resource changing first,
+    /// as `values.host <- app/type.class#id outputs.NAME`.
+    pub known_after_apply: Vec<String>,
 }
 
 impl Step {
@@ -265,6 +268,11 @@ pub fn plan(
     for node in graph.provisioning_order() {
         let rec = by_id.get(node.guresid.as_str()).copied();
         let (action, reason) = put_action(node, rec, &stable);
+        let known_after_apply = if action == Action::MaybeUpdate {
+            pending_inputs(graph, node, &stable)
+        } else {
+            Vec::new()
+        };
         if action == Action::Unchanged
             && let Some(rec) = rec
         {
@@ -285,6 +293,7 @@ pub fn plan(
             res_id: node.res_id.clone(),
             action,
             reason,
+            known_after_apply,
         });
     }
     let orphans: Vec<&ResourceRecord> = recorded
@@ -300,6 +309,7 @@ pub fn plan(
             res_id: rec.res_id.clone(),
             action: Action::Delete,
             reason: "no longer in the graph".into(),
+            known_after_apply: Vec::new(),
         });
     }
     Plan {
@@ -342,12 +352,59 @@ fn put_action(
             (Action::Unchanged, String::new())
         }
         Ok(_) => (Action::Update, "inputs changed".into()),
-        Err(ResolveError::KnownAfterApply { .. }) => (
-            Action::MaybeUpdate,
-            "reads outputs of resources that change first: known after apply".into(),
-        ),
+        Err(ResolveError::KnownAfterApply { .. }) => {
+            (Action::MaybeUpdate, "inputs known after apply:".into())
+        }
         Err(e) => (Action::Update, format!("inputs do not resolve: {e}")),
     }
+}
+
+/// The inputs of `node` that read outputs of resources not yet stable.
+fn pending_inputs(
+    graph: &ResourceGraph,
+    node: &ResourceNode,
+    stable: &HashMap<GuresId, (Value, Value, String)>,
+) -> Vec<String> {
+    let label = |id: &GuresId| {
+        graph
+            .get(id)
+            .map(ResourceNode::label)
+            .unwrap_or_else(|| id.to_string())
+    };
+    let mut out = Vec::new();
+    for (template, prefix) in [
+        (&node.values, "values"),
+        (&node.secrets, "secrets"),
+        (&node.params, "resource"),
+    ] {
+        for (path, binding) in template.placeholders(prefix) {
+            match binding {
+                Binding::Output {
+                    target,
+                    path: output,
+                } if !stable.contains_key(target) => {
+                    out.push(format!(
+                        "{path} <- {} outputs.{}",
+                        label(target),
+                        path_to_string(output)
+                    ));
+                }
+                Binding::Selector {
+                    written,
+                    targets,
+                    path: output,
+                    ..
+                } if targets.iter().any(|t| !stable.contains_key(t)) => {
+                    out.push(format!(
+                        "{path} <- selector {written} outputs.{}",
+                        path_to_string(output)
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    out
 }
 
 /// Orphans ordered so each is deleted before anything it depends on.

@@ -63,6 +63,9 @@ pub fn plan_table(plan: &Plan, commit: &str) -> String {
             step.label(),
             step.reason.clone(),
         ]);
+        for input in &step.known_after_apply {
+            t.row(vec![String::new(), String::new(), format!("  {input}")]);
+        }
     }
     format!(
         "{} @ {}\n{}  {} to create, {} to update, {} may update, {} unchanged, {} to delete\n",
@@ -89,6 +92,7 @@ pub fn plan_json(plan: &Plan, commit: &str) -> Value {
             "id": s.res_id,
             "action": s.action.as_str(),
             "reason": s.reason,
+            "known_after_apply": s.known_after_apply,
         })).collect::<Vec<_>>(),
     })
 }

@@ -275,6 +275,45 @@ fn co_provisioning_figures() {
 }
 
 #[test]
+fn co_provisioned_resources_get_class_id_and_params() {
+    let files = files(&[
+        ("environments/development.yaml", "type: development\nimplicit_resources: []\n"),
+        ("workloads/app/p.yaml", &workload("p", "  r:\n    type: r\n    class: big\n")),
+        ("definitions/wl.yaml", &definition("wl", "workload", "      a: 1\n", "")),
+        (
+            "definitions/r.yaml",
+            &definition(
+                "r",
+                "r",
+                "      a: 1\n",
+                "  provision:\n    n:\n      params: {size: 3}\n    m.small#common:\n      is_dependent: true\n",
+            )
+            .replace("- {}", "- {class: big}"),
+        ),
+        ("definitions/n.yaml", &definition("n", "n", "      a: 1\n", "").replace("- {}", "- {class: big}")),
+        ("definitions/m.yaml", &definition("m", "m", "      a: 1\n", "").replace("- {}", "- {class: small}")),
+    ]);
+    let g = build_env(&files, "development").unwrap();
+    let n = g.nodes().find(|n| n.res_type == "n").unwrap();
+    assert_eq!(
+        n.label(),
+        "app/n.big#modules.p.externals.r",
+        "class and id of the co-provisioning resource"
+    );
+    assert_eq!(
+        n.params,
+        crate::model::template::Template::Value(serde_json::json!({"size": 3}))
+    );
+    let m = g.nodes().find(|n| n.res_type == "m").unwrap();
+    assert_eq!(
+        m.label(),
+        "app/m.small#common",
+        "class and id from the provision key"
+    );
+    assert!(matches!(m.origin, Origin::Coprovisioned { ref definition, .. } if definition == "r"));
+}
+
+#[test]
 fn a_loop_names_every_resource_on_it() {
     let files = files(&[
         (

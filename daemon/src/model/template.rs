@@ -111,23 +111,37 @@ impl<E> Template<E> {
         }
     }
 
-    /// Every placeholder in the tree, in document order.
-    pub fn exprs(&self) -> Vec<&E> {
+    /// Every placeholder in the tree with the path of the value that holds it (`prefix.a[0]`),
+    /// in document order.
+    pub fn placeholders(&self, prefix: &str) -> Vec<(String, &E)> {
         let mut out = Vec::new();
-        self.collect_exprs(&mut out);
+        self.collect_placeholders(prefix.to_owned(), &mut out);
         out
     }
 
-    fn collect_exprs<'a>(&'a self, out: &mut Vec<&'a E>) {
+    fn collect_placeholders<'a>(&'a self, path: String, out: &mut Vec<(String, &'a E)>) {
         match self {
             Template::Value(_) => {}
             Template::Str(parts) => out.extend(parts.iter().filter_map(|p| match p {
-                Part::Expr(e) => Some(e),
+                Part::Expr(e) => Some((path.clone(), e)),
                 Part::Text(_) => None,
             })),
-            Template::Whole(e) => out.push(e),
-            Template::Array(items) => items.iter().for_each(|t| t.collect_exprs(out)),
-            Template::Object(fields) => fields.iter().for_each(|(_, t)| t.collect_exprs(out)),
+            Template::Whole(e) => out.push((path, e)),
+            Template::Array(items) => {
+                for (i, t) in items.iter().enumerate() {
+                    t.collect_placeholders(format!("{path}[{i}]"), out);
+                }
+            }
+            Template::Object(fields) => {
+                for (k, t) in fields {
+                    let child = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    t.collect_placeholders(child, out);
+                }
+            }
         }
     }
 

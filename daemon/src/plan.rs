@@ -154,34 +154,27 @@ pub fn resolve_inputs(
             }
         }
     };
-    let values = node.values.resolve(&mut lookup)?;
-    if values.secret {
-        // Name the first secret reference, so the user knows what to move.
-        let mut first_secret: Option<ResolveError> = None;
-        node.values
-            .resolve(&mut |b: &Binding| {
-                let r = lookup(b)?;
-                if r.secret && first_secret.is_none() {
-                    let (target, path) = match b {
-                        Binding::Output { target, path } => (target, path),
-                        Binding::Selector { base, path, .. } => (base, path),
-                    };
-                    let label = upstream
-                        .outputs(target)
-                        .map(|(_, _, l)| l)
-                        .unwrap_or_else(|| target.to_string());
-                    first_secret = Some(ResolveError::SecretInValues {
-                        target: label,
-                        path: path_to_string(path),
-                    });
-                }
-                Ok::<_, ResolveError>(r)
-            })
-            .ok();
-        return Err(first_secret.unwrap_or(ResolveError::SecretInValues {
-            target: "an upstream resource".into(),
-            path: "?".into(),
-        }));
+    // The first placeholder under `values` that reads a secret, to tell the user what to move.
+    let mut first_secret: Option<&Binding> = None;
+    let values = node.values.resolve(&mut |b: &Binding| {
+        let r = lookup(b)?;
+        if r.secret && first_secret.is_none() {
+            first_secret = Some(b);
+        }
+        Ok::<_, ResolveError>(r)
+    })?;
+    if let Some(b) = first_secret {
+        let (target, path) = match b {
+            Binding::Output { target, path } => (target, path),
+            Binding::Selector { base, path, .. } => (base, path),
+        };
+        return Err(ResolveError::SecretInValues {
+            target: upstream
+                .outputs(target)
+                .map(|(_, _, label)| label)
+                .unwrap_or_else(|| target.to_string()),
+            path: path_to_string(path),
+        });
     }
     let secrets = node.secrets.resolve(&mut lookup)?;
     let resource = node.params.resolve(&mut lookup)?;

@@ -65,6 +65,7 @@ pub fn apply(
         recorded: recorded.iter().map(|r| (r.guresid.clone(), r)).collect(),
         outputs: HashMap::new(),
         broken: HashSet::new(),
+        deleted: HashSet::new(),
         counts: Counts::default(),
         failures: Vec::new(),
     };
@@ -82,7 +83,13 @@ pub fn apply(
     }
     run.execute(&plan)?;
 
-    let remaining: HashSet<&str> = run.store_orphans_left(&plan);
+    // Orphans not deleted in this run stay recorded, and so do their edges.
+    let remaining: HashSet<&str> = plan
+        .steps
+        .iter()
+        .filter(|s| s.action == Action::Delete && !run.deleted.contains(&s.guresid))
+        .map(|s| s.guresid.as_str())
+        .collect();
     let mut edges: Vec<EdgeRecord> = graph
         .edges()
         .into_iter()
@@ -135,6 +142,8 @@ struct Run<'a, 'e> {
     outputs: HashMap<GuresId, (Value, Value, String)>,
     /// Resources that failed or were skipped: their dependents are blocked.
     broken: HashSet<GuresId>,
+    /// Orphans deleted in this run.
+    deleted: HashSet<GuresId>,
     counts: Counts,
     failures: Vec<String>,
 }
@@ -339,6 +348,7 @@ impl Run<'_, '_> {
         match result {
             Ok(()) => {
                 self.store.finish_delete(op, &rec.guresid, None)?;
+                self.deleted.insert(step.guresid.clone());
                 self.counts.deleted += 1;
                 (self.on_event)(&Event {
                     label,
@@ -410,16 +420,6 @@ impl Run<'_, '_> {
             error,
             commit_id: self.commit.to_owned(),
         }
-    }
-
-    /// Orphans of the plan that are still recorded after this run.
-    fn store_orphans_left<'p>(&self, plan: &'p Plan) -> HashSet<&'p str> {
-        plan.steps
-            .iter()
-            .filter(|s| s.action == Action::Delete)
-            .filter(|s| self.broken.contains(&s.guresid) || !self.broken.is_empty())
-            .map(|s| s.guresid.as_str())
-            .collect()
     }
 }
 

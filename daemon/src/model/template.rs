@@ -213,9 +213,9 @@ impl<E> Template<E> {
     }
 
     /// Resolves every placeholder with `lookup`, which returns the value and whether it is secret.
-    pub fn resolve<X>(
-        &self,
-        lookup: &mut impl FnMut(&E) -> Result<Resolved, X>,
+    pub fn resolve<'a, X>(
+        &'a self,
+        lookup: &mut impl FnMut(&'a E) -> Result<Resolved, X>,
     ) -> Result<Resolved, X> {
         Ok(match self {
             Template::Value(v) => Resolved {

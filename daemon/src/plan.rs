@@ -62,12 +62,11 @@ pub struct Step {
 
 impl Step {
     pub fn label(&self) -> String {
-        format!(
-            "{}/{}.{}#{}",
-            self.app.as_deref().unwrap_or("-"),
-            self.res_type,
-            self.class,
-            self.res_id
+        crate::graph::label(
+            self.app.as_deref(),
+            &self.res_type,
+            &self.class,
+            &self.res_id,
         )
     }
 }
@@ -400,6 +399,19 @@ fn pending_inputs(
     out
 }
 
+/// The edges of `graph` as state records them.
+pub fn edge_records(graph: &ResourceGraph) -> Vec<EdgeRecord> {
+    graph
+        .edges()
+        .into_iter()
+        .map(|e| EdgeRecord {
+            from: e.from.to_string(),
+            to: e.to.to_string(),
+            kind: e.kind.as_str().to_owned(),
+        })
+        .collect()
+}
+
 /// Orphans ordered so each is deleted before anything it depends on.
 pub fn deletion_order<'a>(
     orphans: &[&'a ResourceRecord],
@@ -490,16 +502,7 @@ mod tests {
                 (inputs.values, inputs.secrets, node.label()),
             );
         }
-        let edges = graph
-            .edges()
-            .into_iter()
-            .map(|e| EdgeRecord {
-                from: e.from.to_string(),
-                to: e.to.to_string(),
-                kind: e.kind.as_str().into(),
-            })
-            .collect();
-        (records, edges)
+        (records, edge_records(graph))
     }
 
     fn actions(plan: &Plan) -> Vec<(String, Action)> {

@@ -8,14 +8,13 @@
 use std::collections::{HashMap, HashSet};
 
 use gitplane_state::{
-    Counts, DeploymentStatus, EdgeRecord, OperationStart, ResourceRecord, ResourceStatus,
-    StateError, Store,
+    Counts, DeploymentStatus, OperationStart, ResourceRecord, ResourceStatus, StateError, Store,
 };
 use serde_json::Value;
 
 use crate::drivers::{DeleteRequest, PutRequest, Registry};
 use crate::graph::{GuresId, ResourceGraph, ResourceNode};
-use crate::plan::{Action, Plan, Step, inputs_hash, plan, resolve_inputs};
+use crate::plan::{Action, Plan, Step, edge_records, inputs_hash, plan, resolve_inputs};
 
 /// What happened to one resource, for progress output.
 #[derive(Debug, Clone)]
@@ -90,15 +89,7 @@ pub fn apply(
         .filter(|s| s.action == Action::Delete && !run.deleted.contains(&s.guresid))
         .map(|s| s.guresid.as_str())
         .collect();
-    let mut edges: Vec<EdgeRecord> = graph
-        .edges()
-        .into_iter()
-        .map(|e| EdgeRecord {
-            from: e.from.to_string(),
-            to: e.to.to_string(),
-            kind: e.kind.as_str().to_owned(),
-        })
-        .collect();
+    let mut edges = edge_records(graph);
     // Orphans not deleted yet keep their edges, so a later apply deletes them in order.
     edges.extend(
         recorded_edges
@@ -433,13 +424,7 @@ fn action_of(action: &str) -> Action {
 
 /// `app/type.class#res_id` of a recorded resource.
 pub fn record_label(rec: &ResourceRecord) -> String {
-    format!(
-        "{}/{}.{}#{}",
-        rec.app.as_deref().unwrap_or("-"),
-        rec.res_type,
-        rec.class,
-        rec.res_id
-    )
+    crate::graph::label(rec.app.as_deref(), &rec.res_type, &rec.class, &rec.res_id)
 }
 
 fn empty() -> Value {

@@ -254,6 +254,20 @@ impl Store {
         }
     }
 
+    /// Runs a cached query and maps every row.
+    fn query<T, P: rusqlite::Params>(
+        &self,
+        sql: &str,
+        params: P,
+        map: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> Result<Vec<T>> {
+        let mut stmt = self.conn.prepare_cached(sql).map_err(self.err())?;
+        stmt.query_map(params, map)
+            .map_err(self.err())?
+            .collect::<rusqlite::Result<Vec<T>>>()
+            .map_err(self.err())
+    }
+
     fn configure(&mut self) -> Result<()> {
         let e = |source| StateError::Sqlite {
             path: self.path.clone(),
@@ -305,33 +319,22 @@ impl Store {
 
     /// Every environment that has resources or deployments recorded.
     pub fn environments(&self) -> Result<Vec<String>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT env FROM resource UNION SELECT env FROM deployment ORDER BY env",
-            )
-            .map_err(self.err())?;
-        let rows = stmt
-            .query_map([], |r| r.get(0))
-            .map_err(self.err())?
-            .collect::<rusqlite::Result<Vec<String>>>()
-            .map_err(self.err())?;
-        Ok(rows)
+        self.query(
+            "SELECT env FROM resource UNION SELECT env FROM deployment ORDER BY env",
+            [],
+            |r| r.get(0),
+        )
     }
 
     /// The resources recorded for `env`, secret outputs included, ordered by GUResID.
     pub fn resources(&self, env: &str) -> Result<Vec<ResourceRecord>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT r.guresid, r.env, r.app, r.type, r.class, r.res_id, r.definition, r.driver,
+        let rows = self.query(
+            "SELECT r.guresid, r.env, r.app, r.type, r.class, r.res_id, r.definition, r.driver,
                         r.status, r.inputs_hash, r.outputs, s.outputs, r.error, r.commit_id
                  FROM resource r LEFT JOIN resource_secret s ON s.guresid = r.guresid
                  WHERE r.env = ?1 ORDER BY r.guresid",
-            )
-            .map_err(self.err())?;
-        let rows = stmt
-            .query_map([env], |r| {
+            [env],
+            |r| {
                 Ok((
                     ResourceRecord {
                         guresid: r.get(0)?,
@@ -356,10 +359,8 @@ impl Store {
                     r.get::<_, String>(10)?,
                     r.get::<_, Option<String>>(11)?,
                 ))
-            })
-            .map_err(self.err())?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(self.err())?;
+            },
+        )?;
         rows.into_iter()
             .map(|(mut rec, outputs, secrets)| {
                 rec.outputs = self.json(&rec.guresid, "outputs", &outputs)?;
@@ -383,25 +384,18 @@ impl Store {
 
     /// The edges of `env` as last applied.
     pub fn edges(&self, env: &str) -> Result<Vec<EdgeRecord>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT from_guresid, to_guresid, kind FROM edge WHERE env = ?1
+        self.query(
+            "SELECT from_guresid, to_guresid, kind FROM edge WHERE env = ?1
                  ORDER BY from_guresid, to_guresid",
-            )
-            .map_err(self.err())?;
-        let rows = stmt
-            .query_map([env], |r| {
+            [env],
+            |r| {
                 Ok(EdgeRecord {
                     from: r.get(0)?,
                     to: r.get(1)?,
                     kind: r.get(2)?,
                 })
-            })
-            .map_err(self.err())?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(self.err())?;
-        Ok(rows)
+            },
+        )
     }
 
     /// Records the start of a deployment of `commit` to `env`.
@@ -459,16 +453,12 @@ impl Store {
 
     /// Deployments, newest first; of one environment when `env` is set.
     pub fn deployments(&self, env: Option<&str>) -> Result<Vec<DeploymentRecord>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT id, env, commit_id, status, started_at, finished_at,
+        self.query(
+            "SELECT id, env, commit_id, status, started_at, finished_at,
                         created, updated, deleted, unchanged, failed, error
                  FROM deployment WHERE ?1 IS NULL OR env = ?1 ORDER BY id DESC",
-            )
-            .map_err(self.err())?;
-        let rows = stmt
-            .query_map([env], |r| {
+            [env],
+            |r| {
                 Ok(DeploymentRecord {
                     id: r.get(0)?,
                     env: r.get(1)?,
@@ -485,11 +475,8 @@ impl Store {
                     },
                     error: r.get(11)?,
                 })
-            })
-            .map_err(self.err())?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(self.err())?;
-        Ok(rows)
+            },
+        )
     }
 
     /// Journals a driver call before it starts.
@@ -666,15 +653,11 @@ impl Store {
 
     /// The operations of a deployment, in the order they were journalled.
     pub fn operations(&self, deployment: i64) -> Result<Vec<OperationRecord>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT id, deployment_id, guresid, action, reason, status, error
+        self.query(
+            "SELECT id, deployment_id, guresid, action, reason, status, error
                  FROM operation WHERE deployment_id = ?1 ORDER BY id",
-            )
-            .map_err(self.err())?;
-        let rows = stmt
-            .query_map([deployment], |r| {
+            [deployment],
+            |r| {
                 Ok(OperationRecord {
                     id: r.get(0)?,
                     deployment: r.get(1)?,
@@ -684,11 +667,8 @@ impl Store {
                     status: r.get(5)?,
                     error: r.get(6)?,
                 })
-            })
-            .map_err(self.err())?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(self.err())?;
-        Ok(rows)
+            },
+        )
     }
 
     /// The newest deployment of `env`, if any.

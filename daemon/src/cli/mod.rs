@@ -183,126 +183,144 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             Ok(CommandResult::Success)
         }
         Command::Quickstart { dir } => quickstart(&dir, stdout),
-        Command::Validate { common, rev } => {
-            let (snapshot, result) = load_and_build(&common, rev.rev.as_deref())?;
-            match result {
-                Ok(built) => {
-                    let summary: Vec<String> = built
-                        .graphs
-                        .iter()
-                        .map(|g| {
-                            format!(
-                                "{} ({} resources, {} edges)",
-                                g.env,
-                                g.len(),
-                                g.edges().len()
-                            )
-                        })
-                        .collect();
-                    writeln!(
-                        stdout,
-                        "ok: commit {} is valid: {}",
-                        output::short(&snapshot.commit),
-                        summary.join(", ")
-                    )?;
-                    Ok(CommandResult::Success)
-                }
-                Err(rejected) => {
-                    report_rejected(&snapshot, &rejected);
-                    Ok(CommandResult::Failure)
-                }
-            }
-        }
+        Command::Validate { common, rev } => validate(&common, rev.rev.as_deref(), stdout),
         Command::Plan {
             common,
             rev,
             format,
-        } => {
-            let (snapshot, result) = load_and_build(&common, rev.rev.as_deref())?;
-            let built = match result {
-                Ok(built) => built,
-                Err(rejected) => {
-                    report_rejected(&snapshot, &rejected);
-                    return Ok(CommandResult::Failure);
-                }
-            };
-            // Planning never creates a state file.
-            let store = if common.state.exists() {
-                Some(Store::open(&common.state)?)
-            } else {
-                None
-            };
-            let mut json = Vec::new();
-            for g in &built.graphs {
-                let (recorded, edges) = match &store {
-                    Some(s) => (s.resources(&g.env)?, s.edges(&g.env)?),
-                    None => (Vec::new(), Vec::new()),
-                };
-                let p = plan::plan(g, &recorded, &edges);
-                match format {
-                    Format::Table => {
-                        write!(stdout, "{}", output::plan_table(&p, &snapshot.commit))?
-                    }
-                    Format::Json => json.push(output::plan_json(&p, &snapshot.commit)),
-                }
-            }
-            if format == Format::Json {
-                writeln!(
-                    stdout,
-                    "{}",
-                    serde_json::to_string_pretty(&output::one_or_many(json)).unwrap_or_default()
-                )?;
-            }
-            Ok(CommandResult::Success)
-        }
+        } => show_plan(&common, rev.rev.as_deref(), format, stdout),
         Command::Apply { common, rev } => apply(&common, rev.rev.as_deref(), stdout),
         Command::Status { common, format } => status(&common, format, stdout),
         Command::Graph {
             common,
             rev,
             format,
-        } => {
-            let (snapshot, result) = load_and_build(&common, rev.rev.as_deref())?;
-            let built = match result {
-                Ok(built) => built,
-                Err(rejected) => {
-                    report_rejected(&snapshot, &rejected);
-                    return Ok(CommandResult::Failure);
-                }
-            };
-            match format {
-                GraphFormat::Table => {
-                    for g in &built.graphs {
-                        writeln!(stdout, "{}", output::graph_table(g, &snapshot.commit))?;
-                    }
-                }
-                GraphFormat::Dot => {
-                    for g in &built.graphs {
-                        write!(stdout, "{}", graph::to_dot(g, &snapshot.commit))?;
-                    }
-                }
-                GraphFormat::Mermaid => {
-                    for g in &built.graphs {
-                        write!(stdout, "{}", graph::to_mermaid(g, &snapshot.commit))?;
-                    }
-                }
-                GraphFormat::Json => {
-                    let items = built
-                        .graphs
-                        .iter()
-                        .map(|g| graph::to_json(g, &snapshot.commit))
-                        .collect();
-                    writeln!(
-                        stdout,
-                        "{}",
-                        serde_json::to_string_pretty(&output::one_or_many(items))
-                            .unwrap_or_default()
-                    )?;
-                }
-            }
-            Ok(CommandResult::Success)
+        } => show_graph(&common, rev.rev.as_deref(), format, stdout),
+    }
+}
+
+/// The commit and its graphs, or `None` once a rejected commit's errors are reported.
+fn built_or_report(
+    common: &Common,
+    rev: Option<&str>,
+) -> Result<Option<(Snapshot, Built)>, CliError> {
+    let (snapshot, result) = load_and_build(common, rev)?;
+    match result {
+        Ok(built) => Ok(Some((snapshot, built))),
+        Err(rejected) => {
+            report_rejected(&snapshot, &rejected);
+            Ok(None)
         }
     }
+}
+
+fn print_json(stdout: &mut impl Write, items: Vec<serde_json::Value>) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(&output::one_or_many(items))
+        .expect("a serde_json::Value always serialises");
+    writeln!(stdout, "{text}")?;
+    Ok(())
+}
+
+fn validate(
+    common: &Common,
+    rev: Option<&str>,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    let Some((snapshot, built)) = built_or_report(common, rev)? else {
+        return Ok(CommandResult::Failure);
+    };
+    let summary: Vec<String> = built
+        .graphs
+        .iter()
+        .map(|g| {
+            format!(
+                "{} ({} resources, {} edges)",
+                g.env,
+                g.len(),
+                g.edges().len()
+            )
+        })
+        .collect();
+    writeln!(
+        stdout,
+        "ok: commit {} is valid: {}",
+        output::short(&snapshot.commit),
+        summary.join(", ")
+    )?;
+    Ok(CommandResult::Success)
+}
+
+fn show_plan(
+    common: &Common,
+    rev: Option<&str>,
+    format: Format,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    let Some((snapshot, built)) = built_or_report(common, rev)? else {
+        return Ok(CommandResult::Failure);
+    };
+    // Planning never creates a state file.
+    let store = if common.state.exists() {
+        Some(Store::open(&common.state)?)
+    } else {
+        None
+    };
+    let mut json = Vec::new();
+    for g in &built.graphs {
+        let (recorded, edges) = match &store {
+            Some(s) => (s.resources(&g.env)?, s.edges(&g.env)?),
+            None => (Vec::new(), Vec::new()),
+        };
+        let p = plan::plan(g, &recorded, &edges);
+        match format {
+            Format::Table => write!(stdout, "{}", output::plan_table(&p, &snapshot.commit))?,
+            Format::Json => json.push(output::plan_json(&p, &snapshot.commit)),
+        }
+    }
+    if format == Format::Json {
+        print_json(stdout, json)?;
+    }
+    Ok(CommandResult::Success)
+}
+
+fn show_graph(
+    common: &Common,
+    rev: Option<&str>,
+    format: GraphFormat,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    let Some((snapshot, built)) = built_or_report(common, rev)? else {
+        return Ok(CommandResult::Failure);
+    };
+    let commit = &snapshot.commit;
+    match format {
+        GraphFormat::Json => {
+            print_json(
+                stdout,
+                built
+                    .graphs
+                    .iter()
+                    .map(|g| graph::to_json(g, commit))
+                    .collect(),
+            )?;
+        }
+        GraphFormat::Table => {
+            for g in &built.graphs {
+                writeln!(stdout, "{}", output::graph_table(g, commit))?;
+            }
+        }
+        GraphFormat::Dot => {
+            for g in &built.graphs {
+                write!(stdout, "{}", graph::to_dot(g, commit))?;
+            }
+        }
+        GraphFormat::Mermaid => {
+            for g in &built.graphs {
+                write!(stdout, "{}", graph::to_mermaid(g, commit))?;
+            }
+        }
+    }
+    Ok(CommandResult::Success)
 }
 
 /// Reads the commit, loads it and builds the graph of each selected environment.
@@ -523,11 +541,7 @@ fn status(
         }
     }
     if format == Format::Json {
-        writeln!(
-            stdout,
-            "{}",
-            serde_json::to_string_pretty(&output::one_or_many(json)).unwrap_or_default()
-        )?;
+        print_json(stdout, json)?;
     }
     Ok(CommandResult::Success)
 }

@@ -214,13 +214,7 @@ impl<'r> Builder<'r> {
             Err(no) => {
                 self.errors.push(BuildError::NoMatch {
                     location: requested_at.clone(),
-                    resource: format!(
-                        "{}/{}.{}#{}",
-                        req.app.unwrap_or("-"),
-                        req.res_type,
-                        req.class,
-                        req.res_id
-                    ),
+                    resource: super::label(req.app, req.res_type, req.class, req.res_id),
                     res_type: req.res_type.to_owned(),
                     context: ctx.to_string(),
                     candidates: no.candidates,

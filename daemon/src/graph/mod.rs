@@ -128,14 +128,18 @@ pub struct ResourceNode {
 impl ResourceNode {
     /// `app/type.class#res_id`, how people name a resource.
     pub fn label(&self) -> String {
-        format!(
-            "{}/{}.{}#{}",
-            self.app.as_deref().unwrap_or("-"),
-            self.res_type,
-            self.class,
-            self.res_id
+        label(
+            self.app.as_deref(),
+            &self.res_type,
+            &self.class,
+            &self.res_id,
         )
     }
+}
+
+/// `app/type.class#res_id` (`-` for no app), how people name a resource everywhere.
+pub fn label(app: Option<&str>, res_type: &str, class: &str, res_id: &str) -> String {
+    format!("{}/{res_type}.{class}#{res_id}", app.unwrap_or("-"))
 }
 
 /// The DAG of one environment at one commit.

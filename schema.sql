@@ -36,9 +36,11 @@ CREATE TABLE resource (
     res_id        TEXT NOT NULL,
     definition    TEXT NOT NULL,
     driver        TEXT NOT NULL,
+    account       TEXT,                    -- the resource account's name (driver_account), if any
     status        TEXT NOT NULL CHECK (status IN ('ready', 'failed')),
     inputs_hash   TEXT NOT NULL,           -- sha256 of the resolved inputs: a change means update
     outputs       TEXT NOT NULL DEFAULT '{}',  -- JSON object of non-secret outputs
+    inputs        TEXT NOT NULL DEFAULT '{}',  -- non-secret inputs last sent: {"values", "resource"}
     error         TEXT,                    -- the driver's last error while status = 'failed'
     commit_id     TEXT NOT NULL,           -- the commit it was last provisioned from
     deployment_id INTEGER NOT NULL REFERENCES deployment (id),
@@ -47,10 +49,20 @@ CREATE TABLE resource (
 );
 CREATE INDEX resource_env ON resource (env, app, type);
 
--- Secret outputs of a resource: downstream resources need them, nobody else reads them.
+-- Secret outputs of a resource (downstream resources need them) and the secret inputs last sent
+-- (a delete sends them again). Nobody else reads them.
 CREATE TABLE resource_secret (
     guresid TEXT PRIMARY KEY REFERENCES resource (guresid) ON DELETE CASCADE,
-    outputs TEXT NOT NULL                  -- JSON object
+    outputs TEXT NOT NULL,                 -- JSON object
+    inputs  TEXT NOT NULL DEFAULT '{}'     -- {"secrets"}, and "resource" when a secret flowed into it
+);
+
+-- Driver cookies (secret, opaque), kept from the first call on, even before the resource is
+-- recorded, so a call repeated after a crash carries the same cookie. Cleared after a delete.
+CREATE TABLE driver_cookie (
+    guresid    TEXT PRIMARY KEY,
+    cookie     TEXT NOT NULL,
+    updated_at TEXT NOT NULL
 );
 
 -- The edges of each environment's graph as last applied: from_guresid depends on to_guresid.
@@ -63,7 +75,8 @@ CREATE TABLE edge (
     PRIMARY KEY (env, from_guresid, to_guresid)
 );
 
--- Every driver call, journalled before it starts and updated when it ends.
+-- Every operation on a resource, journalled before its first driver call and updated when it
+-- ends. 'interrupted': gitplane stopped during it; the next apply calls the driver again.
 CREATE TABLE operation (
     id            INTEGER PRIMARY KEY,
     deployment_id INTEGER NOT NULL REFERENCES deployment (id),
@@ -74,7 +87,9 @@ CREATE TABLE operation (
     res_id        TEXT NOT NULL,
     action        TEXT NOT NULL CHECK (action IN ('create', 'update', 'delete')),
     reason        TEXT NOT NULL,
-    status        TEXT NOT NULL CHECK (status IN ('started', 'succeeded', 'failed', 'skipped')),
+    status        TEXT NOT NULL CHECK (status IN
+                      ('started', 'succeeded', 'failed', 'skipped', 'interrupted')),
+    attempts      INTEGER NOT NULL DEFAULT 0,  -- driver calls made: polls and retries included
     error         TEXT,
     started_at    TEXT NOT NULL,
     finished_at   TEXT

@@ -6,6 +6,7 @@
 //! [`cli`] is the command line. See ARCHITECTURE.md.
 
 pub mod cli;
+pub mod config;
 pub mod drivers;
 pub mod graph;
 pub mod model;

@@ -93,6 +93,9 @@ impl Plan {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResolvedInputs {
     pub resource: Value,
+    /// Whether a secret flowed into `resource` (a workload's Score file that reads a password),
+    /// so it must be kept with the secrets.
+    pub resource_is_secret: bool,
     pub values: Value,
     pub secrets: Value,
 }
@@ -179,6 +182,7 @@ pub fn resolve_inputs(
     let resource = node.params.resolve(&mut lookup)?;
     Ok(ResolvedInputs {
         resource: resource.value,
+        resource_is_secret: resource.secret,
         values: values.value,
         secrets: secrets.value,
     })
@@ -490,10 +494,13 @@ mod tests {
                 res_id: node.res_id.clone(),
                 definition: node.definition.clone(),
                 driver: node.driver_type.clone(),
+                account: None,
                 status: ResourceStatus::Ready,
                 inputs_hash: inputs_hash(node, &inputs),
                 outputs: inputs.values.clone(),
                 secret_outputs: inputs.secrets.clone(),
+                inputs: Value::Null,
+                secret_inputs: Value::Null,
                 error: None,
                 commit_id: "c1".into(),
             });

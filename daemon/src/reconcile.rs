@@ -1,32 +1,58 @@
-//! The reconciler: runs a plan through the drivers and records every step in state.
+//! The reconciler: runs a plan through the drivers, in parallel and in dependency order, and
+//! records every step in state so a crash at any point resumes without duplicating a resource.
 //!
-//! Resources are provisioned each after everything it depends on; a resource whose upstream
-//! failed is skipped and recorded as blocked; deletions run last, in reverse dependency order,
-//! and only when every create and update succeeded. Every driver call is journalled before it
-//! starts and after it ends.
+//! One task (the caller's) owns the [`Store`] and decides what runs; driver calls run on
+//! blocking threads, each resource's calls (polls and retries included) in a task of its own.
+//! A resource starts only once everything it depends on is done; one whose upstream failed is
+//! skipped as blocked while the rest goes on. Deletions run after every create and update, each
+//! orphan after the orphans that depend on it, and only when nothing failed.
+//!
+//! Crash safety rests on three things: an operation is journalled before its first call; a
+//! driver cookie is kept in state as soon as a driver sets it; and drivers are idempotent per
+//! GUResID. After a crash the next apply resumes the interrupted deployment (same commit) and
+//! calls the driver again with the same GUResID and cookie.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use gitplane_state::{
     Counts, DeploymentStatus, OperationStart, ResourceRecord, ResourceStatus, StateError, Store,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
 
-use crate::drivers::{DeleteRequest, PutRequest, Registry};
+use crate::config::{HostConfig, RetryPolicy};
+use crate::drivers::{
+    Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, ErrorKind, PutOutcome, Registry,
+};
 use crate::graph::{GuresId, ResourceGraph, ResourceNode};
-use crate::plan::{Action, Plan, Step, edge_records, inputs_hash, plan, resolve_inputs};
+use crate::plan::{
+    Action, Plan, ResolvedInputs, Step, edge_records, inputs_hash, plan, resolve_inputs,
+};
 
-/// What happened to one resource, for progress output.
+/// Progress, for people watching an apply.
 #[derive(Debug, Clone)]
-pub struct Event<'a> {
-    pub label: String,
-    pub action: Action,
-    pub outcome: Outcome<'a>,
+pub enum Event<'a> {
+    /// The plan is made: `total` resources may change (create, update, update?, delete).
+    Planned { total: usize },
+    /// A driver call for this resource is about to start.
+    Started { label: &'a str, action: Action },
+    /// This resource is done with.
+    Finished {
+        label: &'a str,
+        action: Action,
+        outcome: Outcome<'a>,
+    },
 }
 
 #[derive(Debug, Clone)]
 pub enum Outcome<'a> {
     Done,
+    /// An `update?` turned out to change nothing.
+    Unchanged,
     Failed(&'a str),
     Skipped(&'a str),
 }
@@ -36,16 +62,39 @@ pub enum Outcome<'a> {
 pub struct ApplyReport {
     pub env: String,
     pub deployment: i64,
+    /// Whether this apply picked up a deployment that a crash had cut off.
+    pub resumed: bool,
     pub status: DeploymentStatus,
     pub counts: Counts,
     /// `label: error` for every failed or skipped resource.
     pub failures: Vec<String>,
 }
 
+/// What the reconciler needs from the host configuration.
+#[derive(Clone)]
+pub struct Settings {
+    pub concurrency: usize,
+    pub retry: RetryPolicy,
+    /// Reads a resource account's credentials by name.
+    pub accounts: Arc<dyn Fn(&str) -> Result<Value, String> + Send + Sync>,
+}
+
+impl Settings {
+    pub fn from_config(config: &HostConfig) -> Self {
+        let config = config.clone();
+        Settings {
+            concurrency: config.concurrency,
+            retry: config.retry,
+            accounts: Arc::new(move |name| config.account(name).map_err(|e| e.to_string())),
+        }
+    }
+}
+
 /// Applies `graph` (built from `commit`) to its environment.
-pub fn apply(
+pub async fn apply(
     store: &mut Store,
     drivers: &Registry,
+    settings: &Settings,
     graph: &ResourceGraph,
     commit: &str,
     on_event: &mut dyn FnMut(&Event<'_>),
@@ -53,10 +102,18 @@ pub fn apply(
     let recorded = store.resources(&graph.env)?;
     let recorded_edges = store.edges(&graph.env)?;
     let plan = plan(graph, &recorded, &recorded_edges);
-    let deployment = store.begin_deployment(&graph.env, commit)?;
+    let (deployment, resumed) = store.begin_or_resume_deployment(&graph.env, commit)?;
+    on_event(&Event::Planned {
+        total: plan
+            .steps
+            .iter()
+            .filter(|s| s.action != Action::Unchanged)
+            .count(),
+    });
     let mut run = Run {
         store,
         drivers,
+        settings,
         graph,
         commit,
         deployment,
@@ -65,8 +122,11 @@ pub fn apply(
         outputs: HashMap::new(),
         broken: HashSet::new(),
         deleted: HashSet::new(),
-        counts: Counts::default(),
+        unchanged: 0,
+        failed: 0,
         failures: Vec::new(),
+        global: Arc::new(Semaphore::new(settings.concurrency.max(1))),
+        per_driver: HashMap::new(),
     };
     for rec in &recorded {
         if rec.status == ResourceStatus::Ready {
@@ -80,7 +140,8 @@ pub fn apply(
             );
         }
     }
-    run.execute(&plan)?;
+    run.puts(&plan).await?;
+    run.deletes(&plan, &recorded_edges).await?;
 
     // Orphans not deleted in this run stay recorded, and so do their edges.
     let remaining: HashSet<&str> = plan
@@ -90,7 +151,6 @@ pub fn apply(
         .map(|s| s.guresid.as_str())
         .collect();
     let mut edges = edge_records(graph);
-    // Orphans not deleted yet keep their edges, so a later apply deletes them in order.
     edges.extend(
         recorded_edges
             .into_iter()
@@ -100,12 +160,16 @@ pub fn apply(
     edges.dedup_by(|a, b| a.from == b.from && a.to == b.to);
     let Run {
         store,
-        counts,
+        unchanged,
+        failed,
         failures,
         ..
     } = run;
     store.replace_edges(&graph.env, &edges)?;
-    let status = if counts.failed == 0 {
+    let mut counts = store.operation_counts(deployment)?;
+    counts.unchanged = unchanged;
+    counts.failed = failed;
+    let status = if failed == 0 {
         DeploymentStatus::Succeeded
     } else {
         DeploymentStatus::Failed
@@ -115,62 +179,256 @@ pub fn apply(
     Ok(ApplyReport {
         env: graph.env.clone(),
         deployment,
+        resumed,
         status,
         counts,
         failures,
     })
 }
 
+/// Outputs, secret outputs and label of every ready resource.
+type OutputMap = HashMap<GuresId, (Value, Value, String)>;
+
 struct Run<'a, 'e> {
     store: &'a mut Store,
     drivers: &'a Registry,
+    settings: &'a Settings,
     graph: &'a ResourceGraph,
     commit: &'a str,
     deployment: i64,
     on_event: &'e mut dyn FnMut(&Event<'_>),
     recorded: HashMap<String, &'a ResourceRecord>,
-    /// Outputs and secret outputs of every ready resource, as provisioned so far.
-    outputs: HashMap<GuresId, (Value, Value, String)>,
+    outputs: OutputMap,
     /// Resources that failed or were skipped: their dependents are blocked.
     broken: HashSet<GuresId>,
     /// Orphans deleted in this run.
     deleted: HashSet<GuresId>,
-    counts: Counts,
+    unchanged: i64,
+    failed: i64,
     failures: Vec<String>,
+    /// Permits for driver calls: one global limit, and one per driver that sets its own.
+    global: Arc<Semaphore>,
+    per_driver: HashMap<String, Arc<Semaphore>>,
+}
+
+/// Put or delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Operation {
+    Put,
+    Delete,
+}
+
+/// Everything one driver call needs, owned, so it can move to a blocking thread.
+struct Job {
+    operation: Operation,
+    guresid: String,
+    env: String,
+    app: Option<String>,
+    res_type: String,
+    class: String,
+    res_id: String,
+    resource: Value,
+    values: Value,
+    secrets: Value,
+    account: Option<Value>,
+    cookie: Option<String>,
+}
+
+impl Job {
+    fn request(&self) -> DriverRequest<'_> {
+        DriverRequest {
+            guresid: &self.guresid,
+            env: &self.env,
+            app: self.app.as_deref(),
+            res_type: &self.res_type,
+            class: &self.class,
+            res_id: &self.res_id,
+            resource: &self.resource,
+            values: &self.values,
+            secrets: &self.secrets,
+            account: self.account.as_ref(),
+            cookie: self.cookie.as_deref(),
+        }
+    }
+}
+
+/// How a job's calls ended.
+struct JobResult {
+    guresid: GuresId,
+    operation_id: i64,
+    attempts: i64,
+    outcome: Result<(Value, Value), String>,
+    /// For puts: what the resource is recorded with on success.
+    hash: String,
+    inputs: Option<ResolvedInputs>,
+}
+
+/// What starting a resource led to.
+enum Started {
+    /// Running in a task; its result comes from the join set.
+    Spawned,
+    /// Decided at once (unchanged, blocked, or failed before any call).
+    Settled,
 }
 
 impl Run<'_, '_> {
-    fn execute(&mut self, plan: &Plan) -> Result<(), StateError> {
-        for step in plan.steps.iter().filter(|s| s.action != Action::Delete) {
-            let Some(node) = self.graph.get(&step.guresid) else {
-                continue;
-            };
-            self.put(node, step)?;
-        }
-        let deletes: Vec<&Step> = plan
+    async fn puts(&mut self, plan: &Plan) -> Result<(), StateError> {
+        let steps: Vec<&Step> = plan
+            .steps
+            .iter()
+            .filter(|s| s.action != Action::Delete)
+            .collect();
+        let prerequisites: HashMap<GuresId, Vec<GuresId>> = steps
+            .iter()
+            .map(|s| {
+                let deps = self
+                    .graph
+                    .dependencies(&s.guresid)
+                    .into_iter()
+                    .cloned()
+                    .collect();
+                (s.guresid.clone(), deps)
+            })
+            .collect();
+        self.schedule(&steps, &prerequisites, Operation::Put).await
+    }
+
+    async fn deletes(
+        &mut self,
+        plan: &Plan,
+        recorded_edges: &[gitplane_state::EdgeRecord],
+    ) -> Result<(), StateError> {
+        let steps: Vec<&Step> = plan
             .steps
             .iter()
             .filter(|s| s.action == Action::Delete)
             .collect();
-        if !deletes.is_empty() && !self.broken.is_empty() {
+        if steps.is_empty() {
+            return Ok(());
+        }
+        if !self.broken.is_empty() {
             let why = format!(
                 "held back: {} resource(s) failed in this deployment, and deleting now could \
                  remove what they still need",
                 self.broken.len()
             );
-            for step in deletes {
+            for step in steps {
                 self.skip(step, "delete", &why)?;
             }
             return Ok(());
         }
-        for step in deletes {
-            self.delete(step)?;
+        // An orphan waits for the orphans that depend on it.
+        let orphans: HashSet<&str> = steps.iter().map(|s| s.guresid.as_str()).collect();
+        let mut prerequisites: HashMap<GuresId, Vec<GuresId>> = steps
+            .iter()
+            .map(|s| (s.guresid.clone(), Vec::new()))
+            .collect();
+        for e in recorded_edges {
+            if orphans.contains(e.from.as_str()) && orphans.contains(e.to.as_str()) {
+                if let Some(p) = prerequisites.get_mut(&GuresId::from_recorded(e.to.clone())) {
+                    p.push(GuresId::from_recorded(e.from.clone()));
+                }
+            }
+        }
+        self.schedule(&steps, &prerequisites, Operation::Delete)
+            .await
+    }
+
+    /// Runs `steps`, each once its prerequisites are done, as many at once as permits allow.
+    async fn schedule(
+        &mut self,
+        steps: &[&Step],
+        prerequisites: &HashMap<GuresId, Vec<GuresId>>,
+        operation: Operation,
+    ) -> Result<(), StateError> {
+        let by_id: HashMap<&GuresId, &Step> = steps.iter().map(|s| (&s.guresid, *s)).collect();
+        let mut waiting: HashMap<&GuresId, usize> = HashMap::new();
+        let mut unlocks: HashMap<&GuresId, Vec<&GuresId>> = HashMap::new();
+        for s in steps {
+            let pre: Vec<&GuresId> = prerequisites
+                .get(&s.guresid)
+                .into_iter()
+                .flatten()
+                .filter(|p| by_id.contains_key(p))
+                .collect();
+            waiting.insert(&s.guresid, pre.len());
+            for p in pre {
+                unlocks.entry(p).or_default().push(&s.guresid);
+            }
+        }
+        // Plan order breaks ties, so runs are reproducible.
+        let mut ready: VecDeque<&GuresId> = steps
+            .iter()
+            .map(|s| &s.guresid)
+            .filter(|id| waiting[id] == 0)
+            .collect();
+        let (cookie_tx, mut cookie_rx) = mpsc::unbounded_channel::<(String, Cookie)>();
+        let mut tasks: JoinSet<JobResult> = JoinSet::new();
+        let mut finished: Vec<GuresId> = Vec::new();
+        loop {
+            while let Some(id) = ready.pop_front() {
+                let step = by_id[id];
+                let started = match operation {
+                    Operation::Put => self.start_put(step, &mut tasks, &cookie_tx)?,
+                    Operation::Delete => self.start_delete(step, &mut tasks, &cookie_tx)?,
+                };
+                if let Started::Settled = started {
+                    finished.push(id.clone());
+                }
+            }
+            for id in finished.drain(..) {
+                for next in unlocks.get(&id).into_iter().flatten() {
+                    let w = waiting.get_mut(next).expect("every step has a count");
+                    *w -= 1;
+                    if *w == 0 {
+                        ready.push_back(next);
+                    }
+                }
+            }
+            if !ready.is_empty() {
+                continue;
+            }
+            if tasks.is_empty() {
+                break;
+            }
+            tokio::select! {
+                Some((guresid, cookie)) = cookie_rx.recv() => self.keep_cookie(&guresid, &cookie)?,
+                Some(joined) = tasks.join_next() => {
+                    // Cookies a task sent before it ended are kept before its result.
+                    while let Ok((guresid, cookie)) = cookie_rx.try_recv() {
+                        self.keep_cookie(&guresid, &cookie)?;
+                    }
+                    let result = joined.expect("job tasks catch driver panics themselves");
+                    let id = result.guresid.clone();
+                    let step = by_id[&id];
+                    match operation {
+                        Operation::Put => self.finish_put(step, result)?,
+                        Operation::Delete => self.finish_delete(step, result)?,
+                    }
+                    finished.push(id);
+                }
+            }
         }
         Ok(())
     }
 
-    fn put(&mut self, node: &ResourceNode, step: &Step) -> Result<(), StateError> {
-        let label = node.label();
+    fn keep_cookie(&mut self, guresid: &str, cookie: &Cookie) -> Result<(), StateError> {
+        match cookie {
+            Cookie::Unchanged => Ok(()),
+            Cookie::Set(c) => self.store.set_cookie(guresid, Some(c)),
+            Cookie::Cleared => self.store.set_cookie(guresid, None),
+        }
+    }
+
+    fn start_put(
+        &mut self,
+        step: &Step,
+        tasks: &mut JoinSet<JobResult>,
+        cookie_tx: &mpsc::UnboundedSender<(String, Cookie)>,
+    ) -> Result<Started, StateError> {
+        let Some(node) = self.graph.get(&step.guresid) else {
+            return Ok(Started::Settled);
+        };
         let action = if self.recorded.contains_key(node.guresid.as_str()) {
             "update"
         } else {
@@ -187,16 +445,15 @@ impl Run<'_, '_> {
                 .get(blocker)
                 .map(ResourceNode::label)
                 .unwrap_or_else(|| blocker.to_string());
-            let why = format!("blocked: {blocker} failed");
-            self.broken.insert(node.guresid.clone());
-            return self.skip(step, action, &why);
+            self.skip(step, action, &format!("blocked: {blocker} failed"))?;
+            return Ok(Started::Settled);
         }
         let inputs = match resolve_inputs(node, &self.outputs) {
             Ok(inputs) => inputs,
             Err(e) => {
                 let error = format!("inputs do not resolve: {e}");
-                let op = self.begin(step, action, &step.reason)?;
-                return self.fail_before_driver(node, op, action, &error);
+                self.fail_before_call(step, action, &error)?;
+                return Ok(Started::Settled);
             }
         };
         let hash = inputs_hash(node, &inputs);
@@ -206,171 +463,311 @@ impl Run<'_, '_> {
             && rec.definition == node.definition
             && rec.driver == node.driver_type
         {
-            self.counts.unchanged += 1;
-            return Ok(());
+            self.unchanged += 1;
+            if step.action != Action::Unchanged {
+                (self.on_event)(&Event::Finished {
+                    label: &step.label(),
+                    action: Action::Update,
+                    outcome: Outcome::Unchanged,
+                });
+            }
+            return Ok(Started::Settled);
         }
+        let account = match &node.driver_account {
+            None => None,
+            Some(name) => match (self.settings.accounts)(name) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    self.fail_before_call(step, action, &e)?;
+                    return Ok(Started::Settled);
+                }
+            },
+        };
+        let Some(registered) = self.drivers.get(&node.driver_type).cloned() else {
+            let error = format!("no driver '{}' is registered", node.driver_type);
+            self.fail_before_call(step, action, &error)?;
+            return Ok(Started::Settled);
+        };
         let reason = match step.action {
-            Action::MaybeUpdate => "inputs changed after upstream resources changed".to_owned(),
-            Action::Unchanged => "inputs changed".to_owned(),
+            Action::MaybeUpdate | Action::Unchanged => "inputs changed".to_owned(),
             _ => step.reason.clone(),
         };
-        let op = self.begin(step, action, &reason)?;
-        let Some(driver) = self.drivers.get(&node.driver_type) else {
-            let error = format!("no driver '{}' is registered", node.driver_type);
-            return self.fail_before_driver(node, op, action, &error);
+        let operation_id = self
+            .store
+            .begin_operation(&self.start(step, action, &reason))?;
+        let job = Job {
+            operation: Operation::Put,
+            guresid: node.guresid.to_string(),
+            env: self.graph.env.clone(),
+            app: node.app.clone(),
+            res_type: node.res_type.clone(),
+            class: node.class.clone(),
+            res_id: node.res_id.clone(),
+            resource: inputs.resource.clone(),
+            values: inputs.values.clone(),
+            secrets: inputs.secrets.clone(),
+            account,
+            cookie: self.store.cookie(node.guresid.as_str())?,
         };
-        let request = PutRequest {
-            guresid: node.guresid.as_str(),
-            env: &self.graph.env,
-            app: node.app.as_deref(),
-            res_type: &node.res_type,
-            class: &node.class,
-            res_id: &node.res_id,
-            resource: &inputs.resource,
-            values: &inputs.values,
-            secrets: &inputs.secrets,
-        };
-        match driver.put(&request) {
-            Ok(done) => {
-                let record = self.record(
-                    node,
-                    ResourceStatus::Ready,
-                    hash,
-                    done.outputs.clone(),
-                    done.secret_outputs.clone(),
-                    None,
-                );
-                self.store.finish_put(op, self.deployment, &record)?;
-                self.outputs.insert(
-                    node.guresid.clone(),
-                    (done.outputs, done.secret_outputs, label.clone()),
-                );
-                if action == "create" {
-                    self.counts.created += 1;
-                } else {
-                    self.counts.updated += 1;
-                }
-                (self.on_event)(&Event {
-                    label,
-                    action: if action == "create" {
-                        Action::Create
-                    } else {
-                        Action::Update
-                    },
-                    outcome: Outcome::Done,
-                });
-                Ok(())
-            }
-            Err(e) => self.fail_put(node, op, action, &e.message),
-        }
-    }
-
-    fn fail_put(
-        &mut self,
-        node: &ResourceNode,
-        op: i64,
-        action: &str,
-        error: &str,
-    ) -> Result<(), StateError> {
-        // A failed update keeps the outputs last provisioned: dependents may still use them.
-        let (outputs, secrets, hash) = match self.recorded.get(node.guresid.as_str()) {
-            Some(rec) => (
-                rec.outputs.clone(),
-                rec.secret_outputs.clone(),
-                rec.inputs_hash.clone(),
-            ),
-            None => (empty(), empty(), String::new()),
-        };
-        let record = self.record(
-            node,
-            ResourceStatus::Failed,
-            hash,
-            outputs,
-            secrets,
-            Some(error.to_owned()),
-        );
-        self.store.finish_put(op, self.deployment, &record)?;
-        self.failed(node.label(), &node.guresid, action, error);
-        Ok(())
-    }
-
-    /// No driver was called, so the resource itself is as it was: only the operation fails.
-    fn fail_before_driver(
-        &mut self,
-        node: &ResourceNode,
-        op: i64,
-        action: &str,
-        error: &str,
-    ) -> Result<(), StateError> {
-        self.store.fail_operation(op, error)?;
-        self.failed(node.label(), &node.guresid, action, error);
-        Ok(())
-    }
-
-    fn failed(&mut self, label: String, guresid: &GuresId, action: &str, error: &str) {
-        self.broken.insert(guresid.clone());
-        self.counts.failed += 1;
-        self.failures.push(format!("{label}: {error}"));
-        (self.on_event)(&Event {
-            label,
+        (self.on_event)(&Event::Started {
+            label: &step.label(),
             action: action_of(action),
-            outcome: Outcome::Failed(error),
         });
+        let permits = self.permits(&node.driver_type, registered.concurrency);
+        let retry = self.settings.retry;
+        let cookies = cookie_tx.clone();
+        let guresid = node.guresid.clone();
+        tasks.spawn(async move {
+            let (attempts, outcome) =
+                call_until_done(job, registered.driver, permits, retry, cookies).await;
+            JobResult {
+                guresid,
+                operation_id,
+                attempts,
+                outcome,
+                hash,
+                inputs: Some(inputs),
+            }
+        });
+        Ok(Started::Spawned)
     }
 
-    fn delete(&mut self, step: &Step) -> Result<(), StateError> {
-        let Some(rec) = self.recorded.get(step.guresid.as_str()).copied() else {
+    fn finish_put(&mut self, step: &Step, result: JobResult) -> Result<(), StateError> {
+        let Some(node) = self.graph.get(&step.guresid) else {
             return Ok(());
         };
-        let op = self.begin(step, "delete", &step.reason)?;
-        let request = DeleteRequest {
-            guresid: &rec.guresid,
-            env: &rec.env,
-            app: rec.app.as_deref(),
-            res_type: &rec.res_type,
-            class: &rec.class,
-            res_id: &rec.res_id,
+        let action = if self.recorded.contains_key(node.guresid.as_str()) {
+            "update"
+        } else {
+            "create"
         };
-        let result = match self.drivers.get(&rec.driver) {
-            Some(driver) => driver.delete(&request).map_err(|e| e.message),
-            None => Err(format!("no driver '{}' is registered", rec.driver)),
+        let label = node.label();
+        match result.outcome {
+            Ok((outputs, secret_outputs)) => {
+                let inputs = result.inputs.unwrap_or_else(|| ResolvedInputs {
+                    resource: Value::Null,
+                    resource_is_secret: false,
+                    values: Value::Null,
+                    secrets: Value::Null,
+                });
+                // What a delete will need again; anything a secret flowed into stays secret.
+                let (public, secret) = if inputs.resource_is_secret {
+                    (
+                        json!({"values": inputs.values}),
+                        json!({"resource": inputs.resource, "secrets": inputs.secrets}),
+                    )
+                } else {
+                    (
+                        json!({"resource": inputs.resource, "values": inputs.values}),
+                        json!({"secrets": inputs.secrets}),
+                    )
+                };
+                let record = ResourceRecord {
+                    status: ResourceStatus::Ready,
+                    inputs_hash: result.hash,
+                    outputs: outputs.clone(),
+                    secret_outputs: secret_outputs.clone(),
+                    inputs: public,
+                    secret_inputs: secret,
+                    error: None,
+                    ..self.record(node)
+                };
+                self.store.finish_put(
+                    result.operation_id,
+                    result.attempts,
+                    self.deployment,
+                    &record,
+                )?;
+                self.outputs.insert(
+                    node.guresid.clone(),
+                    (outputs, secret_outputs, label.clone()),
+                );
+                (self.on_event)(&Event::Finished {
+                    label: &label,
+                    action: action_of(action),
+                    outcome: Outcome::Done,
+                });
+            }
+            Err(error) => {
+                // A failed update keeps what was last provisioned: dependents may still use it.
+                let previous = self.recorded.get(node.guresid.as_str()).copied();
+                let record = ResourceRecord {
+                    status: ResourceStatus::Failed,
+                    error: Some(error.clone()),
+                    ..previous.cloned().unwrap_or_else(|| self.record(node))
+                };
+                let record = ResourceRecord {
+                    definition: node.definition.clone(),
+                    driver: node.driver_type.clone(),
+                    commit_id: self.commit.to_owned(),
+                    ..record
+                };
+                self.store.finish_put(
+                    result.operation_id,
+                    result.attempts,
+                    self.deployment,
+                    &record,
+                )?;
+                self.failed(label, &node.guresid, action, &error);
+            }
+        }
+        Ok(())
+    }
+
+    fn start_delete(
+        &mut self,
+        step: &Step,
+        tasks: &mut JoinSet<JobResult>,
+        cookie_tx: &mpsc::UnboundedSender<(String, Cookie)>,
+    ) -> Result<Started, StateError> {
+        let Some(rec) = self.recorded.get(step.guresid.as_str()).copied() else {
+            return Ok(Started::Settled);
         };
+        let account = match &rec.account {
+            None => None,
+            Some(name) => match (self.settings.accounts)(name) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    self.fail_before_call(step, "delete", &e)?;
+                    return Ok(Started::Settled);
+                }
+            },
+        };
+        let Some(registered) = self.drivers.get(&rec.driver).cloned() else {
+            let error = format!("no driver '{}' is registered", rec.driver);
+            self.fail_before_call(step, "delete", &error)?;
+            return Ok(Started::Settled);
+        };
+        let operation_id = self
+            .store
+            .begin_operation(&self.start(step, "delete", &step.reason))?;
+        let job = Job {
+            operation: Operation::Delete,
+            guresid: rec.guresid.clone(),
+            env: rec.env.clone(),
+            app: rec.app.clone(),
+            res_type: rec.res_type.clone(),
+            class: rec.class.clone(),
+            res_id: rec.res_id.clone(),
+            resource: rec
+                .inputs
+                .get("resource")
+                .or_else(|| rec.secret_inputs.get("resource"))
+                .cloned()
+                .unwrap_or(Value::Null),
+            values: rec.inputs.get("values").cloned().unwrap_or(Value::Null),
+            secrets: rec
+                .secret_inputs
+                .get("secrets")
+                .cloned()
+                .unwrap_or(Value::Null),
+            account,
+            cookie: self.store.cookie(&rec.guresid)?,
+        };
+        (self.on_event)(&Event::Started {
+            label: &step.label(),
+            action: Action::Delete,
+        });
+        let permits = self.permits(&rec.driver, registered.concurrency);
+        let retry = self.settings.retry;
+        let cookies = cookie_tx.clone();
+        let guresid = step.guresid.clone();
+        tasks.spawn(async move {
+            let (attempts, outcome) =
+                call_until_done(job, registered.driver, permits, retry, cookies).await;
+            JobResult {
+                guresid,
+                operation_id,
+                attempts,
+                outcome,
+                hash: String::new(),
+                inputs: None,
+            }
+        });
+        Ok(Started::Spawned)
+    }
+
+    fn finish_delete(&mut self, step: &Step, result: JobResult) -> Result<(), StateError> {
         let label = step.label();
-        match result {
-            Ok(()) => {
-                self.store.finish_delete(op, &rec.guresid, None)?;
+        match result.outcome {
+            Ok(_) => {
+                self.store.finish_delete(
+                    result.operation_id,
+                    result.attempts,
+                    step.guresid.as_str(),
+                    None,
+                )?;
                 self.deleted.insert(step.guresid.clone());
-                self.counts.deleted += 1;
-                (self.on_event)(&Event {
-                    label,
+                (self.on_event)(&Event::Finished {
+                    label: &label,
                     action: Action::Delete,
                     outcome: Outcome::Done,
                 });
             }
             Err(error) => {
-                self.store.finish_delete(op, &rec.guresid, Some(&error))?;
+                self.store.finish_delete(
+                    result.operation_id,
+                    result.attempts,
+                    step.guresid.as_str(),
+                    Some(&error),
+                )?;
                 self.failed(label, &step.guresid, "delete", &error);
             }
         }
         Ok(())
     }
 
+    fn permits(&mut self, driver: &str, limit: Option<usize>) -> Permits {
+        let local = limit.map(|n| {
+            self.per_driver
+                .entry(driver.to_owned())
+                .or_insert_with(|| Arc::new(Semaphore::new(n.max(1))))
+                .clone()
+        });
+        Permits {
+            global: self.global.clone(),
+            local,
+        }
+    }
+
+    /// No driver was called, so the resource itself is as it was: only the operation fails.
+    fn fail_before_call(
+        &mut self,
+        step: &Step,
+        action: &str,
+        error: &str,
+    ) -> Result<(), StateError> {
+        let op = self
+            .store
+            .begin_operation(&self.start(step, action, &step.reason))?;
+        self.store.fail_operation(op, 0, error)?;
+        self.failed(step.label(), &step.guresid, action, error);
+        Ok(())
+    }
+
+    fn failed(&mut self, label: String, guresid: &GuresId, action: &str, error: &str) {
+        self.broken.insert(guresid.clone());
+        self.failed += 1;
+        self.failures.push(format!("{label}: {error}"));
+        (self.on_event)(&Event::Finished {
+            label: &label,
+            action: action_of(action),
+            outcome: Outcome::Failed(error),
+        });
+    }
+
     fn skip(&mut self, step: &Step, action: &str, why: &str) -> Result<(), StateError> {
         self.store
             .skipped_operation(&self.start(step, action, &step.reason), why)?;
-        self.counts.failed += 1;
+        self.broken.insert(step.guresid.clone());
+        self.failed += 1;
         self.failures.push(format!("{}: {why}", step.label()));
-        (self.on_event)(&Event {
-            label: step.label(),
+        (self.on_event)(&Event::Finished {
+            label: &step.label(),
             action: action_of(action),
             outcome: Outcome::Skipped(why),
         });
         Ok(())
-    }
-
-    fn begin(&mut self, step: &Step, action: &str, reason: &str) -> Result<i64, StateError> {
-        self.store
-            .begin_operation(&self.start(step, action, reason))
     }
 
     fn start<'s>(&self, step: &'s Step, action: &'s str, reason: &'s str) -> OperationStart<'s> {
@@ -386,15 +783,8 @@ impl Run<'_, '_> {
         }
     }
 
-    fn record(
-        &self,
-        node: &ResourceNode,
-        status: ResourceStatus,
-        inputs_hash: String,
-        outputs: Value,
-        secret_outputs: Value,
-        error: Option<String>,
-    ) -> ResourceRecord {
+    /// A record of `node` as this run provisions it; outputs and inputs are filled by callers.
+    fn record(&self, node: &ResourceNode) -> ResourceRecord {
         ResourceRecord {
             guresid: node.guresid.to_string(),
             env: self.graph.env.clone(),
@@ -404,14 +794,130 @@ impl Run<'_, '_> {
             res_id: node.res_id.clone(),
             definition: node.definition.clone(),
             driver: node.driver_type.clone(),
-            status,
-            inputs_hash,
-            outputs,
-            secret_outputs,
-            error,
+            account: node.driver_account.clone(),
+            status: ResourceStatus::Failed,
+            inputs_hash: String::new(),
+            outputs: empty(),
+            secret_outputs: empty(),
+            inputs: empty(),
+            secret_inputs: empty(),
+            error: None,
             commit_id: self.commit.to_owned(),
         }
     }
+}
+
+/// The permits a driver call holds: the global one and, if its driver has a limit, its own.
+struct Permits {
+    global: Arc<Semaphore>,
+    local: Option<Arc<Semaphore>>,
+}
+
+/// Calls the driver until the resource is done, polling while it is in progress and retrying
+/// transient failures with exponential backoff and jitter. Permits are held only during calls,
+/// so a resource that waits between polls leaves room for others.
+///
+/// Every cookie change goes to `cookies` before the next call (and before this returns), so it
+/// is in state when the result is. Returns the number of calls and the outputs or the error.
+async fn call_until_done(
+    mut job: Job,
+    driver: Arc<dyn Driver>,
+    permits: Permits,
+    retry: RetryPolicy,
+    cookies: mpsc::UnboundedSender<(String, Cookie)>,
+) -> (i64, Result<(Value, Value), String>) {
+    let started = Instant::now();
+    let mut attempts: i64 = 0;
+    let mut transient_failures: u32 = 0;
+    let mut poll_delay = retry.poll_interval;
+    loop {
+        attempts += 1;
+        let answer = {
+            let _global = permits.global.acquire().await.expect("never closed");
+            let _local = match &permits.local {
+                Some(s) => Some(s.acquire().await.expect("never closed")),
+                None => None,
+            };
+            let driver = driver.clone();
+            tokio::task::spawn_blocking(move || {
+                let answer = match job.operation {
+                    Operation::Put => driver.put(&job.request()).map(|o| match o {
+                        PutOutcome::Done {
+                            outputs,
+                            secret_outputs,
+                            cookie,
+                        } => (Some((outputs, secret_outputs)), cookie),
+                        PutOutcome::InProgress { cookie } => (None, cookie),
+                    }),
+                    Operation::Delete => driver.delete(&job.request()).map(|o| match o {
+                        DeleteOutcome::Done => (Some((empty(), empty())), Cookie::Cleared),
+                        DeleteOutcome::InProgress { cookie } => (None, cookie),
+                    }),
+                };
+                (job, answer)
+            })
+            .await
+        };
+        let (returned, answer) = match answer {
+            Ok(pair) => pair,
+            Err(panic) => {
+                return (attempts, Err(format!("the driver panicked: {panic}")));
+            }
+        };
+        job = returned;
+        match answer {
+            Ok((done, cookie)) => {
+                match &cookie {
+                    Cookie::Unchanged => {}
+                    Cookie::Set(c) => job.cookie = Some(c.clone()),
+                    Cookie::Cleared => job.cookie = None,
+                }
+                if cookie != Cookie::Unchanged {
+                    // The receiver lives as long as any job; a send can only fail at shutdown.
+                    let _ = cookies.send((job.guresid.clone(), cookie));
+                }
+                if let Some(outputs) = done {
+                    return (attempts, Ok(outputs));
+                }
+                if started.elapsed() >= retry.poll_timeout {
+                    let error = format!(
+                        "still in progress after {}s (retry.poll_timeout)",
+                        retry.poll_timeout.as_secs()
+                    );
+                    return (attempts, Err(error));
+                }
+                tokio::time::sleep(poll_delay).await;
+                poll_delay = (poll_delay * 2).min(retry.max_delay.max(retry.poll_interval));
+            }
+            Err(DriverError {
+                kind: ErrorKind::Transient,
+                message,
+            }) => {
+                transient_failures += 1;
+                if transient_failures >= retry.attempts {
+                    let error = format!("{message} (gave up after {transient_failures} attempts)");
+                    return (attempts, Err(error));
+                }
+                tokio::time::sleep(backoff(&retry, transient_failures, &job.guresid)).await;
+            }
+            Err(DriverError {
+                kind: ErrorKind::Final,
+                message,
+            }) => return (attempts, Err(message)),
+        }
+    }
+}
+
+/// `initial_delay * 2^(n-1)`, capped at `max_delay`, times a random factor in [0.5, 1.5) so
+/// resources that failed together do not retry together.
+fn backoff(retry: &RetryPolicy, failures: u32, salt: &str) -> Duration {
+    let exp = retry
+        .initial_delay
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(20));
+    let capped = exp.min(retry.max_delay);
+    let random = std::collections::hash_map::RandomState::new().hash_one((salt, failures));
+    let factor = 0.5 + (random % 1000) as f64 / 1000.0;
+    capped.mul_f64(factor)
 }
 
 fn action_of(action: &str) -> Action {

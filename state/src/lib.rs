@@ -63,12 +63,18 @@ pub struct ResourceRecord {
     pub res_id: String,
     pub definition: String,
     pub driver: String,
+    /// The resource account the definition names; a delete needs its credentials again.
+    pub account: Option<String>,
     pub status: ResourceStatus,
     pub inputs_hash: String,
     /// Non-secret outputs, a JSON object.
     pub outputs: Value,
     /// Secret outputs, a JSON object; never shown, only fed to dependent resources.
     pub secret_outputs: Value,
+    /// The non-secret inputs last sent to the driver: `{"resource", "values"}`.
+    pub inputs: Value,
+    /// The secret inputs last sent, a JSON object; a delete sends them again.
+    pub secret_inputs: Value,
     pub error: Option<String>,
     pub commit_id: String,
 }
@@ -330,7 +336,8 @@ impl Store {
     pub fn resources(&self, env: &str) -> Result<Vec<ResourceRecord>> {
         let rows = self.query(
             "SELECT r.guresid, r.env, r.app, r.type, r.class, r.res_id, r.definition, r.driver,
-                        r.status, r.inputs_hash, r.outputs, s.outputs, r.error, r.commit_id
+                        r.status, r.inputs_hash, r.outputs, s.outputs, r.error, r.commit_id,
+                        r.inputs, s.inputs, r.account
                  FROM resource r LEFT JOIN resource_secret s ON s.guresid = r.guresid
                  WHERE r.env = ?1 ORDER BY r.guresid",
             [env],
@@ -353,21 +360,31 @@ impl Store {
                         inputs_hash: r.get(9)?,
                         outputs: Value::Null,
                         secret_outputs: Value::Null,
+                        inputs: Value::Null,
+                        secret_inputs: Value::Null,
+                        account: r.get(16)?,
                         error: r.get(12)?,
                         commit_id: r.get(13)?,
                     },
-                    r.get::<_, String>(10)?,
-                    r.get::<_, Option<String>>(11)?,
+                    [
+                        Some(r.get::<_, String>(10)?),
+                        r.get::<_, Option<String>>(11)?,
+                        Some(r.get::<_, String>(14)?),
+                        r.get::<_, Option<String>>(15)?,
+                    ],
                 ))
             },
         )?;
         rows.into_iter()
-            .map(|(mut rec, outputs, secrets)| {
-                rec.outputs = self.json(&rec.guresid, "outputs", &outputs)?;
-                rec.secret_outputs = match secrets {
-                    Some(s) => self.json(&rec.guresid, "resource_secret.outputs", &s)?,
-                    None => Value::Object(Default::default()),
+            .map(|(mut rec, [outputs, secrets, inputs, secret_inputs])| {
+                let json = |column, text: Option<String>| match text {
+                    Some(t) => self.json(&rec.guresid, column, &t),
+                    None => Ok(Value::Object(Default::default())),
                 };
+                rec.outputs = json("outputs", outputs)?;
+                rec.secret_outputs = json("resource_secret.outputs", secrets)?;
+                rec.inputs = json("inputs", inputs)?;
+                rec.secret_inputs = json("resource_secret.inputs", secret_inputs)?;
                 Ok(rec)
             })
             .collect()
@@ -524,6 +541,7 @@ impl Store {
     pub fn finish_put(
         &mut self,
         operation: i64,
+        attempts: i64,
         deployment: i64,
         record: &ResourceRecord,
     ) -> Result<()> {
@@ -538,20 +556,23 @@ impl Store {
             ResourceStatus::Failed => ("failed", record.error.as_deref()),
         };
         tx.prepare_cached(&format!(
-            "UPDATE operation SET status = ?2, error = ?3, finished_at = {NOW} WHERE id = ?1"
+            "UPDATE operation SET status = ?2, error = ?3, attempts = ?4, finished_at = {NOW}
+             WHERE id = ?1"
         ))
-        .and_then(|mut s| s.execute(params![operation, status, error]))
+        .and_then(|mut s| s.execute(params![operation, status, error, attempts]))
         .map_err(e)?;
         tx.prepare_cached(&format!(
             "INSERT INTO resource (guresid, env, app, type, class, res_id, definition, driver,
                                    status, inputs_hash, outputs, error, commit_id, deployment_id,
-                                   created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, {NOW}, {NOW})
+                                   inputs, account, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                     {NOW}, {NOW})
              ON CONFLICT (guresid) DO UPDATE SET
                  definition = excluded.definition, driver = excluded.driver,
                  status = excluded.status, inputs_hash = excluded.inputs_hash,
                  outputs = excluded.outputs, error = excluded.error,
                  commit_id = excluded.commit_id, deployment_id = excluded.deployment_id,
+                 inputs = excluded.inputs, account = excluded.account,
                  updated_at = excluded.updated_at"
         ))
         .and_then(|mut s| {
@@ -569,26 +590,36 @@ impl Store {
                 record.outputs.to_string(),
                 record.error,
                 record.commit_id,
-                deployment
+                deployment,
+                record.inputs.to_string(),
+                record.account
             ])
         })
         .map_err(e)?;
         tx.prepare_cached(
-            "INSERT INTO resource_secret (guresid, outputs) VALUES (?1, ?2)
-             ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs",
+            "INSERT INTO resource_secret (guresid, outputs, inputs) VALUES (?1, ?2, ?3)
+             ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs, inputs = excluded.inputs",
         )
-        .and_then(|mut s| s.execute(params![record.guresid, record.secret_outputs.to_string()]))
+        .and_then(|mut s| {
+            s.execute(params![
+                record.guresid,
+                record.secret_outputs.to_string(),
+                record.secret_inputs.to_string()
+            ])
+        })
         .map_err(e)?;
         tx.commit().map_err(e)
     }
 
     /// Ends an operation that failed before its driver was called: the resource is untouched.
-    pub fn fail_operation(&self, operation: i64, error: &str) -> Result<()> {
+    pub fn fail_operation(&self, operation: i64, attempts: i64, error: &str) -> Result<()> {
         self.conn
             .prepare_cached(&format!(
-                "UPDATE operation SET status = 'failed', error = ?2, finished_at = {NOW} WHERE id = ?1"
+                "UPDATE operation SET status = 'failed', error = ?2, attempts = ?3,
+                        finished_at = {NOW}
+                 WHERE id = ?1"
             ))
-            .and_then(|mut s| s.execute(params![operation, error]))
+            .and_then(|mut s| s.execute(params![operation, error, attempts]))
             .map_err(self.err())?;
         Ok(())
     }
@@ -597,6 +628,7 @@ impl Store {
     pub fn finish_delete(
         &mut self,
         operation: i64,
+        attempts: i64,
         guresid: &str,
         error: Option<&str>,
     ) -> Result<()> {
@@ -612,11 +644,15 @@ impl Store {
             "succeeded"
         };
         tx.prepare_cached(&format!(
-            "UPDATE operation SET status = ?2, error = ?3, finished_at = {NOW} WHERE id = ?1"
+            "UPDATE operation SET status = ?2, error = ?3, attempts = ?4, finished_at = {NOW}
+             WHERE id = ?1"
         ))
-        .and_then(|mut s| s.execute(params![operation, status, error]))
+        .and_then(|mut s| s.execute(params![operation, status, error, attempts]))
         .map_err(e)?;
         if error.is_none() {
+            tx.prepare_cached("DELETE FROM driver_cookie WHERE guresid = ?1")
+                .and_then(|mut s| s.execute([guresid]))
+                .map_err(e)?;
             tx.prepare_cached("DELETE FROM resource WHERE guresid = ?1")
                 .and_then(|mut s| s.execute([guresid]))
                 .map_err(e)?;
@@ -649,6 +685,125 @@ impl Store {
             }
         }
         tx.commit().map_err(e)
+    }
+
+    /// Starts the deployment of `commit` to `env`, picking up after a crash.
+    ///
+    /// The caller holds the [`ApplyLock`], so a deployment still `running` was cut off: its
+    /// unfinished operations become `interrupted`. If the newest one was deploying this same
+    /// commit, it is resumed (its id is returned with `true`); any other is closed as failed.
+    pub fn begin_or_resume_deployment(&mut self, env: &str, commit: &str) -> Result<(i64, bool)> {
+        let path = self.path.clone();
+        let e = |source| StateError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        let running: Vec<(i64, Option<String>)> = {
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT id, commit_id FROM deployment WHERE env = ?1 AND status = 'running'
+                     ORDER BY id DESC",
+                )
+                .map_err(e)?;
+            stmt.query_map([env], |r| Ok((r.get(0)?, r.get(1)?)))
+                .map_err(e)?
+                .collect::<rusqlite::Result<_>>()
+                .map_err(e)?
+        };
+        let mut resumed = None;
+        for (i, (id, old_commit)) in running.iter().enumerate() {
+            tx.prepare_cached(&format!(
+                "UPDATE operation SET status = 'interrupted', finished_at = {NOW},
+                        error = 'gitplane stopped during this operation; it is retried'
+                 WHERE deployment_id = ?1 AND status = 'started'"
+            ))
+            .and_then(|mut s| s.execute([id]))
+            .map_err(e)?;
+            if i == 0 && old_commit.as_deref() == Some(commit) {
+                resumed = Some(*id);
+            } else {
+                tx.prepare_cached(&format!(
+                    "UPDATE deployment SET status = 'failed', finished_at = {NOW},
+                            error = 'interrupted: gitplane stopped before it finished, and a \
+                                     later deployment took over'
+                     WHERE id = ?1"
+                ))
+                .and_then(|mut s| s.execute([id]))
+                .map_err(e)?;
+            }
+        }
+        let result = match resumed {
+            Some(id) => (id, true),
+            None => {
+                let id = tx
+                    .prepare_cached(&format!(
+                        "INSERT INTO deployment (env, commit_id, status, started_at)
+                         VALUES (?1, ?2, 'running', {NOW})"
+                    ))
+                    .and_then(|mut s| s.insert(params![env, commit]))
+                    .map_err(e)?;
+                (id, false)
+            }
+        };
+        tx.commit().map_err(e)?;
+        Ok(result)
+    }
+
+    /// Counts of the resources a deployment created, updated and deleted, from its operations
+    /// (so a resumed deployment counts what it did before the interruption too).
+    pub fn operation_counts(&self, deployment: i64) -> Result<Counts> {
+        self.conn
+            .prepare_cached(
+                "SELECT
+                   COUNT(DISTINCT CASE WHEN action = 'create' AND status = 'succeeded' THEN guresid END),
+                   COUNT(DISTINCT CASE WHEN action = 'update' AND status = 'succeeded' THEN guresid END),
+                   COUNT(DISTINCT CASE WHEN action = 'delete' AND status = 'succeeded' THEN guresid END)
+                 FROM operation WHERE deployment_id = ?1",
+            )
+            .and_then(|mut s| {
+                s.query_row([deployment], |r| {
+                    Ok(Counts {
+                        created: r.get(0)?,
+                        updated: r.get(1)?,
+                        deleted: r.get(2)?,
+                        ..Counts::default()
+                    })
+                })
+            })
+            .map_err(self.err())
+    }
+
+    /// The driver cookie kept for `guresid`.
+    pub fn cookie(&self, guresid: &str) -> Result<Option<String>> {
+        self.conn
+            .prepare_cached("SELECT cookie FROM driver_cookie WHERE guresid = ?1")
+            .and_then(|mut s| s.query_row([guresid], |r| r.get(0)).optional())
+            .map_err(self.err())
+    }
+
+    /// Keeps (`Some`) or clears (`None`) the driver cookie of `guresid`, at once: a call that
+    /// follows a crash must carry it.
+    pub fn set_cookie(&self, guresid: &str, cookie: Option<&str>) -> Result<()> {
+        match cookie {
+            Some(c) => self
+                .conn
+                .prepare_cached(&format!(
+                    "INSERT INTO driver_cookie (guresid, cookie, updated_at) VALUES (?1, ?2, {NOW})
+                     ON CONFLICT (guresid) DO UPDATE SET cookie = excluded.cookie,
+                         updated_at = excluded.updated_at"
+                ))
+                .and_then(|mut s| s.execute(params![guresid, c])),
+            None => self
+                .conn
+                .prepare_cached("DELETE FROM driver_cookie WHERE guresid = ?1")
+                .and_then(|mut s| s.execute([guresid])),
+        }
+        .map_err(self.err())?;
+        Ok(())
     }
 
     /// The operations of a deployment, in the order they were journalled.
@@ -744,10 +899,13 @@ mod tests {
             res_id: "shared.db".into(),
             definition: "pg".into(),
             driver: "echo".into(),
+            account: None,
             status: ResourceStatus::Ready,
             inputs_hash: "h1".into(),
             outputs: serde_json::json!({"host": "db"}),
             secret_outputs: serde_json::json!({"password": "s3cret"}),
+            inputs: serde_json::json!({"values": {"host": "db"}}),
+            secret_inputs: serde_json::json!({"password": "s3cret"}),
             error: None,
             commit_id: "c1".into(),
         }
@@ -799,6 +957,46 @@ mod tests {
     }
 
     #[test]
+    fn an_interrupted_deployment_is_resumed_for_the_same_commit_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+        let (first, resumed) = store.begin_or_resume_deployment("dev", "c1").unwrap();
+        assert!(!resumed);
+        let op = OperationStart {
+            deployment: first,
+            guresid: "g1",
+            app: None,
+            res_type: "t",
+            class: "default",
+            res_id: "r",
+            action: "create",
+            reason: "new",
+        };
+        store.begin_operation(&op).unwrap();
+        store.set_cookie("g1", Some("c=1")).unwrap();
+        // gitplane is killed here; the next apply of the same commit picks the deployment up.
+        assert_eq!(
+            store.begin_or_resume_deployment("dev", "c1").unwrap(),
+            (first, true)
+        );
+        assert_eq!(store.operations(first).unwrap()[0].status, "interrupted");
+        assert_eq!(store.cookie("g1").unwrap().as_deref(), Some("c=1"));
+        // A different commit closes it as failed and starts anew.
+        let (second, resumed) = store.begin_or_resume_deployment("dev", "c2").unwrap();
+        assert!(!resumed && second != first);
+        let old = store
+            .deployments(Some("dev"))
+            .unwrap()
+            .into_iter()
+            .find(|d| d.id == first)
+            .unwrap();
+        assert_eq!(old.status, DeploymentStatus::Failed);
+        assert!(old.error.unwrap().starts_with("interrupted"));
+        store.set_cookie("g1", None).unwrap();
+        assert_eq!(store.cookie("g1").unwrap(), None);
+    }
+
+    #[test]
     fn newer_schema_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
@@ -828,7 +1026,7 @@ mod tests {
         };
         let op = store.begin_operation(&start).unwrap();
         assert_eq!(store.operations(dep).unwrap()[0].status, "started");
-        store.finish_put(op, dep, &record("g1")).unwrap();
+        store.finish_put(op, 1, dep, &record("g1")).unwrap();
         let got = store.resources("development").unwrap();
         assert_eq!(got, vec![record("g1")]);
         assert_eq!(store.operations(dep).unwrap()[0].status, "succeeded");
@@ -839,7 +1037,7 @@ mod tests {
                 ..start
             })
             .unwrap();
-        store.finish_delete(del, "g1", None).unwrap();
+        store.finish_delete(del, 1, "g1", None).unwrap();
         assert!(store.resources("development").unwrap().is_empty());
         let secrets: i64 = store
             .conn

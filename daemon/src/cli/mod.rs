@@ -2,6 +2,7 @@
 
 mod init;
 mod output;
+mod progress;
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -10,11 +11,12 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gitplane_state::{ApplyLock, DeploymentStatus, StateError, Store};
 
+use crate::config::{ConfigError, HostConfig, RepoSource};
 use crate::drivers::Registry;
 use crate::graph::{self, ResourceGraph};
 use crate::model::{self, Repository};
 use crate::plan;
-use crate::reconcile::{self, Event, Outcome};
+use crate::reconcile::{self, Event, Settings};
 use crate::repo::{ConfigRepo, RepoError, Snapshot};
 
 pub use init::TEMPLATE;
@@ -33,20 +35,65 @@ pub struct Cli {
 
 #[derive(Debug, Clone, Args)]
 pub struct Common {
-    /// The config repository (bare or not), or a folder inside it.
-    #[arg(long, env = "GITPLANE_REPO", default_value = ".", global = true)]
-    pub repo: PathBuf,
-    /// The SQLite state file.
-    #[arg(
-        long,
-        env = "GITPLANE_STATE",
-        default_value = "gitplane.db",
-        global = true
-    )]
-    pub state: PathBuf,
+    /// The host configuration; default: /etc/gitplane/gitplane.yaml when it exists.
+    #[arg(long, env = "GITPLANE_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+    /// The config repository (bare or not), or a folder inside it [default: the host config's
+    /// repo, else the current directory].
+    #[arg(long, env = "GITPLANE_REPO", global = true)]
+    pub repo: Option<PathBuf>,
+    /// The SQLite state file [default: the host config's state, else ./gitplane.db].
+    #[arg(long, env = "GITPLANE_STATE", global = true)]
+    pub state: Option<PathBuf>,
     /// Only this environment (repeat for several); default: every environment.
     #[arg(long = "env", value_name = "ENV", global = true)]
     pub envs: Vec<String>,
+}
+
+/// What a command runs with: the host config, with `--repo` and `--state` applied over it.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub repo: PathBuf,
+    pub state: PathBuf,
+    pub envs: Vec<String>,
+    /// The ref to read when `--rev` is not given (the host config's `ref`).
+    pub default_rev: Option<String>,
+    pub host: HostConfig,
+    pub drivers: Registry,
+}
+
+impl Common {
+    fn context(&self) -> Result<Context, CliError> {
+        let host = HostConfig::load(self.config.as_deref()).map_err(CliError::Config)?;
+        let repo = match (&self.repo, &host.repo) {
+            (Some(repo), _) => repo.clone(),
+            (None, Some(RepoSource::Local(path))) => path.clone(),
+            (None, Some(RepoSource::Remote { url, .. })) => {
+                return Err(CliError::RemoteRepo { url: url.clone() });
+            }
+            (None, None) => PathBuf::from("."),
+        };
+        let state = self
+            .state
+            .clone()
+            .or_else(|| host.state.clone())
+            .unwrap_or_else(|| PathBuf::from("gitplane.db"));
+        Ok(Context {
+            repo,
+            state,
+            envs: self.envs.clone(),
+            default_rev: host.git_ref.clone(),
+            drivers: host.registry(),
+            host,
+        })
+    }
+}
+
+impl Context {
+    /// The revision to read: `--rev`, else the host config's ref, else HEAD.
+    fn rev<'a>(&'a self, rev: &'a Rev) -> Option<&'a str> {
+        rev.rev.as_deref().or(self.default_rev.as_deref())
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -144,6 +191,15 @@ pub enum CliError {
     },
     #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]
     NoState { path: PathBuf },
+    #[error("host config: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Config(Vec<ConfigError>),
+    #[error(
+        "the host config's repo is a remote ({url}): the daemon mirrors it; pass --repo with a \
+         local repository to run this command"
+    )]
+    RemoteRepo { url: String },
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -183,28 +239,40 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             Ok(CommandResult::Success)
         }
         Command::Quickstart { dir } => quickstart(&dir, stdout),
-        Command::Validate { common, rev } => validate(&common, rev.rev.as_deref(), stdout),
+        Command::Validate { common, rev } => {
+            let ctx = common.context()?;
+            validate(&ctx, ctx.rev(&rev), stdout)
+        }
         Command::Plan {
             common,
             rev,
             format,
-        } => show_plan(&common, rev.rev.as_deref(), format, stdout),
-        Command::Apply { common, rev } => apply(&common, rev.rev.as_deref(), stdout),
-        Command::Status { common, format } => status(&common, format, stdout),
+        } => {
+            let ctx = common.context()?;
+            show_plan(&ctx, ctx.rev(&rev), format, stdout)
+        }
+        Command::Apply { common, rev } => {
+            let ctx = common.context()?;
+            apply(&ctx, ctx.rev(&rev), stdout)
+        }
+        Command::Status { common, format } => status(&common.context()?, format, stdout),
         Command::Graph {
             common,
             rev,
             format,
-        } => show_graph(&common, rev.rev.as_deref(), format, stdout),
+        } => {
+            let ctx = common.context()?;
+            show_graph(&ctx, ctx.rev(&rev), format, stdout)
+        }
     }
 }
 
 /// The commit and its graphs, or `None` once a rejected commit's errors are reported.
 fn built_or_report(
-    common: &Common,
+    ctx: &Context,
     rev: Option<&str>,
 ) -> Result<Option<(Snapshot, Built)>, CliError> {
-    let (snapshot, result) = load_and_build(common, rev)?;
+    let (snapshot, result) = load_and_build(ctx, rev)?;
     match result {
         Ok(built) => Ok(Some((snapshot, built))),
         Err(rejected) => {
@@ -222,11 +290,11 @@ fn print_json(stdout: &mut impl Write, items: Vec<serde_json::Value>) -> Result<
 }
 
 fn validate(
-    common: &Common,
+    ctx: &Context,
     rev: Option<&str>,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let Some((snapshot, built)) = built_or_report(common, rev)? else {
+    let Some((snapshot, built)) = built_or_report(ctx, rev)? else {
         return Ok(CommandResult::Failure);
     };
     let summary: Vec<String> = built
@@ -251,17 +319,17 @@ fn validate(
 }
 
 fn show_plan(
-    common: &Common,
+    ctx: &Context,
     rev: Option<&str>,
     format: Format,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let Some((snapshot, built)) = built_or_report(common, rev)? else {
+    let Some((snapshot, built)) = built_or_report(ctx, rev)? else {
         return Ok(CommandResult::Failure);
     };
     // Planning never creates a state file.
-    let store = if common.state.exists() {
-        Some(Store::open(&common.state)?)
+    let store = if ctx.state.exists() {
+        Some(Store::open(&ctx.state)?)
     } else {
         None
     };
@@ -284,12 +352,12 @@ fn show_plan(
 }
 
 fn show_graph(
-    common: &Common,
+    ctx: &Context,
     rev: Option<&str>,
     format: GraphFormat,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let Some((snapshot, built)) = built_or_report(common, rev)? else {
+    let Some((snapshot, built)) = built_or_report(ctx, rev)? else {
         return Ok(CommandResult::Failure);
     };
     let commit = &snapshot.commit;
@@ -325,13 +393,13 @@ fn show_graph(
 
 /// Reads the commit, loads it and builds the graph of each selected environment.
 fn load_and_build(
-    common: &Common,
+    ctx: &Context,
     rev: Option<&str>,
 ) -> Result<(Snapshot, Result<Built, Rejected>), CliError> {
-    let repo = ConfigRepo::open(&common.repo)?;
+    let repo = ConfigRepo::open(&ctx.repo)?;
     let snapshot = repo.load(rev)?;
-    let envs = target_envs(&snapshot, &common.envs)?;
-    let result = build(&snapshot, &envs, &Registry::builtin());
+    let envs = target_envs(&snapshot, &ctx.envs)?;
+    let result = build(&snapshot, &envs, &ctx.drivers);
     Ok((snapshot, result))
 }
 
@@ -433,13 +501,13 @@ fn report_rejected(snapshot: &Snapshot, rejected: &Rejected) {
 }
 
 fn apply(
-    common: &Common,
+    ctx: &Context,
     rev: Option<&str>,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let _lock = ApplyLock::acquire(&common.state)?;
-    let (snapshot, result) = load_and_build(common, rev)?;
-    let mut store = Store::open(&common.state)?;
+    let _lock = ApplyLock::acquire(&ctx.state)?;
+    let (snapshot, result) = load_and_build(ctx, rev)?;
+    let mut store = Store::open(&ctx.state)?;
     let built = match result {
         Ok(built) => built,
         Err(rejected) => {
@@ -451,32 +519,30 @@ fn apply(
             return Ok(CommandResult::Failure);
         }
     };
-    let drivers = Registry::builtin();
+    let settings = Settings::from_config(&ctx.host);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .map_err(CliError::Runtime)?;
     let mut outcome = CommandResult::Success;
     for g in &built.graphs {
-        eprintln!(
-            "{}: applying commit {}",
-            g.env,
-            output::short(&snapshot.commit)
-        );
-        let report = reconcile::apply(
+        let mut progress = progress::Progress::new(&g.env, &snapshot.commit);
+        let report = runtime.block_on(reconcile::apply(
             &mut store,
-            &drivers,
+            &ctx.drivers,
+            &settings,
             g,
             &snapshot.commit,
-            &mut |e: &Event<'_>| {
-                let what = match e.outcome {
-                    Outcome::Done => format!("{:<9} {}", e.action.as_str(), e.label),
-                    Outcome::Failed(err) => {
-                        format!("{:<9} {} FAILED: {err}", e.action.as_str(), e.label)
-                    }
-                    Outcome::Skipped(why) => {
-                        format!("{:<9} {} skipped: {why}", e.action.as_str(), e.label)
-                    }
-                };
-                eprintln!("  {what}");
-            },
-        )?;
+            &mut |e: &Event<'_>| progress.event(e),
+        ))?;
+        progress.finish();
+        if report.resumed {
+            eprintln!(
+                "{}: resumed deployment {}, which an earlier run did not finish",
+                report.env, report.deployment
+            );
+        }
         let c = report.counts;
         writeln!(
             stdout,
@@ -501,30 +567,30 @@ fn apply(
 }
 
 fn status(
-    common: &Common,
+    ctx: &Context,
     format: Format,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    if !common.state.exists() {
+    if !ctx.state.exists() {
         return Err(CliError::NoState {
-            path: common.state.clone(),
+            path: ctx.state.clone(),
         });
     }
-    let store = Store::open(&common.state)?;
+    let store = Store::open(&ctx.state)?;
     let known = store.environments()?;
-    for env in &common.envs {
+    for env in &ctx.envs {
         if !known.contains(env) {
             return Err(CliError::UnknownStateEnv {
                 env: env.clone(),
-                state: common.state.clone(),
+                state: ctx.state.clone(),
                 known: known.join(", "),
             });
         }
     }
-    let envs = if common.envs.is_empty() {
+    let envs = if ctx.envs.is_empty() {
         known
     } else {
-        common.envs.clone()
+        ctx.envs.clone()
     };
     let mut json = Vec::new();
     for env in &envs {
@@ -557,20 +623,23 @@ fn quickstart(dir: &Path, stdout: &mut impl Write) -> Result<CommandResult, CliE
     } else {
         writeln!(stdout, "Using the config repository in {}\n", dir.display())?;
     }
-    let common = Common {
+    let ctx = Context {
         repo: dir.to_owned(),
         state: dir.join("gitplane.db"),
         envs: Vec::new(),
+        default_rev: None,
+        host: HostConfig::default(),
+        drivers: Registry::builtin(),
     };
-    if apply(&common, None, stdout)? == CommandResult::Failure {
+    if apply(&ctx, None, stdout)? == CommandResult::Failure {
         return Ok(CommandResult::Failure);
     }
     writeln!(stdout)?;
-    status(&common, Format::Table, stdout)?;
+    status(&ctx, Format::Table, stdout)?;
     let (snapshot, result) = load_and_build(
-        &Common {
+        &Context {
             envs: vec!["development".into()],
-            ..common.clone()
+            ..ctx.clone()
         },
         None,
     )?;
@@ -579,7 +648,7 @@ fn quickstart(dir: &Path, stdout: &mut impl Write) -> Result<CommandResult, CliE
             writeln!(stdout, "{}", output::graph_table(g, &snapshot.commit))?;
         }
     }
-    let state = std::path::absolute(&common.state).unwrap_or(common.state.clone());
+    let state = std::path::absolute(&ctx.state).unwrap_or(ctx.state.clone());
     writeln!(
         stdout,
         "State: {}\n  sqlite3 {} 'SELECT env, app, type, res_id, status FROM current_resources'\n\

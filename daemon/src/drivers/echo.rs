@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::{DeleteRequest, Driver, DriverError, Provisioned, PutRequest};
+use super::{Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, PutOutcome};
 
 /// Provisions nothing; it passes its inputs through, as Humanitec's `humanitec/echo` does.
 #[derive(Debug, Clone, Copy, Default)]
@@ -16,14 +16,15 @@ fn object_or_empty(v: &Value) -> Value {
 }
 
 impl Driver for EchoDriver {
-    fn put(&self, request: &PutRequest<'_>) -> Result<Provisioned, DriverError> {
-        Ok(Provisioned {
+    fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
+        Ok(PutOutcome::Done {
             outputs: object_or_empty(request.values),
             secret_outputs: object_or_empty(request.secrets),
+            cookie: Cookie::Unchanged,
         })
     }
 
-    fn delete(&self, _request: &DeleteRequest<'_>) -> Result<(), DriverError> {
-        Ok(())
+    fn delete(&self, _request: &DriverRequest<'_>) -> Result<DeleteOutcome, DriverError> {
+        Ok(DeleteOutcome::Done)
     }
 }

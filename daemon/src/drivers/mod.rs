@@ -1,18 +1,32 @@
 //! Drivers provision one resource per call, idempotently per GUResID; this module holds the
 //! interface and the registry that maps a definition's `driver_type` to a driver.
+//!
+//! A driver is synchronous and may block (an HTTP call, a child process): the reconciler runs it
+//! on a blocking thread and owns every retry, poll and time between calls. A driver never
+//! touches state; what it must remember between calls goes in its cookie.
 
 mod echo;
+mod exec;
+mod http;
+mod template;
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
 
 use serde_json::Value;
 
 pub use echo::EchoDriver;
+pub use exec::ExecDriver;
+pub use http::HttpDriver;
+pub use template::TemplateDriver;
 
-/// A request to create or update one resource.
+/// The most a driver cookie may hold, in bytes (the Humanitec Driver Interface's limit).
+pub const MAX_COOKIE_BYTES: usize = 10_240;
+
+/// One call for one resource: everything a driver needs to provision or delete it.
 #[derive(Debug, Clone, Copy)]
-pub struct PutRequest<'a> {
+pub struct DriverRequest<'a> {
     pub guresid: &'a str,
     pub env: &'a str,
     pub app: Option<&'a str>,
@@ -21,60 +35,144 @@ pub struct PutRequest<'a> {
     pub res_id: &'a str,
     /// The resource's own inputs: Score params, or a workload's resolved Score file.
     pub resource: &'a Value,
+    /// `driver_inputs.values`, resolved.
     pub values: &'a Value,
+    /// `driver_inputs.secrets`, resolved.
     pub secrets: &'a Value,
+    /// The credentials of the resource account the definition names (`driver_account`), read
+    /// on the host. Drivers that call out send them as `secrets.account`.
+    pub account: Option<&'a Value>,
+    /// What the driver asked to be given back on every later call for this GUResID.
+    pub cookie: Option<&'a str>,
 }
 
-/// A request to delete one resource.
-#[derive(Debug, Clone, Copy)]
-pub struct DeleteRequest<'a> {
-    pub guresid: &'a str,
-    pub env: &'a str,
-    pub app: Option<&'a str>,
-    pub res_type: &'a str,
-    pub class: &'a str,
-    pub res_id: &'a str,
+/// What a driver wants done with its cookie after a call.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Cookie {
+    #[default]
+    Unchanged,
+    Set(String),
+    Cleared,
 }
 
-/// What a driver returns for a provisioned resource.
+/// The answer to a put (create or update).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Provisioned {
-    /// A JSON object.
-    pub outputs: Value,
-    /// A JSON object; recorded apart and never shown.
-    pub secret_outputs: Value,
+pub enum PutOutcome {
+    /// Provisioned. `outputs` and `secret_outputs` are JSON objects.
+    Done {
+        outputs: Value,
+        secret_outputs: Value,
+        cookie: Cookie,
+    },
+    /// Still working: call again with the same request (and the cookie) later.
+    InProgress { cookie: Cookie },
+}
+
+/// The answer to a delete.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeleteOutcome {
+    /// Gone (or never existed). The cookie is cleared.
+    Done,
+    /// Still working: call again later.
+    InProgress { cookie: Cookie },
+}
+
+/// Whether calling again may help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is wrong (a 400, a bad script): retrying cannot succeed.
+    Final,
+    /// The driver or the way to it is unwell (a 5xx, a 429, a time-out): retry with backoff.
+    Transient,
 }
 
 /// A driver call that did not succeed. The message must not contain secret values.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct DriverError {
+    pub kind: ErrorKind,
     pub message: String,
+}
+
+impl DriverError {
+    pub fn final_error(message: impl Into<String>) -> Self {
+        DriverError {
+            kind: ErrorKind::Final,
+            message: message.into(),
+        }
+    }
+
+    pub fn transient(message: impl Into<String>) -> Self {
+        DriverError {
+            kind: ErrorKind::Transient,
+            message: message.into(),
+        }
+    }
 }
 
 /// One way of provisioning resources.
 pub trait Driver: Send + Sync {
-    fn put(&self, request: &PutRequest<'_>) -> Result<Provisioned, DriverError>;
-    fn delete(&self, request: &DeleteRequest<'_>) -> Result<(), DriverError>;
+    /// Creates or updates the resource; must not create a second instance for a GUResID.
+    fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError>;
+    /// Deletes the resource; deleting one that does not exist succeeds.
+    fn delete(&self, request: &DriverRequest<'_>) -> Result<DeleteOutcome, DriverError>;
+}
+
+/// A driver and how many calls it may have running at once.
+#[derive(Clone)]
+pub struct Registered {
+    pub driver: Arc<dyn Driver>,
+    /// `None`: only the global limit applies.
+    pub concurrency: Option<usize>,
+}
+
+impl fmt::Debug for Registered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registered")
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Drivers by `driver_type`.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Registry {
-    drivers: BTreeMap<String, Arc<dyn Driver>>,
+    drivers: BTreeMap<String, Registered>,
 }
 
 impl Registry {
-    /// The built-in drivers: `echo` (also `humanitec/echo`).
+    /// The built-in drivers: `echo` and `template` (also as `humanitec/echo` and
+    /// `humanitec/template`).
     pub fn builtin() -> Self {
+        let mut registry = Registry {
+            drivers: BTreeMap::new(),
+        };
         let echo: Arc<dyn Driver> = Arc::new(EchoDriver);
-        let mut drivers = BTreeMap::new();
-        drivers.insert("echo".to_owned(), echo.clone());
-        drivers.insert("humanitec/echo".to_owned(), echo);
-        Registry { drivers }
+        registry.register("echo", echo.clone(), None);
+        registry.register("humanitec/echo", echo, None);
+        let template: Arc<dyn Driver> = Arc::new(TemplateDriver);
+        registry.register("template", template.clone(), None);
+        registry.register("humanitec/template", template, None);
+        registry
     }
 
-    pub fn get(&self, driver_type: &str) -> Option<&Arc<dyn Driver>> {
+    /// Adds or replaces the driver for `driver_type`.
+    pub fn register(
+        &mut self,
+        driver_type: &str,
+        driver: Arc<dyn Driver>,
+        concurrency: Option<usize>,
+    ) {
+        self.drivers.insert(
+            driver_type.to_owned(),
+            Registered {
+                driver,
+                concurrency,
+            },
+        );
+    }
+
+    pub fn get(&self, driver_type: &str) -> Option<&Registered> {
         self.drivers.get(driver_type)
     }
 

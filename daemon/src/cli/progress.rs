@@ -1,0 +1,103 @@
+//! Progress of an apply for people: a bar on a terminal, plain lines otherwise.
+
+use std::collections::HashSet;
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::output::short;
+use crate::reconcile::{Event, Outcome};
+
+/// Counts resources as the reconciler reports them.
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    total: usize,
+    done: usize,
+    /// Resources whose driver calls have started and not finished.
+    running: HashSet<String>,
+    failed: usize,
+}
+
+impl Progress {
+    pub fn new(env: &str, commit: &str) -> Self {
+        eprintln!("{env}: applying commit {}", short(commit));
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(0);
+            bar.set_style(
+                ProgressStyle::with_template("  [{bar:30}] {pos}/{len} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            bar
+        });
+        Progress {
+            bar,
+            total: 0,
+            done: 0,
+            running: HashSet::new(),
+            failed: 0,
+        }
+    }
+
+    fn summary(&self) -> String {
+        let running = self.running.len();
+        let waiting = self.total.saturating_sub(self.done + running + self.failed);
+        format!(
+            "{} done, {running} in progress, {} failed, {waiting} waiting",
+            self.done, self.failed
+        )
+    }
+
+    pub fn event(&mut self, event: &Event<'_>) {
+        match event {
+            Event::Planned { total } => {
+                self.total = *total;
+                if let Some(bar) = &self.bar {
+                    bar.set_length(*total as u64);
+                }
+            }
+            Event::Started { label, .. } => {
+                self.running.insert((*label).to_owned());
+            }
+            Event::Finished {
+                label,
+                action,
+                outcome,
+            } => {
+                let line = match outcome {
+                    Outcome::Done => {
+                        self.done += 1;
+                        format!("{:<9} {label}", action.as_str())
+                    }
+                    Outcome::Unchanged => {
+                        self.done += 1;
+                        format!("{:<9} {label} (inputs unchanged after all)", "unchanged")
+                    }
+                    Outcome::Failed(err) => {
+                        self.failed += 1;
+                        format!("{:<9} {label} FAILED: {err}", action.as_str())
+                    }
+                    Outcome::Skipped(why) => {
+                        self.failed += 1;
+                        format!("{:<9} {label} skipped: {why}", action.as_str())
+                    }
+                };
+                self.running.remove(*label);
+                match &self.bar {
+                    Some(bar) => bar.println(format!("  {line}")),
+                    None => eprintln!("  [{}] {line}", self.summary()),
+                }
+            }
+        }
+        if let Some(bar) = &self.bar {
+            bar.set_position((self.done + self.failed) as u64);
+            bar.set_message(self.summary());
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

@@ -1,0 +1,580 @@
+//! The host configuration (`/etc/gitplane/gitplane.yaml`): where the repository and state are,
+//! which drivers run programs or reach networks, resource accounts and concurrency limits.
+//!
+//! It lives on the management host, never in the config repository: credentials stay on the
+//! host. [`HostConfig::load`] validates the whole file and reports every problem with its line.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::drivers::{ExecDriver, HttpDriver, Registry};
+use crate::model::{SourceLocation, line_of};
+
+/// The default host configuration file, read when it exists and `--config` is not given.
+pub const DEFAULT_PATH: &str = "/etc/gitplane/gitplane.yaml";
+
+/// How many driver calls may run at once when the config does not say.
+pub const DEFAULT_CONCURRENCY: usize = 16;
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{location}: {message}")]
+pub struct ConfigError {
+    pub location: SourceLocation,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AccountError {
+    #[error("resource account '{0}' is not configured in the host config's accounts")]
+    Unknown(String),
+    #[error("resource account '{name}': cannot read {path}: {message}")]
+    File {
+        name: String,
+        path: PathBuf,
+        message: String,
+    },
+    #[error("resource account '{name}': environment variable {var} is not set")]
+    Env { name: String, var: String },
+}
+
+/// Where the config repository is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RepoSource {
+    /// A local repository, usually bare, that people push to.
+    Local(PathBuf),
+    /// A remote fetched on an interval into a local mirror.
+    Remote { url: String, interval: Duration },
+}
+
+/// A driver that runs a program or reaches a network, registered by `driver_type`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DriverConfig {
+    Http {
+        url: String,
+        timeout: Duration,
+        concurrency: Option<usize>,
+    },
+    Exec {
+        command: Vec<String>,
+        timeout: Duration,
+        concurrency: Option<usize>,
+    },
+}
+
+/// Where a resource account's credentials are read from, at the moment a driver needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccountSource {
+    File(PathBuf),
+    Env(String),
+}
+
+/// How transient driver failures are retried and in-progress resources polled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Calls in all, the first included, before a transient failure is final.
+    pub attempts: u32,
+    /// The first wait; each next one doubles, with jitter, up to `max_delay`.
+    pub initial_delay: Duration,
+    pub max_delay: Duration,
+    /// The first wait between polls of an in-progress resource, doubling up to `max_delay`.
+    pub poll_interval: Duration,
+    /// How long a resource may stay in progress before it fails.
+    pub poll_timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 5,
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            poll_timeout: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// The host configuration, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    /// The file it was read from; `None` for the built-in defaults.
+    pub path: Option<PathBuf>,
+    pub repo: Option<RepoSource>,
+    pub git_ref: Option<String>,
+    pub state: Option<PathBuf>,
+    pub concurrency: usize,
+    pub retry: RetryPolicy,
+    pub drivers: BTreeMap<String, DriverConfig>,
+    pub accounts: BTreeMap<String, AccountSource>,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            path: None,
+            repo: None,
+            git_ref: None,
+            state: None,
+            concurrency: DEFAULT_CONCURRENCY,
+            retry: RetryPolicy::default(),
+            drivers: BTreeMap::new(),
+            accounts: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostConfigFile {
+    repo: Option<RepoFile>,
+    #[serde(rename = "ref")]
+    git_ref: Option<String>,
+    state: Option<PathBuf>,
+    concurrency: Option<usize>,
+    retry: Option<RetryFile>,
+    #[serde(default)]
+    drivers: BTreeMap<String, DriverFile>,
+    #[serde(default)]
+    accounts: BTreeMap<String, AccountFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RepoFile {
+    Path(PathBuf),
+    Remote(RemoteFile),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoteFile {
+    url: String,
+    interval: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetryFile {
+    attempts: Option<u32>,
+    initial_delay: Option<String>,
+    max_delay: Option<String>,
+    poll_interval: Option<String>,
+    poll_timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DriverFile {
+    http: Option<HttpFile>,
+    exec: Option<ExecFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HttpFile {
+    url: String,
+    timeout: Option<String>,
+    concurrency: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecFile {
+    command: Vec<String>,
+    timeout: Option<String>,
+    concurrency: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AccountFile {
+    file: Option<PathBuf>,
+    env: Option<String>,
+}
+
+/// Parses `30s`, `2m`, `1h`, `500ms` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let (number, unit) = match t.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => (&t[..i], t[i..].trim()),
+        None => (t, "s"),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a duration: write e.g. 30s, 2m, 500ms"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => {
+            return Err(format!(
+                "'{text}': unknown unit '{unit}' (use ms, s, m or h)"
+            ));
+        }
+    };
+    if !seconds.is_finite() || seconds < 0.0 {
+        return Err(format!("'{text}' is not a duration"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+impl HostConfig {
+    /// Reads `path`; or, when `path` is `None`, [`DEFAULT_PATH`] if it exists, else defaults.
+    pub fn load(path: Option<&Path>) -> Result<HostConfig, Vec<ConfigError>> {
+        let path = match path {
+            Some(p) => p.to_owned(),
+            None if Path::new(DEFAULT_PATH).exists() => PathBuf::from(DEFAULT_PATH),
+            None => return Ok(HostConfig::default()),
+        };
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            vec![ConfigError {
+                location: SourceLocation::file(&file),
+                message: format!("cannot read the host config: {e}"),
+            }]
+        })?;
+        let mut config = HostConfig::parse(&file, &text)?;
+        config.path = Some(path);
+        Ok(config)
+    }
+
+    /// Parses and validates the text of a host config file named `file`.
+    pub fn parse(file: &str, text: &str) -> Result<HostConfig, Vec<ConfigError>> {
+        let options = serde_saphyr::options! { strict_booleans: true };
+        let raw: HostConfigFile = match serde_saphyr::from_str_with_options(text, options) {
+            Ok(raw) => raw,
+            Err(e) => {
+                let loc = e.location();
+                let message = e.without_snippet().to_string();
+                let message = message.lines().next().unwrap_or("invalid YAML");
+                let message = message
+                    .rfind(" at line ")
+                    .map_or(message, |p| &message[..p]);
+                return Err(vec![ConfigError {
+                    location: SourceLocation {
+                        file: file.to_owned(),
+                        line: loc.map(|l| l.line() as usize),
+                        column: loc.map(|l| l.column() as usize),
+                    },
+                    message: message.to_owned(),
+                }]);
+            }
+        };
+        let mut errors = Vec::new();
+        let mut err = |needle: &str, message: String| {
+            errors.push(ConfigError {
+                location: SourceLocation {
+                    file: file.to_owned(),
+                    line: line_of(text, needle),
+                    column: None,
+                },
+                message,
+            });
+        };
+        let mut duration = |needle: &str, value: Option<&String>, default: Duration| match value {
+            None => default,
+            Some(v) => match parse_duration(v) {
+                Ok(d) => d,
+                Err(message) => {
+                    err(needle, message);
+                    default
+                }
+            },
+        };
+        let repo = match raw.repo {
+            None => None,
+            Some(RepoFile::Path(p)) => Some(RepoSource::Local(p)),
+            Some(RepoFile::Remote(r)) => Some(RepoSource::Remote {
+                interval: duration("interval", r.interval.as_ref(), Duration::from_secs(60)),
+                url: r.url,
+            }),
+        };
+        let defaults = RetryPolicy::default();
+        let retry = match raw.retry {
+            None => defaults,
+            Some(r) => RetryPolicy {
+                attempts: r.attempts.unwrap_or(defaults.attempts),
+                initial_delay: duration(
+                    "initial_delay",
+                    r.initial_delay.as_ref(),
+                    defaults.initial_delay,
+                ),
+                max_delay: duration("max_delay", r.max_delay.as_ref(), defaults.max_delay),
+                poll_interval: duration(
+                    "poll_interval",
+                    r.poll_interval.as_ref(),
+                    defaults.poll_interval,
+                ),
+                poll_timeout: duration(
+                    "poll_timeout",
+                    r.poll_timeout.as_ref(),
+                    defaults.poll_timeout,
+                ),
+            },
+        };
+        let mut drivers = BTreeMap::new();
+        let mut driver_errors = Vec::new();
+        for (name, d) in raw.drivers {
+            let config = match (d.http, d.exec) {
+                (Some(h), None) => DriverConfig::Http {
+                    timeout: duration(&name, h.timeout.as_ref(), Duration::from_secs(30)),
+                    url: h.url,
+                    concurrency: h.concurrency,
+                },
+                (None, Some(e)) => DriverConfig::Exec {
+                    timeout: duration(&name, e.timeout.as_ref(), Duration::from_secs(120)),
+                    command: e.command,
+                    concurrency: e.concurrency,
+                },
+                _ => {
+                    driver_errors.push((
+                        name.clone(),
+                        format!("driver '{name}' needs exactly one of http or exec"),
+                    ));
+                    continue;
+                }
+            };
+            drivers.insert(name, config);
+        }
+        for (name, message) in driver_errors {
+            err(&format!("{name}:"), message);
+        }
+        for (name, config) in &drivers {
+            let problem = match config {
+                DriverConfig::Http { url, .. }
+                    if !(url.starts_with("http://") || url.starts_with("https://")) =>
+                {
+                    Some(format!(
+                        "driver '{name}': url '{url}' must start with http:// or https://"
+                    ))
+                }
+                DriverConfig::Exec { command, .. } if command.is_empty() => {
+                    Some(format!("driver '{name}': command is empty"))
+                }
+                DriverConfig::Exec { command, .. } if !Path::new(&command[0]).is_absolute() => {
+                    Some(format!(
+                        "driver '{name}': the program '{}' must be an absolute path (no shell, no PATH lookup)",
+                        command[0]
+                    ))
+                }
+                DriverConfig::Http {
+                    concurrency: Some(0),
+                    ..
+                }
+                | DriverConfig::Exec {
+                    concurrency: Some(0),
+                    ..
+                } => Some(format!("driver '{name}': concurrency must be at least 1")),
+                _ => None,
+            };
+            if let Some(message) = problem {
+                err(&format!("{name}:"), message);
+            }
+            if matches!(
+                name.as_str(),
+                "echo" | "humanitec/echo" | "template" | "humanitec/template"
+            ) {
+                err(
+                    &format!("{name}:"),
+                    format!("driver '{name}' is built in and cannot be replaced"),
+                );
+            }
+        }
+        let mut accounts = BTreeMap::new();
+        for (name, a) in raw.accounts {
+            match (a.file, a.env) {
+                (Some(f), None) => {
+                    accounts.insert(name, AccountSource::File(f));
+                }
+                (None, Some(v)) => {
+                    accounts.insert(name, AccountSource::Env(v));
+                }
+                _ => err(
+                    &format!("{name}:"),
+                    format!("account '{name}' needs exactly one of file or env"),
+                ),
+            }
+        }
+        let concurrency = raw.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
+        if concurrency == 0 {
+            err("concurrency", "concurrency must be at least 1".into());
+        }
+        if retry.attempts == 0 {
+            err("attempts", "retry.attempts must be at least 1".into());
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(HostConfig {
+            path: None,
+            repo,
+            git_ref: raw.git_ref,
+            state: raw.state,
+            concurrency,
+            retry,
+            drivers,
+            accounts,
+        })
+    }
+
+    /// The built-in drivers plus every driver this config registers.
+    pub fn registry(&self) -> Registry {
+        let mut registry = Registry::builtin();
+        for (name, config) in &self.drivers {
+            match config {
+                DriverConfig::Http {
+                    url,
+                    timeout,
+                    concurrency,
+                } => {
+                    registry.register(name, Arc::new(HttpDriver::new(url, *timeout)), *concurrency)
+                }
+                DriverConfig::Exec {
+                    command,
+                    timeout,
+                    concurrency,
+                } => registry.register(
+                    name,
+                    Arc::new(ExecDriver::new(command.clone(), *timeout)),
+                    *concurrency,
+                ),
+            }
+        }
+        registry
+    }
+
+    /// Reads a resource account's credentials now (so rotating them needs no restart): a JSON
+    /// document if the source holds one, else its text, trimmed.
+    pub fn account(&self, name: &str) -> Result<Value, AccountError> {
+        let text = match self.accounts.get(name) {
+            None => return Err(AccountError::Unknown(name.to_owned())),
+            Some(AccountSource::File(path)) => {
+                std::fs::read_to_string(path).map_err(|e| AccountError::File {
+                    name: name.to_owned(),
+                    path: path.clone(),
+                    message: e.kind().to_string(),
+                })?
+            }
+            Some(AccountSource::Env(var)) => std::env::var(var).map_err(|_| AccountError::Env {
+                name: name.to_owned(),
+                var: var.clone(),
+            })?,
+        };
+        Ok(serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.trim().to_owned())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5 days").is_err());
+    }
+
+    #[test]
+    fn the_design_example_loads() {
+        let text = r#"
+repo: /srv/git/platform.git          # or a remote: {url: ..., interval: 60s}
+ref: refs/heads/main
+state: /var/lib/gitplane/state.db
+concurrency: 16
+drivers:
+  acme/queue:
+    http: {url: "http://127.0.0.1:8181/queue/", timeout: 30s, concurrency: 8}
+  acme/dns:
+    exec: {command: ["/usr/lib/gitplane/drivers/dns", "--zone", "example.com"], timeout: 120s}
+accounts:
+  aws-prod: {file: /etc/gitplane/accounts/aws-prod.json}
+"#;
+        let c = HostConfig::parse("gitplane.yaml", text).unwrap();
+        assert_eq!(
+            c.repo,
+            Some(RepoSource::Local("/srv/git/platform.git".into()))
+        );
+        assert_eq!(c.git_ref.as_deref(), Some("refs/heads/main"));
+        assert_eq!(c.concurrency, 16);
+        assert_eq!(
+            c.drivers["acme/queue"],
+            DriverConfig::Http {
+                url: "http://127.0.0.1:8181/queue/".into(),
+                timeout: Duration::from_secs(30),
+                concurrency: Some(8)
+            }
+        );
+        assert!(
+            matches!(&c.drivers["acme/dns"], DriverConfig::Exec { command, .. } if command.len() == 3)
+        );
+        assert_eq!(
+            c.accounts["aws-prod"],
+            AccountSource::File("/etc/gitplane/accounts/aws-prod.json".into())
+        );
+        let registry = c.registry();
+        assert_eq!(
+            registry.get("acme/queue").and_then(|r| r.concurrency),
+            Some(8)
+        );
+        assert!(registry.get("humanitec/echo").is_some());
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_line() {
+        let text = "concurrency: 0\ndrivers:\n  a/b:\n    exec: {command: [relative/prog]}\n  c/d:\n    http: {url: ftp://x}\n  e/f: {}\naccounts:\n  acct: {}\n";
+        let errors: Vec<String> = HostConfig::parse("host.yaml", text)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            errors,
+            [
+                "host.yaml:7: driver 'e/f' needs exactly one of http or exec",
+                "host.yaml:3: driver 'a/b': the program 'relative/prog' must be an absolute path (no shell, no PATH lookup)",
+                "host.yaml:5: driver 'c/d': url 'ftp://x' must start with http:// or https://",
+                "host.yaml:9: account 'acct' needs exactly one of file or env",
+                "host.yaml:1: concurrency must be at least 1",
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let err = HostConfig::parse("host.yaml", "concurency: 4\n").unwrap_err();
+        assert_eq!(err[0].location.line, Some(1));
+        assert!(
+            err[0].message.contains("unknown field `concurency`"),
+            "{}",
+            err[0]
+        );
+    }
+
+    #[test]
+    fn accounts_are_read_when_needed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("acct.json");
+        std::fs::write(&path, r#"{"key": "k1"}"#).unwrap();
+        let text = format!(
+            "accounts:\n  a: {{file: {}}}\n  b: {{env: GITPLANE_TEST_ACCOUNT_B}}\n",
+            path.display()
+        );
+        let c = HostConfig::parse("host.yaml", &text).unwrap();
+        assert_eq!(c.account("a").unwrap(), serde_json::json!({"key": "k1"}));
+        std::fs::write(&path, "plain-token\n").unwrap();
+        assert_eq!(c.account("a").unwrap(), serde_json::json!("plain-token"));
+        assert!(matches!(c.account("b"), Err(AccountError::Env { .. })));
+        assert!(matches!(c.account("zzz"), Err(AccountError::Unknown(_))));
+    }
+}

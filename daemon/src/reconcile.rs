@@ -70,13 +70,15 @@ pub struct ApplyReport {
     pub failures: Vec<String>,
 }
 
+/// Reads a resource account's credentials by name.
+pub type AccountReader = Arc<dyn Fn(&str) -> Result<Value, String> + Send + Sync>;
+
 /// What the reconciler needs from the host configuration.
 #[derive(Clone)]
 pub struct Settings {
     pub concurrency: usize,
     pub retry: RetryPolicy,
-    /// Reads a resource account's credentials by name.
-    pub accounts: Arc<dyn Fn(&str) -> Result<Value, String> + Send + Sync>,
+    pub accounts: AccountReader,
 }
 
 impl Settings {
@@ -324,10 +326,11 @@ impl Run<'_, '_> {
             .map(|s| (s.guresid.clone(), Vec::new()))
             .collect();
         for e in recorded_edges {
-            if orphans.contains(e.from.as_str()) && orphans.contains(e.to.as_str()) {
-                if let Some(p) = prerequisites.get_mut(&GuresId::from_recorded(e.to.clone())) {
-                    p.push(GuresId::from_recorded(e.from.clone()));
-                }
+            if orphans.contains(e.from.as_str())
+                && orphans.contains(e.to.as_str())
+                && let Some(p) = prerequisites.get_mut(&GuresId::from_recorded(e.to.clone()))
+            {
+                p.push(GuresId::from_recorded(e.from.clone()));
             }
         }
         self.schedule(&steps, &prerequisites, Operation::Delete)
@@ -544,7 +547,7 @@ impl Run<'_, '_> {
         let label = node.label();
         match result.outcome {
             Ok((outputs, secret_outputs)) => {
-                let inputs = result.inputs.unwrap_or_else(|| ResolvedInputs {
+                let inputs = result.inputs.unwrap_or(ResolvedInputs {
                     resource: Value::Null,
                     resource_is_secret: false,
                     values: Value::Null,

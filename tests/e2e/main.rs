@@ -1,8 +1,10 @@
 //! End-to-end tests: the real `gitplane` binary against real git repositories and a real state
 //! file. Each test gets its own temporary folder (see `util`).
 
+mod driver_server;
 mod util;
 
 mod bad_input;
 mod lifecycle;
+mod reconcile;
 mod secrets;

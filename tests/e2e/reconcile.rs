@@ -1,0 +1,495 @@
+//! The reconciler against a real HTTP driver on 127.0.0.1: the protocol as the driver sees it,
+//! retries and final errors, ordering and parallelism, failure isolation, and crash safety.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::driver_server::{Behavior, DriverServer, Received};
+use crate::util::Sandbox;
+
+/// A repository of `width` workloads in app `app`, environment `test`: each workload has a
+/// private postgres that reads the base-env; all three types use the HTTP driver. Depth 3.
+fn http_platform(sb: &Sandbox, server: &DriverServer, width: usize) {
+    sb.write(
+        "host.yaml",
+        &format!(
+            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 2s, concurrency: 8}}\n\
+             retry: {{attempts: 3, initial_delay: 10ms, max_delay: 50ms, poll_interval: 10ms}}\n",
+            server.url
+        ),
+    );
+    sb.write("environments/test.yaml", "type: test\n");
+    let def = |id: &str, res_type: &str, values: &str, secrets: &str| {
+        format!(
+            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\nentity:\n  \
+             type: {res_type}\n  driver_type: test/http\n  driver_inputs:\n    values:\n{values}{secrets}  \
+             criteria:\n    - {{}}\n"
+        )
+    };
+    sb.write(
+        "definitions/platform.yaml",
+        &[
+            def("base-env", "base-env", "      zone: example.test\n", ""),
+            def(
+                "postgres",
+                "postgres",
+                "      host: ${resources.base-env#base-env.outputs.name}\n",
+                "    secrets:\n      token: ${resources.base-env#base-env.outputs.token}\n",
+            ),
+            def(
+                "workload",
+                "workload",
+                "      namespace: ${context.app.id}\n",
+                "",
+            ),
+        ]
+        .join("---\n"),
+    );
+    for i in 0..width {
+        sb.write(
+            &format!("workloads/app/w{i}.yaml"),
+            &format!(
+                "apiVersion: score.dev/v1b1\nmetadata:\n  name: w{i}\ncontainers:\n  main:\n    \
+                 image: x\n    variables:\n      DB: ${{resources.db.name}}\nresources:\n  db:\n    \
+                 type: postgres\n"
+            ),
+        );
+    }
+    sb.commit("An HTTP-driven platform");
+}
+
+fn apply(sb: &Sandbox) -> crate::util::Run {
+    let config = sb.work.join("host.yaml");
+    sb.gitplane(&["apply", "--config", config.to_str().unwrap()])
+}
+
+/// `type -> guresid` from state.
+fn guresids(sb: &Sandbox) -> BTreeMap<String, String> {
+    sb.rows("SELECT type || '#' || res_id, guresid FROM resource")
+        .into_iter()
+        .map(|r| (r[0].clone(), r[1].clone()))
+        .collect()
+}
+
+fn requests_for<'a>(received: &'a [Received], guresid: &str) -> Vec<&'a Received> {
+    received.iter().filter(|r| r.guresid == guresid).collect()
+}
+
+#[test]
+fn the_driver_sees_the_interface_and_state_records_the_outcome() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    server.behave(
+        "postgres",
+        Behavior {
+            polls: 2,
+            ..Behavior::default()
+        },
+    );
+    http_platform(&sb, &server, 1);
+    apply(&sb).ok();
+
+    let ids = guresids(&sb);
+    let base = &ids["base-env#base-env"];
+    let db = &ids["postgres#modules.w0.externals.db"];
+    let received = server.received();
+    // The database: 202, 202, 200, each call carrying the cookie the last one set.
+    let calls = requests_for(&received, db);
+    let summary: Vec<(String, Option<String>, u16)> = calls
+        .iter()
+        .map(|r| (r.method.clone(), r.cookie.clone(), r.status))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("PUT".to_owned(), None, 202),
+            ("PUT".to_owned(), Some("polls=1".to_owned()), 202),
+            ("PUT".to_owned(), Some("polls=2".to_owned()), 200),
+        ]
+    );
+    let base_instance = server.instances()[base];
+    assert_eq!(
+        calls[0].body,
+        json!({
+            "type": "postgres",
+            "resource": null,
+            "driver": {
+                "values": {"host": format!("base-env-{base_instance}")},
+                "secrets": {"token": format!("tok-{base_instance}")},
+            },
+        })
+    );
+    // Every PUT of the database came after the base-env's 200.
+    let base_done = requests_for(&received, base)
+        .iter()
+        .find(|r| r.status == 200)
+        .map(|r| r.answered)
+        .expect("the base-env was provisioned");
+    assert!(calls.iter().all(|r| r.arrived >= base_done));
+
+    // State matches the server: outputs, secret outputs, cookie, attempts.
+    let db_instance = server.instances()[db];
+    assert_eq!(
+        sb.outputs("test", "modules.w0.externals.db"),
+        json!({
+            "instance": db_instance,
+            "guresid": db,
+            "name": format!("postgres-{db_instance}"),
+            "echo": {"host": format!("base-env-{base_instance}")},
+        })
+    );
+    assert_eq!(
+        sb.column(&format!(
+            "SELECT outputs FROM resource_secret WHERE guresid = '{db}'"
+        )),
+        [format!("{{\"token\":\"tok-{db_instance}\"}}")]
+    );
+    assert_eq!(
+        sb.column(&format!(
+            "SELECT cookie FROM driver_cookie WHERE guresid = '{db}'"
+        )),
+        [format!("instance={db_instance}")]
+    );
+    assert_eq!(
+        sb.column(&format!(
+            "SELECT attempts FROM operation WHERE guresid = '{db}'"
+        )),
+        ["3"]
+    );
+
+    // Removing the app's only workload deletes everything of the app, each resource with its
+    // cookie, dependents first: the workload, its database, then the base-env.
+    let instances = server.instances();
+    let wl = &ids["workload#modules.w0"];
+    sb.remove("workloads/app/w0.yaml");
+    sb.commit("Remove w0");
+    let before = server.received().len();
+    apply(&sb).ok();
+    let deletes: Vec<(String, Option<String>, u16)> = server.received()[before..]
+        .iter()
+        .filter(|r| r.method == "DELETE")
+        .map(|r| (r.guresid.clone(), r.cookie.clone(), r.status))
+        .collect();
+    let expected: Vec<(String, Option<String>, u16)> = [wl, db, base]
+        .iter()
+        .map(|g| {
+            (
+                (*g).clone(),
+                Some(format!("instance={}", instances[*g])),
+                204,
+            )
+        })
+        .collect();
+    assert_eq!(deletes, expected);
+    assert!(server.instances().is_empty());
+    assert_eq!(sb.count("SELECT COUNT(*) FROM resource"), 0);
+    assert_eq!(
+        sb.count("SELECT COUNT(*) FROM driver_cookie"),
+        0,
+        "cookies are cleared after a delete"
+    );
+}
+
+#[test]
+fn transient_errors_are_retried_and_final_ones_are_not() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    // Two 500s, then the database is provisioned on the third call.
+    server.behave(
+        "postgres",
+        Behavior {
+            fail: Some((500, 2)),
+            ..Behavior::default()
+        },
+    );
+    // A 400 for the workload: final at once.
+    server.behave(
+        "workload",
+        Behavior {
+            fail: Some((400, 99)),
+            ..Behavior::default()
+        },
+    );
+    http_platform(&sb, &server, 1);
+    let run = apply(&sb).fails();
+    run.stderr_has("400");
+    run.stderr_has("injected 400");
+    let received = server.received();
+    let statuses = |res_type: &str| -> Vec<u16> {
+        received
+            .iter()
+            .filter(|r| r.body["type"] == res_type)
+            .map(|r| r.status)
+            .collect()
+    };
+    assert_eq!(statuses("postgres"), [500, 500, 200]);
+    assert_eq!(statuses("workload"), [400], "a 400 is not retried");
+    assert_eq!(
+        sb.rows("SELECT type, status, attempts FROM operation ORDER BY id"),
+        [
+            ["base-env", "succeeded", "1"],
+            ["postgres", "succeeded", "3"],
+            ["workload", "failed", "1"],
+        ]
+    );
+    assert_eq!(
+        sb.rows("SELECT type, status FROM resource ORDER BY type"),
+        [
+            ["base-env", "ready"],
+            ["postgres", "ready"],
+            ["workload", "failed"]
+        ]
+    );
+    let d = sb.last_deployment("test");
+    assert_eq!(d.status, "failed");
+    assert_eq!(d.counts, [2, 0, 0, 0, 1]);
+}
+
+#[test]
+fn a_slow_driver_times_out_and_gives_up_after_the_retry_limit() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    server.behave(
+        "postgres",
+        Behavior {
+            delay: Duration::from_millis(1500),
+            ..Behavior::default()
+        },
+    );
+    http_platform(&sb, &server, 1);
+    sb.edit("host.yaml", "timeout: 2s", "timeout: 300ms");
+    sb.commit("A short time limit");
+    let started = Instant::now();
+    let run = apply(&sb).fails();
+    let elapsed = started.elapsed();
+    run.stderr_has("gave up after 3 attempts");
+    assert!(
+        elapsed < Duration::from_secs(4),
+        "three 300 ms calls and short backoffs, not three slow answers: {elapsed:?}"
+    );
+    assert_eq!(
+        sb.column("SELECT attempts FROM operation WHERE type = 'postgres'"),
+        ["3"]
+    );
+    // The workload that needs the database was not attempted.
+    assert_eq!(
+        sb.column("SELECT status FROM operation WHERE type = 'workload'"),
+        ["skipped"]
+    );
+}
+
+#[test]
+fn an_oversized_cookie_is_refused_and_the_limit_itself_is_fine() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    server.behave(
+        "postgres",
+        Behavior {
+            cookie_bytes: Some(10_241),
+            ..Behavior::default()
+        },
+    );
+    server.behave(
+        "base-env",
+        Behavior {
+            cookie_bytes: Some(10_240),
+            ..Behavior::default()
+        },
+    );
+    http_platform(&sb, &server, 1);
+    apply(&sb).fails().stderr_has("10240");
+    assert_eq!(
+        sb.rows("SELECT type, status FROM resource ORDER BY type"),
+        [["base-env", "ready"], ["postgres", "failed"]]
+    );
+    assert_eq!(
+        sb.column("SELECT length(cookie) FROM driver_cookie"),
+        ["10240"]
+    );
+}
+
+#[test]
+fn a_failing_resource_blocks_only_its_dependents() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    http_platform(&sb, &server, 3);
+    // The driver refuses w1's database (its params ask it to).
+    sb.edit(
+        "workloads/app/w1.yaml",
+        "    type: postgres\n",
+        "    type: postgres\n    params: {fail: true}\n",
+    );
+    sb.commit("w1 asks for a database the driver refuses");
+    apply(&sb)
+        .fails()
+        .stderr_has("app/postgres.default#modules.w1.externals.db");
+    let statuses: BTreeMap<String, String> = sb
+        .rows("SELECT res_id, status FROM operation")
+        .into_iter()
+        .map(|r| (r[0].clone(), r[1].clone()))
+        .collect();
+    assert_eq!(statuses["modules.w1.externals.db"], "failed");
+    assert_eq!(statuses["modules.w1"], "skipped");
+    for ok in [
+        "base-env",
+        "modules.w0.externals.db",
+        "modules.w0",
+        "modules.w2.externals.db",
+        "modules.w2",
+    ] {
+        assert_eq!(statuses[ok], "succeeded", "{ok}: {statuses:?}");
+    }
+    assert_eq!(
+        sb.column("SELECT error FROM operation WHERE res_id = 'modules.w1'"),
+        ["blocked: app/postgres.default#modules.w1.externals.db failed"]
+    );
+    let d = sb.last_deployment("test");
+    assert_eq!(d.counts, [5, 0, 0, 0, 2]);
+}
+
+#[test]
+fn resources_start_after_their_dependencies_and_independent_ones_overlap() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    for t in ["base-env", "postgres", "workload"] {
+        server.behave(
+            t,
+            Behavior {
+                polls: 1,
+                delay: Duration::from_millis(80),
+                ..Behavior::default()
+            },
+        );
+    }
+    http_platform(&sb, &server, 6);
+    apply(&sb).ok();
+    let received = server.received();
+    let ids = guresids(&sb);
+    let done_at: HashMap<&str, Instant> = received
+        .iter()
+        .filter(|r| r.status == 200)
+        .map(|r| (r.guresid.as_str(), r.answered))
+        .collect();
+    let first_call: HashMap<&str, Instant> = received.iter().fold(HashMap::new(), |mut m, r| {
+        m.entry(r.guresid.as_str()).or_insert(r.arrived);
+        m
+    });
+    // Edges from state: every PUT of a resource starts after each dependency's 200.
+    for edge in sb.rows("SELECT from_guresid, to_guresid FROM edge") {
+        let (from, to) = (edge[0].as_str(), edge[1].as_str());
+        assert!(
+            first_call[from] >= done_at[to],
+            "{from} was called before its dependency {to} was done"
+        );
+    }
+    assert_eq!(ids.len(), 13);
+    // Independent databases overlap: at some moment several calls were in flight.
+    let mut moments: Vec<(Instant, i32)> = received
+        .iter()
+        .flat_map(|r| [(r.arrived, 1), (r.answered, -1)])
+        .collect();
+    moments.sort();
+    let mut in_flight = 0;
+    let mut most = 0;
+    for (_, d) in moments {
+        in_flight += d;
+        most = most.max(in_flight);
+    }
+    assert!(most >= 4, "at most {most} calls overlapped");
+    assert!(
+        most <= 8,
+        "the driver's concurrency limit is 8, yet {most} overlapped"
+    );
+}
+
+/// Kills `gitplane apply` with SIGKILL once the driver has received `k` requests, for many
+/// values of `k`, then applies again: the server must hold exactly one instance per GUResID,
+/// state must match it, and the state file must be intact.
+#[test]
+fn a_crash_at_any_moment_resumes_without_duplicates() {
+    let mut kill_points = 0;
+    for k in 1..=24 {
+        let sb = Sandbox::new();
+        let server = DriverServer::start();
+        for t in ["base-env", "postgres", "workload"] {
+            server.behave(
+                t,
+                Behavior {
+                    polls: 1,
+                    delay: Duration::from_millis(5),
+                    ..Behavior::default()
+                },
+            );
+        }
+        // 13 resources, two calls each (a 202, then a 200): 26 moments to die at.
+        http_platform(&sb, &server, 6);
+        let config = sb.work.join("host.yaml");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gitplane"))
+            .args(["apply", "--config", config.to_str().unwrap()])
+            .arg("--repo")
+            .arg(&sb.origin)
+            .arg("--state")
+            .arg(&sb.state)
+            .env_remove("GITPLANE_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start gitplane");
+        let reached = server.wait_for_requests(k, Duration::from_secs(10));
+        // SIGKILL: no chance to clean up.
+        let _ = child.kill();
+        let _ = child.wait();
+        if reached {
+            kill_points += 1;
+        }
+        let run = apply(&sb);
+        assert_eq!(
+            run.code,
+            Some(0),
+            "k={k}: the apply after the crash must succeed:{run}"
+        );
+        let instances = server.instances();
+        let recorded = guresids(&sb);
+        let recorded_ids: BTreeSet<&String> = recorded.values().collect();
+        let live: BTreeSet<&String> = instances.keys().collect();
+        assert_eq!(recorded_ids, live, "k={k}: state and driver disagree");
+        assert_eq!(recorded.len(), 13, "k={k}");
+        for (guresid, n) in server.creations() {
+            assert_eq!(n, 1, "k={k}: {guresid} was created {n} times");
+        }
+        // Outputs recorded are the server's instance for each resource.
+        for (name, guresid) in &recorded {
+            let outputs: Value = serde_json::from_str(
+                &sb.column(&format!(
+                    "SELECT outputs FROM resource WHERE guresid = '{guresid}'"
+                ))[0],
+            )
+            .unwrap();
+            assert_eq!(
+                outputs["instance"],
+                json!(instances[guresid]),
+                "k={k}: {name}"
+            );
+        }
+        assert_eq!(sb.column("PRAGMA integrity_check"), ["ok"], "k={k}");
+        let d = sb.last_deployment("test");
+        assert_eq!(d.status, "succeeded", "k={k}: {d:?}");
+        assert_eq!(
+            sb.count("SELECT COUNT(*) FROM deployment WHERE status = 'running'"),
+            0,
+            "k={k}"
+        );
+        assert_eq!(
+            sb.count("SELECT COUNT(*) FROM operation WHERE status = 'started'"),
+            0,
+            "k={k}: no operation is left open"
+        );
+    }
+    assert!(
+        kill_points >= 20,
+        "only {kill_points} kill points were reached"
+    );
+}

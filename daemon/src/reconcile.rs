@@ -365,15 +365,15 @@ impl Run<'_, '_> {
             .map(|s| &s.guresid)
             .filter(|id| waiting[id] == 0)
             .collect();
-        let (cookie_tx, mut cookie_rx) = mpsc::unbounded_channel::<(String, Cookie)>();
+        let (calls_tx, mut calls_rx) = mpsc::unbounded_channel::<CallEnded>();
         let mut tasks: JoinSet<JobResult> = JoinSet::new();
         let mut finished: Vec<GuresId> = Vec::new();
         loop {
             while let Some(id) = ready.pop_front() {
                 let step = by_id[id];
                 let started = match operation {
-                    Operation::Put => self.start_put(step, &mut tasks, &cookie_tx)?,
-                    Operation::Delete => self.start_delete(step, &mut tasks, &cookie_tx)?,
+                    Operation::Put => self.start_put(step, &mut tasks, &calls_tx)?,
+                    Operation::Delete => self.start_delete(step, &mut tasks, &calls_tx)?,
                 };
                 if let Started::Settled = started {
                     finished.push(id.clone());
@@ -395,11 +395,11 @@ impl Run<'_, '_> {
                 break;
             }
             tokio::select! {
-                Some((guresid, cookie)) = cookie_rx.recv() => self.keep_cookie(&guresid, &cookie)?,
+                Some(call) = calls_rx.recv() => self.journal_call(&call)?,
                 Some(joined) = tasks.join_next() => {
-                    // Cookies a task sent before it ended are kept before its result.
-                    while let Ok((guresid, cookie)) = cookie_rx.try_recv() {
-                        self.keep_cookie(&guresid, &cookie)?;
+                    // The calls a task made are journalled before its result is.
+                    while let Ok(call) = calls_rx.try_recv() {
+                        self.journal_call(&call)?;
                     }
                     let result = joined.expect("job tasks catch driver panics themselves");
                     let id = result.guresid.clone();
@@ -415,19 +415,23 @@ impl Run<'_, '_> {
         Ok(())
     }
 
-    fn keep_cookie(&mut self, guresid: &str, cookie: &Cookie) -> Result<(), StateError> {
-        match cookie {
-            Cookie::Unchanged => Ok(()),
-            Cookie::Set(c) => self.store.set_cookie(guresid, Some(c)),
-            Cookie::Cleared => self.store.set_cookie(guresid, None),
-        }
+    /// Journals one finished driver call: how many calls the operation has made, and the
+    /// cookie the driver wants kept.
+    fn journal_call(&mut self, call: &CallEnded) -> Result<(), StateError> {
+        let cookie = match &call.cookie {
+            Cookie::Unchanged => None,
+            Cookie::Set(c) => Some(Some(c.as_str())),
+            Cookie::Cleared => Some(None),
+        };
+        self.store
+            .record_call(call.operation, call.attempts, &call.guresid, cookie)
     }
 
     fn start_put(
         &mut self,
         step: &Step,
         tasks: &mut JoinSet<JobResult>,
-        cookie_tx: &mpsc::UnboundedSender<(String, Cookie)>,
+        calls_tx: &mpsc::UnboundedSender<CallEnded>,
     ) -> Result<Started, StateError> {
         let Some(node) = self.graph.get(&step.guresid) else {
             return Ok(Started::Settled);
@@ -518,11 +522,11 @@ impl Run<'_, '_> {
         });
         let permits = self.permits(&node.driver_type, registered.concurrency);
         let retry = self.settings.retry;
-        let cookies = cookie_tx.clone();
+        let calls = calls_tx.clone();
         let guresid = node.guresid.clone();
         tasks.spawn(async move {
             let (attempts, outcome) =
-                call_until_done(job, registered.driver, permits, retry, cookies).await;
+                call_until_done(job, operation_id, registered.driver, permits, retry, calls).await;
             JobResult {
                 guresid,
                 operation_id,
@@ -621,7 +625,7 @@ impl Run<'_, '_> {
         &mut self,
         step: &Step,
         tasks: &mut JoinSet<JobResult>,
-        cookie_tx: &mpsc::UnboundedSender<(String, Cookie)>,
+        calls_tx: &mpsc::UnboundedSender<CallEnded>,
     ) -> Result<Started, StateError> {
         let Some(rec) = self.recorded.get(step.guresid.as_str()).copied() else {
             return Ok(Started::Settled);
@@ -673,11 +677,11 @@ impl Run<'_, '_> {
         });
         let permits = self.permits(&rec.driver, registered.concurrency);
         let retry = self.settings.retry;
-        let cookies = cookie_tx.clone();
+        let calls = calls_tx.clone();
         let guresid = step.guresid.clone();
         tasks.spawn(async move {
             let (attempts, outcome) =
-                call_until_done(job, registered.driver, permits, retry, cookies).await;
+                call_until_done(job, operation_id, registered.driver, permits, retry, calls).await;
             JobResult {
                 guresid,
                 operation_id,
@@ -810,6 +814,15 @@ impl Run<'_, '_> {
     }
 }
 
+/// One driver call that ended, to journal.
+struct CallEnded {
+    guresid: String,
+    operation: i64,
+    /// Calls the operation has made so far.
+    attempts: i64,
+    cookie: Cookie,
+}
+
 /// The permits a driver call holds: the global one and, if its driver has a limit, its own.
 struct Permits {
     global: Arc<Semaphore>,
@@ -820,14 +833,16 @@ struct Permits {
 /// transient failures with exponential backoff and jitter. Permits are held only during calls,
 /// so a resource that waits between polls leaves room for others.
 ///
-/// Every cookie change goes to `cookies` before the next call (and before this returns), so it
-/// is in state when the result is. Returns the number of calls and the outputs or the error.
+/// Every call is reported to `calls` as it ends (with the cookie the driver set), before the
+/// next one starts and before this returns, so the journal is never behind the driver.
+/// Returns the number of calls and the outputs or the error.
 async fn call_until_done(
     mut job: Job,
+    operation: i64,
     driver: Arc<dyn Driver>,
     permits: Permits,
     retry: RetryPolicy,
-    cookies: mpsc::UnboundedSender<(String, Cookie)>,
+    calls: mpsc::UnboundedSender<CallEnded>,
 ) -> (i64, Result<(Value, Value), String>) {
     let started = Instant::now();
     let mut attempts: i64 = 0;
@@ -868,17 +883,24 @@ async fn call_until_done(
             }
         };
         job = returned;
+        let cookie = match &answer {
+            Ok((_, cookie)) => cookie.clone(),
+            Err(_) => Cookie::Unchanged,
+        };
+        match &cookie {
+            Cookie::Unchanged => {}
+            Cookie::Set(c) => job.cookie = Some(c.clone()),
+            Cookie::Cleared => job.cookie = None,
+        }
+        // The receiver lives as long as any job; a send can only fail when it is gone.
+        let _ = calls.send(CallEnded {
+            guresid: job.guresid.clone(),
+            operation,
+            attempts,
+            cookie,
+        });
         match answer {
-            Ok((done, cookie)) => {
-                match &cookie {
-                    Cookie::Unchanged => {}
-                    Cookie::Set(c) => job.cookie = Some(c.clone()),
-                    Cookie::Cleared => job.cookie = None,
-                }
-                if cookie != Cookie::Unchanged {
-                    // The receiver lives as long as any job; a send can only fail at shutdown.
-                    let _ = cookies.send((job.guresid.clone(), cookie));
-                }
+            Ok((done, _)) => {
                 if let Some(outputs) = done {
                     return (attempts, Ok(outputs));
                 }

@@ -777,33 +777,50 @@ impl Store {
             .map_err(self.err())
     }
 
+    /// Journals one finished driver call of `operation`: the number of calls so far and, when
+    /// the driver changed it, the cookie (`Some(None)` clears it), in one transaction.
+    pub fn record_call(
+        &mut self,
+        operation: i64,
+        attempts: i64,
+        guresid: &str,
+        cookie: Option<Option<&str>>,
+    ) -> Result<()> {
+        let path = self.path.clone();
+        let e = |source| StateError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(e)?;
+        tx.prepare_cached("UPDATE operation SET attempts = ?2 WHERE id = ?1")
+            .and_then(|mut s| s.execute(params![operation, attempts]))
+            .map_err(e)?;
+        match cookie {
+            None => {}
+            Some(Some(c)) => {
+                tx.prepare_cached(&format!(
+                    "INSERT INTO driver_cookie (guresid, cookie, updated_at) VALUES (?1, ?2, {NOW})
+                     ON CONFLICT (guresid) DO UPDATE SET cookie = excluded.cookie,
+                         updated_at = excluded.updated_at"
+                ))
+                .and_then(|mut s| s.execute(params![guresid, c]))
+                .map_err(e)?;
+            }
+            Some(None) => {
+                tx.prepare_cached("DELETE FROM driver_cookie WHERE guresid = ?1")
+                    .and_then(|mut s| s.execute([guresid]))
+                    .map_err(e)?;
+            }
+        }
+        tx.commit().map_err(e)
+    }
+
     /// The driver cookie kept for `guresid`.
     pub fn cookie(&self, guresid: &str) -> Result<Option<String>> {
         self.conn
             .prepare_cached("SELECT cookie FROM driver_cookie WHERE guresid = ?1")
             .and_then(|mut s| s.query_row([guresid], |r| r.get(0)).optional())
             .map_err(self.err())
-    }
-
-    /// Keeps (`Some`) or clears (`None`) the driver cookie of `guresid`, at once: a call that
-    /// follows a crash must carry it.
-    pub fn set_cookie(&self, guresid: &str, cookie: Option<&str>) -> Result<()> {
-        match cookie {
-            Some(c) => self
-                .conn
-                .prepare_cached(&format!(
-                    "INSERT INTO driver_cookie (guresid, cookie, updated_at) VALUES (?1, ?2, {NOW})
-                     ON CONFLICT (guresid) DO UPDATE SET cookie = excluded.cookie,
-                         updated_at = excluded.updated_at"
-                ))
-                .and_then(|mut s| s.execute(params![guresid, c])),
-            None => self
-                .conn
-                .prepare_cached("DELETE FROM driver_cookie WHERE guresid = ?1")
-                .and_then(|mut s| s.execute([guresid])),
-        }
-        .map_err(self.err())?;
-        Ok(())
     }
 
     /// The operations of a deployment, in the order they were journalled.
@@ -972,8 +989,10 @@ mod tests {
             action: "create",
             reason: "new",
         };
-        store.begin_operation(&op).unwrap();
-        store.set_cookie("g1", Some("c=1")).unwrap();
+        let op_id = store.begin_operation(&op).unwrap();
+        store
+            .record_call(op_id, 1, "g1", Some(Some("c=1")))
+            .unwrap();
         // gitplane is killed here; the next apply of the same commit picks the deployment up.
         assert_eq!(
             store.begin_or_resume_deployment("dev", "c1").unwrap(),
@@ -992,7 +1011,7 @@ mod tests {
             .unwrap();
         assert_eq!(old.status, DeploymentStatus::Failed);
         assert!(old.error.unwrap().starts_with("interrupted"));
-        store.set_cookie("g1", None).unwrap();
+        store.record_call(op_id, 2, "g1", Some(None)).unwrap();
         assert_eq!(store.cookie("g1").unwrap(), None);
     }
 

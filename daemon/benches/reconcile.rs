@@ -11,7 +11,6 @@
 //! `cargo bench --bench reconcile -- 32` runs one limit.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,6 @@
 //! The `gitplane` command line: arguments, the commands, and what each prints.
 
+mod hook;
 mod init;
 mod output;
 mod progress;
@@ -134,6 +135,10 @@ pub enum Command {
         common: Common,
         #[command(flatten)]
         rev: Rev,
+        /// Run as a git pre-receive hook: read `<old> <new> <ref>` lines on stdin and reject the
+        /// push if the new commit of the watched ref does not load or build.
+        #[arg(long, conflicts_with = "rev")]
+        pre_receive: bool,
     },
     /// Show what apply would do, with reasons; changes nothing.
     Plan {
@@ -239,9 +244,17 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             Ok(CommandResult::Success)
         }
         Command::Quickstart { dir } => quickstart(&dir, stdout),
-        Command::Validate { common, rev } => {
+        Command::Validate {
+            common,
+            rev,
+            pre_receive,
+        } => {
             let ctx = common.context()?;
-            validate(&ctx, ctx.rev(&rev), stdout)
+            if pre_receive {
+                hook::pre_receive(&ctx, &mut std::io::stdin().lock(), stdout)
+            } else {
+                validate(&ctx, ctx.rev(&rev), stdout)
+            }
         }
         Command::Plan {
             common,
@@ -289,7 +302,7 @@ fn print_json(stdout: &mut impl Write, items: Vec<serde_json::Value>) -> Result<
     Ok(())
 }
 
-fn validate(
+pub(crate) fn validate(
     ctx: &Context,
     rev: Option<&str>,
     stdout: &mut impl Write,

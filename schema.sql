@@ -14,7 +14,9 @@ CREATE TABLE deployment (
     id          INTEGER PRIMARY KEY,
     env         TEXT NOT NULL,
     commit_id   TEXT,                      -- NULL when the revision itself could not be read
-    status      TEXT NOT NULL CHECK (status IN ('running', 'succeeded', 'failed')),
+    kind        TEXT NOT NULL DEFAULT 'commit' CHECK (kind IN ('commit', 'drift')),
+                                           -- 'drift': a scheduled re-apply of the last good commit
+    status      TEXT NOT NULL CHECK (status IN ('running', 'succeeded', 'failed', 'held')),
     started_at  TEXT NOT NULL,
     finished_at TEXT,                      -- NULL while running
     created     INTEGER NOT NULL DEFAULT 0,
@@ -22,7 +24,9 @@ CREATE TABLE deployment (
     deleted     INTEGER NOT NULL DEFAULT 0,
     unchanged   INTEGER NOT NULL DEFAULT 0,
     failed      INTEGER NOT NULL DEFAULT 0,
-    error       TEXT                       -- why a failed deployment failed (load, build, drivers)
+    error       TEXT,                      -- why a failed deployment failed (load, build, drivers)
+    held        TEXT                       -- while held by the deletion guard: JSON array of the
+                                           -- resources it would delete
 );
 CREATE INDEX deployment_env ON deployment (env, id);
 
@@ -37,6 +41,8 @@ CREATE TABLE resource (
     definition    TEXT NOT NULL,
     driver        TEXT NOT NULL,
     account       TEXT,                    -- the resource account's name (driver_account), if any
+    deletion_policy TEXT NOT NULL DEFAULT 'delete'
+                  CHECK (deletion_policy IN ('delete', 'orphan')),  -- 'orphan': forget, never delete
     status        TEXT NOT NULL CHECK (status IN ('ready', 'failed')),
     inputs_hash   TEXT NOT NULL,           -- sha256 of the resolved inputs: a change means update
     outputs       TEXT NOT NULL DEFAULT '{}',  -- JSON object of non-secret outputs
@@ -85,7 +91,7 @@ CREATE TABLE operation (
     type          TEXT NOT NULL,
     class         TEXT NOT NULL,
     res_id        TEXT NOT NULL,
-    action        TEXT NOT NULL CHECK (action IN ('create', 'update', 'delete')),
+    action        TEXT NOT NULL CHECK (action IN ('create', 'update', 'delete', 'forget')),
     reason        TEXT NOT NULL,
     status        TEXT NOT NULL CHECK (status IN
                       ('started', 'succeeded', 'failed', 'skipped', 'interrupted')),
@@ -106,12 +112,30 @@ ORDER BY env, app, type, class, res_id;
 
 -- Deployments per commit, newest first, with counts and duration in seconds.
 CREATE VIEW deployments AS
-SELECT id, env, commit_id, status, started_at, finished_at,
+SELECT id, env, commit_id, kind, status, started_at, finished_at,
        created, updated, deleted, unchanged, failed,
        ROUND((julianday(finished_at) - julianday(started_at)) * 86400.0, 3) AS duration_s,
-       error
+       error, held
 FROM deployment
 ORDER BY id DESC;
+
+-- Every commit the daemon saw on the watched ref, and what it did with it.
+CREATE TABLE commit_seen (
+    id        INTEGER PRIMARY KEY,
+    commit_id TEXT NOT NULL,
+    seen_at   TEXT NOT NULL,
+    outcome   TEXT NOT NULL CHECK (outcome IN ('dispatched', 'rejected')),
+    detail    TEXT                         -- for a rejected commit: its errors
+);
+
+-- Commits seen, with the deployments made of them (none: superseded by a newer commit before
+-- an environment got to it).
+CREATE VIEW commits AS
+SELECT c.id, c.commit_id, c.seen_at, c.outcome, c.detail,
+       (SELECT group_concat(d.env || ':' || d.status, ' ') FROM deployment d
+        WHERE d.commit_id = c.commit_id AND d.kind = 'commit') AS deployments
+FROM commit_seen c
+ORDER BY c.id DESC;
 
 -- Operations that failed or were skipped, with their errors.
 CREATE VIEW failures AS

@@ -109,6 +109,8 @@ pub struct HostConfig {
     pub state: Option<PathBuf>,
     pub concurrency: usize,
     pub retry: RetryPolicy,
+    /// How often the daemon resolves the watched ref even without a file event.
+    pub watch_interval: Option<Duration>,
     pub drivers: BTreeMap<String, DriverConfig>,
     pub accounts: BTreeMap<String, AccountSource>,
 }
@@ -122,6 +124,7 @@ impl Default for HostConfig {
             state: None,
             concurrency: DEFAULT_CONCURRENCY,
             retry: RetryPolicy::default(),
+            watch_interval: None,
             drivers: BTreeMap::new(),
             accounts: BTreeMap::new(),
         }
@@ -137,6 +140,7 @@ struct HostConfigFile {
     state: Option<PathBuf>,
     concurrency: Option<usize>,
     retry: Option<RetryFile>,
+    watch_interval: Option<String>,
     #[serde(default)]
     drivers: BTreeMap<String, DriverFile>,
     #[serde(default)]
@@ -318,6 +322,10 @@ impl HostConfig {
                 ),
             },
         };
+        let watch_interval = raw
+            .watch_interval
+            .as_ref()
+            .map(|w| duration("watch_interval", Some(w), Duration::from_secs(30)));
         let mut drivers = BTreeMap::new();
         let mut driver_errors = Vec::new();
         for (name, d) in raw.drivers {
@@ -418,6 +426,7 @@ impl HostConfig {
             state: raw.state,
             concurrency,
             retry,
+            watch_interval,
             drivers,
             accounts,
         })

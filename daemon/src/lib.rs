@@ -7,9 +7,12 @@
 
 pub mod cli;
 pub mod config;
+pub mod daemon;
+pub mod deploy;
 pub mod drivers;
 pub mod graph;
 pub mod model;
 pub mod plan;
 pub mod reconcile;
 pub mod repo;
+pub mod watch;

@@ -1,18 +1,34 @@
 //! The `gitplane` binary: parses arguments, sets up logging, runs the command, sets the exit code.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use gitplane::cli::{Cli, CommandResult, run};
+use gitplane::cli::{Cli, Command, CommandResult, run};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = EnvFilter::try_from_env("GITPLANE_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
+    // The daemon reports what it does at info; commands speak for themselves and log warnings.
+    let default_level = match cli.command {
+        Command::Daemon { .. } => "info",
+        _ => "warn",
+    };
+    let filter =
+        EnvFilter::try_from_env("GITPLANE_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
+    let json = std::env::var("GITPLANE_LOG_FORMAT").is_ok_and(|f| f == "json");
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if json {
+        // One JSON object a line, for journald or a log shipper.
+        builder.json().with_current_span(false).init();
+    } else if std::env::var_os("JOURNAL_STREAM").is_some() {
+        // Under systemd the journal stamps each line itself.
+        builder.with_ansi(false).without_time().init();
+    } else {
+        builder.with_ansi(std::io::stderr().is_terminal()).init();
+    }
     match run(cli) {
         Ok(CommandResult::Success) => ExitCode::SUCCESS,
         Ok(CommandResult::Failure) => ExitCode::FAILURE,

@@ -25,6 +25,8 @@ pub enum Action {
     MaybeUpdate,
     Unchanged,
     Delete,
+    /// Its definition says `deletion_policy: orphan`: forget it, do not delete it.
+    Forget,
 }
 
 impl Action {
@@ -35,6 +37,7 @@ impl Action {
             Action::MaybeUpdate => "update?",
             Action::Unchanged => "unchanged",
             Action::Delete => "delete",
+            Action::Forget => "forget",
         }
     }
 }
@@ -297,14 +300,21 @@ pub fn plan(
         .filter(|r| !graph.contains(&GuresId::from_recorded(r.guresid.clone())))
         .collect();
     for rec in deletion_order(&orphans, recorded_edges) {
+        let (action, reason) = match rec.deletion_policy {
+            gitplane_state::DeletionPolicy::Delete => (Action::Delete, "no longer in the graph"),
+            gitplane_state::DeletionPolicy::Orphan => (
+                Action::Forget,
+                "no longer in the graph; deletion_policy orphan: forgotten, not deleted",
+            ),
+        };
         steps.push(Step {
             guresid: GuresId::from_recorded(rec.guresid.clone()),
             app: rec.app.clone(),
             res_type: rec.res_type.clone(),
             class: rec.class.clone(),
             res_id: rec.res_id.clone(),
-            action: Action::Delete,
-            reason: "no longer in the graph".into(),
+            action,
+            reason: reason.into(),
             known_after_apply: Vec::new(),
         });
     }
@@ -403,6 +413,51 @@ fn pending_inputs(
     out
 }
 
+/// Why the deletion guard holds a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Held {
+    /// Labels of the resources the plan would delete.
+    pub deletions: Vec<String>,
+    pub reason: String,
+}
+
+/// The deletion guard: holds a plan that would delete more than `threshold` percent of the
+/// `recorded` resources of its environment, or that would leave it with none.
+pub fn deletion_guard(plan: &Plan, recorded: usize, threshold: f64) -> Option<Held> {
+    let deletions: Vec<String> = plan
+        .steps
+        .iter()
+        .filter(|s| s.action == Action::Delete)
+        .map(Step::label)
+        .collect();
+    if deletions.is_empty() || recorded == 0 {
+        return None;
+    }
+    let remaining = plan
+        .steps
+        .iter()
+        .filter(|s| !matches!(s.action, Action::Delete | Action::Forget))
+        .count();
+    let share = deletions.len() as f64 * 100.0 / recorded as f64;
+    let reason = if remaining == 0 {
+        format!(
+            "it would delete all {} resources of environment {}",
+            deletions.len(),
+            plan.env
+        )
+    } else if share > threshold {
+        format!(
+            "it would delete {} of {recorded} resources of environment {} ({share:.0}%, above \
+             the {threshold}% threshold)",
+            deletions.len(),
+            plan.env
+        )
+    } else {
+        return None;
+    };
+    Some(Held { deletions, reason })
+}
+
 /// The edges of `graph` as state records them.
 pub fn edge_records(graph: &ResourceGraph) -> Vec<EdgeRecord> {
     graph
@@ -495,6 +550,7 @@ mod tests {
                 definition: node.definition.clone(),
                 driver: node.driver_type.clone(),
                 account: None,
+                deletion_policy: node.deletion_policy,
                 status: ResourceStatus::Ready,
                 inputs_hash: inputs_hash(node, &inputs),
                 outputs: inputs.values.clone(),

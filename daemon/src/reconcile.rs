@@ -15,6 +15,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use gitplane_state::{
@@ -30,7 +31,8 @@ use crate::drivers::{
 };
 use crate::graph::{GuresId, ResourceGraph, ResourceNode};
 use crate::plan::{
-    Action, Plan, ResolvedInputs, Step, edge_records, inputs_hash, plan, resolve_inputs,
+    Action, Plan, ResolvedInputs, Step, deletion_guard, edge_records, inputs_hash, plan,
+    resolve_inputs,
 };
 
 /// Progress, for people watching an apply.
@@ -92,19 +94,59 @@ impl Settings {
     }
 }
 
+/// How one apply runs, beyond what the host config says.
+#[derive(Debug, Clone, Default)]
+pub struct ApplyOptions {
+    /// The held deployment `gitplane approve` released: run as it, past the deletion guard.
+    pub approved: Option<i64>,
+    /// A drift run: call the driver for every resource, changed or not, so drivers repair what
+    /// changed outside gitplane.
+    pub drift: bool,
+    /// Set when gitplane is stopping: no new driver call starts, calls in flight finish, and
+    /// what did not run is recorded as skipped.
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+impl ApplyOptions {
+    fn stopping(&self) -> bool {
+        self.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
+    }
+}
+
 /// Applies `graph` (built from `commit`) to its environment.
+///
+/// A plan that trips the deletion guard is recorded as a held deployment and nothing changes,
+/// unless `options.approved` names the held deployment that `gitplane approve` released.
 pub async fn apply(
     store: &mut Store,
     drivers: &Registry,
     settings: &Settings,
     graph: &ResourceGraph,
     commit: &str,
-    on_event: &mut dyn FnMut(&Event<'_>),
+    options: &ApplyOptions,
+    on_event: &mut (dyn FnMut(&Event<'_>) + Send),
 ) -> Result<ApplyReport, StateError> {
     let recorded = store.resources(&graph.env)?;
     let recorded_edges = store.edges(&graph.env)?;
     let plan = plan(graph, &recorded, &recorded_edges);
-    let (deployment, resumed) = store.begin_or_resume_deployment(&graph.env, commit)?;
+    let (deployment, resumed) = match options.approved {
+        Some(id) => (id, false),
+        None => {
+            if let Some(held) = deletion_guard(&plan, recorded.len(), graph.deletion_threshold) {
+                let id =
+                    store.held_deployment(&graph.env, commit, &held.deletions, &held.reason)?;
+                return Ok(ApplyReport {
+                    env: graph.env.clone(),
+                    deployment: id,
+                    resumed: false,
+                    status: DeploymentStatus::Held,
+                    counts: Counts::default(),
+                    failures: vec![held.reason],
+                });
+            }
+            store.begin_or_resume_deployment(&graph.env, commit, options.drift)?
+        }
+    };
     on_event(&Event::Planned {
         total: plan
             .steps
@@ -113,6 +155,7 @@ pub async fn apply(
             .count(),
     });
     let mut run = Run {
+        options,
         store,
         drivers,
         settings,
@@ -149,7 +192,8 @@ pub async fn apply(
     let remaining: HashSet<&str> = plan
         .steps
         .iter()
-        .filter(|s| s.action == Action::Delete && !run.deleted.contains(&s.guresid))
+        .filter(|s| matches!(s.action, Action::Delete | Action::Forget))
+        .filter(|s| !run.deleted.contains(&s.guresid))
         .map(|s| s.guresid.as_str())
         .collect();
     let mut edges = edge_records(graph);
@@ -192,13 +236,14 @@ pub async fn apply(
 type OutputMap = HashMap<GuresId, (Value, Value, String)>;
 
 struct Run<'a, 'e> {
+    options: &'a ApplyOptions,
     store: &'a mut Store,
     drivers: &'a Registry,
     settings: &'a Settings,
     graph: &'a ResourceGraph,
     commit: &'a str,
     deployment: i64,
-    on_event: &'e mut dyn FnMut(&Event<'_>),
+    on_event: &'e mut (dyn FnMut(&Event<'_>) + Send),
     recorded: HashMap<String, &'a ResourceRecord>,
     outputs: OutputMap,
     /// Resources that failed or were skipped: their dependents are blocked.
@@ -278,7 +323,7 @@ impl Run<'_, '_> {
         let steps: Vec<&Step> = plan
             .steps
             .iter()
-            .filter(|s| s.action != Action::Delete)
+            .filter(|s| !matches!(s.action, Action::Delete | Action::Forget))
             .collect();
         let prerequisites: HashMap<GuresId, Vec<GuresId>> = steps
             .iter()
@@ -300,6 +345,25 @@ impl Run<'_, '_> {
         plan: &Plan,
         recorded_edges: &[gitplane_state::EdgeRecord],
     ) -> Result<(), StateError> {
+        let forget: Vec<&Step> = plan
+            .steps
+            .iter()
+            .filter(|s| s.action == Action::Forget)
+            .collect();
+        for step in forget {
+            // No driver is called: the resource stays, gitplane stops managing it.
+            let op = self
+                .store
+                .begin_operation(&self.start(step, "forget", &step.reason))?;
+            self.store
+                .finish_delete(op, 0, step.guresid.as_str(), None)?;
+            self.deleted.insert(step.guresid.clone());
+            (self.on_event)(&Event::Finished {
+                label: &step.label(),
+                action: Action::Forget,
+                outcome: Outcome::Done,
+            });
+        }
         let steps: Vec<&Step> = plan
             .steps
             .iter()
@@ -371,6 +435,22 @@ impl Run<'_, '_> {
         loop {
             while let Some(id) = ready.pop_front() {
                 let step = by_id[id];
+                if self.options.stopping() {
+                    let action = match operation {
+                        Operation::Put if self.recorded.contains_key(step.guresid.as_str()) => {
+                            "update"
+                        }
+                        Operation::Put => "create",
+                        Operation::Delete => "delete",
+                    };
+                    if step.action != Action::Unchanged || self.options.drift {
+                        self.skip(step, action, "stopped: gitplane is shutting down")?;
+                    } else {
+                        self.unchanged += 1;
+                    }
+                    finished.push(id.clone());
+                    continue;
+                }
                 let started = match operation {
                     Operation::Put => self.start_put(step, &mut tasks, &calls_tx)?,
                     Operation::Delete => self.start_delete(step, &mut tasks, &calls_tx)?,
@@ -465,6 +545,7 @@ impl Run<'_, '_> {
         };
         let hash = inputs_hash(node, &inputs);
         if let Some(rec) = self.recorded.get(node.guresid.as_str())
+            && !self.options.drift
             && rec.status == ResourceStatus::Ready
             && rec.inputs_hash == hash
             && rec.definition == node.definition
@@ -496,6 +577,9 @@ impl Run<'_, '_> {
             return Ok(Started::Settled);
         };
         let reason = match step.action {
+            _ if self.options.drift && step.action == Action::Unchanged => {
+                "drift run: re-applied so the driver can repair drift".to_owned()
+            }
             Action::MaybeUpdate | Action::Unchanged => "inputs changed".to_owned(),
             _ => step.reason.clone(),
         };
@@ -523,10 +607,19 @@ impl Run<'_, '_> {
         let permits = self.permits(&node.driver_type, registered.concurrency);
         let retry = self.settings.retry;
         let calls = calls_tx.clone();
+        let stop = self.options.stop.clone();
         let guresid = node.guresid.clone();
         tasks.spawn(async move {
-            let (attempts, outcome) =
-                call_until_done(job, operation_id, registered.driver, permits, retry, calls).await;
+            let (attempts, outcome) = call_until_done(
+                job,
+                operation_id,
+                registered.driver,
+                permits,
+                retry,
+                calls,
+                stop,
+            )
+            .await;
             JobResult {
                 guresid,
                 operation_id,
@@ -678,10 +771,19 @@ impl Run<'_, '_> {
         let permits = self.permits(&rec.driver, registered.concurrency);
         let retry = self.settings.retry;
         let calls = calls_tx.clone();
+        let stop = self.options.stop.clone();
         let guresid = step.guresid.clone();
         tasks.spawn(async move {
-            let (attempts, outcome) =
-                call_until_done(job, operation_id, registered.driver, permits, retry, calls).await;
+            let (attempts, outcome) = call_until_done(
+                job,
+                operation_id,
+                registered.driver,
+                permits,
+                retry,
+                calls,
+                stop,
+            )
+            .await;
             JobResult {
                 guresid,
                 operation_id,
@@ -802,6 +904,7 @@ impl Run<'_, '_> {
             definition: node.definition.clone(),
             driver: node.driver_type.clone(),
             account: node.driver_account.clone(),
+            deletion_policy: node.deletion_policy,
             status: ResourceStatus::Failed,
             inputs_hash: String::new(),
             outputs: empty(),
@@ -843,7 +946,9 @@ async fn call_until_done(
     permits: Permits,
     retry: RetryPolicy,
     calls: mpsc::UnboundedSender<CallEnded>,
+    stop: Option<Arc<AtomicBool>>,
 ) -> (i64, Result<(Value, Value), String>) {
+    let stopping = || stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
     let started = Instant::now();
     let mut attempts: i64 = 0;
     let mut transient_failures: u32 = 0;
@@ -911,6 +1016,11 @@ async fn call_until_done(
                     );
                     return (attempts, Err(error));
                 }
+                if stopping() {
+                    let error = "stopped while in progress (gitplane is shutting down); the next \
+                                 run calls the driver again with the same cookie";
+                    return (attempts, Err(error.to_owned()));
+                }
                 tokio::time::sleep(poll_delay).await;
                 poll_delay = (poll_delay * 2).min(retry.max_delay.max(retry.poll_interval));
             }
@@ -922,6 +1032,14 @@ async fn call_until_done(
                 if transient_failures >= retry.attempts {
                     let error = format!("{message} (gave up after {transient_failures} attempts)");
                     return (attempts, Err(error));
+                }
+                if stopping() {
+                    return (
+                        attempts,
+                        Err(format!(
+                            "{message} (not retried: gitplane is shutting down)"
+                        )),
+                    );
                 }
                 tokio::time::sleep(backoff(&retry, transient_failures, &job.guresid)).await;
             }

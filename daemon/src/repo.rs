@@ -1,7 +1,11 @@
 //! Reading a commit of the config repository straight from git's object database, no checkout.
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+
+use gix::bstr::{BStr, ByteSlice};
+use gix::objs::{Exists, Find, FindExt};
 
 /// The files of one commit that gitplane reads, by repository path.
 #[derive(Debug, Clone)]
@@ -39,10 +43,90 @@ fn wanted(path: &str) -> bool {
         || path.starts_with("definitions/")
 }
 
+/// Whether a file under the folder `dir` (no trailing slash) can be [`wanted`].
+fn wanted_dir(dir: &str) -> bool {
+    ["environments", "workloads", "definitions"]
+        .iter()
+        .any(|top| dir == *top || dir.strip_prefix(top).is_some_and(|r| r.starts_with('/')))
+}
+
 /// A config repository, bare or not, opened isolated from the user's git configuration.
 pub struct ConfigRepo {
     repo: gix::Repository,
     path: PathBuf,
+    /// Object databases searched before the repository's own: git's quarantine and the alternates
+    /// git names in the environment, when opened with [`ConfigRepo::open_in_hook`]; else none.
+    extra: Vec<gix::odb::Handle>,
+}
+
+/// The objects of a [`ConfigRepo`]: its extra object databases, then its own.
+struct Objects<'r> {
+    own: &'r gix::OdbHandle,
+    extra: &'r [gix::odb::Handle],
+}
+
+impl Find for Objects<'_> {
+    fn try_find<'a>(
+        &self,
+        id: &gix::oid,
+        buffer: &'a mut Vec<u8>,
+    ) -> gix::Result<Option<gix::objs::Data<'a>>> {
+        // Ask `exists` first: returning the first hit of a loop over `try_find` would keep
+        // `buffer` borrowed for the next round.
+        match self.extra.iter().find(|db| db.exists(id)) {
+            Some(db) => db.try_find(id, buffer),
+            None => self.own.try_find(id, buffer),
+        }
+    }
+}
+
+/// The object directories git names in the environment of a hook it runs: `GIT_OBJECT_DIRECTORY`
+/// (during pre-receive, the quarantine that holds the pushed objects; `GIT_QUARANTINE_PATH` names
+/// the same folder) and every entry of `GIT_ALTERNATE_OBJECT_DIRECTORIES` (`:`-separated, an
+/// entry that contains `:` or starts with `"` is C-quoted, as git writes it).
+fn env_object_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(dir) = std::env::var_os("GIT_OBJECT_DIRECTORY")
+        .or_else(|| std::env::var_os("GIT_QUARANTINE_PATH"))
+        .filter(|d| !d.is_empty())
+    {
+        dirs.push(PathBuf::from(dir));
+    }
+    if let Some(list) = std::env::var_os("GIT_ALTERNATE_OBJECT_DIRECTORIES") {
+        dirs.extend(split_alternates(&list));
+    }
+    dirs
+}
+
+/// Splits `GIT_ALTERNATE_OBJECT_DIRECTORIES` like git's `parse_alt_odb_entry`.
+fn split_alternates(list: &OsStr) -> Vec<PathBuf> {
+    let Some(bytes) = gix::path::os_str_into_bstr(list).ok() else {
+        return Vec::new();
+    };
+    let mut rest: &BStr = bytes;
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        let (entry, consumed) = match rest
+            .starts_with(b"\"")
+            .then(|| gix::quote::ansi_c::undo(rest))
+        {
+            Some(Ok((unquoted, consumed))) => (unquoted.into_owned(), consumed),
+            _ => {
+                let end = rest.find_byte(b':').unwrap_or(rest.len());
+                (rest[..end].to_owned().into(), end)
+            }
+        };
+        rest = rest[consumed..].as_bstr();
+        if rest.first() == Some(&b':') {
+            rest = rest[1..].as_bstr();
+        }
+        if !entry.is_empty()
+            && let Ok(path) = gix::path::from_bstring(entry)
+        {
+            out.push(path);
+        }
+    }
+    out
 }
 
 impl ConfigRepo {
@@ -56,11 +140,51 @@ impl ConfigRepo {
         Ok(ConfigRepo {
             repo,
             path: path.to_owned(),
+            extra: Vec::new(),
         })
+    }
+
+    /// Opens the repository at `path` as [`ConfigRepo::open`] does, for a git hook: objects are
+    /// also read from the object directories git names in the environment.
+    ///
+    /// During `pre-receive`, git keeps the pushed objects in a quarantine folder until the hook
+    /// accepts them, and tells the hook where through `GIT_OBJECT_DIRECTORY` (the quarantine) and
+    /// `GIT_ALTERNATE_OBJECT_DIRECTORIES` (the real object database). gix 0.90 reads neither:
+    /// [`gix::open::permissions::Environment::objects`] only gates object-related settings, and
+    /// the object store is always `<git dir>/objects` plus its `info/alternates` file. So the
+    /// repository is still opened isolated (no user or system git config, no `GIT_*` variables),
+    /// and each named folder is opened as an extra gix object store that lookups try first. This
+    /// reads packs and loose objects in place (a push of more than `receive.unpackLimit` objects
+    /// stays a pack in the quarantine), writes nothing, and needs neither the `git` program nor a
+    /// copy of the pushed objects. Outside a hook, no such variable is set and this is `open`.
+    pub fn open_in_hook(path: &Path) -> Result<Self, RepoError> {
+        let mut this = Self::open(path)?;
+        let own = std::fs::canonicalize(this.repo.common_dir().join("objects")).ok();
+        for dir in env_object_dirs() {
+            if own.is_some() && std::fs::canonicalize(&dir).ok() == own {
+                continue;
+            }
+            let db = gix::odb::at(&dir, this.repo.object_hash()).map_err(|e| RepoError::Open {
+                path: path.to_owned(),
+                message: format!("object directory {}: {e}", dir.display()),
+            })?;
+            this.extra.push(db);
+        }
+        Ok(this)
+    }
+
+    fn objects(&self) -> Objects<'_> {
+        Objects {
+            own: &self.repo.objects,
+            extra: &self.extra,
+        }
     }
 
     /// Resolves `rev` (a branch, tag or commit id; `None` is HEAD) to a full commit id.
     pub fn resolve(&self, rev: Option<&str>) -> Result<String, RepoError> {
+        if let Some(resolved) = rev.and_then(|rev| self.resolve_extra(rev)) {
+            return resolved;
+        }
         let id = match rev {
             None => {
                 let head = self.repo.head_id().map_err(|_| RepoError::Unborn {
@@ -93,6 +217,38 @@ impl ConfigRepo {
         Ok(commit.id.to_string())
     }
 
+    /// `rev` peeled to a commit when it is the full id of an object of an extra object database
+    /// (a commit still in git's quarantine, which `rev_parse` cannot see); `None` otherwise.
+    fn resolve_extra(&self, rev: &str) -> Option<Result<String, RepoError>> {
+        let mut id = gix::ObjectId::from_hex(rev.as_bytes()).ok()?;
+        if !self.extra.iter().any(|db| db.exists(&id)) {
+            return None;
+        }
+        let objects = self.objects();
+        let mut buf = Vec::new();
+        let peeled = loop {
+            let data = match objects.try_find(&id, &mut buf) {
+                Ok(Some(data)) => data,
+                Ok(None) => break Err(format!("object {id} not found")),
+                Err(e) => break Err(e.to_string()),
+            };
+            match data.kind {
+                gix::objs::Kind::Commit => break Ok(id.to_string()),
+                gix::objs::Kind::Tag => match data.try_into_tag_iter().map(|t| t.target_id()) {
+                    Some(Ok(target)) => id = target,
+                    Some(Err(e)) => break Err(e.to_string()),
+                    None => break Err(format!("{id}: not a tag")),
+                },
+                kind => break Err(format!("{id} is a {kind}, not a commit")),
+            }
+        };
+        Some(peeled.map_err(|message| RepoError::Revision {
+            path: self.path.clone(),
+            rev: rev.to_owned(),
+            message,
+        }))
+    }
+
     /// Reads every file of the repository format at `commit`.
     pub fn snapshot(&self, commit: &str) -> Result<Snapshot, RepoError> {
         let read_err = |message: String| RepoError::Read {
@@ -101,30 +257,40 @@ impl ConfigRepo {
             message,
         };
         let id = gix::ObjectId::from_hex(commit.as_bytes()).map_err(|e| read_err(e.to_string()))?;
-        let tree = self
-            .repo
-            .find_commit(id)
-            .and_then(|c| c.tree())
-            .map_err(|e| read_err(e.to_string()))?;
-        let entries = tree
-            .traverse()
-            .breadthfirst
-            .files()
+        let objects = self.objects();
+        let mut buf = Vec::new();
+        let tree = objects
+            .find_commit_iter(&id, &mut buf)
+            .and_then(|mut c| c.tree_id())
             .map_err(|e| read_err(e.to_string()))?;
         let mut files = BTreeMap::new();
-        for entry in entries {
-            if !entry.mode.is_blob() {
-                continue;
+        // Folders still to read, with their path ("" for the root); only folders that can hold
+        // a wanted file are read.
+        let mut folders = vec![(String::new(), tree)];
+        let mut tree_buf = Vec::new();
+        while let Some((dir, tree)) = folders.pop() {
+            let entries = objects
+                .find_tree_iter(&tree, &mut tree_buf)
+                .and_then(|t| t.collect::<Result<Vec<_>, _>>().map_err(Into::into))
+                .map_err(|e| read_err(format!("{dir}/: {e}")))?;
+            for entry in entries {
+                let name = entry.filename.to_str_lossy();
+                let path = if dir.is_empty() {
+                    name.into_owned()
+                } else {
+                    format!("{dir}/{name}")
+                };
+                if entry.mode.is_tree() {
+                    if wanted_dir(&path) {
+                        folders.push((path, entry.oid.to_owned()));
+                    }
+                } else if entry.mode.is_blob() && wanted(&path) {
+                    let blob = objects
+                        .find_blob(entry.oid, &mut buf)
+                        .map_err(|e| read_err(format!("{path}: {e}")))?;
+                    files.insert(path, blob.data.to_vec());
+                }
             }
-            let path = entry.filepath.to_string();
-            if !wanted(&path) {
-                continue;
-            }
-            let blob = self
-                .repo
-                .find_blob(entry.oid)
-                .map_err(|e| read_err(format!("{path}: {e}")))?;
-            files.insert(path, blob.data.clone());
         }
         Ok(Snapshot {
             commit: commit.to_owned(),

@@ -36,10 +36,14 @@ pub enum StateError {
         known: i64,
     },
     #[error(
-        "state {path}: another gitplane is applying to this state (it holds {lock}); wait for it \
-         to finish"
+        "state {path}: another gitplane is applying to environment {env} (it holds {lock}); \
+         wait for it to finish"
     )]
-    Busy { path: PathBuf, lock: PathBuf },
+    Busy {
+        path: PathBuf,
+        env: String,
+        lock: PathBuf,
+    },
     #[error("state {path}: column {column} of {guresid} holds invalid JSON: {source}")]
     Json {
         path: PathBuf,
@@ -65,6 +69,8 @@ pub struct ResourceRecord {
     pub driver: String,
     /// The resource account the definition names; a delete needs its credentials again.
     pub account: Option<String>,
+    /// What happens when the resource leaves the graph.
+    pub deletion_policy: DeletionPolicy,
     pub status: ResourceStatus,
     pub inputs_hash: String,
     /// Non-secret outputs, a JSON object.
@@ -77,6 +83,25 @@ pub struct ResourceRecord {
     pub secret_inputs: Value,
     pub error: Option<String>,
     pub commit_id: String,
+}
+
+/// What happens to a resource that leaves the graph (a definition's `deletion_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeletionPolicy {
+    /// Its driver deletes it.
+    #[default]
+    Delete,
+    /// gitplane forgets it; the resource itself stays.
+    Orphan,
+}
+
+impl DeletionPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeletionPolicy::Delete => "delete",
+            DeletionPolicy::Orphan => "orphan",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +132,8 @@ pub enum DeploymentStatus {
     Running,
     Succeeded,
     Failed,
+    /// Stopped by the deletion guard before anything changed; `gitplane approve` releases it.
+    Held,
 }
 
 impl DeploymentStatus {
@@ -115,6 +142,7 @@ impl DeploymentStatus {
             DeploymentStatus::Running => "running",
             DeploymentStatus::Succeeded => "succeeded",
             DeploymentStatus::Failed => "failed",
+            DeploymentStatus::Held => "held",
         }
     }
 
@@ -122,6 +150,7 @@ impl DeploymentStatus {
         match s {
             "running" => DeploymentStatus::Running,
             "succeeded" => DeploymentStatus::Succeeded,
+            "held" => DeploymentStatus::Held,
             _ => DeploymentStatus::Failed,
         }
     }
@@ -147,6 +176,8 @@ pub struct DeploymentRecord {
     pub finished_at: Option<String>,
     pub counts: Counts,
     pub error: Option<String>,
+    /// For a held deployment: the resources it would delete.
+    pub held: Option<Vec<String>>,
 }
 
 /// A driver call about to start.
@@ -176,20 +207,22 @@ pub struct OperationRecord {
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
-/// Held while one process applies to a state file; released on drop.
+/// Held while one process applies to one environment of a state file; released on drop.
 ///
 /// SQLite serialises single writes, but an apply is many writes that must not interleave with
-/// another apply's, so the whole apply holds this advisory lock on `<state>.lock`.
+/// another apply's to the same environment, so each apply holds this advisory lock on
+/// `<state>.<env>.lock`. Environments are independent and can be applied in parallel.
 #[derive(Debug)]
 pub struct ApplyLock {
     _file: std::fs::File,
 }
 
 impl ApplyLock {
-    /// Takes the lock of the state file at `state`, or fails at once if another process has it.
-    pub fn acquire(state: &Path) -> Result<ApplyLock> {
+    /// Takes the lock of environment `env` of the state file `state`. With `wait`, blocks until
+    /// it is free; without, fails at once if another process has it.
+    pub fn acquire(state: &Path, env: &str, wait: bool) -> Result<ApplyLock> {
         let mut name = state.as_os_str().to_owned();
-        name.push(".lock");
+        name.push(format!(".{env}.lock"));
         let lock = PathBuf::from(name);
         if let Some(parent) = lock.parent()
             && !parent.as_os_str().is_empty()
@@ -208,10 +241,18 @@ impl ApplyLock {
                 path: lock.clone(),
                 source,
             })?;
+        if wait {
+            file.lock().map_err(|source| StateError::Create {
+                path: lock.clone(),
+                source,
+            })?;
+            return Ok(ApplyLock { _file: file });
+        }
         match file.try_lock() {
             Ok(()) => Ok(ApplyLock { _file: file }),
             Err(std::fs::TryLockError::WouldBlock) => Err(StateError::Busy {
                 path: state.to_owned(),
+                env: env.to_owned(),
                 lock,
             }),
             Err(std::fs::TryLockError::Error(source)) => {
@@ -337,7 +378,7 @@ impl Store {
         let rows = self.query(
             "SELECT r.guresid, r.env, r.app, r.type, r.class, r.res_id, r.definition, r.driver,
                         r.status, r.inputs_hash, r.outputs, s.outputs, r.error, r.commit_id,
-                        r.inputs, s.inputs, r.account
+                        r.inputs, s.inputs, r.account, r.deletion_policy
                  FROM resource r LEFT JOIN resource_secret s ON s.guresid = r.guresid
                  WHERE r.env = ?1 ORDER BY r.guresid",
             [env],
@@ -363,6 +404,11 @@ impl Store {
                         inputs: Value::Null,
                         secret_inputs: Value::Null,
                         account: r.get(16)?,
+                        deletion_policy: if r.get::<_, String>(17)? == "orphan" {
+                            DeletionPolicy::Orphan
+                        } else {
+                            DeletionPolicy::Delete
+                        },
                         error: r.get(12)?,
                         commit_id: r.get(13)?,
                     },
@@ -472,7 +518,7 @@ impl Store {
     pub fn deployments(&self, env: Option<&str>) -> Result<Vec<DeploymentRecord>> {
         self.query(
             "SELECT id, env, commit_id, status, started_at, finished_at,
-                        created, updated, deleted, unchanged, failed, error
+                        created, updated, deleted, unchanged, failed, error, held
                  FROM deployment WHERE ?1 IS NULL OR env = ?1 ORDER BY id DESC",
             [env],
             |r| {
@@ -491,6 +537,9 @@ impl Store {
                         failed: r.get(10)?,
                     },
                     error: r.get(11)?,
+                    held: r
+                        .get::<_, Option<String>>(12)?
+                        .and_then(|h| serde_json::from_str(&h).ok()),
                 })
             },
         )
@@ -564,8 +613,8 @@ impl Store {
         tx.prepare_cached(&format!(
             "INSERT INTO resource (guresid, env, app, type, class, res_id, definition, driver,
                                    status, inputs_hash, outputs, error, commit_id, deployment_id,
-                                   inputs, account, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                                   inputs, account, deletion_policy, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
                      {NOW}, {NOW})
              ON CONFLICT (guresid) DO UPDATE SET
                  definition = excluded.definition, driver = excluded.driver,
@@ -573,6 +622,7 @@ impl Store {
                  outputs = excluded.outputs, error = excluded.error,
                  commit_id = excluded.commit_id, deployment_id = excluded.deployment_id,
                  inputs = excluded.inputs, account = excluded.account,
+                 deletion_policy = excluded.deletion_policy,
                  updated_at = excluded.updated_at"
         ))
         .and_then(|mut s| {
@@ -592,7 +642,8 @@ impl Store {
                 record.commit_id,
                 deployment,
                 record.inputs.to_string(),
-                record.account
+                record.account,
+                record.deletion_policy.as_str()
             ])
         })
         .map_err(e)?;
@@ -692,7 +743,12 @@ impl Store {
     /// The caller holds the [`ApplyLock`], so a deployment still `running` was cut off: its
     /// unfinished operations become `interrupted`. If the newest one was deploying this same
     /// commit, it is resumed (its id is returned with `true`); any other is closed as failed.
-    pub fn begin_or_resume_deployment(&mut self, env: &str, commit: &str) -> Result<(i64, bool)> {
+    pub fn begin_or_resume_deployment(
+        &mut self,
+        env: &str,
+        commit: &str,
+        drift: bool,
+    ) -> Result<(i64, bool)> {
         let path = self.path.clone();
         let e = |source| StateError::Sqlite {
             path: path.clone(),
@@ -723,7 +779,7 @@ impl Store {
             ))
             .and_then(|mut s| s.execute([id]))
             .map_err(e)?;
-            if i == 0 && old_commit.as_deref() == Some(commit) {
+            if i == 0 && old_commit.as_deref() == Some(commit) && !drift {
                 resumed = Some(*id);
             } else {
                 tx.prepare_cached(&format!(
@@ -741,16 +797,84 @@ impl Store {
             None => {
                 let id = tx
                     .prepare_cached(&format!(
-                        "INSERT INTO deployment (env, commit_id, status, started_at)
-                         VALUES (?1, ?2, 'running', {NOW})"
+                        "INSERT INTO deployment (env, commit_id, kind, status, started_at)
+                         VALUES (?1, ?2, ?3, 'running', {NOW})"
                     ))
-                    .and_then(|mut s| s.insert(params![env, commit]))
+                    .and_then(|mut s| {
+                        s.insert(params![env, commit, if drift { "drift" } else { "commit" }])
+                    })
                     .map_err(e)?;
                 (id, false)
             }
         };
         tx.commit().map_err(e)?;
         Ok(result)
+    }
+
+    /// Records a deployment the deletion guard held: nothing was changed, and `deletions` are
+    /// the resources it would have deleted.
+    pub fn held_deployment(
+        &self,
+        env: &str,
+        commit: &str,
+        deletions: &[String],
+        why: &str,
+    ) -> Result<i64> {
+        let held = serde_json::to_string(deletions).expect("strings serialise");
+        self.conn
+            .prepare_cached(&format!(
+                "INSERT INTO deployment (env, commit_id, status, started_at, finished_at, error, held)
+                 VALUES (?1, ?2, 'held', {NOW}, {NOW}, ?3, ?4)"
+            ))
+            .and_then(|mut s| s.insert(params![env, commit, why, held]))
+            .map_err(self.err())
+    }
+
+    /// Releases a held deployment so it runs: it becomes `running` again. Returns its
+    /// environment and commit, or `None` when `id` is not a held deployment.
+    pub fn release_held(&self, id: i64) -> Result<Option<(String, String)>> {
+        let row: Option<(String, Option<String>)> = self
+            .conn
+            .prepare_cached(
+                "SELECT env, commit_id FROM deployment WHERE id = ?1 AND status = 'held'",
+            )
+            .and_then(|mut s| s.query_row([id], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+            .map_err(self.err())?;
+        let Some((env, Some(commit))) = row else {
+            return Ok(None);
+        };
+        self.conn
+            .prepare_cached(&format!(
+                "UPDATE deployment SET status = 'running', finished_at = NULL, error = NULL,
+                        started_at = {NOW}
+                 WHERE id = ?1"
+            ))
+            .and_then(|mut s| s.execute([id]))
+            .map_err(self.err())?;
+        Ok(Some((env, commit)))
+    }
+
+    /// Records a commit the daemon saw on the watched ref, and what it did with it.
+    pub fn commit_seen(&self, commit: &str, outcome: &str, detail: Option<&str>) -> Result<()> {
+        self.conn
+            .prepare_cached(&format!(
+                "INSERT INTO commit_seen (commit_id, seen_at, outcome, detail)
+                 VALUES (?1, {NOW}, ?2, ?3)"
+            ))
+            .and_then(|mut s| s.execute(params![commit, outcome, detail]))
+            .map_err(self.err())?;
+        Ok(())
+    }
+
+    /// The commit of the newest succeeded deployment of `env` (what a drift run re-applies).
+    pub fn last_good_commit(&self, env: &str) -> Result<Option<String>> {
+        self.conn
+            .prepare_cached(
+                "SELECT commit_id FROM deployment WHERE env = ?1 AND status = 'succeeded'
+                 ORDER BY id DESC LIMIT 1",
+            )
+            .and_then(|mut s| s.query_row([env], |r| r.get(0)).optional())
+            .map_err(self.err())
     }
 
     /// Counts of the resources a deployment created, updated and deleted, from its operations
@@ -917,6 +1041,7 @@ mod tests {
             definition: "pg".into(),
             driver: "echo".into(),
             account: None,
+            deletion_policy: DeletionPolicy::Delete,
             status: ResourceStatus::Ready,
             inputs_hash: "h1".into(),
             outputs: serde_json::json!({"host": "db"}),
@@ -964,20 +1089,24 @@ mod tests {
     fn one_apply_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state.db");
-        let held = ApplyLock::acquire(&state).unwrap();
+        let held = ApplyLock::acquire(&state, "dev", false).unwrap();
         assert!(matches!(
-            ApplyLock::acquire(&state),
+            ApplyLock::acquire(&state, "dev", false),
             Err(StateError::Busy { .. })
         ));
+        // Another environment is independent.
+        let _other = ApplyLock::acquire(&state, "prod", false).unwrap();
         drop(held);
-        ApplyLock::acquire(&state).unwrap();
+        ApplyLock::acquire(&state, "dev", true).unwrap();
     }
 
     #[test]
     fn an_interrupted_deployment_is_resumed_for_the_same_commit_only() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-        let (first, resumed) = store.begin_or_resume_deployment("dev", "c1").unwrap();
+        let (first, resumed) = store
+            .begin_or_resume_deployment("dev", "c1", false)
+            .unwrap();
         assert!(!resumed);
         let op = OperationStart {
             deployment: first,
@@ -995,13 +1124,17 @@ mod tests {
             .unwrap();
         // gitplane is killed here; the next apply of the same commit picks the deployment up.
         assert_eq!(
-            store.begin_or_resume_deployment("dev", "c1").unwrap(),
+            store
+                .begin_or_resume_deployment("dev", "c1", false)
+                .unwrap(),
             (first, true)
         );
         assert_eq!(store.operations(first).unwrap()[0].status, "interrupted");
         assert_eq!(store.cookie("g1").unwrap().as_deref(), Some("c=1"));
         // A different commit closes it as failed and starts anew.
-        let (second, resumed) = store.begin_or_resume_deployment("dev", "c2").unwrap();
+        let (second, resumed) = store
+            .begin_or_resume_deployment("dev", "c2", false)
+            .unwrap();
         assert!(!resumed && second != first);
         let old = store
             .deployments(Some("dev"))

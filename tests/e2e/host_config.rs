@@ -32,7 +32,10 @@ fn platform(sb: &Sandbox) -> std::path::PathBuf {
         ),
     )
     .unwrap();
-    sb.write("environments/dev.yaml", "type: development\nimplicit_resources: []\n");
+    sb.write(
+        "environments/dev.yaml",
+        "type: development\nimplicit_resources: []\n",
+    );
     sb.write(
         "workloads/app/web.yaml",
         "apiVersion: score.dev/v1b1\nmetadata:\n  name: web\ncontainers:\n  main:\n    image: x\n\

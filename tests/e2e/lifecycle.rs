@@ -386,12 +386,40 @@ fn removing_a_workload_deletes_its_private_resources_in_reverse_order() {
     }
     assert_eq!(sb.count("SELECT COUNT(*) FROM edge"), 8);
 
-    // The last workload goes: the whole app goes, base-env last.
+    // The last workload goes: that would empty both environments, so the deletion guard holds
+    // the commit and nothing changes.
     sb.remove("workloads/shop/backend.yaml");
-    let d = apply_change(&sb, "Retire the shop");
-    for env in ENVS {
-        assert_eq!(d[env].counts, [0, 0, 4, 0, 0], "{env}: {:?}", d[env]);
-        let ops = sb.operations(d[env].id);
+    let before = sb.max_id("deployment");
+    let resources = sb.resource_rows();
+    sb.commit("Retire the shop");
+    let run = sb.gitplane(&["apply"]).fails();
+    run.stdout_has("held by the deletion guard: it would delete all 4 resources");
+    let held = sb.deployments_after(before);
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(held.iter().all(|d| d.status == "held"), "{held:?}");
+    assert_eq!(
+        sb.resource_rows(),
+        resources,
+        "a held commit changes nothing"
+    );
+    let history = sb.gitplane(&["history", "--format", "json"]).ok().json();
+    let newest = &history[0];
+    assert_eq!(newest["status"], "held");
+    assert_eq!(newest["held"].as_array().unwrap().len(), 4);
+
+    // Approving releases each: the whole app goes, base-env last.
+    for d in &held {
+        let id = d.id.to_string();
+        sb.gitplane(&["approve", &id]).ok();
+        let d = sb
+            .deployments_after(before)
+            .into_iter()
+            .find(|x| x.id == d.id)
+            .unwrap();
+        let env = d.env.as_str();
+        assert_eq!(d.status, "succeeded", "{d:?}");
+        assert_eq!(d.counts, [0, 0, 4, 0, 0], "{env}: {d:?}");
+        let ops = sb.operations(d.id);
         let order: Vec<&str> = ops.iter().map(|(_, r, _)| r.as_str()).collect();
         assert!(
             ops.iter()
@@ -407,6 +435,9 @@ fn removing_a_workload_deletes_its_private_resources_in_reverse_order() {
         );
         assert_eq!(order[3], "base-env", "{env}: {ops:?}");
     }
+    sb.gitplane(&["approve", &held[0].id.to_string()])
+        .fails()
+        .stderr_has("is not held");
     assert_eq!(sb.count("SELECT COUNT(*) FROM resource"), 0);
     assert_eq!(sb.count("SELECT COUNT(*) FROM resource_secret"), 0);
     assert_eq!(sb.count("SELECT COUNT(*) FROM edge"), 0);

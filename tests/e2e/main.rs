@@ -5,7 +5,9 @@ mod driver_server;
 mod util;
 
 mod bad_input;
+mod hook;
 mod host_config;
 mod lifecycle;
 mod reconcile;
 mod secrets;
+mod systemd;

@@ -167,7 +167,23 @@ fn the_driver_sees_the_interface_and_state_records_the_outcome() {
     sb.remove("workloads/app/w0.yaml");
     sb.commit("Remove w0");
     let before = server.received().len();
-    apply(&sb).ok();
+    // Emptying the environment trips the deletion guard: approve the held deployment.
+    apply(&sb).fails();
+    assert_eq!(
+        server.received().len(),
+        before,
+        "a held deployment calls no driver"
+    );
+    let held = sb.last_deployment("test");
+    assert_eq!(held.status, "held");
+    let config = sb.work.join("host.yaml");
+    sb.gitplane(&[
+        "approve",
+        &held.id.to_string(),
+        "--config",
+        config.to_str().unwrap(),
+    ])
+    .ok();
     let deletes: Vec<(String, Option<String>, u16)> = server.received()[before..]
         .iter()
         .filter(|r| r.method == "DELETE")

@@ -1,15 +1,185 @@
 //! `gitplane validate --pre-receive`: rejects a push whose new commit does not load or build.
+//!
+//! Installed as the `pre-receive` hook of the bare config repository:
+//!
+//! ```sh
+//! #!/bin/sh
+//! exec /usr/local/bin/gitplane validate --pre-receive --config /etc/gitplane/gitplane.yaml
+//! ```
+//!
+//! git runs the hook in the bare repository, so `--repo .` (the default when the host config
+//! names no repo) is the repository pushed to. The pushed objects are still in git's quarantine
+//! then; [`ConfigRepo::open_in_hook`] reads them.
 
 use std::io::{BufRead, Write};
 
-use super::{CliError, CommandResult, Context};
+use crate::deploy::{self, Built};
+use crate::repo::ConfigRepo;
+
+use super::{CliError, CommandResult, Context, output, report_rejected, target_envs};
+
+/// The ref gitplane applies when the host config names none.
+const DEFAULT_WATCHED: &str = "refs/heads/main";
+
+/// One line of git's pre-receive input: `<old-sha> <new-sha> <refname>`.
+#[derive(Debug, PartialEq, Eq)]
+struct Update<'a> {
+    new: &'a str,
+    refname: &'a str,
+}
+
+impl<'a> Update<'a> {
+    fn parse(line: &'a str) -> Option<Update<'a>> {
+        let mut parts = line.splitn(3, ' ');
+        parts.next().filter(|old| is_object_id(old))?;
+        let new = parts.next().filter(|s| is_object_id(s))?;
+        let refname = parts.next().filter(|s| !s.is_empty())?;
+        Some(Update { new, refname })
+    }
+
+    /// The push deletes the ref.
+    fn deletes(&self) -> bool {
+        self.new.bytes().all(|b| b == b'0')
+    }
+}
+
+fn is_object_id(s: &str) -> bool {
+    matches!(s.len(), 40 | 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Whether `refname` (a full name, as git passes it) is the watched ref, given in the host
+/// config in full (`refs/heads/main`) or short (`main`, matched as git would: `refs/<name>`,
+/// `refs/tags/<name>`, `refs/heads/<name>`).
+fn is_watched(refname: &str, watched: &str) -> bool {
+    if watched.starts_with("refs/") {
+        return refname == watched;
+    }
+    ["refs/", "refs/tags/", "refs/heads/"]
+        .iter()
+        .any(|prefix| refname.strip_prefix(prefix) == Some(watched))
+}
 
 /// Reads `<old> <new> <ref>` lines from `stdin` (git's pre-receive protocol) and validates the
-/// new commit of the watched ref. Not implemented yet.
+/// new commit of the watched ref (the host config's `ref`, else `refs/heads/main`) exactly as
+/// `gitplane validate` does: every error goes to stderr and the result is a failure, which makes
+/// git reject the whole push. Deleting the watched ref is refused. Other refs pass untouched.
 pub fn pre_receive(
-    _ctx: &Context,
-    _stdin: &mut impl BufRead,
-    _stdout: &mut impl Write,
+    ctx: &Context,
+    stdin: &mut impl BufRead,
+    stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    Ok(CommandResult::Failure)
+    // Read everything git sends before answering.
+    let lines: Vec<String> = match stdin.lines().collect() {
+        Ok(lines) => lines,
+        Err(e) => {
+            eprintln!("error: pre-receive: cannot read the updated refs from stdin: {e}");
+            return Ok(CommandResult::Failure);
+        }
+    };
+    let watched = ctx.default_rev.as_deref().unwrap_or(DEFAULT_WATCHED);
+    let mut outcome = CommandResult::Success;
+    for line in lines.iter().filter(|l| !l.trim().is_empty()) {
+        let Some(update) = Update::parse(line) else {
+            eprintln!(
+                "error: pre-receive: cannot read {line:?}: expected '<old-sha> <new-sha> \
+                 <refname>' (run this command as a git pre-receive hook)"
+            );
+            outcome = CommandResult::Failure;
+            continue;
+        };
+        if !is_watched(update.refname, watched) {
+            continue;
+        }
+        if update.deletes() {
+            eprintln!(
+                "error: {} is the ref gitplane applies: deleting it would delete every resource \
+                 gitplane provisioned from it; to remove resources, push a commit without them",
+                update.refname
+            );
+            outcome = CommandResult::Failure;
+            continue;
+        }
+        if check(ctx, &update, stdout)? == CommandResult::Failure {
+            outcome = CommandResult::Failure;
+        }
+    }
+    Ok(outcome)
+}
+
+/// Loads and builds the new commit of the watched ref, as `load_and_build` does for
+/// `validate`, but with the repository opened to see the quarantined objects of the push.
+fn check(
+    ctx: &Context,
+    update: &Update<'_>,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    let repo = ConfigRepo::open_in_hook(&ctx.repo)?;
+    let snapshot = repo.load(Some(update.new))?;
+    let envs = target_envs(&snapshot, &ctx.envs)?;
+    match deploy::build(&snapshot, &envs, &ctx.drivers) {
+        Ok(built) => {
+            writeln!(
+                stdout,
+                "ok: commit {} for {} is valid: {}",
+                output::short(&snapshot.commit),
+                update.refname,
+                summary(&built)
+            )?;
+            Ok(CommandResult::Success)
+        }
+        Err(rejected) => {
+            report_rejected(&snapshot, &rejected);
+            Ok(CommandResult::Failure)
+        }
+    }
+}
+
+/// `env (N resources, M edges), ...`, as `validate` prints it.
+fn summary(built: &Built) -> String {
+    built
+        .graphs
+        .iter()
+        .map(|g| {
+            format!(
+                "{} ({} resources, {} edges)",
+                g.env,
+                g.len(),
+                g.edges().len()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "1111111111111111111111111111111111111111";
+    const ZERO: &str = "0000000000000000000000000000000000000000";
+
+    #[test]
+    fn parses_git_lines() {
+        let line = format!("{ZERO} {A} refs/heads/main");
+        let u = Update::parse(&line).unwrap();
+        assert_eq!(u.new, A);
+        assert_eq!(u.refname, "refs/heads/main");
+        assert!(!u.deletes());
+        let line = format!("{A} {ZERO} refs/heads/main");
+        assert!(Update::parse(&line).unwrap().deletes());
+        assert!(Update::parse("main").is_none());
+        assert!(Update::parse(&format!("{A} xyz refs/heads/main")).is_none());
+        assert!(Update::parse(&format!("{A} {A}")).is_none());
+    }
+
+    #[test]
+    fn matches_the_watched_ref_full_or_short() {
+        assert!(is_watched("refs/heads/main", "refs/heads/main"));
+        assert!(!is_watched("refs/heads/main2", "refs/heads/main"));
+        assert!(is_watched("refs/heads/main", "main"));
+        assert!(is_watched("refs/tags/prod", "prod"));
+        assert!(is_watched("refs/heads/release", "heads/release"));
+        assert!(!is_watched("refs/heads/feature/main", "main"));
+        assert!(!is_watched("refs/heads/dev", "main"));
+    }
 }

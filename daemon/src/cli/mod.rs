@@ -5,7 +5,6 @@ mod init;
 mod output;
 mod progress;
 
-use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -13,11 +12,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use gitplane_state::{ApplyLock, DeploymentStatus, StateError, Store};
 
 use crate::config::{ConfigError, HostConfig, RepoSource};
+use crate::deploy::{self, Built, Rejected};
 use crate::drivers::Registry;
 use crate::graph::{self, ResourceGraph};
-use crate::model::{self, Repository};
 use crate::plan;
-use crate::reconcile::{self, Event, Settings};
+use crate::reconcile::{self, ApplyOptions, Event, Settings};
 use crate::repo::{ConfigRepo, RepoError, Snapshot};
 
 pub use init::TEMPLATE;
@@ -163,6 +162,25 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
+    /// List deployments per commit, newest first.
+    History {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Release a deployment held by the deletion guard, and apply it.
+    Approve {
+        #[command(flatten)]
+        common: Common,
+        /// The held deployment's id (see `gitplane history`).
+        deployment: i64,
+    },
+    /// Watch the repository and reconcile every new commit until stopped.
+    Daemon {
+        #[command(flatten)]
+        common: Common,
+    },
     /// Show the resource graph of a commit.
     Graph {
         #[command(flatten)]
@@ -194,6 +212,8 @@ pub enum CliError {
         state: PathBuf,
         known: String,
     },
+    #[error("deployment {deployment} is not held: `gitplane history` lists held deployments")]
+    NotHeld { deployment: i64 },
     #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]
     NoState { path: PathBuf },
     #[error("host config: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -203,6 +223,8 @@ pub enum CliError {
          local repository to run this command"
     )]
     RemoteRepo { url: String },
+    #[error(transparent)]
+    Daemon(crate::daemon::DaemonError),
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
     #[error("writing output: {0}")]
@@ -215,17 +237,6 @@ pub enum CommandResult {
     Success,
     /// The command ran and reported a failure (invalid commit, failed resources).
     Failure,
-}
-
-/// A commit that did not load or build: every error, and the environments it was meant for.
-struct Rejected {
-    envs: Vec<String>,
-    errors: Vec<String>,
-}
-
-/// A commit's graphs, one per selected environment.
-struct Built {
-    graphs: Vec<ResourceGraph>,
 }
 
 pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
@@ -269,6 +280,31 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             apply(&ctx, ctx.rev(&rev), stdout)
         }
         Command::Status { common, format } => status(&common.context()?, format, stdout),
+        Command::History { common, format } => history(&common.context()?, format, stdout),
+        Command::Approve { common, deployment } => approve(&common.context()?, deployment, stdout),
+        Command::Daemon { common } => {
+            let host = HostConfig::load(common.config.as_deref()).map_err(CliError::Config)?;
+            // The daemon, unlike the other commands, can mirror a remote.
+            let source = match (&common.repo, &host.repo) {
+                (Some(repo), _) => RepoSource::Local(repo.clone()),
+                (None, Some(source)) => source.clone(),
+                (None, None) => RepoSource::Local(PathBuf::from(".")),
+            };
+            let state = common
+                .state
+                .clone()
+                .or_else(|| host.state.clone())
+                .unwrap_or_else(|| PathBuf::from("gitplane.db"));
+            crate::daemon::run(crate::daemon::DaemonOptions {
+                source,
+                state,
+                envs: common.envs.clone(),
+                config_path: common.config.clone(),
+                host,
+            })
+            .map_err(CliError::Daemon)?;
+            Ok(CommandResult::Success)
+        }
         Command::Graph {
             common,
             rev,
@@ -412,23 +448,13 @@ fn load_and_build(
     let repo = ConfigRepo::open(&ctx.repo)?;
     let snapshot = repo.load(rev)?;
     let envs = target_envs(&snapshot, &ctx.envs)?;
-    let result = build(&snapshot, &envs, &ctx.drivers);
+    let result = deploy::build(&snapshot, &envs, &ctx.drivers);
     Ok((snapshot, result))
 }
 
 /// Environments named by the commit's `environments/` files, or the ones asked for.
 fn target_envs(snapshot: &Snapshot, asked: &[String]) -> Result<Vec<String>, CliError> {
-    let known: BTreeSet<String> = snapshot
-        .files
-        .keys()
-        .filter_map(|p| p.strip_prefix("environments/"))
-        .filter(|name| !name.contains('/'))
-        .filter_map(|name| {
-            name.strip_suffix(".yaml")
-                .or_else(|| name.strip_suffix(".yml"))
-        })
-        .map(str::to_owned)
-        .collect();
+    let known = deploy::environments_of(snapshot);
     if asked.is_empty() {
         return Ok(known.into_iter().collect());
     }
@@ -447,61 +473,6 @@ fn target_envs(snapshot: &Snapshot, asked: &[String]) -> Result<Vec<String>, Cli
     Ok(asked)
 }
 
-/// Loads the model and builds every target environment; the commit is rejected as a whole if
-/// anything fails.
-fn build(snapshot: &Snapshot, envs: &[String], drivers: &Registry) -> Result<Built, Rejected> {
-    let reject = |errors: Vec<String>| Rejected {
-        envs: envs.to_vec(),
-        errors,
-    };
-    let repo: Repository = model::load(&snapshot.files)
-        .map_err(|errors| reject(errors.iter().map(ToString::to_string).collect()))?;
-    let mut graphs = Vec::new();
-    let mut errors = Vec::new();
-    for env in &repo.environments {
-        if !envs.contains(&env.id) {
-            continue;
-        }
-        match graph::build(&repo, env) {
-            Ok(g) => {
-                errors.extend(unknown_drivers(&repo, &g, drivers));
-                graphs.push(g);
-            }
-            Err(errs) => errors.extend(errs.iter().map(|e| format!("environment {}: {e}", env.id))),
-        }
-    }
-    if errors.is_empty() {
-        Ok(Built { graphs })
-    } else {
-        errors.dedup();
-        Err(reject(errors))
-    }
-}
-
-/// A definition whose `driver_type` has no driver cannot be applied.
-fn unknown_drivers(repo: &Repository, graph: &ResourceGraph, drivers: &Registry) -> Vec<String> {
-    let used: BTreeSet<(&str, &str)> = graph
-        .nodes()
-        .filter(|n| drivers.get(&n.driver_type).is_none())
-        .map(|n| (n.definition.as_str(), n.driver_type.as_str()))
-        .collect();
-    used.into_iter()
-        .map(|(def, driver)| {
-            let location = repo
-                .definitions
-                .iter()
-                .find(|d| d.id == def)
-                .map(|d| d.locate("driver_type").to_string())
-                .unwrap_or_default();
-            format!(
-                "{location}: definition '{def}' uses driver_type '{driver}', which is not \
-                 registered (registered: {})",
-                drivers.names().collect::<Vec<_>>().join(", ")
-            )
-        })
-        .collect()
-}
-
 fn report_rejected(snapshot: &Snapshot, rejected: &Rejected) {
     for e in &rejected.errors {
         eprintln!("error: {e}");
@@ -518,7 +489,6 @@ fn apply(
     rev: Option<&str>,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let _lock = ApplyLock::acquire(&ctx.state)?;
     let (snapshot, result) = load_and_build(ctx, rev)?;
     let mut store = Store::open(&ctx.state)?;
     let built = match result {
@@ -532,6 +502,31 @@ fn apply(
             return Ok(CommandResult::Failure);
         }
     };
+    let _locks = built
+        .graphs
+        .iter()
+        .map(|g| ApplyLock::acquire(&ctx.state, &g.env, false))
+        .collect::<Result<Vec<_>, _>>()?;
+    apply_graphs(
+        ctx,
+        &mut store,
+        &snapshot.commit,
+        &built.graphs,
+        None,
+        stdout,
+    )
+}
+
+/// Reconciles each graph in turn, with progress on stderr and a summary line per environment.
+/// The caller holds the environments' apply locks.
+fn apply_graphs(
+    ctx: &Context,
+    store: &mut Store,
+    commit: &str,
+    graphs: &[ResourceGraph],
+    approved: Option<i64>,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
     let settings = Settings::from_config(&ctx.host);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -539,14 +534,18 @@ fn apply(
         .build()
         .map_err(CliError::Runtime)?;
     let mut outcome = CommandResult::Success;
-    for g in &built.graphs {
-        let mut progress = progress::Progress::new(&g.env, &snapshot.commit);
+    for g in graphs {
+        let mut progress = progress::Progress::new(&g.env, commit);
         let report = runtime.block_on(reconcile::apply(
-            &mut store,
+            store,
             &ctx.drivers,
             &settings,
             g,
-            &snapshot.commit,
+            commit,
+            &ApplyOptions {
+                approved,
+                ..ApplyOptions::default()
+            },
             &mut |e: &Event<'_>| progress.event(e),
         ))?;
         progress.finish();
@@ -555,6 +554,19 @@ fn apply(
                 "{}: resumed deployment {}, which an earlier run did not finish",
                 report.env, report.deployment
             );
+        }
+        if report.status == DeploymentStatus::Held {
+            outcome = CommandResult::Failure;
+            writeln!(
+                stdout,
+                "{}: deployment {} held by the deletion guard: {}; nothing was changed.\n  \
+                 Approve it with `gitplane approve {}`, or push a commit that deletes less.",
+                report.env,
+                report.deployment,
+                report.failures.join("; "),
+                report.deployment
+            )?;
+            continue;
         }
         let c = report.counts;
         writeln!(
@@ -577,6 +589,90 @@ fn apply(
         }
     }
     Ok(outcome)
+}
+
+/// `gitplane approve`: releases a held deployment and applies it.
+fn approve(
+    ctx: &Context,
+    deployment: i64,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    if !ctx.state.exists() {
+        return Err(CliError::NoState {
+            path: ctx.state.clone(),
+        });
+    }
+    let mut store = Store::open(&ctx.state)?;
+    let Some(env) = store
+        .deployments(None)?
+        .into_iter()
+        .find(|d| d.id == deployment)
+        .map(|d| d.env)
+    else {
+        return Err(CliError::NotHeld { deployment });
+    };
+    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
+    let Some((env, commit)) = store.release_held(deployment)? else {
+        return Err(CliError::NotHeld { deployment });
+    };
+    let held = Context {
+        envs: vec![env],
+        ..ctx.clone()
+    };
+    let (snapshot, result) = load_and_build(&held, Some(&commit))?;
+    match result {
+        Ok(built) => apply_graphs(
+            &held,
+            &mut store,
+            &snapshot.commit,
+            &built.graphs,
+            Some(deployment),
+            stdout,
+        ),
+        Err(rejected) => {
+            report_rejected(&snapshot, &rejected);
+            let error = rejected.errors.join("\n");
+            store.finish_deployment(
+                deployment,
+                DeploymentStatus::Failed,
+                &Default::default(),
+                Some(&error),
+            )?;
+            Ok(CommandResult::Failure)
+        }
+    }
+}
+
+/// `gitplane history`: deployments per commit, newest first.
+fn history(
+    ctx: &Context,
+    format: Format,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    if !ctx.state.exists() {
+        return Err(CliError::NoState {
+            path: ctx.state.clone(),
+        });
+    }
+    let store = Store::open(&ctx.state)?;
+    let mut deployments = store.deployments(None)?;
+    if !ctx.envs.is_empty() {
+        deployments.retain(|d| ctx.envs.contains(&d.env));
+    }
+    match format {
+        Format::Json => {
+            let items: Vec<serde_json::Value> =
+                deployments.iter().map(output::history_json).collect();
+            writeln!(
+                stdout,
+                "{}",
+                serde_json::to_string_pretty(&items)
+                    .expect("a serde_json::Value always serialises")
+            )?;
+        }
+        Format::Table => write!(stdout, "{}", output::history_table(&deployments))?,
+    }
+    Ok(CommandResult::Success)
 }
 
 fn status(

@@ -206,6 +206,46 @@ pub fn graph_table(graph: &ResourceGraph, commit: &str) -> String {
     )
 }
 
+/// One deployment in `history --format json`.
+pub fn history_json(d: &DeploymentRecord) -> Value {
+    json!({
+        "id": d.id,
+        "env": d.env,
+        "commit": d.commit_id,
+        "status": d.status.as_str(),
+        "started_at": d.started_at,
+        "finished_at": d.finished_at,
+        "created": d.counts.created,
+        "updated": d.counts.updated,
+        "deleted": d.counts.deleted,
+        "unchanged": d.counts.unchanged,
+        "failed": d.counts.failed,
+        "held": d.held,
+    })
+}
+
+pub fn history_table(deployments: &[DeploymentRecord]) -> String {
+    let mut t = Table::new(&[
+        "ID", "ENV", "COMMIT", "STATUS", "STARTED", "FINISHED", "CREATED", "UPDATED", "DELETED",
+        "FAILED",
+    ]);
+    for d in deployments {
+        t.row(vec![
+            d.id.to_string(),
+            d.env.clone(),
+            d.commit_id.as_deref().map(short).unwrap_or("-").to_owned(),
+            d.status.as_str().to_owned(),
+            d.started_at.clone(),
+            d.finished_at.clone().unwrap_or_else(|| "-".into()),
+            d.counts.created.to_string(),
+            d.counts.updated.to_string(),
+            d.counts.deleted.to_string(),
+            d.counts.failed.to_string(),
+        ]);
+    }
+    t.render("")
+}
+
 /// One JSON value when one environment is shown, an array when several are.
 pub fn one_or_many(mut items: Vec<Value>) -> Value {
     if items.len() == 1 {

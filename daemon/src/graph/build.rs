@@ -181,6 +181,8 @@ impl<'r> Builder<'r> {
         Ok(ResourceGraph {
             env: self.env.id.clone(),
             env_type: self.env.env_type.clone(),
+            deletion_threshold: self.env.deletion_threshold,
+            schedule: self.env.schedule.clone(),
             dag: self.dag,
             index: self.index,
         })
@@ -232,6 +234,7 @@ impl<'r> Builder<'r> {
             definition: def.id.clone(),
             driver_type: def.driver_type.clone(),
             driver_account: def.driver_account.clone(),
+            deletion_policy: def.deletion_policy,
             params: Template::Value(req.params),
             values: Template::default(),
             secrets: Template::default(),

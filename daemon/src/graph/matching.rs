@@ -150,6 +150,7 @@ mod tests {
             res_type: "postgres".into(),
             driver_type: "echo".into(),
             driver_account: None,
+            deletion_policy: Default::default(),
             values: Default::default(),
             secrets: Default::default(),
             provision: vec![],

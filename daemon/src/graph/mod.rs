@@ -117,6 +117,7 @@ pub struct ResourceNode {
     pub definition: String,
     pub driver_type: String,
     pub driver_account: Option<String>,
+    pub deletion_policy: gitplane_state::DeletionPolicy,
     /// The resource's own inputs (`resource` in a driver request): Score params, or for a
     /// workload its whole Score file.
     pub params: Template<Binding>,
@@ -147,6 +148,10 @@ pub fn label(app: Option<&str>, res_type: &str, class: &str, res_id: &str) -> St
 pub struct ResourceGraph {
     pub env: String,
     pub env_type: String,
+    /// The environment's deletion guard: the percent of its resources a commit may delete.
+    pub deletion_threshold: f64,
+    /// The environment's drift schedule.
+    pub schedule: Option<crate::model::Schedule>,
     dag: Dag<ResourceNode, EdgeKind>,
     index: HashMap<GuresId, NodeIndex>,
 }

@@ -24,6 +24,16 @@ struct EnvironmentFile {
     env_type: String,
     apps: Option<Vec<String>>,
     implicit_resources: Option<Vec<String>>,
+    /// A cron expression for drift runs (5 fields, or 6 with seconds).
+    schedule: Option<String>,
+    deletion_guard: Option<DeletionGuardFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeletionGuardFile {
+    /// Hold a commit that would delete more than this share (percent) of the environment.
+    threshold: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -89,6 +99,8 @@ struct EntityFile {
     provision: BTreeMap<String, ProvisionFile>,
     #[serde(default)]
     criteria: Vec<CriterionFile>,
+    /// `orphan`: forget its resources when they leave the graph instead of deleting them.
+    deletion_policy: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -246,8 +258,44 @@ impl Loader {
             self.error(SourceLocation::file(path), LoadErrorKind::Invalid(reason));
             return;
         }
+        let threshold = file
+            .deletion_guard
+            .and_then(|g| g.threshold)
+            .unwrap_or(super::DEFAULT_DELETION_THRESHOLD);
+        if !(0.0..=100.0).contains(&threshold) {
+            self.error(
+                SourceLocation {
+                    file: path.into(),
+                    line: line_of(text, "threshold"),
+                    column: None,
+                },
+                LoadErrorKind::Invalid(format!(
+                    "deletion_guard.threshold {threshold} is not a percentage between 0 and 100"
+                )),
+            );
+            return;
+        }
+        let schedule = match file.schedule {
+            None => None,
+            Some(text_schedule) => match super::Schedule::parse(&text_schedule) {
+                Ok(s) => Some(s),
+                Err(reason) => {
+                    self.error(
+                        SourceLocation {
+                            file: path.into(),
+                            line: line_of(text, "schedule"),
+                            column: None,
+                        },
+                        LoadErrorKind::Invalid(reason),
+                    );
+                    return;
+                }
+            },
+        };
         self.repo.environments.push(Environment {
             id,
+            deletion_threshold: threshold,
+            schedule,
             env_type: file.env_type,
             apps: file.apps,
             implicit_resources: file
@@ -455,6 +503,19 @@ impl Loader {
         if self.errors.len() > before {
             return;
         }
+        let deletion_policy = match entity.deletion_policy.as_deref() {
+            None | Some("delete") => gitplane_state::DeletionPolicy::Delete,
+            Some("orphan") => gitplane_state::DeletionPolicy::Orphan,
+            Some(other) => {
+                self.error(
+                    at("deletion_policy"),
+                    LoadErrorKind::Invalid(format!(
+                        "deletion_policy '{other}' is not one of delete, orphan"
+                    )),
+                );
+                return;
+            }
+        };
         let criteria = entity
             .criteria
             .into_iter()
@@ -472,6 +533,7 @@ impl Loader {
             res_type: entity.res_type,
             driver_type: entity.driver_type,
             driver_account: entity.driver_account,
+            deletion_policy,
             values,
             secrets,
             provision,

@@ -22,6 +22,35 @@ use template::{Template, TemplateError};
 /// The class a resource has when nobody names one.
 pub const DEFAULT_CLASS: &str = "default";
 
+/// The share (percent) of an environment's resources a commit may delete before it is held.
+pub const DEFAULT_DELETION_THRESHOLD: f64 = 50.0;
+
+/// A cron schedule for drift runs, as written and as parsed.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    pub text: String,
+    pub cron: cron::Schedule,
+}
+
+impl Schedule {
+    /// Parses the usual 5-field crontab form (a seconds field of `0` is prepended) or the
+    /// 6/7-field form with seconds.
+    pub fn parse(text: &str) -> Result<Schedule, String> {
+        let fields = text.split_whitespace().count();
+        let full = if fields == 5 {
+            format!("0 {text}")
+        } else {
+            text.to_owned()
+        };
+        full.parse::<cron::Schedule>()
+            .map(|cron| Schedule {
+                text: text.to_owned(),
+                cron,
+            })
+            .map_err(|e| format!("schedule '{text}' is not a cron expression: {e}"))
+    }
+}
+
 /// A place in the repository: file, and line and column where known.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct SourceLocation {
@@ -128,6 +157,10 @@ pub struct Environment {
     pub apps: Option<Vec<String>>,
     /// Resource types every app gets in this environment, each with res_id equal to its type.
     pub implicit_resources: Vec<String>,
+    /// Drift runs re-apply the last good commit on this schedule.
+    pub schedule: Option<Schedule>,
+    /// Percent of the recorded resources a commit may delete before it is held.
+    pub deletion_threshold: f64,
     pub location: SourceLocation,
 }
 
@@ -178,6 +211,7 @@ pub struct Definition {
     pub res_type: String,
     pub driver_type: String,
     pub driver_account: Option<String>,
+    pub deletion_policy: gitplane_state::DeletionPolicy,
     pub values: Template<Expr>,
     pub secrets: Template<Expr>,
     pub provision: Vec<Provision>,

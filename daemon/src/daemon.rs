@@ -1,0 +1,517 @@
+//! `gitplane daemon`: watches the config repository and reconciles every new commit, each
+//! environment in its own worker, until SIGTERM.
+//!
+//! The shape is kube-rs's controller: level-triggered (every wake-up re-resolves the watched
+//! ref; a periodic check covers lost events), at most one reconcile per environment at a time,
+//! and requests that arrive meanwhile merge (a worker always takes the newest commit).
+//! One task owns shutdown: on SIGTERM it stops new work, lets in-flight driver calls finish for
+//! up to the drain deadline, and leaves what it could not finish recorded for the next start.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use chrono::Utc;
+use gitplane_state::{ApplyLock, DeploymentStatus, StateError, Store};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{mpsc, watch as latest};
+use tokio::task::JoinSet;
+use tracing::{error, info, warn};
+
+use crate::config::{HostConfig, RepoSource};
+use crate::deploy;
+use crate::drivers::Registry;
+use crate::graph::ResourceGraph;
+use crate::reconcile::{self, ApplyOptions, Settings};
+use crate::repo::{ConfigRepo, RepoError};
+use crate::watch;
+
+/// How long in-flight driver calls may run on after SIGTERM.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(60);
+/// How often the watched ref is resolved even without a file event.
+const DEFAULT_POLL: Duration = Duration::from_secs(30);
+
+/// What `gitplane daemon` runs with.
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    pub source: RepoSource,
+    pub state: PathBuf,
+    /// Only these environments; empty: every environment of each commit.
+    pub envs: Vec<String>,
+    /// The host config file, re-read on SIGHUP.
+    pub config_path: Option<PathBuf>,
+    pub host: HostConfig,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Repo(#[from] RepoError),
+    #[error(transparent)]
+    Watch(#[from] watch::WatchError),
+    #[error("cannot install the signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub fn run(options: DaemonOptions) -> Result<(), DaemonError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(DaemonError::Runtime)?;
+    runtime.block_on(Daemon::start(options)?.run())
+}
+
+/// Work for one environment's worker.
+#[derive(Debug, Clone)]
+struct Job {
+    commit: String,
+    graph: Arc<ResourceGraph>,
+    drift: bool,
+}
+
+/// What workers share: the settings (replaced on SIGHUP) and the stop flag.
+struct Shared {
+    state: PathBuf,
+    runtime: RwLock<Arc<(Registry, Settings)>>,
+    stop: Arc<AtomicBool>,
+}
+
+struct Daemon {
+    options: DaemonOptions,
+    shared: Arc<Shared>,
+    /// The local repository: the one people push to, or the mirror of a remote.
+    repo_path: PathBuf,
+    /// The commit last dispatched, to skip wake-ups that changed nothing.
+    last_commit: Option<String>,
+    /// Each environment's worker, fed the newest job.
+    workers: HashMap<String, latest::Sender<Option<Job>>>,
+    tasks: JoinSet<()>,
+    /// Drift schedules of the environments, from the newest good commit.
+    schedules: HashMap<String, crate::model::Schedule>,
+    store: Store,
+}
+
+impl Daemon {
+    fn start(options: DaemonOptions) -> Result<Daemon, DaemonError> {
+        let store = Store::open(&options.state)?;
+        let repo_path = match &options.source {
+            RepoSource::Local(path) => path.clone(),
+            RepoSource::Remote { url, .. } => {
+                let mirror = mirror_path(&options.state);
+                watch::fetch_mirror(url, &mirror)?;
+                mirror
+            }
+        };
+        let shared = Arc::new(Shared {
+            state: options.state.clone(),
+            runtime: RwLock::new(Arc::new(runtime_of(&options.host))),
+            stop: Arc::new(AtomicBool::new(false)),
+        });
+        Ok(Daemon {
+            options,
+            shared,
+            repo_path,
+            last_commit: None,
+            workers: HashMap::new(),
+            tasks: JoinSet::new(),
+            schedules: HashMap::new(),
+            store,
+        })
+    }
+
+    async fn run(mut self) -> Result<(), DaemonError> {
+        let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+        let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
+        let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
+        let git_dir = git_dir(&self.repo_path)?;
+        let _watcher = watch::watch_refs(&git_dir, wake_tx.clone())?;
+        let poll = self.options.host.watch_interval.unwrap_or(DEFAULT_POLL);
+        let mut poll_timer = tokio::time::interval(poll);
+        let fetch = match &self.options.source {
+            RepoSource::Remote { url, interval } => Some((url.clone(), *interval)),
+            RepoSource::Local(_) => None,
+        };
+        let mut fetch_timer =
+            tokio::time::interval(fetch.as_ref().map_or(Duration::from_secs(3600), |f| f.1));
+        let watchdog = sd_notify::watchdog_enabled();
+        let mut heartbeat =
+            tokio::time::interval(watchdog.map_or(Duration::from_secs(3600), |d| d / 2));
+
+        self.check().await;
+        let _ = sd_notify::notify(&[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status("watching"),
+        ]);
+        info!(repo = %self.repo_path.display(), state = %self.options.state.display(), "gitplane daemon ready");
+        loop {
+            let drift_at = self.next_drift();
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = hup.recv() => self.reload(),
+                Some(()) = wake_rx.recv() => self.check().await,
+                _ = poll_timer.tick() => self.check().await,
+                _ = fetch_timer.tick(), if fetch.is_some() => {
+                    if let Some((url, _)) = &fetch {
+                        let (url, mirror) = (url.clone(), self.repo_path.clone());
+                        match tokio::task::spawn_blocking(move || watch::fetch_mirror(&url, &mirror)).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => warn!(error = %e, "fetch failed; the last fetched commit stays in force"),
+                            Err(e) => warn!(error = %e, "fetch task failed"),
+                        }
+                    }
+                    self.check().await;
+                }
+                _ = tokio::time::sleep(drift_at.as_ref().map_or(Duration::from_secs(3600), |(d, _)| *d)), if drift_at.is_some() => {
+                    if let Some((_, envs)) = &drift_at {
+                        self.drift(envs).await;
+                    }
+                }
+                _ = heartbeat.tick(), if watchdog.is_some() => {
+                    // From the loop itself: a hung loop stops these, and systemd restarts it.
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+                Some(done) = self.tasks.join_next() => {
+                    if let Err(e) = done {
+                        error!(error = %e, "an environment worker stopped");
+                    }
+                }
+            }
+        }
+        self.shutdown().await;
+        Ok(())
+    }
+
+    /// SIGTERM: no new driver calls; in-flight ones finish for up to the drain deadline.
+    async fn shutdown(mut self) {
+        info!("stopping: finishing driver calls in flight");
+        let _ = sd_notify::notify(&[
+            sd_notify::NotifyState::Stopping,
+            sd_notify::NotifyState::Status("stopping: finishing driver calls in flight"),
+        ]);
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // Closing the job channels lets idle workers end.
+        self.workers.clear();
+        let drained = tokio::time::timeout(DRAIN_DEADLINE, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        match drained {
+            Ok(()) => info!("stopped"),
+            Err(_) => warn!(
+                "stopped with driver calls still running after {}s; the next start resumes them",
+                DRAIN_DEADLINE.as_secs()
+            ),
+        }
+    }
+
+    /// SIGHUP: re-reads the host config; drivers, accounts, limits and retries take effect for
+    /// the next reconcile. The repository and state paths need a restart.
+    fn reload(&mut self) {
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Reloading]);
+        match HostConfig::load(self.options.config_path.as_deref()) {
+            Ok(host) => {
+                if host.repo != self.options.host.repo || host.state != self.options.host.state {
+                    warn!("the host config's repo or state changed: restart gitplane to use them");
+                }
+                *self
+                    .shared
+                    .runtime
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner()) = Arc::new(runtime_of(&host));
+                self.options.host = host;
+                info!("host config reloaded");
+            }
+            Err(errors) => {
+                for e in errors {
+                    error!(error = %e, "host config not reloaded; the previous one stays in force");
+                }
+            }
+        }
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    }
+
+    /// Resolves the watched ref; a new commit is loaded, built, and handed to the workers.
+    async fn check(&mut self) {
+        let path = self.repo_path.clone();
+        let rev = self.options.host.git_ref.clone();
+        let last = self.last_commit.clone();
+        let envs = self.options.envs.clone();
+        let runtime = self
+            .shared
+            .runtime
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let repo = ConfigRepo::open(&path)?;
+            let commit = repo.resolve(rev.as_deref())?;
+            if last.as_deref() == Some(commit.as_str()) {
+                return Ok(None);
+            }
+            let snapshot = repo.snapshot(&commit)?;
+            let envs: Vec<String> = if envs.is_empty() {
+                deploy::environments_of(&snapshot).into_iter().collect()
+            } else {
+                envs
+            };
+            Ok::<_, RepoError>(Some((commit, deploy::build(&snapshot, &envs, &runtime.0))))
+        })
+        .await;
+        let (commit, built) = match loaded {
+            Ok(Ok(Some(found))) => found,
+            Ok(Ok(None)) => return,
+            Ok(Err(e)) => {
+                warn!(error = %e, "cannot read the watched ref");
+                return;
+            }
+            Err(e) => {
+                error!(error = %e, "the load task failed");
+                return;
+            }
+        };
+        self.last_commit = Some(commit.clone());
+        match built {
+            Err(rejected) => {
+                let errors = rejected.errors.join("\n");
+                warn!(commit = %commit, errors = rejected.errors.len(), "commit rejected: nothing changes");
+                for e in &rejected.errors {
+                    warn!(commit = %commit, "{e}");
+                }
+                let recorded = self
+                    .store
+                    .commit_seen(&commit, "rejected", Some(&errors))
+                    .and_then(|()| {
+                        rejected.envs.iter().try_for_each(|env| {
+                            self.store
+                                .failed_deployment(env, Some(&commit), &errors)
+                                .map(drop)
+                        })
+                    });
+                if let Err(e) = recorded {
+                    error!(error = %e, "cannot record the rejected commit");
+                }
+            }
+            Ok(built) => {
+                info!(commit = %commit, "new commit: reconciling");
+                if let Err(e) = self.store.commit_seen(&commit, "dispatched", None) {
+                    error!(error = %e, "cannot record the commit");
+                }
+                for graph in built.graphs {
+                    match &graph.schedule {
+                        Some(s) => {
+                            self.schedules.insert(graph.env.clone(), s.clone());
+                        }
+                        None => {
+                            self.schedules.remove(&graph.env);
+                        }
+                    }
+                    self.dispatch(Job {
+                        commit: commit.clone(),
+                        graph: Arc::new(graph),
+                        drift: false,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Hands `job` to its environment's worker, starting one if needed. A worker busy with an
+    /// older job takes this one next; jobs it never started are superseded.
+    fn dispatch(&mut self, job: Job) {
+        let env = job.graph.env.clone();
+        if let Some(tx) = self.workers.get(&env)
+            && tx.send(Some(job.clone())).is_ok()
+        {
+            return;
+        }
+        let (tx, rx) = latest::channel(Some(job));
+        self.workers.insert(env.clone(), tx);
+        let shared = self.shared.clone();
+        self.tasks.spawn(worker(env, rx, shared));
+    }
+
+    /// The next drift run: how long until it, and the environments due then.
+    fn next_drift(&self) -> Option<(Duration, Vec<String>)> {
+        let now = Utc::now();
+        let mut next: Option<(chrono::DateTime<Utc>, Vec<String>)> = None;
+        for (env, schedule) in &self.schedules {
+            let Some(at) = watch::next_fire(&schedule.cron, now) else {
+                continue;
+            };
+            match &mut next {
+                Some((t, envs)) if at == *t => envs.push(env.clone()),
+                Some((t, _)) if at > *t => {}
+                _ => next = Some((at, vec![env.clone()])),
+            }
+        }
+        next.map(|(at, envs)| ((at - now).to_std().unwrap_or_default(), envs))
+    }
+
+    /// Re-applies the last good commit of each environment, calling every driver.
+    async fn drift(&mut self, envs: &[String]) {
+        for env in envs {
+            let commit = match self.store.last_good_commit(env) {
+                Ok(Some(c)) => c,
+                Ok(None) => continue,
+                Err(e) => {
+                    error!(error = %e, env, "cannot read the last good commit");
+                    continue;
+                }
+            };
+            let path = self.repo_path.clone();
+            let runtime = self
+                .shared
+                .runtime
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let env_list = vec![env.clone()];
+            let c = commit.clone();
+            let built = tokio::task::spawn_blocking(move || {
+                let repo = ConfigRepo::open(&path)?;
+                let snapshot = repo.snapshot(&c)?;
+                Ok::<_, RepoError>(deploy::build(&snapshot, &env_list, &runtime.0))
+            })
+            .await;
+            match built {
+                Ok(Ok(Ok(built))) => {
+                    info!(env, commit = %commit, "drift run");
+                    for graph in built.graphs {
+                        self.dispatch(Job {
+                            commit: commit.clone(),
+                            graph: Arc::new(graph),
+                            drift: true,
+                        });
+                    }
+                }
+                _ => {
+                    warn!(env, commit = %commit, "drift run skipped: the last good commit no longer builds")
+                }
+            }
+        }
+    }
+}
+
+/// One environment's reconciles, one at a time, always the newest job.
+async fn worker(env: String, mut jobs: latest::Receiver<Option<Job>>, shared: Arc<Shared>) {
+    let mut store = match Store::open(&shared.state) {
+        Ok(s) => s,
+        Err(e) => {
+            error!(env, error = %e, "cannot open the state");
+            return;
+        }
+    };
+    loop {
+        let job = jobs.borrow_and_update().clone();
+        if let Some(job) = job
+            && !shared.stop.load(Ordering::SeqCst)
+        {
+            reconcile_one(&env, &job, &mut store, &shared).await;
+        }
+        if jobs.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared) {
+    let state = shared.state.clone();
+    let lock_env = env.to_owned();
+    // A CLI apply or approve may hold the environment: wait for it.
+    let lock = match tokio::task::spawn_blocking(move || {
+        ApplyLock::acquire(&state, &lock_env, true)
+    })
+    .await
+    {
+        Ok(Ok(lock)) => lock,
+        Ok(Err(e)) => {
+            error!(env, error = %e, "cannot lock the environment");
+            return;
+        }
+        Err(e) => {
+            error!(env, error = %e, "the lock task failed");
+            return;
+        }
+    };
+    let runtime = shared
+        .runtime
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
+        "reconciling {env}"
+    ))]);
+    let options = ApplyOptions {
+        approved: None,
+        drift: job.drift,
+        stop: Some(shared.stop.clone()),
+    };
+    let report = reconcile::apply(
+        store,
+        &runtime.0,
+        &runtime.1,
+        &job.graph,
+        &job.commit,
+        &options,
+        &mut |_| {},
+    )
+    .await;
+    drop(lock);
+    match report {
+        Ok(r) => {
+            let c = r.counts;
+            match r.status {
+                DeploymentStatus::Held => warn!(
+                    env, commit = %job.commit, deployment = r.deployment,
+                    "held by the deletion guard: {}; approve with `gitplane approve {}`",
+                    r.failures.join("; "), r.deployment
+                ),
+                DeploymentStatus::Succeeded => info!(
+                    env, commit = %job.commit, deployment = r.deployment, drift = job.drift,
+                    created = c.created, updated = c.updated, deleted = c.deleted, unchanged = c.unchanged,
+                    "deployment succeeded"
+                ),
+                _ => warn!(
+                    env, commit = %job.commit, deployment = r.deployment, failed = c.failed,
+                    "deployment failed: {}", r.failures.join("; ")
+                ),
+            }
+        }
+        Err(e) => error!(env, error = %e, "state error during the deployment"),
+    }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
+}
+
+/// The drivers and settings a host config gives.
+fn runtime_of(host: &HostConfig) -> (Registry, Settings) {
+    (host.registry(), Settings::from_config(host))
+}
+
+/// Where a remote's mirror lives: beside the state file.
+fn mirror_path(state: &Path) -> PathBuf {
+    state
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .join("mirror.git")
+}
+
+fn git_dir(repo: &Path) -> Result<PathBuf, DaemonError> {
+    let r = gix::discover_opts(repo, Default::default(), gix::open::Options::isolated()).map_err(
+        |e| RepoError::Open {
+            path: repo.to_owned(),
+            message: e.to_string(),
+        },
+    )?;
+    Ok(r.git_dir().to_owned())
+}

@@ -5,6 +5,7 @@ mod driver_server;
 mod util;
 
 mod bad_input;
+mod daemon;
 mod hook;
 mod host_config;
 mod lifecycle;

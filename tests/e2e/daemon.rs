@@ -1,0 +1,436 @@
+//! The real daemon on a bare repository, fed by `git push` as people would: every commit is
+//! reconciled, bursts coalesce, broken commits change nothing, mass deletions wait for approval,
+//! remotes are mirrored, and SIGTERM lets a slow driver call finish.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::driver_server::{Behavior, DriverServer};
+use crate::util::Sandbox;
+
+/// A running `gitplane daemon`; killed on drop if still running.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts the daemon with `args` (after `daemon`) and waits until it says it is ready.
+    fn start(sb: &Sandbox, args: &[&str]) -> Daemon {
+        let log = unique(sb.root.join("daemon.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_gitplane"))
+            .arg("daemon")
+            .args(args)
+            .env_remove("GITPLANE_REPO")
+            .env_remove("GITPLANE_STATE")
+            .env_remove("GITPLANE_CONFIG")
+            .env("GITPLANE_LOG", "info")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .current_dir(&sb.root)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start the daemon");
+        let daemon = Daemon { child, log };
+        daemon.wait_for_log("gitplane daemon ready", Duration::from_secs(20));
+        daemon
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    #[track_caller]
+    fn wait_for_log(&self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the daemon never logged {needle:?}:\n{}", self.log());
+    }
+
+    /// SIGTERM, then waits for the exit; returns the exit code and how long it took.
+    fn terminate(&mut self) -> (Option<i32>, Duration) {
+        let started = Instant::now();
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        let status = self.child.wait().expect("wait for the daemon");
+        (status.code(), started.elapsed())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn unique(path: PathBuf) -> PathBuf {
+    let mut n = 0;
+    let mut candidate = path.clone();
+    while candidate.exists() {
+        n += 1;
+        candidate = path.with_extension(format!("{n}.log"));
+    }
+    candidate
+}
+
+fn repo_args(sb: &Sandbox) -> Vec<String> {
+    vec![
+        "--repo".into(),
+        sb.origin.display().to_string(),
+        "--state".into(),
+        sb.state.display().to_string(),
+    ]
+}
+
+/// Waits until every environment in `envs` has a finished deployment of `commit`.
+#[track_caller]
+fn wait_deployed(sb: &Sandbox, commit: &str, envs: &[&str], timeout: Duration) -> Vec<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if sb.state.exists() {
+            let rows = sb.rows(&format!(
+                "SELECT env, status FROM deployment WHERE commit_id = '{commit}' AND kind = 'commit' \
+                 AND status != 'running'"
+            ));
+            if envs.iter().all(|e| rows.iter().any(|r| r[0] == *e)) {
+                return history(sb);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "commit {commit} was not deployed to {envs:?} in time"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn history(sb: &Sandbox) -> Vec<Value> {
+    let run = sb.gitplane(&["history", "--format", "json"]).ok();
+    run.json().as_array().cloned().unwrap_or_default()
+}
+
+const ENVS: [&str; 2] = ["development", "production"];
+
+#[test]
+fn every_pushed_commit_is_reconciled_and_recorded() {
+    let sb = Sandbox::template();
+    let first = sb.head();
+    let args = repo_args(&sb);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut daemon = Daemon::start(&sb, &args);
+    wait_deployed(&sb, &first, &ENVS, Duration::from_secs(20));
+    assert_eq!(sb.count("SELECT COUNT(*) FROM resource"), 12);
+
+    sb.edit(
+        "definitions/base-env.yaml",
+        "pgport: 5432\n      redis_host: redis.dev.internal",
+        "pgport: 6432\n      redis_host: redis.dev.internal",
+    );
+    let second = sb.commit("Move the development database port");
+    let h = wait_deployed(&sb, &second, &ENVS, Duration::from_secs(20));
+    // history: newest first, with the documented fields.
+    let newest = &h[0];
+    for key in [
+        "env",
+        "commit",
+        "status",
+        "started_at",
+        "finished_at",
+        "created",
+        "updated",
+        "deleted",
+        "failed",
+    ] {
+        assert!(newest.get(key).is_some(), "{key} missing in {newest}");
+    }
+    let dev = h
+        .iter()
+        .find(|d| d["commit"] == second.as_str() && d["env"] == "development")
+        .unwrap();
+    assert_eq!(dev["status"], "succeeded");
+    assert_eq!(dev["updated"], 3, "base-env, postgres and the backend");
+    let prod = h
+        .iter()
+        .find(|d| d["commit"] == second.as_str() && d["env"] == "production")
+        .unwrap();
+    assert_eq!(prod["updated"], 0);
+    assert_eq!(
+        sb.outputs("development", "modules.backend.externals.db")["port"],
+        json!(6432)
+    );
+    assert_eq!(
+        sb.column("SELECT outcome FROM commit_seen ORDER BY id"),
+        ["dispatched", "dispatched"]
+    );
+    let (code, took) = daemon.terminate();
+    assert_eq!(code, Some(0), "{}", daemon.log());
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn a_burst_of_fifty_pushes_ends_in_the_last_commit() {
+    let sb = Sandbox::template();
+    let args = repo_args(&sb);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _daemon = Daemon::start(&sb, &args);
+    let mut last = String::new();
+    sb.edit(
+        "definitions/redis.yaml",
+        "port: 6379",
+        "port: 6379\n      build: 0",
+    );
+    for i in 1..=50 {
+        sb.edit(
+            "definitions/redis.yaml",
+            &format!("build: {}\n", i - 1),
+            &format!("build: {i}\n"),
+        );
+        last = sb.commit(&format!("Build {i}"));
+    }
+    wait_deployed(&sb, &last, &ENVS, Duration::from_secs(60));
+    for env in ENVS {
+        assert_eq!(sb.outputs(env, "shared.cache")["build"], json!(50), "{env}");
+        let d = sb.last_deployment(env);
+        assert_eq!(d.commit, last);
+        assert_eq!(d.status, "succeeded");
+    }
+    // Coalesced: far fewer deployments than pushes, none failed.
+    let deployments = sb.count("SELECT COUNT(*) FROM deployment");
+    assert!(deployments <= 2 * 51, "{deployments}");
+    assert_eq!(
+        sb.count("SELECT COUNT(*) FROM deployment WHERE status != 'succeeded'"),
+        0
+    );
+}
+
+#[test]
+fn a_broken_commit_is_recorded_as_failed_and_deletes_nothing() {
+    let sb = Sandbox::template();
+    let args = repo_args(&sb);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _daemon = Daemon::start(&sb, &args);
+    wait_deployed(&sb, &sb.head(), &ENVS, Duration::from_secs(20));
+    let before = sb.resource_rows();
+    // Broken YAML, and the frontend removed in the same commit: nothing may be deleted.
+    sb.write("definitions/dns.yaml", "apiVersion: [broken\n");
+    sb.remove("workloads/shop/frontend.yaml");
+    let broken = sb.commit("A broken commit");
+    wait_deployed(&sb, &broken, &ENVS, Duration::from_secs(20));
+    for env in ENVS {
+        let d = sb.last_deployment(env);
+        assert_eq!(d.commit, broken);
+        assert_eq!(d.status, "failed");
+        assert!(d.error.unwrap().contains("definitions/dns.yaml:1"));
+    }
+    assert_eq!(sb.resource_rows(), before);
+    assert_eq!(
+        sb.column("SELECT outcome FROM commit_seen ORDER BY id DESC LIMIT 1"),
+        ["rejected"]
+    );
+}
+
+#[test]
+fn a_mass_deletion_is_held_until_approved() {
+    let sb = Sandbox::template();
+    let args = repo_args(&sb);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _daemon = Daemon::start(&sb, &args);
+    wait_deployed(&sb, &sb.head(), &ENVS, Duration::from_secs(20));
+    let before = sb.resource_rows();
+    sb.remove("workloads/shop");
+    let empty = sb.commit("Retire the shop");
+    wait_deployed(&sb, &empty, &ENVS, Duration::from_secs(20));
+    assert_eq!(sb.resource_rows(), before, "nothing changes while held");
+    let held: Vec<i64> = sb
+        .column(&format!(
+            "SELECT id FROM deployment WHERE commit_id = '{empty}' AND status = 'held' ORDER BY id"
+        ))
+        .iter()
+        .map(|i| i.parse().unwrap())
+        .collect();
+    assert_eq!(held.len(), 2);
+    let h = history(&sb);
+    assert!(h.iter().any(|d| d["status"] == "held"));
+    // Approve while the daemon runs.
+    for id in &held {
+        sb.gitplane(&["approve", &id.to_string()]).ok();
+    }
+    assert_eq!(sb.count("SELECT COUNT(*) FROM resource"), 0);
+    assert_eq!(
+        sb.count(&format!(
+            "SELECT COUNT(*) FROM deployment WHERE commit_id = '{empty}' AND status = 'succeeded'"
+        )),
+        2
+    );
+}
+
+#[test]
+fn a_remote_is_mirrored_and_fetched_on_an_interval() {
+    let sb = Sandbox::template();
+    let state = sb.root.join("remote-state/state.db");
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "repo: {{url: \"file://{}\", interval: 300ms}}\nstate: {}\n",
+            sb.origin.display(),
+            state.display()
+        ),
+    )
+    .unwrap();
+    let _daemon = Daemon::start(&sb, &["--config", config.to_str().unwrap()]);
+    let mirrored = |commit: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if state.exists() {
+                let n: i64 = crate::util::rows(
+                    &crate::util::open_db(&state),
+                    &format!(
+                        "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
+                    ),
+                )[0][0]
+                    .parse()
+                    .unwrap();
+                if n == 2 {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{commit} was not fetched and deployed");
+    };
+    mirrored(&sb.head());
+    assert!(state.parent().unwrap().join("mirror.git/HEAD").exists());
+    sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
+    let next = sb.commit("A new port");
+    mirrored(&next);
+}
+
+/// SIGTERM while a driver call takes two seconds: the call finishes, the rest is recorded as
+/// stopped, and the next start completes the deployment.
+#[test]
+fn sigterm_lets_a_slow_driver_call_finish() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    server.behave(
+        "postgres",
+        Behavior {
+            delay: Duration::from_secs(2),
+            ..Behavior::default()
+        },
+    );
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 10s}}\n",
+            server.url
+        ),
+    )
+    .unwrap();
+    write_http_platform(&sb);
+    let commit = sb.commit("A slow database");
+    let mut args = repo_args(&sb);
+    args.extend(["--config".to_owned(), config.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut daemon = Daemon::start(&sb, &args);
+    // Wait until the slow call is in flight: base-env answered, postgres asked.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !server
+        .received()
+        .iter()
+        .any(|r| r.body["type"] == "base-env")
+        || started_calls(&sb, "postgres") == 0
+    {
+        assert!(Instant::now() < deadline, "{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, took) = daemon.terminate();
+    assert_eq!(code, Some(0), "{}", daemon.log());
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_secs(30),
+        "the daemon waited for the call in flight, and no longer: {took:?}"
+    );
+    // The slow call finished and was recorded; what had not started was stopped.
+    assert_eq!(
+        sb.rows("SELECT type, status FROM operation ORDER BY id"),
+        [
+            ["base-env", "succeeded"],
+            ["postgres", "succeeded"],
+            ["workload", "skipped"]
+        ]
+    );
+    let d = sb.last_deployment("test");
+    assert_eq!(d.status, "failed");
+    assert!(
+        d.error
+            .unwrap()
+            .contains("stopped: gitplane is shutting down")
+    );
+    // The next start picks the commit up again and finishes it.
+    let _daemon = Daemon::start(&sb, &args);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sb.count(&format!(
+        "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
+    )) == 0
+    {
+        assert!(Instant::now() < deadline, "not finished after the restart");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        sb.count("SELECT COUNT(*) FROM resource WHERE status = 'ready'"),
+        3
+    );
+}
+
+fn started_calls(sb: &Sandbox, res_type: &str) -> i64 {
+    if !sb.state.exists() {
+        return 0;
+    }
+    sb.count(&format!(
+        "SELECT COUNT(*) FROM operation WHERE type = '{res_type}'"
+    ))
+}
+
+/// One app, one workload with a postgres that reads the base-env, all on the HTTP driver.
+fn write_http_platform(sb: &Sandbox) {
+    sb.write("environments/test.yaml", "type: test\n");
+    let def = |id: &str, values: &str| {
+        format!(
+            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\nentity:\n  \
+             type: {id}\n  driver_type: test/http\n  driver_inputs:\n    values:\n      {values}\n  \
+             criteria:\n    - {{}}\n"
+        )
+    };
+    sb.write(
+        "definitions/platform.yaml",
+        &[
+            def("base-env", "zone: test"),
+            def(
+                "postgres",
+                "host: ${resources.base-env#base-env.outputs.name}",
+            ),
+            def("workload", "namespace: ${context.app.id}"),
+        ]
+        .join("---\n"),
+    );
+    sb.write(
+        "workloads/app/web.yaml",
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: web\ncontainers:\n  main:\n    image: x\n    \
+         variables:\n      DB: ${resources.db.name}\nresources:\n  db:\n    type: postgres\n",
+    );
+}

@@ -135,6 +135,7 @@ fn run(concurrency: usize) {
             &settings,
             &graph,
             "bench",
+            &Default::default(),
             &mut |_| {},
         ))
         .expect("state works");

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -24,6 +24,7 @@ use crate::config::{HostConfig, RepoSource};
 use crate::deploy;
 use crate::drivers::Registry;
 use crate::graph::ResourceGraph;
+use crate::model::LoadCache;
 use crate::reconcile::{self, ApplyOptions, Settings};
 use crate::repo::{ConfigRepo, RepoError};
 use crate::watch;
@@ -96,6 +97,8 @@ struct Daemon {
     tasks: JoinSet<()>,
     /// Drift schedules of the environments, from the newest good commit.
     schedules: HashMap<String, crate::model::Schedule>,
+    /// Parsed files of the last commit: a new commit parses only what it changed.
+    cache: Arc<Mutex<LoadCache>>,
     store: Store,
 }
 
@@ -123,6 +126,7 @@ impl Daemon {
             workers: HashMap::new(),
             tasks: JoinSet::new(),
             schedules: HashMap::new(),
+            cache: Arc::default(),
             store,
         })
     }
@@ -252,6 +256,7 @@ impl Daemon {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        let cache = self.cache.clone();
         let loaded = tokio::task::spawn_blocking(move || {
             let repo = ConfigRepo::open(&path)?;
             let commit = repo.resolve(rev.as_deref())?;
@@ -264,7 +269,9 @@ impl Daemon {
             } else {
                 envs
             };
-            Ok::<_, RepoError>(Some((commit, deploy::build(&snapshot, &envs, &runtime.0))))
+            let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+            let built = deploy::build_cached(&snapshot, &envs, &runtime.0, &mut cache);
+            Ok::<_, RepoError>(Some((commit, built)))
         })
         .await;
         let (commit, built) = match loaded {

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use crate::drivers::Registry;
 use crate::graph::{self, ResourceGraph};
-use crate::model::{self, Repository};
+use crate::model::{self, LoadCache, Repository};
 use crate::repo::Snapshot;
 
 /// A commit that did not load or build: every error, and the environments it was meant for.
@@ -39,11 +39,21 @@ pub fn environments_of(snapshot: &Snapshot) -> BTreeSet<String> {
 
 /// Loads the model and builds every environment of `envs`.
 pub fn build(snapshot: &Snapshot, envs: &[String], drivers: &Registry) -> Result<Built, Rejected> {
+    build_cached(snapshot, envs, drivers, &mut LoadCache::default())
+}
+
+/// [`build`], parsing only the files that changed since the last commit `cache` saw.
+pub fn build_cached(
+    snapshot: &Snapshot,
+    envs: &[String],
+    drivers: &Registry,
+    cache: &mut LoadCache,
+) -> Result<Built, Rejected> {
     let reject = |errors: Vec<String>| Rejected {
         envs: envs.to_vec(),
         errors,
     };
-    let repo: Repository = model::load(&snapshot.files)
+    let repo: Repository = model::load_cached(&snapshot.files, cache)
         .map_err(|errors| reject(errors.iter().map(ToString::to_string).collect()))?;
     let mut graphs = Vec::new();
     let mut errors = Vec::new();

@@ -113,7 +113,7 @@ fn split_alternates(list: &OsStr) -> Vec<PathBuf> {
             Some(Ok((unquoted, consumed))) => (unquoted.into_owned(), consumed),
             _ => {
                 let end = rest.find_byte(b':').unwrap_or(rest.len());
-                (rest[..end].to_owned().into(), end)
+                (rest[..end].to_owned(), end)
             }
         };
         rest = rest[consumed..].as_bstr();
@@ -178,6 +178,15 @@ impl ConfigRepo {
             own: &self.repo.objects,
             extra: &self.extra,
         }
+    }
+
+    /// The full name of the branch HEAD points to (`refs/heads/main`), if HEAD is symbolic.
+    pub fn head_ref(&self) -> Option<String> {
+        self.repo
+            .head_name()
+            .ok()
+            .flatten()
+            .map(|name| name.as_bstr().to_string())
     }
 
     /// Resolves `rev` (a branch, tag or commit id; `None` is HEAD) to a full commit id.
@@ -271,7 +280,7 @@ impl ConfigRepo {
         while let Some((dir, tree)) = folders.pop() {
             let entries = objects
                 .find_tree_iter(&tree, &mut tree_buf)
-                .and_then(|t| t.collect::<Result<Vec<_>, _>>().map_err(Into::into))
+                .and_then(|t| t.collect::<Result<Vec<_>, _>>())
                 .map_err(|e| read_err(format!("{dir}/: {e}")))?;
             for entry in entries {
                 let name = entry.filename.to_str_lossy();
@@ -302,5 +311,40 @@ impl ConfigRepo {
     pub fn load(&self, rev: Option<&str>) -> Result<Snapshot, RepoError> {
         let commit = self.resolve(rev)?;
         self.snapshot(&commit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_alternate_object_directories_as_git_writes_them() {
+        let split = |s: &str| split_alternates(OsStr::new(s));
+        assert_eq!(split(""), Vec::<PathBuf>::new());
+        assert_eq!(split("/a/objects"), [PathBuf::from("/a/objects")]);
+        assert_eq!(
+            split("/a/objects::/b/objects"),
+            [PathBuf::from("/a/objects"), PathBuf::from("/b/objects")]
+        );
+        // git quotes an entry that contains the separator or starts with a quote.
+        assert_eq!(
+            split("/a/objects:\"/x:y/objects\":\"\\\"q\\\\/objects\""),
+            [
+                PathBuf::from("/a/objects"),
+                PathBuf::from("/x:y/objects"),
+                PathBuf::from("\"q\\/objects"),
+            ]
+        );
+    }
+
+    #[test]
+    fn reads_only_folders_that_can_hold_wanted_files() {
+        for dir in ["environments", "workloads/shop", "definitions/a/b"] {
+            assert!(wanted_dir(dir), "{dir}");
+        }
+        for dir in ["environments2", "docs", "src/definitions", ".github"] {
+            assert!(!wanted_dir(dir), "{dir}");
+        }
     }
 }

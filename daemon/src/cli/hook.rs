@@ -60,7 +60,8 @@ fn is_watched(refname: &str, watched: &str) -> bool {
 }
 
 /// Reads `<old> <new> <ref>` lines from `stdin` (git's pre-receive protocol) and validates the
-/// new commit of the watched ref (the host config's `ref`, else `refs/heads/main`) exactly as
+/// new commit of the watched ref (the host config's `ref`, else the branch HEAD points to, as
+/// `apply` and the daemon read it; `refs/heads/main` if HEAD is detached) exactly as
 /// `gitplane validate` does: every error goes to stderr and the result is a failure, which makes
 /// git reject the whole push. Deleting the watched ref is refused. Other refs pass untouched.
 pub fn pre_receive(
@@ -76,7 +77,15 @@ pub fn pre_receive(
             return Ok(CommandResult::Failure);
         }
     };
-    let watched = ctx.default_rev.as_deref().unwrap_or(DEFAULT_WATCHED);
+    // What `apply` and the daemon read: the host config's ref, else the branch HEAD names.
+    let head = crate::repo::ConfigRepo::open(&ctx.repo)
+        .ok()
+        .and_then(|r| r.head_ref());
+    let watched = ctx
+        .default_rev
+        .as_deref()
+        .or(head.as_deref())
+        .unwrap_or(DEFAULT_WATCHED);
     let mut outcome = CommandResult::Success;
     for line in lines.iter().filter(|l| !l.trim().is_empty()) {
         let Some(update) = Update::parse(line) else {

@@ -147,8 +147,85 @@ pub(super) struct Loader {
     workload_files: HashMap<(String, String), String>,
 }
 
+/// What one file declares, parsed on its own: the unit [`super::LoadCache`] keeps.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ParsedFile {
+    environments: Vec<Environment>,
+    workloads: Vec<(String, Workload)>,
+    definitions: Vec<Definition>,
+    errors: Vec<LoadError>,
+}
+
+/// Parses one file, with no knowledge of the others.
+pub(super) fn parse_file(path: &str, bytes: &[u8]) -> ParsedFile {
+    let mut single = Loader::default();
+    single.file(path, bytes);
+    let workloads = single
+        .repo
+        .apps
+        .into_iter()
+        .flat_map(|(app, a)| a.workloads.into_values().map(move |w| (app.clone(), w)))
+        .collect();
+    ParsedFile {
+        environments: single.repo.environments,
+        workloads,
+        definitions: single.repo.definitions,
+        errors: single.errors,
+    }
+}
+
 impl Loader {
-    pub(super) fn file(&mut self, path: &str, bytes: &[u8]) {
+    /// Adds one parsed file, checking what spans files: unique definition ids and workload
+    /// names.
+    pub(super) fn absorb(&mut self, parsed: &ParsedFile) {
+        self.errors.extend(parsed.errors.iter().cloned());
+        self.repo
+            .environments
+            .extend(parsed.environments.iter().cloned());
+        for (app, workload) in &parsed.workloads {
+            if let Some(first) = self
+                .workload_files
+                .insert((app.clone(), workload.name.clone()), workload.file.clone())
+            {
+                self.error(
+                    SourceLocation::file(&workload.file),
+                    LoadErrorKind::DuplicateWorkload {
+                        app: app.clone(),
+                        name: workload.name.clone(),
+                        first,
+                    },
+                );
+                continue;
+            }
+            self.repo
+                .apps
+                .entry(app.clone())
+                .or_insert_with(|| App {
+                    id: app.clone(),
+                    workloads: BTreeMap::new(),
+                })
+                .workloads
+                .insert(workload.name.clone(), workload.clone());
+        }
+        for def in &parsed.definitions {
+            if let Some(first) = self.definition_ids.get(&def.id) {
+                let first = first.clone();
+                self.error(
+                    def.location.clone(),
+                    LoadErrorKind::DuplicateDefinition {
+                        id: def.id.clone(),
+                        first,
+                    },
+                );
+                continue;
+            }
+            self.definition_ids
+                .insert(def.id.clone(), def.location.clone());
+            self.repo.definitions.push(def.clone());
+        }
+    }
+
+    fn file(&mut self, path: &str, bytes: &[u8]) {
         if !(path.ends_with(".yaml") || path.ends_with(".yml")) {
             return;
         }

@@ -287,10 +287,35 @@ pub fn line_of(source: &str, needle: &str) -> Option<usize> {
 
 /// Loads every file of a commit. `files` maps repository paths to file contents.
 pub fn load(files: &BTreeMap<String, Vec<u8>>) -> Result<Repository, Vec<LoadError>> {
+    load_cached(files, &mut LoadCache::default())
+}
+
+/// Parsed files of the last commit loaded, so the next commit parses only what changed.
+///
+/// Each file parses on its own (what spans files, such as unique definition ids, is checked
+/// after), so a file whose contents did not change parses to the same thing: the daemon keeps
+/// one cache and a one-workload change re-parses one file, not thousands.
+#[derive(Debug, Default)]
+pub struct LoadCache {
+    files: std::collections::HashMap<String, (Vec<u8>, files::ParsedFile)>,
+}
+
+/// [`load`], reusing and refreshing `cache`.
+pub fn load_cached(
+    files: &BTreeMap<String, Vec<u8>>,
+    cache: &mut LoadCache,
+) -> Result<Repository, Vec<LoadError>> {
     let mut loader = files::Loader::default();
+    let mut next = std::collections::HashMap::with_capacity(files.len());
     for (path, bytes) in files {
-        loader.file(path, bytes);
+        let parsed = match cache.files.remove(path) {
+            Some((old, parsed)) if old == *bytes => parsed,
+            _ => files::parse_file(path, bytes),
+        };
+        loader.absorb(&parsed);
+        next.insert(path.clone(), (bytes.clone(), parsed));
     }
+    cache.files = next;
     loader.finish()
 }
 

@@ -345,6 +345,56 @@ impl Run<'_, '_> {
         plan: &Plan,
         recorded_edges: &[gitplane_state::EdgeRecord],
     ) -> Result<(), StateError> {
+        let steps: Vec<&Step> = plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s.action, Action::Delete | Action::Forget))
+            .collect();
+        if steps.is_empty() {
+            return Ok(());
+        }
+        if !self.broken.is_empty() {
+            let why = format!(
+                "held back: {} resource(s) failed in this deployment, and deleting now could \
+                 remove what they still need",
+                self.broken.len()
+            );
+            for step in steps {
+                let action = if step.action == Action::Forget {
+                    "forget"
+                } else {
+                    "delete"
+                };
+                self.skip(step, action, &why)?;
+            }
+            return Ok(());
+        }
+        let steps: Vec<&Step> = steps
+            .into_iter()
+            .filter(|s| s.action == Action::Delete)
+            .collect();
+        // An orphan waits for the orphans that depend on it.
+        let orphans: HashSet<&str> = steps.iter().map(|s| s.guresid.as_str()).collect();
+        let mut prerequisites: HashMap<GuresId, Vec<GuresId>> = steps
+            .iter()
+            .map(|s| (s.guresid.clone(), Vec::new()))
+            .collect();
+        for e in recorded_edges {
+            if orphans.contains(e.from.as_str())
+                && orphans.contains(e.to.as_str())
+                && let Some(p) = prerequisites.get_mut(&GuresId::from_recorded(e.to.clone()))
+            {
+                p.push(GuresId::from_recorded(e.from.clone()));
+            }
+        }
+        self.schedule(&steps, &prerequisites, Operation::Delete)
+            .await?;
+        self.forget(plan)
+    }
+
+    /// `deletion_policy: orphan`: after the deletions, gitplane stops managing these resources;
+    /// no driver is called, the resources themselves stay.
+    fn forget(&mut self, plan: &Plan) -> Result<(), StateError> {
         let forget: Vec<&Step> = plan
             .steps
             .iter()
@@ -364,41 +414,7 @@ impl Run<'_, '_> {
                 outcome: Outcome::Done,
             });
         }
-        let steps: Vec<&Step> = plan
-            .steps
-            .iter()
-            .filter(|s| s.action == Action::Delete)
-            .collect();
-        if steps.is_empty() {
-            return Ok(());
-        }
-        if !self.broken.is_empty() {
-            let why = format!(
-                "held back: {} resource(s) failed in this deployment, and deleting now could \
-                 remove what they still need",
-                self.broken.len()
-            );
-            for step in steps {
-                self.skip(step, "delete", &why)?;
-            }
-            return Ok(());
-        }
-        // An orphan waits for the orphans that depend on it.
-        let orphans: HashSet<&str> = steps.iter().map(|s| s.guresid.as_str()).collect();
-        let mut prerequisites: HashMap<GuresId, Vec<GuresId>> = steps
-            .iter()
-            .map(|s| (s.guresid.clone(), Vec::new()))
-            .collect();
-        for e in recorded_edges {
-            if orphans.contains(e.from.as_str())
-                && orphans.contains(e.to.as_str())
-                && let Some(p) = prerequisites.get_mut(&GuresId::from_recorded(e.to.clone()))
-            {
-                p.push(GuresId::from_recorded(e.from.clone()));
-            }
-        }
-        self.schedule(&steps, &prerequisites, Operation::Delete)
-            .await
+        Ok(())
     }
 
     /// Runs `steps`, each once its prerequisites are done, as many at once as permits allow.

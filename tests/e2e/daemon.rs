@@ -434,3 +434,59 @@ fn write_http_platform(sb: &Sandbox) {
          variables:\n      DB: ${resources.db.name}\nresources:\n  db:\n    type: postgres\n",
     );
 }
+
+/// A drift schedule re-applies the last good commit, calling the driver for every resource.
+#[test]
+fn a_drift_schedule_calls_every_driver_again() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 10s}}\n",
+            server.url
+        ),
+    )
+    .unwrap();
+    write_http_platform(&sb);
+    // Every second (the 6-field form, with seconds).
+    sb.write(
+        "environments/test.yaml",
+        "type: test\nschedule: \"* * * * * *\"\n",
+    );
+    let commit = sb.commit("A platform with drift runs");
+    let mut args = repo_args(&sb);
+    args.extend(["--config".to_owned(), config.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = Daemon::start(&sb, &args);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let drifts = sb
+            .count("SELECT COUNT(*) FROM deployment WHERE kind = 'drift' AND status = 'succeeded'");
+        if drifts >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no drift run:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let drift = sb.rows(
+        "SELECT id, commit_id, updated, unchanged FROM deployment WHERE kind = 'drift' ORDER BY id LIMIT 1",
+    );
+    assert_eq!(drift[0][1], commit, "the last good commit is re-applied");
+    assert_eq!(drift[0][2], "3", "every resource is put again: {drift:?}");
+    let reasons = sb.column(&format!(
+        "SELECT DISTINCT reason FROM operation WHERE deployment_id = {}",
+        drift[0][0]
+    ));
+    assert_eq!(
+        reasons,
+        ["drift run: re-applied so the driver can repair drift"]
+    );
+    let puts = server
+        .received()
+        .iter()
+        .filter(|r| r.method == "PUT")
+        .count();
+    assert!(puts >= 6, "each resource was called twice at least: {puts}");
+}

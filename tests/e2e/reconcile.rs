@@ -509,3 +509,48 @@ fn a_crash_at_any_moment_resumes_without_duplicates() {
         "only {kill_points} kill points were reached"
     );
 }
+
+#[test]
+fn deletion_policy_orphan_forgets_without_deleting() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    http_platform(&sb, &server, 3);
+    sb.edit(
+        "definitions/platform.yaml",
+        "  type: postgres\n  driver_type: test/http\n",
+        "  type: postgres\n  driver_type: test/http\n  deletion_policy: orphan\n",
+    );
+    sb.commit("Databases outlive their workloads");
+    apply(&sb).ok();
+    let ids = guresids(&sb);
+    let db = ids["postgres#modules.w2.externals.db"].clone();
+    let wl = ids["workload#modules.w2"].clone();
+    sb.remove("workloads/app/w2.yaml");
+    sb.commit("Retire w2");
+    apply(&sb).ok();
+    let deleted: Vec<String> = server
+        .received()
+        .iter()
+        .filter(|r| r.method == "DELETE")
+        .map(|r| r.guresid.clone())
+        .collect();
+    assert_eq!(deleted, [wl], "only the workload is deleted by its driver");
+    assert!(
+        server.instances().contains_key(&db),
+        "the database lives on"
+    );
+    assert_eq!(
+        sb.count(&format!(
+            "SELECT COUNT(*) FROM resource WHERE guresid = '{db}'"
+        )),
+        0,
+        "and gitplane no longer manages it"
+    );
+    assert_eq!(
+        sb.rows("SELECT action, res_id, status FROM operation WHERE action IN ('delete', 'forget') ORDER BY id"),
+        [
+            ["delete", "modules.w2", "succeeded"],
+            ["forget", "modules.w2.externals.db", "succeeded"]
+        ]
+    );
+}

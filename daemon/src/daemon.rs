@@ -161,7 +161,10 @@ impl Daemon {
             tokio::select! {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
-                _ = hup.recv() => self.reload(),
+                _ = hup.recv() => {
+                    self.reload();
+                    self.check().await;
+                }
                 Some(()) = wake_rx.recv() => self.check().await,
                 _ = poll_timer.tick() => self.check().await,
                 _ = fetch_timer.tick(), if fetch.is_some() => {
@@ -233,6 +236,9 @@ impl Daemon {
                     .write()
                     .unwrap_or_else(|e| e.into_inner()) = Arc::new(runtime_of(&host));
                 self.options.host = host;
+                // The current commit is looked at again with the new drivers: one rejected
+                // for a driver that is now registered goes through.
+                self.last_commit = None;
                 info!("host config reloaded");
             }
             Err(errors) => {

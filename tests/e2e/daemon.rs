@@ -490,3 +490,49 @@ fn a_drift_schedule_calls_every_driver_again() {
         .count();
     assert!(puts >= 6, "each resource was called twice at least: {puts}");
 }
+
+/// SIGHUP re-reads the host config: a driver registered afterwards serves the next commit.
+#[test]
+fn sighup_reloads_the_host_config() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    let config = sb.root.join("host.yaml");
+    std::fs::write(&config, "concurrency: 4\n").unwrap();
+    write_http_platform(&sb);
+    let first = sb.commit("Needs a driver the host does not have yet");
+    let mut args = repo_args(&sb);
+    args.extend(["--config".to_owned(), config.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = Daemon::start(&sb, &args);
+    wait_deployed(&sb, &first, &["test"], Duration::from_secs(20));
+    let d = sb.last_deployment("test");
+    assert_eq!(d.status, "failed");
+    assert!(
+        d.error
+            .unwrap()
+            .contains("driver_type 'test/http', which is not registered")
+    );
+
+    std::fs::write(
+        &config,
+        format!(
+            "concurrency: 4\ndrivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 10s}}\n",
+            server.url
+        ),
+    )
+    .unwrap();
+    let status = Command::new("kill")
+        .args(["-HUP", &daemon.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    daemon.wait_for_log("host config reloaded", Duration::from_secs(10));
+    // The same commit goes through now, without a new push.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sb.last_deployment("test").status != "succeeded" {
+        assert!(Instant::now() < deadline, "{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert_eq!(sb.last_deployment("test").commit, first);
+    assert_eq!(server.instances().len(), 3);
+}

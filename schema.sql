@@ -43,6 +43,10 @@ CREATE TABLE resource (
     account       TEXT,                    -- the resource account's name (driver_account), if any
     deletion_policy TEXT NOT NULL DEFAULT 'delete'
                   CHECK (deletion_policy IN ('delete', 'orphan')),  -- 'orphan': forget, never delete
+    template_hash TEXT NOT NULL DEFAULT '',  -- digest of its definition's templates: a change
+                                             -- updates even a pinned resource
+    orphan_since  TEXT,                    -- no longer in the graph but still recorded: since when
+    orphan_reason TEXT,                    -- and why it is kept
     status        TEXT NOT NULL CHECK (status IN ('ready', 'failed')),
     inputs_hash   TEXT NOT NULL,           -- sha256 of the resolved inputs: a change means update
     outputs       TEXT NOT NULL DEFAULT '{}',  -- JSON object of non-secret outputs
@@ -96,12 +100,46 @@ CREATE TABLE operation (
     status        TEXT NOT NULL CHECK (status IN
                       ('started', 'succeeded', 'failed', 'skipped', 'interrupted')),
     attempts      INTEGER NOT NULL DEFAULT 0,  -- driver calls made: polls and retries included
+    outputs_changed INTEGER,               -- for a succeeded put: whether its outputs changed
     error         TEXT,
     started_at    TEXT NOT NULL,
     finished_at   TEXT
 );
 CREATE INDEX operation_deployment ON operation (deployment_id);
 CREATE INDEX operation_resource ON operation (guresid);
+
+-- Links (ConfigHub's model): for each deployment, every edge of the environment's graph, from the
+-- consumer (downstream) to the provider (upstream), with how the consumer depends on it:
+-- 'NeedsProvides' (it reads the provider's outputs: references, selectors), 'None' (ordering
+-- alone: workload dependencies, co-provisioning, depends_on), 'Insert' (it inserts whole output
+-- objects into strings).
+CREATE TABLE link (
+    deployment_id INTEGER NOT NULL REFERENCES deployment (id),
+    env           TEXT NOT NULL,
+    consumer      TEXT NOT NULL,           -- GUResID
+    provider      TEXT NOT NULL,           -- GUResID
+    kind          TEXT NOT NULL,           -- the edge kind: reference, selector, dependency, ...
+    update_type   TEXT NOT NULL CHECK (update_type IN ('NeedsProvides', 'None', 'Insert')),
+    PRIMARY KEY (deployment_id, consumer, provider)
+);
+CREATE INDEX link_provider ON link (provider);
+
+-- Bindings: every placeholder resolved in a deployment: which value of which provider reached
+-- which input of which consumer.
+CREATE TABLE binding (
+    id               INTEGER PRIMARY KEY,
+    deployment_id    INTEGER NOT NULL REFERENCES deployment (id),
+    env              TEXT NOT NULL,
+    needed_guresid   TEXT NOT NULL,        -- the consumer
+    needed_path      TEXT NOT NULL,        -- where in its inputs: values.host, secrets.password, ...
+    provided_guresid TEXT NOT NULL,        -- the provider (a selector's base resource)
+    provided_path    TEXT NOT NULL,        -- outputs.pghost, or workload>aws-policy.outputs.name
+    data_type        TEXT NOT NULL CHECK (data_type IN ('string', 'int', 'bool', 'json')),
+    value            TEXT,                 -- JSON; NULL for a secret
+    secret           INTEGER NOT NULL DEFAULT 0,
+    inserted         INTEGER NOT NULL DEFAULT 0   -- a whole object inserted into a string
+);
+CREATE INDEX binding_deployment ON binding (deployment_id, needed_guresid);
 
 -- Current resources per environment, without secrets.
 CREATE VIEW current_resources AS
@@ -118,6 +156,26 @@ SELECT id, env, commit_id, kind, status, started_at, finished_at,
        error, held
 FROM deployment
 ORDER BY id DESC;
+
+-- Recorded resources that are no longer in their environment's graph, and why they are kept.
+CREATE VIEW orphans AS
+SELECT env, app, type, class, res_id, guresid, definition, deletion_policy,
+       orphan_since, orphan_reason
+FROM resource
+WHERE orphan_since IS NOT NULL
+ORDER BY env, app, type, res_id;
+
+-- Resources whose newest drift run changed their outputs: something outside gitplane had
+-- changed them, and the driver set them back (or moved them on).
+CREATE VIEW drift AS
+SELECT d.env, r.app, r.type, r.class, r.res_id, o.guresid, d.id AS deployment_id,
+       d.commit_id, o.finished_at
+FROM operation o
+JOIN deployment d ON d.id = o.deployment_id
+LEFT JOIN resource r ON r.guresid = o.guresid
+WHERE d.kind = 'drift' AND o.status = 'succeeded' AND o.outputs_changed = 1
+  AND d.id = (SELECT MAX(d2.id) FROM deployment d2 WHERE d2.env = d.env AND d2.kind = 'drift')
+ORDER BY d.env, r.app, r.type, r.res_id;
 
 -- Every commit the daemon saw on the watched ref, and what it did with it.
 CREATE TABLE commit_seen (
@@ -136,6 +194,38 @@ SELECT c.id, c.commit_id, c.seen_at, c.outcome, c.detail,
         WHERE d.commit_id = c.commit_id AND d.kind = 'commit') AS deployments
 FROM commit_seen c
 ORDER BY c.id DESC;
+
+-- The links of each environment's newest deployment that recorded links, with their bindings
+-- (one row per binding; a link without bindings has NULL binding columns).
+CREATE VIEW links AS
+SELECT l.env, l.deployment_id,
+       l.consumer, c.type AS consumer_type, c.res_id AS consumer_id,
+       l.provider, p.type AS provider_type, p.res_id AS provider_id,
+       l.kind, l.update_type,
+       b.needed_path, b.provided_path, b.data_type, b.value, b.secret
+FROM link l
+LEFT JOIN resource c ON c.guresid = l.consumer
+LEFT JOIN resource p ON p.guresid = l.provider
+LEFT JOIN binding b ON b.deployment_id = l.deployment_id AND b.needed_guresid = l.consumer
+                   AND b.provided_guresid = l.provider
+WHERE l.deployment_id = (SELECT MAX(deployment_id) FROM link l2 WHERE l2.env = l.env)
+ORDER BY l.env, l.consumer, l.provider, b.needed_path;
+
+-- Everything that depends on each resource, transitively, from the current links: `provider`
+-- is used by `consumer` through `depth` links.
+CREATE VIEW consumers AS
+WITH RECURSIVE current_link (env, consumer, provider) AS (
+    SELECT env, consumer, provider FROM link l
+    WHERE l.deployment_id = (SELECT MAX(deployment_id) FROM link l2 WHERE l2.env = l.env)
+), closure (env, provider, consumer, depth) AS (
+    SELECT env, provider, consumer, 1 FROM current_link
+    UNION
+    SELECT c.env, c.provider, l.consumer, c.depth + 1
+    FROM closure c JOIN current_link l ON l.env = c.env AND l.provider = c.consumer
+    WHERE c.depth < 64
+)
+SELECT env, provider, consumer, MIN(depth) AS depth FROM closure
+GROUP BY env, provider, consumer;
 
 -- Operations that failed or were skipped, with their errors.
 CREATE VIEW failures AS

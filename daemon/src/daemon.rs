@@ -468,6 +468,7 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         approved: None,
         drift: job.drift,
         stop: Some(shared.stop.clone()),
+        resolve: Default::default(),
     };
     let report = reconcile::apply(
         store,

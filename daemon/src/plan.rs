@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
-use gitplane_state::{EdgeRecord, ResourceRecord, ResourceStatus};
+use gitplane_state::{BindingRecord, EdgeRecord, ResourceRecord, ResourceStatus};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -23,6 +23,8 @@ pub enum Action {
     /// Its inputs read outputs of resources that change in this plan: whether it changes is
     /// known after apply.
     MaybeUpdate,
+    /// `auto_update: false`: kept as last bound though upstream values changed (stale).
+    Pinned,
     Unchanged,
     Delete,
     /// Its definition says `deletion_policy: orphan`: forget it, do not delete it.
@@ -35,6 +37,7 @@ impl Action {
             Action::Create => "create",
             Action::Update => "update",
             Action::MaybeUpdate => "update?",
+            Action::Pinned => "pinned",
             Action::Unchanged => "unchanged",
             Action::Delete => "delete",
             Action::Forget => "forget",
@@ -61,6 +64,9 @@ pub struct Step {
     /// For [`Action::MaybeUpdate`]: each input that reads an output of a resource changing first,
     /// as `values.host <- app/type.class#id outputs.NAME`.
     pub known_after_apply: Vec<String>,
+    /// For an update whose inputs are known: each input that changes, as
+    /// `values.port: 5432 -> 6432` (secrets: `secrets.password: changed (secret)`).
+    pub changes: Vec<String>,
 }
 
 impl Step {
@@ -266,7 +272,7 @@ pub fn plan(
     let mut steps = Vec::new();
     for node in graph.provisioning_order() {
         let rec = by_id.get(node.guresid.as_str()).copied();
-        let (action, reason) = put_action(node, rec, &stable);
+        let (action, reason, changes) = put_action(node, rec, &stable);
         let known_after_apply = if action == Action::MaybeUpdate {
             pending_inputs(graph, node, &stable)
         } else {
@@ -293,6 +299,7 @@ pub fn plan(
             action,
             reason,
             known_after_apply,
+            changes,
         });
     }
     let orphans: Vec<&ResourceRecord> = recorded
@@ -316,6 +323,7 @@ pub fn plan(
             action,
             reason: reason.into(),
             known_after_apply: Vec::new(),
+            changes: Vec::new(),
         });
     }
     Plan {
@@ -328,40 +336,170 @@ fn put_action(
     node: &ResourceNode,
     rec: Option<&ResourceRecord>,
     stable: &HashMap<GuresId, (Value, Value, String)>,
-) -> (Action, String) {
+) -> (Action, String, Vec<String>) {
     let Some(rec) = rec else {
-        return (Action::Create, "new resource".into());
+        return (Action::Create, "new resource".into(), Vec::new());
     };
     if rec.status == ResourceStatus::Failed {
-        return (Action::Update, "the last apply failed: retry".into());
+        return (
+            Action::Update,
+            "the last apply failed: retry".into(),
+            Vec::new(),
+        );
     }
     if rec.definition != node.definition {
-        return (
-            Action::Update,
-            format!(
-                "definition changed from '{}' to '{}'",
-                rec.definition, node.definition
-            ),
+        let why = format!(
+            "definition changed from '{}' to '{}'",
+            rec.definition, node.definition
         );
+        return (Action::Update, why, Vec::new());
     }
     if rec.driver != node.driver_type {
-        return (
-            Action::Update,
-            format!(
-                "driver changed from '{}' to '{}'",
-                rec.driver, node.driver_type
-            ),
+        let why = format!(
+            "driver changed from '{}' to '{}'",
+            rec.driver, node.driver_type
         );
+        return (Action::Update, why, Vec::new());
     }
+    let pinned = !node.auto_update && rec.template_hash == node.template_hash;
     match resolve_inputs(node, stable) {
         Ok(inputs) if inputs_hash(node, &inputs) == rec.inputs_hash => {
-            (Action::Unchanged, String::new())
+            (Action::Unchanged, String::new(), Vec::new())
         }
-        Ok(_) => (Action::Update, "inputs changed".into()),
-        Err(ResolveError::KnownAfterApply { .. }) => {
-            (Action::MaybeUpdate, "inputs known after apply:".into())
+        Ok(inputs) if pinned => (
+            Action::Pinned,
+            "auto_update: false: keeps the values it was last bound to, which are stale; \
+             `gitplane resolve` takes the new ones"
+                .into(),
+            input_changes(rec, &inputs),
+        ),
+        Ok(inputs) => (
+            Action::Update,
+            "inputs changed".into(),
+            input_changes(rec, &inputs),
+        ),
+        Err(ResolveError::KnownAfterApply { .. }) if pinned => (
+            Action::Pinned,
+            "auto_update: false: keeps the values it was last bound to, even if what it reads \
+             changes in this apply"
+                .into(),
+            Vec::new(),
+        ),
+        Err(ResolveError::KnownAfterApply { .. }) => (
+            Action::MaybeUpdate,
+            "inputs known after apply:".into(),
+            Vec::new(),
+        ),
+        Err(e) => (
+            Action::Update,
+            format!("inputs do not resolve: {e}"),
+            Vec::new(),
+        ),
+    }
+}
+
+/// The inputs that differ between what `rec` was last provisioned with and `inputs`.
+fn input_changes(rec: &ResourceRecord, inputs: &ResolvedInputs) -> Vec<String> {
+    let mut out = Vec::new();
+    let old_values = rec.inputs.get("values").unwrap_or(&Value::Null);
+    diff_values("values", old_values, &inputs.values, false, &mut out);
+    if !inputs.resource_is_secret {
+        let old = rec.inputs.get("resource").unwrap_or(&Value::Null);
+        diff_values("resource", old, &inputs.resource, false, &mut out);
+    }
+    let old_secrets = rec.secret_inputs.get("secrets").unwrap_or(&Value::Null);
+    diff_values("secrets", old_secrets, &inputs.secrets, true, &mut out);
+    out
+}
+
+fn diff_values(path: &str, old: &Value, new: &Value, secret: bool, out: &mut Vec<String>) {
+    if old == new {
+        return;
+    }
+    match (old, new) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                let child = format!("{path}.{k}");
+                diff_values(
+                    &child,
+                    a.get(k).unwrap_or(&Value::Null),
+                    b.get(k).unwrap_or(&Value::Null),
+                    secret,
+                    out,
+                );
+            }
         }
-        Err(e) => (Action::Update, format!("inputs do not resolve: {e}")),
+        _ if secret => out.push(format!("{path}: changed (secret)")),
+        _ => out.push(format!("{path}: {old} -> {new}")),
+    }
+}
+
+/// Every placeholder of `node` as a binding, resolved against `upstream`: which value of which
+/// provider reaches which input. Placeholders whose provider is not known yet are left out;
+/// secret values are not kept.
+pub fn bindings_of(node: &ResourceNode, upstream: &impl Outputs) -> Vec<BindingRecord> {
+    let mut out = Vec::new();
+    for (template, prefix) in [
+        (&node.values, "values"),
+        (&node.secrets, "secrets"),
+        (&node.params, "resource"),
+    ] {
+        for placed in template.placeholders(prefix) {
+            let (provided, provided_path, resolved) = match placed.expr {
+                Binding::Output { target, path } => (
+                    target,
+                    format!("outputs.{}", path_to_string(path)),
+                    output_of(upstream, target, path),
+                ),
+                Binding::Selector {
+                    written,
+                    base,
+                    targets,
+                    path,
+                    ..
+                } => {
+                    let resolved = targets
+                        .iter()
+                        .map(|t| output_of(upstream, t, path))
+                        .collect::<Result<Vec<Resolved>, _>>()
+                        .map(|all| Resolved {
+                            secret: all.iter().any(|r| r.secret),
+                            value: Value::Array(all.into_iter().map(|r| r.value).collect()),
+                        });
+                    (
+                        base,
+                        format!("{written}.outputs.{}", path_to_string(path)),
+                        resolved,
+                    )
+                }
+            };
+            let Ok(resolved) = resolved else {
+                continue;
+            };
+            let secret = resolved.secret || prefix == "secrets";
+            out.push(BindingRecord {
+                needed: node.guresid.to_string(),
+                needed_path: placed.path,
+                provided: provided.to_string(),
+                provided_path,
+                data_type: data_type(&resolved.value).to_owned(),
+                inserted: !placed.whole
+                    && (resolved.value.is_object() || resolved.value.is_array()),
+                value: (!secret).then_some(resolved.value),
+                secret,
+            });
+        }
+    }
+    out
+}
+
+fn data_type(v: &Value) -> &'static str {
+    match v {
+        Value::String(_) => "string",
+        Value::Bool(_) => "bool",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "int",
+        _ => "json",
     }
 }
 
@@ -383,8 +521,9 @@ fn pending_inputs(
         (&node.secrets, "secrets"),
         (&node.params, "resource"),
     ] {
-        for (path, binding) in template.placeholders(prefix) {
-            match binding {
+        for placed in template.placeholders(prefix) {
+            let path = placed.path;
+            match placed.expr {
                 Binding::Output {
                     target,
                     path: output,
@@ -551,6 +690,7 @@ mod tests {
                 driver: node.driver_type.clone(),
                 account: None,
                 deletion_policy: node.deletion_policy,
+                template_hash: node.template_hash.clone(),
                 status: ResourceStatus::Ready,
                 inputs_hash: inputs_hash(node, &inputs),
                 outputs: inputs.values.clone(),

@@ -29,7 +29,7 @@ use crate::config::{HostConfig, RetryPolicy};
 use crate::drivers::{
     Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, ErrorKind, PutOutcome, Registry,
 };
-use crate::graph::{GuresId, ResourceGraph, ResourceNode};
+use crate::graph::{EdgeKind, GuresId, ResourceGraph, ResourceNode};
 use crate::plan::{
     Action, Plan, ResolvedInputs, Step, deletion_guard, edge_records, inputs_hash, plan,
     resolve_inputs,
@@ -105,6 +105,9 @@ pub struct ApplyOptions {
     /// Set when gitplane is stopping: no new driver call starts, calls in flight finish, and
     /// what did not run is recorded as skipped.
     pub stop: Option<Arc<AtomicBool>>,
+    /// GUResIDs of pinned resources (`auto_update: false`) to bind to current values anyway:
+    /// `gitplane resolve`.
+    pub resolve: HashSet<String>,
 }
 
 impl ApplyOptions {
@@ -170,6 +173,9 @@ pub async fn apply(
         unchanged: 0,
         failed: 0,
         failures: Vec::new(),
+        bindings: Vec::new(),
+        pinned: HashSet::new(),
+        kept: HashMap::new(),
         global: Arc::new(Semaphore::new(settings.concurrency.max(1))),
         per_driver: HashMap::new(),
     };
@@ -204,13 +210,28 @@ pub async fn apply(
     );
     edges.sort();
     edges.dedup_by(|a, b| a.from == b.from && a.to == b.to);
+    let orphans: Vec<(String, String)> = remaining
+        .iter()
+        .map(|g| {
+            let why = run
+                .kept
+                .get(&GuresId::from_recorded((*g).to_owned()))
+                .cloned()
+                .unwrap_or_else(|| "not deleted yet".to_owned());
+            ((*g).to_owned(), why)
+        })
+        .collect();
+    let links = link_records(graph, &run.bindings);
     let Run {
         store,
         unchanged,
         failed,
         failures,
+        bindings,
         ..
     } = run;
+    store.record_links(deployment, &graph.env, &links, &bindings)?;
+    store.mark_orphans(&graph.env, &orphans)?;
     store.replace_edges(&graph.env, &edges)?;
     let mut counts = store.operation_counts(deployment)?;
     counts.unchanged = unchanged;
@@ -253,6 +274,12 @@ struct Run<'a, 'e> {
     unchanged: i64,
     failed: i64,
     failures: Vec<String>,
+    /// The bindings of every resource resolved in this run.
+    bindings: Vec<gitplane_state::BindingRecord>,
+    /// Resources kept as last bound (`auto_update: false`) although their inputs changed.
+    pinned: HashSet<GuresId>,
+    /// Why each orphan that was not deleted is kept.
+    kept: HashMap<GuresId, String>,
     /// Permits for driver calls: one global limit, and one per driver that sets its own.
     global: Arc<Semaphore>,
     per_driver: HashMap<String, Arc<Semaphore>>,
@@ -366,6 +393,7 @@ impl Run<'_, '_> {
                     "delete"
                 };
                 self.skip(step, action, &why)?;
+                self.kept.insert(step.guresid.clone(), why.clone());
             }
             return Ok(());
         }
@@ -560,12 +588,34 @@ impl Run<'_, '_> {
             }
         };
         let hash = inputs_hash(node, &inputs);
-        if let Some(rec) = self.recorded.get(node.guresid.as_str())
+        let recorded = self
+            .recorded
+            .get(node.guresid.as_str())
+            .copied()
+            .filter(|rec| {
+                rec.status == ResourceStatus::Ready
+                    && rec.definition == node.definition
+                    && rec.driver == node.driver_type
+            });
+        // auto_update: false keeps a resource as last bound while only what it reads changed.
+        if let Some(rec) = recorded
             && !self.options.drift
-            && rec.status == ResourceStatus::Ready
+            && !node.auto_update
+            && rec.template_hash == node.template_hash
+            && rec.inputs_hash != hash
+            && !self.options.resolve.contains(node.guresid.as_str())
+        {
+            self.unchanged += 1;
+            self.pinned.insert(node.guresid.clone());
+            let previous = self.store.latest_bindings(node.guresid.as_str())?;
+            self.bindings.extend(previous);
+            return Ok(Started::Settled);
+        }
+        self.bindings
+            .extend(crate::plan::bindings_of(node, &self.outputs));
+        if let Some(rec) = recorded
+            && !self.options.drift
             && rec.inputs_hash == hash
-            && rec.definition == node.definition
-            && rec.driver == node.driver_type
         {
             self.unchanged += 1;
             if step.action != Action::Unchanged {
@@ -688,11 +738,15 @@ impl Run<'_, '_> {
                     error: None,
                     ..self.record(node)
                 };
+                let changed = self.recorded.get(node.guresid.as_str()).is_none_or(|rec| {
+                    rec.outputs != record.outputs || rec.secret_outputs != record.secret_outputs
+                });
                 self.store.finish_put(
                     result.operation_id,
                     result.attempts,
                     self.deployment,
                     &record,
+                    Some(changed),
                 )?;
                 self.outputs.insert(
                     node.guresid.clone(),
@@ -723,6 +777,7 @@ impl Run<'_, '_> {
                     result.attempts,
                     self.deployment,
                     &record,
+                    None,
                 )?;
                 self.failed(label, &node.guresid, action, &error);
             }
@@ -836,6 +891,8 @@ impl Run<'_, '_> {
                     step.guresid.as_str(),
                     Some(&error),
                 )?;
+                self.kept
+                    .insert(step.guresid.clone(), format!("its delete failed: {error}"));
                 self.failed(label, &step.guresid, "delete", &error);
             }
         }
@@ -921,6 +978,7 @@ impl Run<'_, '_> {
             driver: node.driver_type.clone(),
             account: node.driver_account.clone(),
             deletion_policy: node.deletion_policy,
+            template_hash: node.template_hash.clone(),
             status: ResourceStatus::Failed,
             inputs_hash: String::new(),
             outputs: empty(),
@@ -931,6 +989,40 @@ impl Run<'_, '_> {
             commit_id: self.commit.to_owned(),
         }
     }
+}
+
+/// The links of a graph: each edge, consumer to provider, with its update type.
+fn link_records(
+    graph: &ResourceGraph,
+    bindings: &[gitplane_state::BindingRecord],
+) -> Vec<gitplane_state::LinkRecord> {
+    graph
+        .edges()
+        .into_iter()
+        .map(|e| {
+            let (consumer, provider) = (e.from.to_string(), e.to.to_string());
+            let update_type = match e.kind {
+                EdgeKind::Reference | EdgeKind::Selector => {
+                    let mut over = bindings
+                        .iter()
+                        .filter(|b| b.needed == consumer && b.provided == provider)
+                        .peekable();
+                    if over.peek().is_some() && over.all(|b| b.inserted) {
+                        "Insert"
+                    } else {
+                        "NeedsProvides"
+                    }
+                }
+                EdgeKind::Dependency | EdgeKind::Coprovision | EdgeKind::Implicit => "None",
+            };
+            gitplane_state::LinkRecord {
+                consumer,
+                provider,
+                kind: e.kind.as_str().to_owned(),
+                update_type: update_type.to_owned(),
+            }
+        })
+        .collect()
 }
 
 /// One driver call that ended, to journal.

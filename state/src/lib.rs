@@ -71,6 +71,9 @@ pub struct ResourceRecord {
     pub account: Option<String>,
     /// What happens when the resource leaves the graph.
     pub deletion_policy: DeletionPolicy,
+    /// Digest of its definition's templates; with `auto_update: false`, only a change of these
+    /// updates the resource.
+    pub template_hash: String,
     pub status: ResourceStatus,
     pub inputs_hash: String,
     /// Non-secret outputs, a JSON object.
@@ -178,6 +181,31 @@ pub struct DeploymentRecord {
     pub error: Option<String>,
     /// For a held deployment: the resources it would delete.
     pub held: Option<Vec<String>>,
+}
+
+/// An edge of a deployment's graph as a link: `consumer` depends on `provider`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LinkRecord {
+    pub consumer: String,
+    pub provider: String,
+    pub kind: String,
+    /// `NeedsProvides`, `None` or `Insert`.
+    pub update_type: String,
+}
+
+/// A resolved placeholder: which value of which provider reached which input of a consumer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BindingRecord {
+    pub needed: String,
+    pub needed_path: String,
+    pub provided: String,
+    pub provided_path: String,
+    /// `string`, `int`, `bool` or `json`.
+    pub data_type: String,
+    /// `None` for a secret.
+    pub value: Option<Value>,
+    pub secret: bool,
+    pub inserted: bool,
 }
 
 /// A driver call about to start.
@@ -378,7 +406,7 @@ impl Store {
         let rows = self.query(
             "SELECT r.guresid, r.env, r.app, r.type, r.class, r.res_id, r.definition, r.driver,
                         r.status, r.inputs_hash, r.outputs, s.outputs, r.error, r.commit_id,
-                        r.inputs, s.inputs, r.account, r.deletion_policy
+                        r.inputs, s.inputs, r.account, r.deletion_policy, r.template_hash
                  FROM resource r LEFT JOIN resource_secret s ON s.guresid = r.guresid
                  WHERE r.env = ?1 ORDER BY r.guresid",
             [env],
@@ -409,6 +437,7 @@ impl Store {
                         } else {
                             DeletionPolicy::Delete
                         },
+                        template_hash: r.get(18)?,
                         error: r.get(12)?,
                         commit_id: r.get(13)?,
                     },
@@ -593,6 +622,7 @@ impl Store {
         attempts: i64,
         deployment: i64,
         record: &ResourceRecord,
+        outputs_changed: Option<bool>,
     ) -> Result<()> {
         let path = self.path.clone();
         let e = |source| StateError::Sqlite {
@@ -605,17 +635,19 @@ impl Store {
             ResourceStatus::Failed => ("failed", record.error.as_deref()),
         };
         tx.prepare_cached(&format!(
-            "UPDATE operation SET status = ?2, error = ?3, attempts = ?4, finished_at = {NOW}
+            "UPDATE operation SET status = ?2, error = ?3, attempts = ?4, outputs_changed = ?5,
+                    finished_at = {NOW}
              WHERE id = ?1"
         ))
-        .and_then(|mut s| s.execute(params![operation, status, error, attempts]))
+        .and_then(|mut s| s.execute(params![operation, status, error, attempts, outputs_changed]))
         .map_err(e)?;
         tx.prepare_cached(&format!(
             "INSERT INTO resource (guresid, env, app, type, class, res_id, definition, driver,
                                    status, inputs_hash, outputs, error, commit_id, deployment_id,
-                                   inputs, account, deletion_policy, created_at, updated_at)
+                                   inputs, account, deletion_policy, template_hash,
+                                   created_at, updated_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                     {NOW}, {NOW})
+                     ?18, {NOW}, {NOW})
              ON CONFLICT (guresid) DO UPDATE SET
                  definition = excluded.definition, driver = excluded.driver,
                  status = excluded.status, inputs_hash = excluded.inputs_hash,
@@ -623,6 +655,8 @@ impl Store {
                  commit_id = excluded.commit_id, deployment_id = excluded.deployment_id,
                  inputs = excluded.inputs, account = excluded.account,
                  deletion_policy = excluded.deletion_policy,
+                 template_hash = excluded.template_hash, orphan_since = NULL,
+                 orphan_reason = NULL,
                  updated_at = excluded.updated_at"
         ))
         .and_then(|mut s| {
@@ -643,7 +677,8 @@ impl Store {
                 deployment,
                 record.inputs.to_string(),
                 record.account,
-                record.deletion_policy.as_str()
+                record.deletion_policy.as_str(),
+                record.template_hash
             ])
         })
         .map_err(e)?;
@@ -854,6 +889,132 @@ impl Store {
         Ok(Some((env, commit)))
     }
 
+    /// Records the links and bindings of a deployment, in one transaction.
+    pub fn record_links(
+        &mut self,
+        deployment: i64,
+        env: &str,
+        links: &[LinkRecord],
+        bindings: &[BindingRecord],
+    ) -> Result<()> {
+        let path = self.path.clone();
+        let e = |source| StateError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(e)?;
+        // A resumed deployment records them again.
+        tx.execute("DELETE FROM link WHERE deployment_id = ?1", [deployment])
+            .map_err(e)?;
+        tx.execute("DELETE FROM binding WHERE deployment_id = ?1", [deployment])
+            .map_err(e)?;
+        {
+            let mut link = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO link (deployment_id, env, consumer, provider, kind,
+                                                 update_type)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(e)?;
+            for l in links {
+                link.execute(params![
+                    deployment,
+                    env,
+                    l.consumer,
+                    l.provider,
+                    l.kind,
+                    l.update_type
+                ])
+                .map_err(e)?;
+            }
+            let mut binding = tx
+                .prepare_cached(
+                    "INSERT INTO binding (deployment_id, env, needed_guresid, needed_path,
+                                          provided_guresid, provided_path, data_type, value,
+                                          secret, inserted)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                )
+                .map_err(e)?;
+            for b in bindings {
+                binding
+                    .execute(params![
+                        deployment,
+                        env,
+                        b.needed,
+                        b.needed_path,
+                        b.provided,
+                        b.provided_path,
+                        b.data_type,
+                        b.value.as_ref().map(Value::to_string),
+                        b.secret,
+                        b.inserted
+                    ])
+                    .map_err(e)?;
+            }
+        }
+        tx.commit().map_err(e)
+    }
+
+    /// The bindings of `guresid` in the newest deployment that recorded any for it.
+    pub fn latest_bindings(&self, guresid: &str) -> Result<Vec<BindingRecord>> {
+        self.query(
+            "SELECT needed_guresid, needed_path, provided_guresid, provided_path, data_type,
+                    value, secret, inserted
+             FROM binding
+             WHERE needed_guresid = ?1
+               AND deployment_id = (SELECT MAX(deployment_id) FROM binding WHERE needed_guresid = ?1)
+             ORDER BY id",
+            [guresid],
+            |r| {
+                Ok(BindingRecord {
+                    needed: r.get(0)?,
+                    needed_path: r.get(1)?,
+                    provided: r.get(2)?,
+                    provided_path: r.get(3)?,
+                    data_type: r.get(4)?,
+                    value: r
+                        .get::<_, Option<String>>(5)?
+                        .and_then(|v| serde_json::from_str(&v).ok()),
+                    secret: r.get(6)?,
+                    inserted: r.get(7)?,
+                })
+            },
+        )
+    }
+
+    /// Marks the recorded resources of `env` in `orphans` as kept though out of the graph, with
+    /// why; clears the mark of every other resource of `env`.
+    pub fn mark_orphans(&mut self, env: &str, orphans: &[(String, String)]) -> Result<()> {
+        let path = self.path.clone();
+        let e = |source| StateError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(e)?;
+        let kept: Vec<&str> = orphans.iter().map(|(g, _)| g.as_str()).collect();
+        let kept = serde_json::to_string(&kept).expect("strings serialise");
+        tx.execute(
+            "UPDATE resource SET orphan_since = NULL, orphan_reason = NULL
+             WHERE env = ?1 AND orphan_since IS NOT NULL
+               AND guresid NOT IN (SELECT value FROM json_each(?2))",
+            params![env, kept],
+        )
+        .map_err(e)?;
+        {
+            let mut stmt = tx
+                .prepare_cached(&format!(
+                    "UPDATE resource SET orphan_reason = ?2,
+                            orphan_since = COALESCE(orphan_since, {NOW})
+                     WHERE guresid = ?1"
+                ))
+                .map_err(e)?;
+            for (guresid, reason) in orphans {
+                stmt.execute(params![guresid, reason]).map_err(e)?;
+            }
+        }
+        tx.commit().map_err(e)
+    }
+
     /// Records a commit the daemon saw on the watched ref, and what it did with it.
     pub fn commit_seen(&self, commit: &str, outcome: &str, detail: Option<&str>) -> Result<()> {
         self.conn
@@ -1042,6 +1203,7 @@ mod tests {
             driver: "echo".into(),
             account: None,
             deletion_policy: DeletionPolicy::Delete,
+            template_hash: String::new(),
             status: ResourceStatus::Ready,
             inputs_hash: "h1".into(),
             outputs: serde_json::json!({"host": "db"}),
@@ -1178,7 +1340,9 @@ mod tests {
         };
         let op = store.begin_operation(&start).unwrap();
         assert_eq!(store.operations(dep).unwrap()[0].status, "started");
-        store.finish_put(op, 1, dep, &record("g1")).unwrap();
+        store
+            .finish_put(op, 1, dep, &record("g1"), Some(true))
+            .unwrap();
         let got = store.resources("development").unwrap();
         assert_eq!(got, vec![record("g1")]);
         assert_eq!(store.operations(dep).unwrap()[0].status, "succeeded");

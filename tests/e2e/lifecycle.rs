@@ -863,7 +863,7 @@ fn apply_env_applies_one_environment() {
 fn a_failed_resource_holds_back_deletions() {
     let sb = Sandbox::applied();
     let frontend =
-        sb.rows("SELECT * FROM resource WHERE res_id LIKE 'modules.frontend%' ORDER BY guresid");
+        sb.rows("SELECT guresid, env, app, type, class, res_id, definition, driver, status, inputs_hash, outputs, inputs, commit_id, deployment_id, updated_at FROM resource WHERE res_id LIKE 'modules.frontend%' ORDER BY guresid");
     sb.remove("workloads/shop/frontend.yaml");
     // Values may not read a secret output: this fails when postgres is provisioned.
     sb.edit(
@@ -905,8 +905,24 @@ fn a_failed_resource_holds_back_deletions() {
         );
     }
     assert_eq!(
-        sb.rows("SELECT * FROM resource WHERE res_id LIKE 'modules.frontend%' AND env = 'development' ORDER BY guresid"),
+        sb.rows("SELECT guresid, env, app, type, class, res_id, definition, driver, status, inputs_hash, outputs, inputs, commit_id, deployment_id, updated_at FROM resource WHERE res_id LIKE 'modules.frontend%' AND env = 'development' ORDER BY guresid"),
         frontend.iter().filter(|r| r[1] == "development").cloned().collect::<Vec<_>>()
+    );
+    // They are kept as orphans, and say why.
+    assert_eq!(
+        sb.rows(
+            "SELECT res_id, orphan_reason FROM orphans WHERE env = 'development' ORDER BY res_id"
+        ),
+        [
+            [
+                "modules.frontend",
+                "held back: 2 resource(s) failed in this deployment, and deleting now could remove what they still need"
+            ],
+            [
+                "modules.frontend.externals.dns",
+                "held back: 2 resource(s) failed in this deployment, and deleting now could remove what they still need"
+            ],
+        ]
     );
 
     // The fix goes in: the held-back deletions run, in order.

@@ -174,9 +174,13 @@ impl<'r> Builder<'r> {
         }
     }
 
-    fn finish(self) -> Result<ResourceGraph, Vec<BuildError>> {
+    fn finish(mut self) -> Result<ResourceGraph, Vec<BuildError>> {
         if !self.errors.is_empty() {
             return Err(self.errors);
+        }
+        for n in self.dag.graph().node_indices().collect::<Vec<_>>() {
+            let hash = template_hash(&self.dag[n]);
+            self.dag[n].template_hash = hash;
         }
         Ok(ResourceGraph {
             env: self.env.id.clone(),
@@ -235,6 +239,8 @@ impl<'r> Builder<'r> {
             driver_type: def.driver_type.clone(),
             driver_account: def.driver_account.clone(),
             deletion_policy: def.deletion_policy,
+            auto_update: def.auto_update,
+            template_hash: String::new(),
             params: Template::Value(req.params),
             values: Template::default(),
             secrets: Template::default(),
@@ -368,6 +374,30 @@ impl<'r> Builder<'r> {
         let secrets = self.map_definition_template(n, def, &def.secrets);
         self.dag[n].values = values;
         self.dag[n].secrets = secrets;
+
+        for d in &def.depends_on {
+            let node = &self.dag[n];
+            let app = node.app.clone();
+            let class = d.class.clone().unwrap_or_else(|| node.class.clone());
+            let res_id = d.id.clone().unwrap_or_else(|| node.res_id.clone());
+            let by = node.guresid.clone();
+            if let Some(t) = self.ensure(
+                Request {
+                    app: app.as_deref(),
+                    res_type: &d.res_type,
+                    class: &class,
+                    res_id: &res_id,
+                    params: Value::Null,
+                    origin: Origin::Referenced {
+                        by,
+                        definition: def.id.clone(),
+                    },
+                },
+                &def.locate(&d.key),
+            ) {
+                self.edge(n, t, EdgeKind::Dependency);
+            }
+        }
 
         for p in &def.provision {
             let node = &self.dag[n];
@@ -632,6 +662,24 @@ impl<'r> Builder<'r> {
         }
         None
     }
+}
+
+/// A digest of a node's inputs before resolution: literals and where each placeholder points.
+fn template_hash(node: &ResourceNode) -> String {
+    use sha2::{Digest, Sha256};
+    let text = format!(
+        "{}\0{}\0{:?}\0{:?}\0{:?}\0{:?}",
+        node.definition,
+        node.driver_type,
+        node.driver_account,
+        node.params,
+        node.values,
+        node.secrets
+    );
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn workload_location(workload: &Workload, needle: &str) -> SourceLocation {

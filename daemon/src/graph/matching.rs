@@ -151,6 +151,8 @@ mod tests {
             driver_type: "echo".into(),
             driver_account: None,
             deletion_policy: Default::default(),
+            auto_update: true,
+            depends_on: vec![],
             values: Default::default(),
             secrets: Default::default(),
             provision: vec![],

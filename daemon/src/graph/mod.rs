@@ -118,6 +118,11 @@ pub struct ResourceNode {
     pub driver_type: String,
     pub driver_account: Option<String>,
     pub deletion_policy: gitplane_state::DeletionPolicy,
+    /// `false`: keeps the values it was last bound to until `gitplane resolve`.
+    pub auto_update: bool,
+    /// Digest of what the definition and the request say, before any placeholder resolves: a
+    /// change of it updates even a pinned resource.
+    pub template_hash: String,
     /// The resource's own inputs (`resource` in a driver request): Score params, or for a
     /// workload its whole Score file.
     pub params: Template<Binding>,

@@ -101,6 +101,11 @@ struct EntityFile {
     criteria: Vec<CriterionFile>,
     /// `orphan`: forget its resources when they leave the graph instead of deleting them.
     deletion_policy: Option<String>,
+    /// `false`: its resources keep the values they were last bound to until `gitplane resolve`.
+    auto_update: Option<bool>,
+    /// Resources to provision first without reading them: `TYPE[.CLASS][#ID]`.
+    #[serde(default)]
+    depends_on: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -593,6 +598,24 @@ impl Loader {
                 return;
             }
         };
+        let mut depends_on = Vec::new();
+        for key in &entity.depends_on {
+            match parse_provision_key(key) {
+                Ok((res_type, class, id)) => depends_on.push(super::DependsOn {
+                    key: key.clone(),
+                    res_type,
+                    class,
+                    id,
+                }),
+                Err(reason) => {
+                    self.error(
+                        at(key),
+                        LoadErrorKind::Invalid(format!("depends_on '{key}': {reason}")),
+                    );
+                    return;
+                }
+            }
+        }
         let criteria = entity
             .criteria
             .into_iter()
@@ -611,6 +634,8 @@ impl Loader {
             driver_type: entity.driver_type,
             driver_account: entity.driver_account,
             deletion_policy,
+            auto_update: entity.auto_update.unwrap_or(true),
+            depends_on,
             values,
             secrets,
             provision,

@@ -212,6 +212,10 @@ pub struct Definition {
     pub driver_type: String,
     pub driver_account: Option<String>,
     pub deletion_policy: gitplane_state::DeletionPolicy,
+    /// `false`: resources keep the values they were last bound to until `gitplane resolve`.
+    pub auto_update: bool,
+    /// Ordering-only dependencies: provisioned first, never read.
+    pub depends_on: Vec<DependsOn>,
     pub values: Template<Expr>,
     pub secrets: Template<Expr>,
     pub provision: Vec<Provision>,
@@ -231,6 +235,15 @@ impl Definition {
             None => self.location.clone(),
         }
     }
+}
+
+/// `depends_on: ["TYPE[.CLASS][#ID]"]`: class and id default to the depending resource's.
+#[derive(Debug, Clone)]
+pub struct DependsOn {
+    pub key: String,
+    pub res_type: String,
+    pub class: Option<String>,
+    pub id: Option<String>,
 }
 
 /// A co-provisioned resource: `provision: {"TYPE[.CLASS][#ID]": {...}}`.

@@ -113,20 +113,28 @@ impl<E> Template<E> {
 
     /// Every placeholder in the tree with the path of the value that holds it (`prefix.a[0]`),
     /// in document order.
-    pub fn placeholders(&self, prefix: &str) -> Vec<(String, &E)> {
+    pub fn placeholders(&self, prefix: &str) -> Vec<Placed<'_, E>> {
         let mut out = Vec::new();
         self.collect_placeholders(prefix.to_owned(), &mut out);
         out
     }
 
-    fn collect_placeholders<'a>(&'a self, path: String, out: &mut Vec<(String, &'a E)>) {
+    fn collect_placeholders<'a>(&'a self, path: String, out: &mut Vec<Placed<'a, E>>) {
         match self {
             Template::Value(_) => {}
             Template::Str(parts) => out.extend(parts.iter().filter_map(|p| match p {
-                Part::Expr(e) => Some((path.clone(), e)),
+                Part::Expr(e) => Some(Placed {
+                    path: path.clone(),
+                    expr: e,
+                    whole: false,
+                }),
                 Part::Text(_) => None,
             })),
-            Template::Whole(e) => out.push((path, e)),
+            Template::Whole(e) => out.push(Placed {
+                path,
+                expr: e,
+                whole: true,
+            }),
             Template::Array(items) => {
                 for (i, t) in items.iter().enumerate() {
                     t.collect_placeholders(format!("{path}[{i}]"), out);
@@ -269,6 +277,16 @@ impl<E> Template<E> {
             }
         })
     }
+}
+
+/// A placeholder and where it stands.
+#[derive(Debug, Clone)]
+pub struct Placed<'a, E> {
+    /// The path of the value that holds it, such as `values.host`.
+    pub path: String,
+    pub expr: &'a E,
+    /// Whether it is the whole value (keeping its type) or part of a longer string.
+    pub whole: bool,
 }
 
 /// What [`Template::try_map`] turns one placeholder into.

@@ -1,9 +1,11 @@
 //! The `gitplane` command line: arguments, the commands, and what each prints.
 
+mod explain;
 mod hook;
 mod init;
 mod output;
 mod progress;
+mod report;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -176,6 +178,40 @@ pub enum Command {
         /// The held deployment's id (see `gitplane history`).
         deployment: i64,
     },
+    /// Print a report from the state: resources, deployments, failures, links, consumers,
+    /// orphans or drift.
+    Report {
+        #[command(flatten)]
+        common: Common,
+        #[arg(value_enum)]
+        name: report::ReportName,
+        /// For `consumers`: the resource (GUResID, or `app/type.class#id` with --env).
+        resource: Option<String>,
+        #[arg(long, value_enum, default_value_t = report::ReportFormat::Table)]
+        format: report::ReportFormat,
+    },
+    /// Explain one resource: its definition and why it matched, where each input comes from,
+    /// its outputs, its links both ways and its history.
+    Explain {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        rev: Rev,
+        /// The resource: a GUResID, or `app/type.class#id` (with --env when several match).
+        resource: String,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Bind a pinned resource (`auto_update: false`) to the current values of what it reads,
+    /// and apply its environment.
+    Resolve {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        rev: Rev,
+        /// The resource: a GUResID, or `app/type.class#id` (with --env when several match).
+        resource: String,
+    },
     /// Watch the repository and reconcile every new commit until stopped.
     Daemon {
         #[command(flatten)]
@@ -212,6 +248,10 @@ pub enum CliError {
         state: PathBuf,
         known: String,
     },
+    #[error("no recorded resource is {resource}: `gitplane status` lists them")]
+    NoResource { resource: String },
+    #[error("{resource} is recorded in several environments ({envs}): pass --env")]
+    AmbiguousResource { resource: String, envs: String },
     #[error("deployment {deployment} is not held: `gitplane history` lists held deployments")]
     NotHeld { deployment: i64 },
     #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]
@@ -281,6 +321,35 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
         }
         Command::Status { common, format } => status(&common.context()?, format, stdout),
         Command::History { common, format } => history(&common.context()?, format, stdout),
+        Command::Report {
+            common,
+            name,
+            resource,
+            format,
+        } => report::report(
+            &common.context()?,
+            name,
+            resource.as_deref(),
+            format,
+            stdout,
+        ),
+        Command::Explain {
+            common,
+            rev,
+            resource,
+            format,
+        } => {
+            let ctx = common.context()?;
+            explain::explain(&ctx, ctx.rev(&rev), &resource, format, stdout)
+        }
+        Command::Resolve {
+            common,
+            rev,
+            resource,
+        } => {
+            let ctx = common.context()?;
+            resolve(&ctx, ctx.rev(&rev), &resource, stdout)
+        }
         Command::Approve { common, deployment } => approve(&common.context()?, deployment, stdout),
         Command::Daemon { common } => {
             let host = HostConfig::load(common.config.as_deref()).map_err(CliError::Config)?;
@@ -527,6 +596,21 @@ fn apply_graphs(
     approved: Option<i64>,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
+    let options = ApplyOptions {
+        approved,
+        ..ApplyOptions::default()
+    };
+    apply_graphs_with(ctx, store, commit, graphs, &options, stdout)
+}
+
+fn apply_graphs_with(
+    ctx: &Context,
+    store: &mut Store,
+    commit: &str,
+    graphs: &[ResourceGraph],
+    options: &ApplyOptions,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
     let settings = Settings::from_config(&ctx.host);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -542,10 +626,7 @@ fn apply_graphs(
             &settings,
             g,
             commit,
-            &ApplyOptions {
-                approved,
-                ..ApplyOptions::default()
-            },
+            options,
             &mut |e: &Event<'_>| progress.event(e),
         ))?;
         progress.finish();
@@ -641,6 +722,83 @@ fn approve(
             Ok(CommandResult::Failure)
         }
     }
+}
+
+/// Finds a recorded resource by GUResID or `app/type.class#id` (in the `--env` environments, or
+/// any): its GUResID and environment.
+pub(crate) fn find_resource(
+    store: &Store,
+    ctx: &Context,
+    wanted: &str,
+) -> Result<(String, String), CliError> {
+    let envs = if ctx.envs.is_empty() {
+        store.environments()?
+    } else {
+        ctx.envs.clone()
+    };
+    let mut found = Vec::new();
+    for env in &envs {
+        for r in store.resources(env)? {
+            if r.guresid == wanted || crate::reconcile::record_label(&r) == wanted {
+                found.push((r.guresid.clone(), env.clone()));
+            }
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err(CliError::NoResource {
+            resource: wanted.to_owned(),
+        }),
+        _ => Err(CliError::AmbiguousResource {
+            resource: wanted.to_owned(),
+            envs: found
+                .into_iter()
+                .map(|(_, e)| e)
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+/// `gitplane resolve`: applies the resource's environment with the resource unpinned.
+fn resolve(
+    ctx: &Context,
+    rev: Option<&str>,
+    resource: &str,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    if !ctx.state.exists() {
+        return Err(CliError::NoState {
+            path: ctx.state.clone(),
+        });
+    }
+    let mut store = Store::open(&ctx.state)?;
+    let (guresid, env) = find_resource(&store, ctx, resource)?;
+    let scoped = Context {
+        envs: vec![env.clone()],
+        ..ctx.clone()
+    };
+    let (snapshot, result) = load_and_build(&scoped, rev)?;
+    let built = match result {
+        Ok(built) => built,
+        Err(rejected) => {
+            report_rejected(&snapshot, &rejected);
+            return Ok(CommandResult::Failure);
+        }
+    };
+    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
+    let options = ApplyOptions {
+        resolve: [guresid].into(),
+        ..ApplyOptions::default()
+    };
+    apply_graphs_with(
+        &scoped,
+        &mut store,
+        &snapshot.commit,
+        &built.graphs,
+        &options,
+        stdout,
+    )
 }
 
 /// `gitplane history`: deployments per commit, newest first.

@@ -206,8 +206,12 @@ SELECT l.env, l.deployment_id,
 FROM link l
 LEFT JOIN resource c ON c.guresid = l.consumer
 LEFT JOIN resource p ON p.guresid = l.provider
+-- A selector's binding (an array) names the selector's base resource and a path such as
+-- `workload>aws-policy.outputs.name`; it belongs to each of the selector's links.
 LEFT JOIN binding b ON b.deployment_id = l.deployment_id AND b.needed_guresid = l.consumer
-                   AND b.provided_guresid = l.provider
+                   AND (b.provided_guresid = l.provider
+                        OR (l.kind = 'selector'
+                            AND (instr(b.provided_path, '>') > 0 OR instr(b.provided_path, '<') > 0)))
 WHERE l.deployment_id = (SELECT MAX(deployment_id) FROM link l2 WHERE l2.env = l.env)
 ORDER BY l.env, l.consumer, l.provider, b.needed_path;
 

@@ -9,6 +9,7 @@ mod daemon;
 mod hook;
 mod host_config;
 mod lifecycle;
+mod links;
 mod reconcile;
 mod secrets;
 mod systemd;

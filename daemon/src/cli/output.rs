@@ -63,18 +63,19 @@ pub fn plan_table(plan: &Plan, commit: &str) -> String {
             step.label(),
             step.reason.clone(),
         ]);
-        for input in &step.known_after_apply {
-            t.row(vec![String::new(), String::new(), format!("  {input}")]);
+        for line in step.changes.iter().chain(&step.known_after_apply) {
+            t.row(vec![String::new(), String::new(), format!("  {line}")]);
         }
     }
     format!(
-        "{} @ {}\n{}  {} to create, {} to update, {} may update, {} unchanged, {} to delete\n",
+        "{} @ {}\n{}  {} to create, {} to update, {} may update, {} pinned, {} unchanged, {} to delete\n",
         plan.env,
         short(commit),
         t.render("  "),
         plan.count(Action::Create),
         plan.count(Action::Update),
         plan.count(Action::MaybeUpdate),
+        plan.count(Action::Pinned),
         plan.count(Action::Unchanged),
         plan.count(Action::Delete),
     )
@@ -93,6 +94,7 @@ pub fn plan_json(plan: &Plan, commit: &str) -> Value {
             "action": s.action.as_str(),
             "reason": s.reason,
             "known_after_apply": s.known_after_apply,
+            "changes": s.changes,
         })).collect::<Vec<_>>(),
     })
 }

@@ -233,6 +233,21 @@ pub struct OperationRecord {
     pub error: Option<String>,
 }
 
+/// An operation on one resource with its deployment's commit, for a resource's history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceOperation {
+    pub operation: OperationRecord,
+    pub env: String,
+    /// The deployment's commit; `None` when the revision could not be read.
+    pub commit_id: Option<String>,
+    /// `commit` or `drift`.
+    pub kind: String,
+    /// Driver calls made: polls and retries included.
+    pub attempts: i64,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+}
+
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 /// Held while one process applies to one environment of a state file; released on drop.
@@ -1144,6 +1159,201 @@ impl Store {
             None => Ok(None),
         }
     }
+
+    /// A report: the rows of one of the public views of `schema.sql`, as SQLite gave them, in
+    /// the view's order; of the environments in `filter.envs` when any are named.
+    ///
+    /// [`ReportView::Consumers`] lists the consumers of `filter.provider` (all of them when
+    /// `None`) with each consumer's type and id from `current_resources`, by depth then id.
+    pub fn report(&self, view: ReportView, filter: &ReportFilter<'_>) -> Result<Report> {
+        // A JSON array of the environments, or NULL for all of them.
+        let envs =
+            (!filter.envs.is_empty()).then(|| serde_json::to_string(filter.envs).expect("strings"));
+        const ENVS: &str = "(?1 IS NULL OR env IN (SELECT value FROM json_each(?1)))";
+        match view {
+            ReportView::Consumers => self.report_rows(
+                view,
+                "SELECT c.env, c.provider, c.consumer, r.type AS consumer_type,
+                        r.res_id AS consumer_id, c.depth
+                 FROM consumers c LEFT JOIN current_resources r ON r.guresid = c.consumer
+                 WHERE (?1 IS NULL OR c.env IN (SELECT value FROM json_each(?1)))
+                   AND (?2 IS NULL OR c.provider = ?2)
+                 ORDER BY c.env, c.depth, r.res_id, c.consumer",
+                params![envs, filter.provider],
+            ),
+            // The view's name comes from the fixed list of `ReportView`, never from input.
+            _ => self.report_rows(
+                view,
+                &format!("SELECT * FROM {} WHERE {ENVS}", view.view()),
+                params![envs],
+            ),
+        }
+    }
+
+    fn report_rows<P: rusqlite::Params>(
+        &self,
+        view: ReportView,
+        sql: &str,
+        params: P,
+    ) -> Result<Report> {
+        use rusqlite::types::ValueRef;
+        let mut stmt = self.conn.prepare_cached(sql).map_err(self.err())?;
+        let columns: Vec<String> = stmt.column_names().map(str::to_owned).collect();
+        let json = columns
+            .iter()
+            .map(|c| view.json_columns().contains(&c.as_str()))
+            .collect();
+        let mut rows = Vec::new();
+        let mut cursor = stmt.query(params).map_err(self.err())?;
+        while let Some(row) = cursor.next().map_err(self.err())? {
+            let cells = (0..columns.len())
+                .map(|i| {
+                    Ok(match row.get_ref(i)? {
+                        ValueRef::Null => ReportCell::Null,
+                        ValueRef::Integer(v) => ReportCell::Integer(v),
+                        ValueRef::Real(v) => ReportCell::Real(v),
+                        ValueRef::Text(t) | ValueRef::Blob(t) => {
+                            ReportCell::Text(String::from_utf8_lossy(t).into_owned())
+                        }
+                    })
+                })
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(self.err())?;
+            rows.push(cells);
+        }
+        Ok(Report {
+            columns,
+            json,
+            rows,
+        })
+    }
+
+    /// Every operation on `guresid` across deployments, newest first.
+    pub fn resource_operations(&self, guresid: &str) -> Result<Vec<ResourceOperation>> {
+        self.query(
+            "SELECT o.id, o.deployment_id, o.guresid, o.action, o.reason, o.status, o.error,
+                    d.env, d.commit_id, d.kind, o.attempts, o.started_at, o.finished_at
+             FROM operation o JOIN deployment d ON d.id = o.deployment_id
+             WHERE o.guresid = ?1 ORDER BY o.id DESC",
+            [guresid],
+            |r| {
+                Ok(ResourceOperation {
+                    operation: OperationRecord {
+                        id: r.get(0)?,
+                        deployment: r.get(1)?,
+                        guresid: r.get(2)?,
+                        action: r.get(3)?,
+                        reason: r.get(4)?,
+                        status: r.get(5)?,
+                        error: r.get(6)?,
+                    },
+                    env: r.get(7)?,
+                    commit_id: r.get(8)?,
+                    kind: r.get(9)?,
+                    attempts: r.get(10)?,
+                    started_at: r.get(11)?,
+                    finished_at: r.get(12)?,
+                })
+            },
+        )
+    }
+
+    /// The links of `guresid` both ways (as consumer and as provider) in the newest deployment of
+    /// `env` that recorded links, with that deployment's id; `None` when `env` has none.
+    pub fn resource_links(
+        &self,
+        env: &str,
+        guresid: &str,
+    ) -> Result<Option<(i64, Vec<LinkRecord>)>> {
+        let deployment: Option<i64> = self
+            .conn
+            .prepare_cached("SELECT MAX(deployment_id) FROM link WHERE env = ?1")
+            .and_then(|mut s| s.query_row([env], |r| r.get(0)))
+            .map_err(self.err())?;
+        let Some(deployment) = deployment else {
+            return Ok(None);
+        };
+        let links = self.query(
+            "SELECT consumer, provider, kind, update_type FROM link
+             WHERE deployment_id = ?1 AND (consumer = ?2 OR provider = ?2)
+             ORDER BY consumer, provider",
+            params![deployment, guresid],
+            |r| {
+                Ok(LinkRecord {
+                    consumer: r.get(0)?,
+                    provider: r.get(1)?,
+                    kind: r.get(2)?,
+                    update_type: r.get(3)?,
+                })
+            },
+        )?;
+        Ok(Some((deployment, links)))
+    }
+}
+
+/// The reports of `gitplane report`, each one of the public views of `schema.sql`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportView {
+    Resources,
+    Deployments,
+    Failures,
+    Links,
+    Consumers,
+    Orphans,
+    Drift,
+}
+
+impl ReportView {
+    /// The view it reads.
+    pub fn view(self) -> &'static str {
+        match self {
+            ReportView::Resources => "current_resources",
+            ReportView::Deployments => "deployments",
+            ReportView::Failures => "failures",
+            ReportView::Links => "links",
+            ReportView::Consumers => "consumers",
+            ReportView::Orphans => "orphans",
+            ReportView::Drift => "drift",
+        }
+    }
+
+    /// Its TEXT columns that hold JSON.
+    fn json_columns(self) -> &'static [&'static str] {
+        match self {
+            ReportView::Resources => &["outputs"],
+            ReportView::Deployments => &["held"],
+            ReportView::Links => &["value"],
+            _ => &[],
+        }
+    }
+}
+
+/// Which rows of a report.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReportFilter<'a> {
+    /// Only these environments; every one when empty.
+    pub envs: &'a [String],
+    /// For [`ReportView::Consumers`]: only the consumers of this GUResID.
+    pub provider: Option<&'a str>,
+}
+
+/// One value of a report, with its SQLite type.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReportCell {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(String),
+}
+
+/// The rows of a report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// The view's column names, in order.
+    pub columns: Vec<String>,
+    /// For each column, whether its text is JSON (`outputs`, `held`, a binding's `value`).
+    pub json: Vec<bool>,
+    pub rows: Vec<Vec<ReportCell>>,
 }
 
 /// The migrations of `schema.sql`: the lines after each `-- migration N` marker.

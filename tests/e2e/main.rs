@@ -5,11 +5,13 @@ mod driver_server;
 mod util;
 
 mod bad_input;
+mod choosing;
 mod daemon;
 mod hook;
 mod host_config;
 mod lifecycle;
 mod links;
 mod reconcile;
+mod reports;
 mod secrets;
 mod systemd;

@@ -21,6 +21,9 @@ pub use exec::ExecDriver;
 pub use http::HttpDriver;
 pub use template::TemplateDriver;
 
+/// The driver of user-provided resources: outputs as registered, no call, never a deletion.
+pub const PROVIDED_DRIVER: &str = "gitplane/provided";
+
 /// The most a driver cookie may hold, in bytes (the Humanitec Driver Interface's limit).
 pub const MAX_COOKIE_BYTES: usize = 10_240;
 
@@ -118,6 +121,21 @@ pub trait Driver: Send + Sync {
     fn delete(&self, request: &DriverRequest<'_>) -> Result<DeleteOutcome, DriverError>;
 }
 
+/// User-provided resources (an on-premise database registered in an environment file): their
+/// outputs are what was registered; gitplane never provisions nor deletes them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProvidedDriver;
+
+impl Driver for ProvidedDriver {
+    fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
+        EchoDriver.put(request)
+    }
+
+    fn delete(&self, _request: &DriverRequest<'_>) -> Result<DeleteOutcome, DriverError> {
+        Ok(DeleteOutcome::Done)
+    }
+}
+
 /// A driver and how many calls it may have running at once.
 #[derive(Clone)]
 pub struct Registered {
@@ -153,6 +171,7 @@ impl Registry {
         let template: Arc<dyn Driver> = Arc::new(TemplateDriver);
         registry.register("template", template.clone(), None);
         registry.register("humanitec/template", template, None);
+        registry.register(PROVIDED_DRIVER, Arc::new(ProvidedDriver), None);
         registry
     }
 

@@ -1,16 +1,19 @@
 //! Building an environment's resource graph from the loaded repository (DESIGN.md section 4).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 
 use daggy::{Dag, NodeIndex};
 use serde_json::Value;
 
-use super::matching::{MatchContext, match_definition};
+use super::choose::choose;
+use super::matching::MatchContext;
 use super::{Binding, EdgeKind, GuresId, Origin, ResourceGraph, ResourceNode};
 use crate::model::placeholder::{ContextKey, Expr, SelectorDirection, path_to_string};
 use crate::model::template::{Mapped, Template, lookup_path};
-use crate::model::{DEFAULT_CLASS, Definition, Environment, Repository, SourceLocation, Workload};
+use crate::model::{
+    Choice, DEFAULT_CLASS, Definition, Environment, Repository, SourceLocation, Workload,
+};
 
 /// Why an environment's graph cannot be built.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -66,6 +69,26 @@ pub enum BuildError {
         selector: String,
         resource: String,
     },
+    #[error(
+        "{location}: environment '{env}' has no shared resource '{name}' (it has: {known}); \
+         declare it under shared_resources in environments/{env}.yaml"
+    )]
+    UnknownSharedResource {
+        location: SourceLocation,
+        env: String,
+        name: String,
+        known: String,
+    },
+    #[error(
+        "{location}: shared resource '{name}' is a '{actual}', but the request asks for a \
+         '{wanted}'"
+    )]
+    SharedResourceType {
+        location: SourceLocation,
+        name: String,
+        wanted: String,
+        actual: String,
+    },
     #[error("{location}: environment '{env}' lists app '{app}', which has no workloads")]
     UnknownApp {
         location: SourceLocation,
@@ -84,7 +107,16 @@ fn closest(candidates: &[String]) -> String {
 
 /// Builds the graph of `env`; returns every error found, not only the first.
 pub fn build(repo: &Repository, env: &Environment) -> Result<ResourceGraph, Vec<BuildError>> {
-    let mut b = Builder::new(repo, env);
+    let provided: Vec<Definition> = env
+        .shared_resources
+        .values()
+        .filter_map(|r| {
+            r.provided.as_ref().map(|outputs| {
+                super::choose::provided_definition(&r.name, &r.res_type, outputs, &r.location)
+            })
+        })
+        .collect();
+    let mut b = Builder::new(repo, env, &provided);
     if let Some(apps) = &env.apps {
         for app in apps {
             if !repo.apps.contains_key(app) {
@@ -109,6 +141,7 @@ pub fn build(repo: &Repository, env: &Environment) -> Result<ResourceGraph, Vec<
                     res_id: res_type,
                     params: Value::Null,
                     origin: Origin::Implicit,
+                    choice: BY_CRITERIA,
                 },
                 &env.location,
             );
@@ -130,11 +163,16 @@ struct Request<'a> {
     res_id: &'a str,
     params: Value,
     origin: Origin,
+    choice: &'a Choice,
 }
+
+const BY_CRITERIA: &Choice = &Choice::Criteria;
 
 struct Builder<'r> {
     env: &'r Environment,
     definitions: HashMap<&'r str, Vec<&'r Definition>>,
+    /// Every definition by id, user-provided resources' included: class-refs name them.
+    by_id: BTreeMap<&'r str, &'r Definition>,
     dag: Dag<ResourceNode, EdgeKind>,
     index: HashMap<GuresId, NodeIndex>,
     /// The definition each node matched, to expand it.
@@ -151,7 +189,7 @@ struct Builder<'r> {
 }
 
 impl<'r> Builder<'r> {
-    fn new(repo: &'r Repository, env: &'r Environment) -> Self {
+    fn new(repo: &'r Repository, env: &'r Environment, provided: &'r [Definition]) -> Self {
         let mut definitions: HashMap<&str, Vec<&Definition>> = HashMap::new();
         for def in &repo.definitions {
             definitions
@@ -159,9 +197,16 @@ impl<'r> Builder<'r> {
                 .or_default()
                 .push(def);
         }
+        let by_id = repo
+            .definitions
+            .iter()
+            .chain(provided)
+            .map(|d| (d.id.as_str(), d))
+            .collect();
         Builder {
             env,
             definitions,
+            by_id,
             dag: Dag::new(),
             index: HashMap::new(),
             matched: HashMap::new(),
@@ -215,7 +260,7 @@ impl<'r> Builder<'r> {
             .get(req.res_type)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let def = match match_definition(candidates, &ctx) {
+        let def = match choose(candidates, &self.by_id, &ctx, req.choice) {
             Ok(def) => def,
             Err(no) => {
                 self.errors.push(BuildError::NoMatch {
@@ -287,6 +332,7 @@ impl<'r> Builder<'r> {
                 origin: Origin::Workload {
                     file: workload.file.clone(),
                 },
+                choice: BY_CRITERIA,
             },
             &SourceLocation::file(&workload.file),
         ) else {
@@ -294,25 +340,31 @@ impl<'r> Builder<'r> {
         };
         let mut by_name: HashMap<&str, NodeIndex> = HashMap::new();
         for (name, res) in &workload.resources {
-            let res_id = match &res.id {
-                Some(id) => format!("shared.{id}"),
-                None => format!("modules.{}.externals.{name}", workload.name),
+            let origin = Origin::Requested {
+                workload: workload.name.clone(),
+                name: name.clone(),
+                location: res.location.clone(),
             };
-            let target = self.ensure(
-                Request {
-                    app: Some(app),
-                    res_type: &res.res_type,
-                    class: &res.class,
-                    res_id: &res_id,
-                    params: res.params.clone(),
-                    origin: Origin::Requested {
-                        workload: workload.name.clone(),
-                        name: name.clone(),
-                        location: res.location.clone(),
+            let target = if let Choice::Resource(shared) = &res.choice {
+                self.shared_resource(shared, &res.res_type, origin, &res.location)
+            } else {
+                let res_id = match &res.id {
+                    Some(id) => format!("shared.{id}"),
+                    None => format!("modules.{}.externals.{name}", workload.name),
+                };
+                self.ensure(
+                    Request {
+                        app: Some(app),
+                        res_type: &res.res_type,
+                        class: &res.class,
+                        res_id: &res_id,
+                        params: res.params.clone(),
+                        origin,
+                        choice: &res.choice,
                     },
-                },
-                &res.location,
-            );
+                    &res.location,
+                )
+            };
             if let Some(t) = target {
                 self.edge(w, t, EdgeKind::Dependency);
                 by_name.insert(name, t);
@@ -359,6 +411,58 @@ impl<'r> Builder<'r> {
         self.dag[w].params = spec;
     }
 
+    /// The environment's shared resource `name` (global or user-provided), which belongs to no
+    /// app: created the first time an app refers to it.
+    fn shared_resource(
+        &mut self,
+        name: &str,
+        res_type: &str,
+        origin: Origin,
+        at: &SourceLocation,
+    ) -> Option<NodeIndex> {
+        let Some(shared) = self.env.shared_resources.get(name) else {
+            self.errors.push(BuildError::UnknownSharedResource {
+                location: at.clone(),
+                env: self.env.id.clone(),
+                name: name.to_owned(),
+                known: self
+                    .env
+                    .shared_resources
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+            return None;
+        };
+        if shared.res_type != res_type {
+            self.errors.push(BuildError::SharedResourceType {
+                location: at.clone(),
+                name: name.to_owned(),
+                wanted: res_type.to_owned(),
+                actual: shared.res_type.clone(),
+            });
+            return None;
+        }
+        let res_id = format!("globals.{name}");
+        let choice = match &shared.provided {
+            Some(_) => Choice::Definition(format!("provided/{name}")),
+            None => Choice::Criteria,
+        };
+        self.ensure(
+            Request {
+                app: None,
+                res_type: &shared.res_type,
+                class: &shared.class,
+                res_id: &res_id,
+                params: shared.params.clone(),
+                origin,
+                choice: &choice,
+            },
+            &shared.location,
+        )
+    }
+
     /// Expands queued nodes until nothing new appears.
     fn drain(&mut self) {
         while let Some(n) = self.queue.pop_front() {
@@ -392,6 +496,7 @@ impl<'r> Builder<'r> {
                         by,
                         definition: def.id.clone(),
                     },
+                    choice: BY_CRITERIA,
                 },
                 &def.locate(&d.key),
             ) {
@@ -416,6 +521,7 @@ impl<'r> Builder<'r> {
                         by,
                         definition: def.id.clone(),
                     },
+                    choice: BY_CRITERIA,
                 },
                 &def.locate(&p.key),
             ) else {
@@ -476,6 +582,7 @@ impl<'r> Builder<'r> {
                                 by,
                                 definition: def.id.clone(),
                             },
+                            choice: BY_CRITERIA,
                         },
                         &def.locate(&desc.to_string()),
                     ) {

@@ -5,6 +5,7 @@
 //! [`build`] is a pure function of the loaded repository.
 
 mod build;
+mod choose;
 mod guresid;
 mod matching;
 mod render;
@@ -21,8 +22,11 @@ use crate::model::placeholder::{Segment, SelectorDirection};
 use crate::model::template::Template;
 
 pub use build::{BuildError, build};
+pub use choose::{candidates as choice_candidates, choose};
 pub use guresid::GuresId;
-pub use matching::{MatchContext, NoMatch, match_definition};
+pub use matching::{
+    Candidate, MatchContext, Mismatch, NoMatch, Verdict, explain_match, match_definition,
+};
 pub use render::{to_dot, to_mermaid};
 
 /// Why an edge exists. The order is the precedence when two reasons join the same pair.

@@ -27,6 +27,22 @@ struct EnvironmentFile {
     /// A cron expression for drift runs (5 fields, or 6 with seconds).
     schedule: Option<String>,
     deletion_guard: Option<DeletionGuardFile>,
+    /// Resources shared by every app of the environment, by name.
+    #[serde(default)]
+    shared_resources: BTreeMap<String, SharedResourceFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SharedResourceFile {
+    #[serde(rename = "type")]
+    res_type: String,
+    class: Option<String>,
+    #[serde(default)]
+    params: Option<Value>,
+    /// User-provided: the outputs of a resource gitplane never provisions.
+    #[serde(default)]
+    provided: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -106,6 +122,11 @@ struct EntityFile {
     /// Resources to provision first without reading them: `TYPE[.CLASS][#ID]`.
     #[serde(default)]
     depends_on: Vec<String>,
+    /// Breaks ties among definitions a label selector chooses from; higher wins.
+    weight: Option<i64>,
+    /// Serves requests of its type that name no class and match no criteria.
+    #[serde(default)]
+    default: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -374,10 +395,58 @@ impl Loader {
                 }
             },
         };
+        let mut shared_resources = BTreeMap::new();
+        for (name, r) in file.shared_resources {
+            let location = SourceLocation {
+                file: path.into(),
+                line: line_of(text, &format!("{name}:")),
+                column: None,
+            };
+            if let Err(reason) = check_identifier(&name) {
+                self.error(
+                    location,
+                    LoadErrorKind::Invalid(format!("shared resource: {reason}")),
+                );
+                continue;
+            }
+            if r.provided.is_some() && r.params.is_some() {
+                self.error(
+                    location,
+                    LoadErrorKind::Invalid(format!(
+                        "shared resource '{name}': a user-provided resource has outputs \
+                         (provided), not params"
+                    )),
+                );
+                continue;
+            }
+            if let Some(p) = &r.provided
+                && !p.is_object()
+            {
+                self.error(
+                    location,
+                    LoadErrorKind::Invalid(format!(
+                        "shared resource '{name}': provided must be a mapping of outputs"
+                    )),
+                );
+                continue;
+            }
+            shared_resources.insert(
+                name.clone(),
+                super::SharedResource {
+                    name,
+                    res_type: r.res_type,
+                    class: r.class.unwrap_or_else(|| DEFAULT_CLASS.to_owned()),
+                    params: r.params.unwrap_or(Value::Null),
+                    provided: r.provided,
+                    location,
+                },
+            );
+        }
         self.repo.environments.push(Environment {
             id,
             deletion_threshold: threshold,
             schedule,
+            shared_resources,
             env_type: file.env_type,
             apps: file.apps,
             implicit_resources: file
@@ -450,11 +519,20 @@ impl Loader {
         let _ = file.containers;
         let mut resources = BTreeMap::new();
         for (res_name, res) in file.resources {
-            let _ = res.metadata;
             let location = SourceLocation {
                 file: path.into(),
                 line: line_of(text, &format!("{res_name}:")),
                 column: None,
+            };
+            let choice = match choice_of(&res) {
+                Ok(c) => c,
+                Err(reason) => {
+                    self.error(
+                        location,
+                        LoadErrorKind::Invalid(format!("resource '{res_name}': {reason}")),
+                    );
+                    continue;
+                }
             };
             if let Err(reason) = check_identifier(&res_name) {
                 self.error(
@@ -470,6 +548,7 @@ impl Loader {
                     class: res.class.unwrap_or_else(|| DEFAULT_CLASS.to_owned()),
                     id: res.id,
                     params: res.params.unwrap_or(Value::Null),
+                    choice,
                     location,
                 },
             );
@@ -531,7 +610,7 @@ impl Loader {
             return;
         }
         self.definition_ids.insert(id.clone(), location.clone());
-        let _ = (file.metadata.labels, file.metadata.annotations);
+        let _ = &file.metadata.annotations;
         let entity = file.entity;
 
         let mut template_errors = Vec::new();
@@ -636,6 +715,9 @@ impl Loader {
             deletion_policy,
             auto_update: entity.auto_update.unwrap_or(true),
             depends_on,
+            labels: file.metadata.labels.clone().unwrap_or_default(),
+            weight: entity.weight.unwrap_or(0),
+            default: entity.default,
             values,
             secrets,
             provision,
@@ -671,6 +753,24 @@ impl Loader {
             }
         }
         self.errors.extend(found);
+        // One default per type, or choosing it would be a coin toss.
+        let mut defaults: HashMap<&str, &Definition> = HashMap::new();
+        let mut twice = Vec::new();
+        for def in self.repo.definitions.iter().filter(|d| d.default) {
+            if let Some(first) = defaults.insert(def.res_type.as_str(), def) {
+                twice.push(LoadError {
+                    location: def.locate("default"),
+                    kind: LoadErrorKind::Invalid(format!(
+                        "definitions '{}' ({}) and '{}' are both the default for type '{}': keep one",
+                        first.id,
+                        first.locate("default"),
+                        def.id,
+                        def.res_type
+                    )),
+                });
+            }
+        }
+        self.errors.extend(twice);
     }
 
     fn parse_yaml<T: serde::de::DeserializeOwned>(
@@ -746,6 +846,77 @@ fn split_documents(text: &str) -> Vec<(usize, &str)> {
             })
         })
         .collect()
+}
+
+/// What a Score resource's gitplane annotations ask for; an ambiguous combination is an error.
+fn choice_of(res: &ScoreResourceFile) -> Result<super::Choice, String> {
+    use super::{CLASS_REF_ANNOTATION, Choice, RESOURCE_REF_ANNOTATION, SELECTOR_ANNOTATION};
+    let annotations = res
+        .metadata
+        .as_ref()
+        .and_then(|m| m.get("annotations"))
+        .and_then(Value::as_object);
+    let get = |key: &str| -> Result<Option<String>, String> {
+        match annotations.and_then(|a| a.get(key)) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(format!("annotation {key} must be a string")),
+        }
+    };
+    let selector = get(SELECTOR_ANNOTATION)?;
+    let class_ref = get(CLASS_REF_ANNOTATION)?;
+    let resource_ref = get(RESOURCE_REF_ANNOTATION)?;
+    let given = [
+        selector.is_some(),
+        class_ref.is_some(),
+        resource_ref.is_some(),
+    ]
+    .iter()
+    .filter(|g| **g)
+    .count();
+    if given > 1 {
+        return Err(format!(
+            "choose one of {SELECTOR_ANNOTATION}, {CLASS_REF_ANNOTATION} and \
+             {RESOURCE_REF_ANNOTATION}"
+        ));
+    }
+    if given == 1 && res.class.is_some() {
+        return Err(format!(
+            "a class and a {} annotation both choose the definition: keep one",
+            if selector.is_some() {
+                SELECTOR_ANNOTATION
+            } else if class_ref.is_some() {
+                CLASS_REF_ANNOTATION
+            } else {
+                RESOURCE_REF_ANNOTATION
+            }
+        ));
+    }
+    if let Some(name) = resource_ref {
+        if res.id.is_some() || res.params.is_some() {
+            return Err(format!(
+                "{RESOURCE_REF_ANNOTATION} binds an existing resource: it takes no id or params"
+            ));
+        }
+        return Ok(Choice::Resource(name));
+    }
+    if let Some(def) = class_ref {
+        return Ok(Choice::Definition(def));
+    }
+    if let Some(text) = selector {
+        let mut labels = BTreeMap::new();
+        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').ok_or_else(|| {
+                format!("selector '{text}': expected key=value pairs, got '{pair}'")
+            })?;
+            labels.insert(k.trim().to_owned(), v.trim().to_owned());
+        }
+        if labels.is_empty() {
+            return Err(format!("selector '{text}' selects nothing"));
+        }
+        return Ok(Choice::Labels(labels));
+    }
+    Ok(Choice::Criteria)
 }
 
 /// `secret_refs` leaves are `{value: ...}` (a literal or a placeholder); they join `secrets`.

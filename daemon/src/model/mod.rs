@@ -159,6 +159,8 @@ pub struct Environment {
     pub implicit_resources: Vec<String>,
     /// Drift runs re-apply the last good commit on this schedule.
     pub schedule: Option<Schedule>,
+    /// Resources the platform team declares for every app of the environment, by name.
+    pub shared_resources: BTreeMap<String, SharedResource>,
     /// Percent of the recorded resources a commit may delete before it is held.
     pub deletion_threshold: f64,
     pub location: SourceLocation,
@@ -200,6 +202,44 @@ pub struct ScoreResource {
     /// `Some`: shared inside the app as `shared.<id>`.
     pub id: Option<String>,
     pub params: Value,
+    /// How the request chooses what serves it, beyond type and class.
+    pub choice: Choice,
+    pub location: SourceLocation,
+}
+
+/// What a Score resource asks for, besides its type (see README "Choosing a definition").
+/// Given in the resource's `metadata.annotations`, so the file stays valid Score.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Choice {
+    /// Criteria matching on its class; with no class given, the type's default definition when
+    /// no criteria match.
+    #[default]
+    Criteria,
+    /// `gitplane.dev/selector: "k=v,k2=v2"`: a definition whose labels carry all of these.
+    Labels(BTreeMap<String, String>),
+    /// `gitplane.dev/class-ref: DEFINITION`: that definition, no matching.
+    Definition(String),
+    /// `gitplane.dev/resource-ref: NAME`: the environment's shared resource NAME (a global or a
+    /// user-provided one); nothing is provisioned for this request itself.
+    Resource(String),
+}
+
+/// The annotations a Score resource may carry for gitplane.
+pub const SELECTOR_ANNOTATION: &str = "gitplane.dev/selector";
+pub const CLASS_REF_ANNOTATION: &str = "gitplane.dev/class-ref";
+pub const RESOURCE_REF_ANNOTATION: &str = "gitplane.dev/resource-ref";
+
+/// An environment-level resource: a global one (provisioned by its definition, shared by every
+/// app that refers to it) or a user-provided one (registered with its outputs, never
+/// provisioned or deleted by gitplane).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedResource {
+    pub name: String,
+    pub res_type: String,
+    pub class: String,
+    pub params: Value,
+    /// `Some`: user-provided, with these outputs.
+    pub provided: Option<Value>,
     pub location: SourceLocation,
 }
 
@@ -216,6 +256,12 @@ pub struct Definition {
     pub auto_update: bool,
     /// Ordering-only dependencies: provisioned first, never read.
     pub depends_on: Vec<DependsOn>,
+    /// `metadata.labels`: what label selectors match.
+    pub labels: BTreeMap<String, String>,
+    /// Breaks ties among definitions a selector chooses from: higher wins.
+    pub weight: i64,
+    /// Serves requests of its type that name no class and match no criteria.
+    pub default: bool,
     pub values: Template<Expr>,
     pub secrets: Template<Expr>,
     pub provision: Vec<Provision>,

@@ -5,7 +5,7 @@
 //! ([`inputs_hash`]), so the plan and the reconciler can never disagree about what "changed"
 //! means.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
 use gitplane_state::{BindingRecord, EdgeRecord, ResourceRecord, ResourceStatus};
@@ -326,6 +326,7 @@ pub fn plan(
             changes: Vec::new(),
         });
     }
+    note_remaining_consumers(graph, &mut steps, recorded_edges);
     Plan {
         env: graph.env.clone(),
         steps,
@@ -500,6 +501,45 @@ fn data_type(v: &Value) -> &'static str {
         Value::Bool(_) => "bool",
         Value::Number(n) if n.is_i64() || n.is_u64() => "int",
         _ => "json",
+    }
+}
+
+/// Reference counting made visible: a resource that loses a consumer to a deletion but stays,
+/// says who still uses it.
+fn note_remaining_consumers(
+    graph: &ResourceGraph,
+    steps: &mut [Step],
+    recorded_edges: &[EdgeRecord],
+) {
+    let deleted: HashSet<&str> = steps
+        .iter()
+        .filter(|s| matches!(s.action, Action::Delete | Action::Forget))
+        .map(|s| s.guresid.as_str())
+        .collect();
+    let lost: HashSet<String> = recorded_edges
+        .iter()
+        .filter(|e| deleted.contains(e.from.as_str()) && !deleted.contains(e.to.as_str()))
+        .map(|e| e.to.clone())
+        .collect();
+    for step in steps.iter_mut() {
+        if !lost.contains(step.guresid.as_str()) {
+            continue;
+        }
+        let mut users: Vec<String> = graph
+            .dependents(&step.guresid)
+            .into_iter()
+            .filter_map(|id| graph.get(id).map(ResourceNode::label))
+            .collect();
+        users.sort();
+        if users.is_empty() {
+            continue;
+        }
+        let note = format!("kept: a consumer goes, still used by {}", users.join(", "));
+        step.reason = if step.reason.is_empty() {
+            note
+        } else {
+            format!("{}; {note}", step.reason)
+        };
     }
 }
 

@@ -334,6 +334,10 @@ fn exclusive_and_app_shared_resources_and_their_last_consumer() {
 
     sb.remove("workloads/app/one.yaml");
     sb.commit("One goes");
+    // The plan says who still uses the shared cache.
+    sb.gitplane(&["plan"]).ok().stdout_has(
+        "kept: a consumer goes, still used by app/workload.default#modules.three, app/workload.default#modules.two",
+    );
     sb.gitplane(&["apply"]).ok();
     assert_eq!(
         sb.count("SELECT COUNT(*) FROM resource WHERE type = 'redis'"),

@@ -218,8 +218,11 @@ struct Matching {
 struct Input {
     path: String,
     value: Shown,
-    /// For an input without placeholders: where it is written, and a note.
-    literal: Option<(Option<String>, Option<String>)>,
+    /// Where it is written (`file:line`).
+    at: Option<String>,
+    /// For an input without placeholders: a note on it (context placeholders made it, or the
+    /// commit has another value).
+    literal: Option<Option<String>>,
     /// One chain per placeholder in it.
     sources: Vec<Trace>,
 }
@@ -601,7 +604,7 @@ impl<'a> Explainer<'a> {
                         if prefix == "resource" && node.res_type == "workload" {
                             continue;
                         }
-                        let (location, context) = self.literal_location(prefix, &segments);
+                        let (location, context) = self.input_location(prefix, &segments);
                         let applied = self.applied(prefix, &segments);
                         let value = if secret {
                             Shown::Secret
@@ -618,10 +621,8 @@ impl<'a> Explainer<'a> {
                         out.push(Input {
                             path,
                             value,
-                            literal: Some((
-                                location,
-                                (!notes.is_empty()).then(|| notes.join("; ")),
-                            )),
+                            at: location,
+                            literal: Some((!notes.is_empty()).then(|| notes.join("; "))),
                             sources: Vec::new(),
                         });
                     }
@@ -643,6 +644,7 @@ impl<'a> Explainer<'a> {
                         out.push(Input {
                             path,
                             value,
+                            at: self.input_location(prefix, &segments).0,
                             literal: None,
                             sources,
                         });
@@ -662,8 +664,8 @@ impl<'a> Explainer<'a> {
         lookup_path(section, segments).map(|v| Shown::Value(v.clone()))
     }
 
-    /// Where a literal input of the node is written, and whether context placeholders made it.
-    fn literal_location(&self, prefix: &str, segments: &[Segment]) -> (Option<String>, bool) {
+    /// Where an input of the node is written, and whether context placeholders made it.
+    fn input_location(&self, prefix: &str, segments: &[Segment]) -> (Option<String>, bool) {
         let node = self.node;
         if prefix != "resource" {
             return match self.definition(&node.definition) {
@@ -696,6 +698,24 @@ impl<'a> Explainer<'a> {
                 }
             }
             return (Some(location.to_string()), false);
+        }
+        // A workload's resource input is its Score file.
+        if let Origin::Workload { file } = &node.origin {
+            let workload = self
+                .repo
+                .apps
+                .values()
+                .flat_map(|a| a.workloads.values())
+                .find(|w| w.file == *file);
+            if let Some(w) = workload {
+                let keys = keys_of(segments);
+                for n in (1..=keys.len()).rev() {
+                    if let Some((line, _)) = locate_keys(&w.source, &keys[..n]) {
+                        return (Some(format!("{file}:{line}")), false);
+                    }
+                }
+            }
+            return (Some(file.clone()), false);
         }
         if let Origin::Coprovisioned { definition, .. } = &node.origin
             && let Some(def) = self.definition(definition)
@@ -946,6 +966,7 @@ fn recorded_inputs(
             Input {
                 path: path.to_owned(),
                 value,
+                at: None,
                 literal: None,
                 sources: list
                     .iter()
@@ -1086,12 +1107,15 @@ impl Explanation<'_> {
         }
         for input in &self.inputs {
             let mut head = format!("  {} = {}", input.path, input.value.text());
-            if let Some((location, note)) = &input.literal {
-                let mut what = vec![match location {
-                    Some(l) => format!("literal at {l}"),
-                    None => "literal".to_owned(),
-                }];
-                what.extend(note.clone());
+            let mut what = Vec::new();
+            match (&input.literal, &input.at) {
+                (Some(_), Some(at)) => what.push(format!("literal at {at}")),
+                (Some(_), None) => what.push("literal".to_owned()),
+                (None, Some(at)) => what.push(format!("at {at}")),
+                (None, None) => {}
+            }
+            what.extend(input.literal.clone().flatten());
+            if !what.is_empty() {
                 head.push_str(&format!("  ({})", what.join(", ")));
             }
             line(head);
@@ -1228,10 +1252,9 @@ impl Explanation<'_> {
                 let mut obj = serde_json::Map::new();
                 obj.insert("path".into(), json!(i.path));
                 i.value.json_into(&mut obj);
-                obj.insert("literal".into(), match &i.literal {
-                    Some((location, note)) => json!({"location": location, "note": note}),
-                    None => Value::Null,
-                });
+                obj.insert("location".into(), json!(i.at));
+                obj.insert("literal".into(), Value::Bool(i.literal.is_some()));
+                obj.insert("note".into(), json!(i.literal.clone().flatten()));
                 obj.insert("from".into(), i.sources.iter().map(trace_json).collect());
                 Value::Object(obj)
             }).collect::<Vec<_>>(),

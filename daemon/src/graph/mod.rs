@@ -210,6 +210,18 @@ impl ResourceGraph {
         edges
     }
 
+    /// What depends on `id` directly.
+    pub fn dependents(&self, id: &GuresId) -> Vec<&GuresId> {
+        let Some(&i) = self.index.get(id) else {
+            return Vec::new();
+        };
+        self.dag
+            .graph()
+            .neighbors_directed(i, daggy::petgraph::Direction::Incoming)
+            .map(|n| &self.dag[n].guresid)
+            .collect()
+    }
+
     /// What `id` depends on directly.
     pub fn dependencies(&self, id: &GuresId) -> Vec<&GuresId> {
         let Some(&i) = self.index.get(id) else {

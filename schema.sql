@@ -137,7 +137,9 @@ CREATE TABLE binding (
     data_type        TEXT NOT NULL CHECK (data_type IN ('string', 'int', 'bool', 'json')),
     value            TEXT,                 -- JSON; NULL for a secret
     secret           INTEGER NOT NULL DEFAULT 0,
-    inserted         INTEGER NOT NULL DEFAULT 0   -- a whole object inserted into a string
+    inserted         INTEGER NOT NULL DEFAULT 0,  -- a whole object inserted into a string
+    interface        TEXT                  -- read through an interface: "NAME = $id", the
+                                           -- consumer's name for the provider's output
 );
 CREATE INDEX binding_deployment ON binding (deployment_id, needed_guresid);
 
@@ -202,7 +204,7 @@ SELECT l.env, l.deployment_id,
        l.consumer, c.type AS consumer_type, c.res_id AS consumer_id,
        l.provider, p.type AS provider_type, p.res_id AS provider_id,
        l.kind, l.update_type,
-       b.needed_path, b.provided_path, b.data_type, b.value, b.secret
+       b.needed_path, b.provided_path, b.data_type, b.value, b.secret, b.interface
 FROM link l
 LEFT JOIN resource c ON c.guresid = l.consumer
 LEFT JOIN resource p ON p.guresid = l.provider

@@ -479,7 +479,23 @@ pub fn bindings_of(node: &ResourceNode, upstream: &impl Outputs) -> Vec<BindingR
                 continue;
             };
             let secret = resolved.secret || prefix == "secrets";
+            let interface = match placed.expr {
+                Binding::Output {
+                    target,
+                    path: output,
+                } => node
+                    .interfaces
+                    .iter()
+                    .find(|u| {
+                        u.provider == *target
+                            && output.first()
+                                == Some(&crate::model::placeholder::Segment::Key(u.output.clone()))
+                    })
+                    .map(|u| format!("{} = {}", u.name, u.id)),
+                Binding::Selector { .. } => None,
+            };
             out.push(BindingRecord {
+                interface,
                 needed: node.guresid.to_string(),
                 needed_path: placed.path,
                 provided: provided.to_string(),

@@ -206,6 +206,8 @@ pub struct BindingRecord {
     pub value: Option<Value>,
     pub secret: bool,
     pub inserted: bool,
+    /// Read through an interface: `NAME = $id`, the consumer's name for the provider's output.
+    pub interface: Option<String>,
 }
 
 /// A driver call about to start.
@@ -946,8 +948,8 @@ impl Store {
                 .prepare_cached(
                     "INSERT INTO binding (deployment_id, env, needed_guresid, needed_path,
                                           provided_guresid, provided_path, data_type, value,
-                                          secret, inserted)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                                          secret, inserted, interface)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 )
                 .map_err(e)?;
             for b in bindings {
@@ -962,7 +964,8 @@ impl Store {
                         b.data_type,
                         b.value.as_ref().map(Value::to_string),
                         b.secret,
-                        b.inserted
+                        b.inserted,
+                        b.interface
                     ])
                     .map_err(e)?;
             }
@@ -974,7 +977,7 @@ impl Store {
     pub fn latest_bindings(&self, guresid: &str) -> Result<Vec<BindingRecord>> {
         self.query(
             "SELECT needed_guresid, needed_path, provided_guresid, provided_path, data_type,
-                    value, secret, inserted
+                    value, secret, inserted, interface
              FROM binding
              WHERE needed_guresid = ?1
                AND deployment_id = (SELECT MAX(deployment_id) FROM binding WHERE needed_guresid = ?1)
@@ -992,6 +995,7 @@ impl Store {
                         .and_then(|v| serde_json::from_str(&v).ok()),
                     secret: r.get(6)?,
                     inserted: r.get(7)?,
+                    interface: r.get(8)?,
                 })
             },
         )

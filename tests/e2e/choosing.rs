@@ -375,3 +375,95 @@ fn exclusive_and_app_shared_resources_and_their_last_consumer() {
         0
     );
 }
+
+/// Porter's interfaces: a request by `$id` reuses whatever provides those outputs, whatever its
+/// type or output names, before creating anything; the mapping is recorded in the bindings.
+#[test]
+fn requests_by_interface_get_or_create() {
+    let sb = Sandbox::new();
+    sb.write(
+        "environments/development.yaml",
+        "type: development\nimplicit_resources: []\nshared_resources:\n  onprem-sql:\n    \
+         type: mssql\n    provided: {conn: \"Server=db1.corp\"}\n    provides: {conn: azure-sql-connection-string}\n",
+    );
+    sb.write(
+        "definitions/workload.yaml",
+        &def("workload", "workload", "", ""),
+    );
+    sb.write(
+        "definitions/postgres.yaml",
+        &def(
+            "pg",
+            "postgres",
+            "  provides: {dsn: mysql-5.7-connection-string}",
+            "      dsn: mysql://db.internal/app\n",
+        ),
+    );
+    let by_interface = |name: &str, id: &str| {
+        format!(
+            "apiVersion: score.dev/v1b1\nmetadata:\n  name: {name}\ncontainers:\n  main:\n    image: x\n    \
+             variables:\n      DB: ${{resources.db.connection}}\nresources:\n  db:\n    type: postgres\n    \
+             metadata:\n      annotations:\n        gitplane.dev/interface: \"connection={id}\"\n"
+        )
+    };
+    // Reuse: the on-premise server provides the id, under another type and output name.
+    sb.write(
+        "workloads/shop/api.yaml",
+        &by_interface("api", "azure-sql-connection-string"),
+    );
+    // Create: nothing provides mysql-5.7, so a postgres is created from its definition...
+    sb.write(
+        "workloads/shop/web.yaml",
+        &by_interface("web", "mysql-5.7-connection-string"),
+    );
+    // ...and reused by a third workload that asks for the same id.
+    sb.write(
+        "workloads/shop/worker.yaml",
+        &by_interface("worker", "mysql-5.7-connection-string"),
+    );
+    sb.commit("Databases by interface");
+    sb.gitplane(&["apply"]).ok();
+
+    assert_eq!(
+        sb.count("SELECT COUNT(*) FROM resource WHERE type = 'postgres'"),
+        1,
+        "one created, then reused"
+    );
+    assert_eq!(
+        sb.count("SELECT COUNT(*) FROM resource WHERE type = 'mssql'"),
+        1
+    );
+    let variable = |workload: &str| {
+        let inputs = sb.column(&format!(
+            "SELECT inputs FROM resource WHERE res_id = 'modules.{workload}'"
+        ));
+        let v: serde_json::Value = serde_json::from_str(&inputs[0]).unwrap();
+        v["resource"]["containers"]["main"]["variables"]["DB"].clone()
+    };
+    assert_eq!(variable("api"), json!("Server=db1.corp"));
+    assert_eq!(variable("web"), json!("mysql://db.internal/app"));
+    assert_eq!(variable("worker"), json!("mysql://db.internal/app"));
+    // The mapping: the workload's name, the $id, and the provider's own output name.
+    assert_eq!(
+        sb.rows(
+            "SELECT (SELECT res_id FROM resource WHERE guresid = needed_guresid), provided_path, interface \
+             FROM binding WHERE interface IS NOT NULL ORDER BY 1"
+        ),
+        [
+            ["modules.api", "outputs.conn", "connection = azure-sql-connection-string"],
+            ["modules.web", "outputs.dsn", "connection = mysql-5.7-connection-string"],
+            ["modules.worker", "outputs.dsn", "connection = mysql-5.7-connection-string"],
+        ]
+    );
+
+    // A definition that does not declare the $id cannot serve a request by it.
+    sb.edit(
+        "workloads/shop/web.yaml",
+        "connection=mysql-5.7-connection-string",
+        "connection=redis-url",
+    );
+    sb.commit("An id nobody provides");
+    sb.gitplane(&["validate"]).fails().stderr_has(
+        "no resource provides the $ids redis-url that 'db' asks for, and definition 'pg'",
+    );
+}

@@ -7,6 +7,7 @@ mod util;
 mod bad_input;
 mod choosing;
 mod daemon;
+mod explain;
 mod hook;
 mod host_config;
 mod lifecycle;

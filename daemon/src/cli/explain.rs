@@ -18,8 +18,8 @@ use crate::graph::{
     self, Binding, GuresId, MatchContext, Origin, ResourceGraph, ResourceNode, Verdict,
 };
 use crate::model::placeholder::{Part, Segment, path_to_string};
-use crate::model::template::{Template, lookup_path};
-use crate::model::{Definition, Repository};
+use crate::model::template::{Template, insert_as_text, lookup_path};
+use crate::model::{Choice, Definition, Repository};
 
 /// How many hops a binding chain is followed before it is cut short.
 const MAX_DEPTH: usize = 16;
@@ -137,7 +137,7 @@ pub fn explain(
     });
     let (matching, inputs) = match &explainer {
         Some(x) => (Some(x.matching()), x.inputs()),
-        None => (None, recorded_inputs(&bindings, &records)),
+        None => (None, recorded_inputs(rec, &bindings, &records)),
     };
     let explanation = Explanation {
         rec,
@@ -210,8 +210,8 @@ struct Matching {
     context: String,
     context_json: Value,
     candidates: Vec<CandidateView>,
-    /// When the graph chose a definition criteria would not have.
-    note: Option<String>,
+    /// How it was chosen: by criteria, a label selector, a class-ref, as the default.
+    how: String,
 }
 
 /// One input of the resource: a leaf of its values, secrets or resource (Score params).
@@ -283,8 +283,8 @@ struct Explainer<'a> {
 /// A leaf of an input template.
 enum Leaf<'a> {
     Literal(&'a Value),
-    /// A string made of text and placeholders, or one whole placeholder.
-    Placeholders(Vec<&'a Binding>),
+    /// One whole placeholder (no parts), or a string made of text and placeholders (its parts).
+    Placeholders(Vec<&'a Binding>, Option<&'a [Part<Binding>]>),
 }
 
 /// Collects the leaves of `t` with their paths (`values.a.b[0]`, as `Template::placeholders`
@@ -310,7 +310,7 @@ fn leaves<'a>(
     match t {
         Template::Value(Value::Null) if segments.is_empty() => {}
         Template::Value(v) => literal_leaves(v, path, segments, out),
-        Template::Whole(b) => out.push((path, segments, Leaf::Placeholders(vec![b]))),
+        Template::Whole(b) => out.push((path, segments, Leaf::Placeholders(vec![b], None))),
         Template::Str(parts) => {
             let exprs = parts
                 .iter()
@@ -319,7 +319,7 @@ fn leaves<'a>(
                     Part::Text(_) => None,
                 })
                 .collect();
-            out.push((path, segments, Leaf::Placeholders(exprs)));
+            out.push((path, segments, Leaf::Placeholders(exprs, Some(parts))));
         }
         Template::Array(items) => {
             for (i, item) in items.iter().enumerate() {
@@ -516,6 +516,22 @@ impl<'a> Explainer<'a> {
         label_of(id.as_str(), Some(self.graph), self.records)
     }
 
+    /// How the request asked to be served: a Score resource's annotations, else criteria.
+    fn choice(&self) -> Choice {
+        let node = self.node;
+        if let (Origin::Requested { workload, name, .. }, Some(app)) = (&node.origin, &node.app)
+            && let Some(res) = self
+                .repo
+                .apps
+                .get(app)
+                .and_then(|a| a.workloads.get(workload))
+                .and_then(|w| w.resources.get(name))
+        {
+            return res.choice.clone();
+        }
+        Choice::Criteria
+    }
+
     fn matching(&self) -> Matching {
         let node = self.node;
         let ctx = MatchContext {
@@ -532,25 +548,74 @@ impl<'a> Explainer<'a> {
             .iter()
             .filter(|d| d.res_type == node.res_type)
             .collect();
-        let candidates = graph::explain_match(&of_type, &ctx);
-        let by_criteria = candidates
+        let by_id: BTreeMap<&str, &Definition> = self
+            .repo
+            .definitions
+            .iter()
+            .map(|d| (d.id.as_str(), d))
+            .collect();
+        let choice = self.choice();
+        let explained = graph::explain_match(&of_type, &ctx);
+        let by_criteria = explained
             .first()
             .filter(|c| c.matched)
             .map(|c| c.definition.id.clone());
-        let note = (by_criteria.as_deref() != Some(node.definition.as_str())).then(|| {
-            format!(
-                "the graph chose {} without criteria deciding it (a class-ref, a label selector, \
-                 or the type's default definition){}",
-                node.definition,
+        let chosen_def = by_id.get(node.definition.as_str()).copied();
+        // How the definition was chosen, in a sentence.
+        let how = match &choice {
+            Choice::Labels(selector) => format!(
+                "chosen by the label selector {} (specificity of its criteria, then weight, then \
+                 id)",
+                selector
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Choice::Definition(id) => format!("named by class-ref {id}: no matching"),
+            _ if node.definition.starts_with("provided/") => format!(
+                "user-provided in environments/{}.yaml: registered with its outputs, never \
+                 provisioned",
+                self.graph.env
+            ),
+            _ if by_criteria.as_deref() == Some(node.definition.as_str()) => {
+                "chosen by criteria: the most specific matching rule".to_owned()
+            }
+            _ if chosen_def.is_some_and(|d| d.default) => {
+                "no rule matches: the type's default definition serves".to_owned()
+            }
+            _ => format!(
+                "chosen outside criteria{}",
                 by_criteria
-                    .map(|c| format!("; by criteria alone it would be {c}"))
+                    .as_ref()
+                    .map(|c| format!(" (by criteria alone it would be {c})"))
                     .unwrap_or_default()
-            )
-        });
-        let candidates = candidates
+            ),
+        };
+        // Label selectors and class-refs say for themselves why each definition lost.
+        let chooser: Option<HashMap<String, String>> = match &choice {
+            Choice::Labels(_) | Choice::Definition(_) => Some(
+                graph::choice_candidates(&of_type, &by_id, &ctx, &choice)
+                    .into_iter()
+                    .map(|(id, _, why)| (id, why))
+                    .collect(),
+            ),
+            _ => None,
+        };
+        let mut candidates: Vec<CandidateView> = explained
             .iter()
             .map(|c| {
                 let chosen = c.definition.id == node.definition;
+                let reason = match (&chooser, &c.verdict) {
+                    (Some(why), _) => why.get(&c.definition.id).cloned().unwrap_or_default(),
+                    (None, _) if chosen && !c.matched => {
+                        "no rule matches: it is the type's default definition".to_owned()
+                    }
+                    (None, Verdict::Chosen { .. }) if !chosen => {
+                        format!("matches best by criteria, but {} serves", node.definition)
+                    }
+                    (None, v) => v.to_string(),
+                };
                 CandidateView {
                     definition: c.definition.id.clone(),
                     rule: c.rule.map(ToString::to_string),
@@ -558,15 +623,12 @@ impl<'a> Explainer<'a> {
                     matched: c.matched,
                     chosen,
                     specificity: c.specificity.clone(),
-                    reason: match (&c.verdict, chosen) {
-                        (Verdict::Chosen { .. }, false) => {
-                            format!("matches best by criteria, but {} serves", node.definition)
-                        }
-                        (v, _) => v.to_string(),
-                    },
+                    reason,
                 }
             })
             .collect();
+        // The one chosen first; the rest keep the criteria order.
+        candidates.sort_by_key(|c| !c.chosen);
         Matching {
             definition: node.definition.clone(),
             driver: node.driver_type.clone(),
@@ -579,8 +641,8 @@ impl<'a> Explainer<'a> {
                 "res_id": node.res_id,
                 "class": node.class,
             }),
+            how,
             candidates,
-            note,
         }
     }
 
@@ -626,7 +688,7 @@ impl<'a> Explainer<'a> {
                             sources: Vec::new(),
                         });
                     }
-                    Leaf::Placeholders(bindings) => {
+                    Leaf::Placeholders(bindings, parts) => {
                         let sources: Vec<Trace> = bindings
                             .iter()
                             .map(|b| self.trace_first(&path, b))
@@ -639,7 +701,8 @@ impl<'a> Explainer<'a> {
                         let value = if secret || from_secret {
                             Shown::Secret
                         } else {
-                            self.applied(prefix, &segments).unwrap_or(Shown::Unknown)
+                            self.applied(prefix, &segments)
+                                .unwrap_or_else(|| composed(parts, &sources))
                         };
                         out.push(Input {
                             path,
@@ -911,6 +974,30 @@ impl<'a> Explainer<'a> {
     }
 }
 
+/// The value of an input from its placeholders' values: the one value of a whole placeholder,
+/// or the string its text and values make (as resolution inserts them).
+fn composed(parts: Option<&[Part<Binding>]>, sources: &[Trace]) -> Shown {
+    let value = |t: &Trace| match t {
+        Trace::Output { value, .. } | Trace::Selector { value, .. } => value.clone(),
+    };
+    let Some(parts) = parts else {
+        return sources.first().map_or(Shown::Unknown, value);
+    };
+    let mut out = String::new();
+    let mut next = sources.iter();
+    for p in parts {
+        match p {
+            Part::Text(t) => out.push_str(t),
+            Part::Expr(_) => match next.next().map(value) {
+                Some(Shown::Value(v)) => out.push_str(&insert_as_text(&v)),
+                Some(other) => return other,
+                None => return Shown::Unknown,
+            },
+        }
+    }
+    Shown::Value(Value::String(out))
+}
+
 /// Output `path` of a recorded resource: its value, or only that it is secret.
 fn recorded_output(rec: Option<&ResourceRecord>, path: &[Segment]) -> Shown {
     let Some(rec) = rec else {
@@ -942,6 +1029,7 @@ fn label_of(
 /// The inputs of a resource known from state alone: its recorded bindings, one input per
 /// needed path.
 fn recorded_inputs(
+    rec: &ResourceRecord,
     bindings: &[BindingRecord],
     records: &HashMap<String, ResourceRecord>,
 ) -> Vec<Input> {
@@ -949,38 +1037,113 @@ fn recorded_inputs(
     for b in bindings {
         by_path.entry(&b.needed_path).or_default().push(b);
     }
-    by_path
-        .into_iter()
-        .map(|(path, list)| {
-            let shown = |b: &BindingRecord| match &b.value {
-                _ if b.secret => Shown::Secret,
-                Some(v) => Shown::Value(v.clone()),
-                None => Shown::Unknown,
-            };
-            let secret = path.starts_with("secrets") || list.iter().any(|b| b.secret);
-            let value = match list.as_slice() {
-                _ if secret => Shown::Secret,
-                [one] => shown(one),
-                _ => Shown::Unknown,
-            };
-            Input {
-                path: path.to_owned(),
-                value,
-                at: None,
-                literal: None,
-                sources: list
-                    .iter()
-                    .map(|b| Trace::Output {
-                        provider: b.provided.clone(),
-                        label: label_of(&b.provided, None, records),
-                        output: b.provided_path.clone(),
-                        value: shown(b),
-                        then: Next::Nothing,
-                    })
-                    .collect(),
-            }
+    let bound = |path: &str| {
+        by_path.keys().any(|p| {
+            *p == path
+                || p.strip_prefix(path)
+                    .is_some_and(|rest| rest.starts_with(['.', '[']))
         })
-        .collect()
+    };
+    let mut out: Vec<Input> = Vec::new();
+    // The values sent that no placeholder made, and the names of the secrets.
+    if let Some(values) = rec.inputs.get("values") {
+        let mut found = Vec::new();
+        literal_leaves(values, "values".to_owned(), Vec::new(), &mut found);
+        for (path, _, leaf) in found {
+            if let Leaf::Literal(v) = leaf
+                && !bound(&path)
+            {
+                out.push(Input {
+                    path,
+                    value: Shown::Value(v.clone()),
+                    at: None,
+                    literal: Some(None),
+                    sources: Vec::new(),
+                });
+            }
+        }
+    }
+    let secret_names = rec
+        .secret_inputs
+        .get("secrets")
+        .and_then(Value::as_object)
+        .map(|m| m.keys().map(|k| format!("secrets.{k}")).collect::<Vec<_>>())
+        .unwrap_or_default();
+    for path in secret_names {
+        if !bound(&path) {
+            out.push(Input {
+                path,
+                value: Shown::Secret,
+                at: None,
+                literal: Some(None),
+                sources: Vec::new(),
+            });
+        }
+    }
+    for (path, list) in &by_path {
+        let shown = |b: &BindingRecord| match &b.value {
+            _ if b.secret => Shown::Secret,
+            Some(v) => Shown::Value(v.clone()),
+            None => Shown::Unknown,
+        };
+        let secret = path.starts_with("secrets") || list.iter().any(|b| b.secret);
+        // The input as last sent; a placeholder may be only part of it.
+        let value = match parse_path(path).split_first() {
+            _ if secret => Shown::Secret,
+            Some((Segment::Key(section), rest)) => rec
+                .inputs
+                .get(section)
+                .and_then(|v| lookup_path(v, rest))
+                .map_or(Shown::Unknown, |v| Shown::Value(v.clone())),
+            _ => Shown::Unknown,
+        };
+        out.push(Input {
+            path: (*path).to_owned(),
+            value,
+            at: None,
+            literal: None,
+            sources: list
+                .iter()
+                .map(|b| Trace::Output {
+                    provider: b.provided.clone(),
+                    label: label_of(&b.provided, None, records),
+                    output: b.provided_path.clone(),
+                    value: shown(b),
+                    then: Next::Nothing,
+                })
+                .collect(),
+        });
+    }
+    // values, secrets, resource; by path within each.
+    let section = |path: &str| match path.split(['.', '[']).next() {
+        Some("values") => 0,
+        Some("secrets") => 1,
+        _ => 2,
+    };
+    out.sort_by(|a, b| (section(&a.path), &a.path).cmp(&(section(&b.path), &b.path)));
+    out
+}
+
+/// `values.a.b[0]` as segments (keys holding dots or brackets are not told apart).
+fn parse_path(path: &str) -> Vec<Segment> {
+    let mut out = Vec::new();
+    for part in path.split('.') {
+        let (key, mut rest) = match part.find('[') {
+            Some(i) => (&part[..i], &part[i..]),
+            None => (part, ""),
+        };
+        if !key.is_empty() {
+            out.push(Segment::Key(key.to_owned()));
+        }
+        while let Some(close) = rest.find(']') {
+            match rest[1..close].parse() {
+                Ok(i) => out.push(Segment::Index(i)),
+                Err(_) => out.push(Segment::Key(rest[1..close].to_owned())),
+            }
+            rest = &rest[close + 1..];
+        }
+    }
+    out
 }
 
 /// Everything `explain` shows.
@@ -1059,10 +1222,8 @@ impl Explanation<'_> {
                     "DEFINITION at commit {at}: {} (driver {})",
                     m.definition, m.driver
                 ));
+                line(format!("  {}", m.how));
                 line(format!("  the resource: {}", m.context));
-                if let Some(note) = &m.note {
-                    line(format!("  note: {note}"));
-                }
                 let mut t = Table::new(&["CANDIDATE", "RESULT", "RULE", "AT", "WHY"]);
                 for c in &m.candidates {
                     t.row(vec![
@@ -1237,7 +1398,7 @@ impl Explanation<'_> {
                 "definition": m.definition,
                 "driver": m.driver,
                 "context": m.context_json,
-                "note": m.note,
+                "how": m.how,
                 "candidates": m.candidates.iter().map(|c| json!({
                     "definition": c.definition,
                     "chosen": c.chosen,

@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use super::choose::choose;
 use super::matching::MatchContext;
-use super::{Binding, EdgeKind, GuresId, Origin, ResourceGraph, ResourceNode};
-use crate::model::placeholder::{ContextKey, Expr, SelectorDirection, path_to_string};
+use super::{Binding, EdgeKind, GuresId, InterfaceUse, Origin, ResourceGraph, ResourceNode};
+use crate::model::placeholder::{ContextKey, Expr, Segment, SelectorDirection, path_to_string};
 use crate::model::template::{Mapped, Template, lookup_path};
 use crate::model::{
     Choice, DEFAULT_CLASS, Definition, Environment, Repository, SourceLocation, Workload,
@@ -68,6 +68,16 @@ pub enum BuildError {
         location: SourceLocation,
         selector: String,
         resource: String,
+    },
+    #[error(
+        "{location}: no resource provides the $ids {ids} that '{resource}' asks for, and \
+         definition '{definition}', which would create one, does not declare them under provides"
+    )]
+    InterfaceUnserved {
+        location: SourceLocation,
+        resource: String,
+        ids: String,
+        definition: String,
     },
     #[error(
         "{location}: environment '{env}' has no shared resource '{name}' (it has: {known}); \
@@ -146,10 +156,22 @@ pub fn build(repo: &Repository, env: &Environment) -> Result<ResourceGraph, Vec<
                 &env.location,
             );
         }
+        let mut pending = Vec::new();
         for workload in app.workloads.values() {
-            b.workload(app_id, workload);
+            if let Some(p) = b.workload(app_id, workload) {
+                pending.push((workload, p));
+            }
         }
         b.drain();
+        // Requests by interface reuse what exists: they are served once everything else of
+        // the app is in the graph.
+        for (workload, p) in &mut pending {
+            b.interfaces(app_id, workload, p);
+        }
+        b.drain();
+        for (workload, p) in pending {
+            b.workload_spec(workload, p);
+        }
     }
     b.match_dependents();
     b.select();
@@ -286,6 +308,7 @@ impl<'r> Builder<'r> {
             deletion_policy: def.deletion_policy,
             auto_update: def.auto_update,
             template_hash: String::new(),
+            interfaces: Vec::new(),
             params: Template::Value(req.params),
             values: Template::default(),
             secrets: Template::default(),
@@ -320,7 +343,7 @@ impl<'r> Builder<'r> {
         }
     }
 
-    fn workload(&mut self, app: &str, workload: &'r Workload) {
+    fn workload(&mut self, app: &str, workload: &'r Workload) -> Option<PendingWorkload> {
         let res_id = format!("modules.{}", workload.name);
         let Some(w) = self.ensure(
             Request {
@@ -336,10 +359,13 @@ impl<'r> Builder<'r> {
             },
             &SourceLocation::file(&workload.file),
         ) else {
-            return;
+            return None;
         };
-        let mut by_name: HashMap<&str, NodeIndex> = HashMap::new();
+        let mut by_name: HashMap<String, NodeIndex> = HashMap::new();
         for (name, res) in &workload.resources {
+            if matches!(res.choice, Choice::Interface(_)) {
+                continue;
+            }
             let origin = Origin::Requested {
                 workload: workload.name.clone(),
                 name: name.clone(),
@@ -367,17 +393,133 @@ impl<'r> Builder<'r> {
             };
             if let Some(t) = target {
                 self.edge(w, t, EdgeKind::Dependency);
-                by_name.insert(name, t);
+                by_name.insert(name.clone(), t);
             }
         }
+        Some(PendingWorkload { w, by_name })
+    }
+
+    /// Serves the workload's requests by interface: GetOrCreate. A user-provided resource of
+    /// the environment, then a resource of the app, whose outputs carry every `$id` asked for;
+    /// else one is created from the request's type, whose definition must declare them.
+    fn interfaces(&mut self, app: &str, workload: &'r Workload, p: &mut PendingWorkload) {
+        for (name, res) in &workload.resources {
+            let Choice::Interface(wanted) = &res.choice else {
+                continue;
+            };
+            let origin = Origin::Requested {
+                workload: workload.name.clone(),
+                name: name.clone(),
+                location: res.location.clone(),
+            };
+            let mut served: Option<(NodeIndex, BTreeMap<String, String>, bool)> = None;
+            for shared in self.env.shared_resources.values() {
+                if shared.provided.is_none() {
+                    continue;
+                }
+                if let Some(map) = covers(&shared.provides, wanted)
+                    && let Some(n) = self.shared_resource(
+                        &shared.name,
+                        &shared.res_type,
+                        origin.clone(),
+                        &res.location,
+                    )
+                {
+                    served = Some((n, map, true));
+                    break;
+                }
+            }
+            if served.is_none() {
+                let mut existing: Vec<(String, NodeIndex, BTreeMap<String, String>)> = self
+                    .dag
+                    .graph()
+                    .node_indices()
+                    .filter(|&n| {
+                        self.dag[n].app.as_deref() == Some(app)
+                            && self.dag[n].res_type != "workload"
+                    })
+                    .filter_map(|n| {
+                        let def = self.matched.get(&n)?;
+                        covers(&def.provides, wanted).map(|m| (self.dag[n].label(), n, m))
+                    })
+                    .collect();
+                existing.sort_by(|a, b| a.0.cmp(&b.0));
+                if let Some((_, n, map)) = existing.into_iter().next() {
+                    served = Some((n, map, true));
+                }
+            }
+            if served.is_none() {
+                let res_id = match &res.id {
+                    Some(id) => format!("shared.{id}"),
+                    None => format!("modules.{}.externals.{name}", workload.name),
+                };
+                if let Some(n) = self.ensure(
+                    Request {
+                        app: Some(app),
+                        res_type: &res.res_type,
+                        class: &res.class,
+                        res_id: &res_id,
+                        params: res.params.clone(),
+                        origin,
+                        choice: BY_CRITERIA,
+                    },
+                    &res.location,
+                ) {
+                    let def = self.matched[&n];
+                    match covers(&def.provides, wanted) {
+                        Some(map) => served = Some((n, map, false)),
+                        None => self.errors.push(BuildError::InterfaceUnserved {
+                            location: res.location.clone(),
+                            resource: name.clone(),
+                            ids: wanted.values().cloned().collect::<Vec<_>>().join(", "),
+                            definition: def.id.clone(),
+                        }),
+                    }
+                }
+            }
+            let Some((n, map, reused)) = served else {
+                continue;
+            };
+            self.edge(p.w, n, EdgeKind::Dependency);
+            p.by_name.insert(name.clone(), n);
+            for (consumer_name, output) in map {
+                let use_ = InterfaceUse {
+                    resource: name.clone(),
+                    id: wanted[&consumer_name].clone(),
+                    name: consumer_name,
+                    provider: self.dag[n].guresid.clone(),
+                    output,
+                    reused,
+                };
+                self.dag[p.w].interfaces.push(use_);
+            }
+        }
+    }
+
+    /// Resolves the workload's own placeholders into its inputs (its Score file).
+    fn workload_spec(&mut self, workload: &'r Workload, p: PendingWorkload) {
+        let PendingWorkload { w, by_name } = p;
+        let renames: HashMap<(String, String), String> = self.dag[w]
+            .interfaces
+            .iter()
+            .map(|u| ((u.resource.clone(), u.name.clone()), u.output.clone()))
+            .collect();
         let spec = workload.spec.try_map(&mut |expr: &Expr| {
             Ok::<_, Infallible>(match expr {
                 Expr::ScoreResource { name, path } => match by_name.get(name.as_str()) {
                     Some(&t) => {
                         self.edge(w, t, EdgeKind::Reference);
+                        let mut path = path.clone();
+                        // Through an interface, the workload's name for an output is mapped to
+                        // the provider's.
+                        if let Some(Segment::Key(first)) = path.first()
+                            && let Some(output) = renames.get(&(name.clone(), first.clone()))
+                        {
+                            path[0] = Segment::Key(output.clone());
+                        }
                         Mapped::Expr(Binding::Output {
                             target: self.dag[t].guresid.clone(),
-                            path: path.clone(),
+                            path,
                         })
                     }
                     None => {
@@ -786,6 +928,29 @@ fn template_hash(node: &ResourceNode) -> String {
     Sha256::digest(text.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A workload node and its resources by name, between the two phases of building it.
+struct PendingWorkload {
+    w: NodeIndex,
+    by_name: HashMap<String, NodeIndex>,
+}
+
+/// If `provides` (output to `$id`) carries every `$id` of `wanted` (name to `$id`): which
+/// output serves each name.
+fn covers(
+    provides: &BTreeMap<String, String>,
+    wanted: &BTreeMap<String, String>,
+) -> Option<BTreeMap<String, String>> {
+    wanted
+        .iter()
+        .map(|(name, id)| {
+            provides
+                .iter()
+                .find(|(_, pid)| *pid == id)
+                .map(|(output, _)| (name.clone(), output.clone()))
+        })
         .collect()
 }
 

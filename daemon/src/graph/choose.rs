@@ -16,14 +16,16 @@ pub fn choose<'d>(
     choice: &Choice,
 ) -> Result<&'d Definition, NoMatch> {
     match choice {
-        Choice::Criteria | Choice::Resource(_) => match match_definition(of_type, ctx) {
-            Ok(def) => Ok(def),
-            Err(no) if ctx.class == DEFAULT_CLASS => {
-                // With no class and no selector, the type's default definition serves.
-                of_type.iter().copied().find(|d| d.default).ok_or(no)
+        Choice::Criteria | Choice::Resource(_) | Choice::Interface(_) => {
+            match match_definition(of_type, ctx) {
+                Ok(def) => Ok(def),
+                Err(no) if ctx.class == DEFAULT_CLASS => {
+                    // With no class and no selector, the type's default definition serves.
+                    of_type.iter().copied().find(|d| d.default).ok_or(no)
+                }
+                Err(no) => Err(no),
             }
-            Err(no) => Err(no),
-        },
+        }
         Choice::Definition(id) => match by_id.get(id.as_str()) {
             Some(def) if def.res_type == ctx.res_type => Ok(def),
             Some(def) => Err(NoMatch {
@@ -183,6 +185,7 @@ pub fn provided_definition(
         labels: BTreeMap::new(),
         weight: 0,
         default: false,
+        provides: BTreeMap::new(),
         values: Template::Value(outputs.clone()),
         secrets: Template::default(),
         provision: Vec::new(),

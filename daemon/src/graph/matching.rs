@@ -368,6 +368,7 @@ mod tests {
             labels: Default::default(),
             weight: 0,
             default: false,
+            provides: Default::default(),
             values: Default::default(),
             secrets: Default::default(),
             provision: vec![],
@@ -554,7 +555,7 @@ mod tests {
 
     #[test]
     fn explain_match_shows_the_best_rule_of_each_definition() {
-        let defs = vec![def(
+        let defs = [def(
             "multi",
             vec![
                 rule(&[("env_type", "production")]),

@@ -86,6 +86,19 @@ pub enum Binding {
     },
 }
 
+/// One name a workload reads through an interface: `${resources.RESOURCE.NAME}` is served by
+/// the provider's output OUTPUT, which carries `$id` ID.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InterfaceUse {
+    pub resource: String,
+    pub name: String,
+    pub id: String,
+    pub provider: GuresId,
+    pub output: String,
+    /// Whether an existing resource was reused (GetOrCreate's "get").
+    pub reused: bool,
+}
+
 /// Why a resource is in the graph.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Origin {
@@ -127,6 +140,9 @@ pub struct ResourceNode {
     /// Digest of what the definition and the request say, before any placeholder resolves: a
     /// change of it updates even a pinned resource.
     pub template_hash: String,
+    /// For a workload: the resources it requested by interface, and which output of which
+    /// resource serves each name it reads.
+    pub interfaces: Vec<InterfaceUse>,
     /// The resource's own inputs (`resource` in a driver request): Score params, or for a
     /// workload its whole Score file.
     pub params: Template<Binding>,

@@ -43,6 +43,9 @@ struct SharedResourceFile {
     /// User-provided: the outputs of a resource gitplane never provisions.
     #[serde(default)]
     provided: Option<Value>,
+    /// The `$id` of each output, for requests by interface.
+    #[serde(default)]
+    provides: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,6 +130,9 @@ struct EntityFile {
     /// Serves requests of its type that name no class and match no criteria.
     #[serde(default)]
     default: bool,
+    /// The `$id` of each output (output name to `$id`), for requests by interface.
+    #[serde(default)]
+    provides: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -438,6 +444,7 @@ impl Loader {
                     class: r.class.unwrap_or_else(|| DEFAULT_CLASS.to_owned()),
                     params: r.params.unwrap_or(Value::Null),
                     provided: r.provided,
+                    provides: r.provides,
                     location,
                 },
             );
@@ -718,6 +725,7 @@ impl Loader {
             labels: file.metadata.labels.clone().unwrap_or_default(),
             weight: entity.weight.unwrap_or(0),
             default: entity.default,
+            provides: entity.provides,
             values,
             secrets,
             provision,
@@ -850,7 +858,10 @@ fn split_documents(text: &str) -> Vec<(usize, &str)> {
 
 /// What a Score resource's gitplane annotations ask for; an ambiguous combination is an error.
 fn choice_of(res: &ScoreResourceFile) -> Result<super::Choice, String> {
-    use super::{CLASS_REF_ANNOTATION, Choice, RESOURCE_REF_ANNOTATION, SELECTOR_ANNOTATION};
+    use super::{
+        CLASS_REF_ANNOTATION, Choice, INTERFACE_ANNOTATION, RESOURCE_REF_ANNOTATION,
+        SELECTOR_ANNOTATION,
+    };
     let annotations = res
         .metadata
         .as_ref()
@@ -866,6 +877,15 @@ fn choice_of(res: &ScoreResourceFile) -> Result<super::Choice, String> {
     let selector = get(SELECTOR_ANNOTATION)?;
     let class_ref = get(CLASS_REF_ANNOTATION)?;
     let resource_ref = get(RESOURCE_REF_ANNOTATION)?;
+    if let Some(text) = get(INTERFACE_ANNOTATION)? {
+        if selector.is_some() || class_ref.is_some() || resource_ref.is_some() {
+            return Err(format!(
+                "{INTERFACE_ANNOTATION} chooses by the outputs' $ids: it takes no selector, \
+                 class-ref or resource-ref"
+            ));
+        }
+        return Ok(Choice::Interface(key_values(&text, "interface")?));
+    }
     let given = [
         selector.is_some(),
         class_ref.is_some(),
@@ -904,19 +924,24 @@ fn choice_of(res: &ScoreResourceFile) -> Result<super::Choice, String> {
         return Ok(Choice::Definition(def));
     }
     if let Some(text) = selector {
-        let mut labels = BTreeMap::new();
-        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').ok_or_else(|| {
-                format!("selector '{text}': expected key=value pairs, got '{pair}'")
-            })?;
-            labels.insert(k.trim().to_owned(), v.trim().to_owned());
-        }
-        if labels.is_empty() {
-            return Err(format!("selector '{text}' selects nothing"));
-        }
-        return Ok(Choice::Labels(labels));
+        return Ok(Choice::Labels(key_values(&text, "selector")?));
     }
     Ok(Choice::Criteria)
+}
+
+/// `k=v,k2=v2` into a map; empty or malformed is an error.
+fn key_values(text: &str, what: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{what} '{text}': expected key=value pairs, got '{pair}'"))?;
+        out.insert(k.trim().to_owned(), v.trim().to_owned());
+    }
+    if out.is_empty() {
+        return Err(format!("{what} '{text}' names nothing"));
+    }
+    Ok(out)
 }
 
 /// `secret_refs` leaves are `{value: ...}` (a literal or a placeholder); they join `secrets`.

@@ -222,12 +222,17 @@ pub enum Choice {
     /// `gitplane.dev/resource-ref: NAME`: the environment's shared resource NAME (a global or a
     /// user-provided one); nothing is provisioned for this request itself.
     Resource(String),
+    /// `gitplane.dev/interface: "name=$id,..."`: any resource whose outputs carry these `$id`s,
+    /// whatever its type and output names (reuse before create); the workload reads each output
+    /// under its own `name`.
+    Interface(BTreeMap<String, String>),
 }
 
 /// The annotations a Score resource may carry for gitplane.
 pub const SELECTOR_ANNOTATION: &str = "gitplane.dev/selector";
 pub const CLASS_REF_ANNOTATION: &str = "gitplane.dev/class-ref";
 pub const RESOURCE_REF_ANNOTATION: &str = "gitplane.dev/resource-ref";
+pub const INTERFACE_ANNOTATION: &str = "gitplane.dev/interface";
 
 /// An environment-level resource: a global one (provisioned by its definition, shared by every
 /// app that refers to it) or a user-provided one (registered with its outputs, never
@@ -240,6 +245,8 @@ pub struct SharedResource {
     pub params: Value,
     /// `Some`: user-provided, with these outputs.
     pub provided: Option<Value>,
+    /// For a user-provided resource: the `$id` of each output (output name to `$id`).
+    pub provides: BTreeMap<String, String>,
     pub location: SourceLocation,
 }
 
@@ -262,6 +269,9 @@ pub struct Definition {
     pub weight: i64,
     /// Serves requests of its type that name no class and match no criteria.
     pub default: bool,
+    /// The `$id` of each output its resources provide (output name to `$id`), for requests by
+    /// interface.
+    pub provides: BTreeMap<String, String>,
     pub values: Template<Expr>,
     pub secrets: Template<Expr>,
     pub provision: Vec<Provision>,

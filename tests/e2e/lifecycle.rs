@@ -493,7 +493,7 @@ fn reapplying_a_commit_changes_nothing() {
         .json();
     assert_eq!(one["env"], "production");
     let table = sb.gitplane(&["plan"]).ok();
-    table.stdout_has("0 to create, 0 to update, 0 may update, 6 unchanged, 0 to delete");
+    table.stdout_has("0 to create, 0 to update, 0 may update, 0 pinned, 6 unchanged, 0 to delete");
     assert_eq!(sb.max_id("deployment"), before + 2);
     assert_eq!(sb.resource_rows(), resources);
 }

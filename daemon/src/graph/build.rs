@@ -345,7 +345,7 @@ impl<'r> Builder<'r> {
 
     fn workload(&mut self, app: &str, workload: &'r Workload) -> Option<PendingWorkload> {
         let res_id = format!("modules.{}", workload.name);
-        let Some(w) = self.ensure(
+        let w = self.ensure(
             Request {
                 app: Some(app),
                 res_type: "workload",
@@ -358,9 +358,7 @@ impl<'r> Builder<'r> {
                 choice: BY_CRITERIA,
             },
             &SourceLocation::file(&workload.file),
-        ) else {
-            return None;
-        };
+        )?;
         let mut by_name: HashMap<String, NodeIndex> = HashMap::new();
         for (name, res) in &workload.resources {
             if matches!(res.choice, Choice::Interface(_)) {

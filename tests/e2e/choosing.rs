@@ -467,3 +467,59 @@ fn requests_by_interface_get_or_create() {
         "no resource provides the $ids redis-url that 'db' asks for, and definition 'pg'",
     );
 }
+
+#[test]
+fn explain_shows_every_candidate_and_why() {
+    let sb = Sandbox::new();
+    base(&sb);
+    let by_labels = [
+        def("pg-slow", "postgres", "  labels: {speed: slow}", ""),
+        def(
+            "pg-fast-a",
+            "postgres",
+            "  labels: {speed: fast}\n  weight: 5",
+            "",
+        ),
+        def(
+            "pg-fast-b",
+            "postgres",
+            "  labels: {speed: fast}\n  weight: 10",
+            "",
+        ),
+        def(
+            "pg-fast-c",
+            "postgres",
+            "  labels: {speed: fast}\n  weight: 10",
+            "",
+        ),
+    ]
+    .join("---\n")
+    .replace("  criteria:\n    - {}\n", "");
+    sb.write("definitions/postgres.yaml", &by_labels);
+    sb.write(
+        "workloads/app/web.yaml",
+        &workload(
+            "web",
+            "  db:\n    type: postgres\n    metadata:\n      annotations:\n        gitplane.dev/selector: speed=fast\n",
+        ),
+    );
+    sb.commit("Four candidates");
+    sb.gitplane(&["apply"]).ok();
+    let run = sb
+        .gitplane(&[
+            "explain",
+            "app/postgres.default#modules.web.externals.db",
+            "--format",
+            "json",
+        ])
+        .ok();
+    let text = run.stdout.clone();
+    for needle in ["pg-fast-a", "pg-fast-b", "pg-fast-c", "pg-slow"] {
+        assert!(text.contains(needle), "{needle} missing:\n{text}");
+    }
+    let table = sb
+        .gitplane(&["explain", "app/postgres.default#modules.web.externals.db"])
+        .ok();
+    table.stdout_has("labels fit; specificity 0, weight 10: the best");
+    table.stdout_has("its labels do not carry the selector's");
+}

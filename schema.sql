@@ -204,16 +204,21 @@ SELECT l.env, l.deployment_id,
        l.consumer, c.type AS consumer_type, c.res_id AS consumer_id,
        l.provider, p.type AS provider_type, p.res_id AS provider_id,
        l.kind, l.update_type,
-       b.needed_path, b.provided_path, b.data_type, b.value, b.secret, b.interface
+       b.needed_path, b.provided_path, b.data_type, b.value, b.secret, b.inserted, b.interface
 FROM link l
 LEFT JOIN resource c ON c.guresid = l.consumer
 LEFT JOIN resource p ON p.guresid = l.provider
 -- A selector's binding (an array) names the selector's base resource and a path such as
--- `workload>aws-policy.outputs.name`; it belongs to each of the selector's links.
+-- `workload>aws-policy.outputs.name`; it belongs to each of the selector's links to a resource
+-- of the selected type.
 LEFT JOIN binding b ON b.deployment_id = l.deployment_id AND b.needed_guresid = l.consumer
                    AND (b.provided_guresid = l.provider
                         OR (l.kind = 'selector'
-                            AND (instr(b.provided_path, '>') > 0 OR instr(b.provided_path, '<') > 0)))
+                            AND substr(b.provided_path,
+                                       max(instr(b.provided_path, '>'), instr(b.provided_path, '<')) + 1,
+                                       instr(b.provided_path, '.outputs')
+                                         - max(instr(b.provided_path, '>'), instr(b.provided_path, '<')) - 1)
+                                = p.type))
 WHERE l.deployment_id = (SELECT MAX(deployment_id) FROM link l2 WHERE l2.env = l.env)
 ORDER BY l.env, l.consumer, l.provider, b.needed_path;
 

@@ -505,6 +505,8 @@ fn links_report_has_every_edge_with_its_bindings() {
         "data_type",
         "value",
         "secret",
+        "inserted",
+        "interface",
     ];
     assert_eq!(out.csv[0], columns);
     // The 7 reference edges of development, consumer to provider.
@@ -565,6 +567,11 @@ fn links_report_has_every_edge_with_its_bindings() {
     assert_eq!(host["data_type"], "string");
     assert_eq!(host["value"], "pg.dev.internal", "the value is parsed JSON");
     assert_eq!(host["secret"], 0);
+    assert_eq!(
+        host["interface"],
+        Value::Null,
+        "read by name, not through an interface"
+    );
     let port = binding("values.port");
     assert_eq!(port["value"], 5432);
     assert_eq!(port["data_type"], "int");
@@ -581,13 +588,13 @@ fn links_report_has_every_edge_with_its_bindings() {
     assert_eq!(csv_host[13], "\"pg.dev.internal\"");
     assert!(
         out.csv_text
-            .contains(",values.host,outputs.pghost,string,\"\"\"pg.dev.internal\"\"\",0\r\n"),
+            .contains(",values.host,outputs.pghost,string,\"\"\"pg.dev.internal\"\"\",0,0,\r\n"),
         "{}",
         out.csv_text
     );
     assert!(
         out.csv_text
-            .contains(",secrets.password,outputs.pgpassword,string,,1\r\n"),
+            .contains(",secrets.password,outputs.pgpassword,string,,1,0,\r\n"),
         "{}",
         out.csv_text
     );

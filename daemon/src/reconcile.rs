@@ -337,6 +337,14 @@ struct JobResult {
     inputs: Option<ResolvedInputs>,
 }
 
+/// What a spawned job's result carries back besides the driver's answer.
+struct Spawn {
+    guresid: GuresId,
+    operation_id: i64,
+    hash: String,
+    inputs: Option<ResolvedInputs>,
+}
+
 /// What starting a resource led to.
 enum Started {
     /// Running in a task; its result comes from the join set.
@@ -670,31 +678,13 @@ impl Run<'_, '_> {
             label: &step.label(),
             action: action_of(action),
         });
-        let permits = self.permits(&node.driver_type, registered.concurrency);
-        let retry = self.settings.retry;
-        let calls = calls_tx.clone();
-        let stop = self.options.stop.clone();
-        let guresid = node.guresid.clone();
-        tasks.spawn(async move {
-            let (attempts, outcome) = call_until_done(
-                job,
-                operation_id,
-                registered.driver,
-                permits,
-                retry,
-                calls,
-                stop,
-            )
-            .await;
-            JobResult {
-                guresid,
-                operation_id,
-                attempts,
-                outcome,
-                hash,
-                inputs: Some(inputs),
-            }
-        });
+        let spawned = Spawn {
+            guresid: node.guresid.clone(),
+            operation_id,
+            hash,
+            inputs: Some(inputs),
+        };
+        self.spawn(tasks, calls_tx, job, &node.driver_type, registered, spawned);
         Ok(Started::Spawned)
     }
 
@@ -839,31 +829,13 @@ impl Run<'_, '_> {
             label: &step.label(),
             action: Action::Delete,
         });
-        let permits = self.permits(&rec.driver, registered.concurrency);
-        let retry = self.settings.retry;
-        let calls = calls_tx.clone();
-        let stop = self.options.stop.clone();
-        let guresid = step.guresid.clone();
-        tasks.spawn(async move {
-            let (attempts, outcome) = call_until_done(
-                job,
-                operation_id,
-                registered.driver,
-                permits,
-                retry,
-                calls,
-                stop,
-            )
-            .await;
-            JobResult {
-                guresid,
-                operation_id,
-                attempts,
-                outcome,
-                hash: String::new(),
-                inputs: None,
-            }
-        });
+        let spawned = Spawn {
+            guresid: step.guresid.clone(),
+            operation_id,
+            hash: String::new(),
+            inputs: None,
+        };
+        self.spawn(tasks, calls_tx, job, &rec.driver, registered, spawned);
         Ok(Started::Spawned)
     }
 
@@ -897,6 +869,42 @@ impl Run<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    /// Runs `job`'s calls in a task of their own, under the global and the driver's permits.
+    fn spawn(
+        &mut self,
+        tasks: &mut JoinSet<JobResult>,
+        calls_tx: &mpsc::UnboundedSender<CallEnded>,
+        job: Job,
+        driver_type: &str,
+        registered: crate::drivers::Registered,
+        spawned: Spawn,
+    ) {
+        let permits = self.permits(driver_type, registered.concurrency);
+        let retry = self.settings.retry;
+        let calls = calls_tx.clone();
+        let stop = self.options.stop.clone();
+        tasks.spawn(async move {
+            let (attempts, outcome) = call_until_done(
+                job,
+                spawned.operation_id,
+                registered.driver,
+                permits,
+                retry,
+                calls,
+                stop,
+            )
+            .await;
+            JobResult {
+                guresid: spawned.guresid,
+                operation_id: spawned.operation_id,
+                attempts,
+                outcome,
+                hash: spawned.hash,
+                inputs: spawned.inputs,
+            }
+        });
     }
 
     fn permits(&mut self, driver: &str, limit: Option<usize>) -> Permits {

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
-use gitplane_state::{BindingRecord, LinkRecord, ResourceOperation, ResourceRecord, Store};
+use gitplane_state::{BindingRecord, LinkRecord, ResourceOperation, ResourceRecord};
 use serde_json::{Value, json};
 
 use super::output::{Table, short};
@@ -32,12 +32,7 @@ pub fn explain(
     format: Format,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    if !ctx.state.exists() {
-        return Err(CliError::NoState {
-            path: ctx.state.clone(),
-        });
-    }
-    let store = Store::open(&ctx.state)?;
+    let store = super::existing_store(ctx)?;
     let (guresid, env) = super::find_resource(&store, ctx, resource)?;
     let records: HashMap<String, ResourceRecord> = store
         .resources(&env)?

@@ -678,12 +678,7 @@ fn approve(
     deployment: i64,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    if !ctx.state.exists() {
-        return Err(CliError::NoState {
-            path: ctx.state.clone(),
-        });
-    }
-    let mut store = Store::open(&ctx.state)?;
+    let mut store = existing_store(ctx)?;
     let Some(env) = store
         .deployments(None)?
         .into_iter()
@@ -722,6 +717,16 @@ fn approve(
             Ok(CommandResult::Failure)
         }
     }
+}
+
+/// The state file, which must exist: reading commands never create one.
+pub(crate) fn existing_store(ctx: &Context) -> Result<Store, CliError> {
+    if !ctx.state.exists() {
+        return Err(CliError::NoState {
+            path: ctx.state.clone(),
+        });
+    }
+    Ok(Store::open(&ctx.state)?)
 }
 
 /// Finds a recorded resource by GUResID or `app/type.class#id` (in the `--env` environments, or
@@ -767,12 +772,7 @@ fn resolve(
     resource: &str,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    if !ctx.state.exists() {
-        return Err(CliError::NoState {
-            path: ctx.state.clone(),
-        });
-    }
-    let mut store = Store::open(&ctx.state)?;
+    let mut store = existing_store(ctx)?;
     let (guresid, env) = find_resource(&store, ctx, resource)?;
     let scoped = Context {
         envs: vec![env.clone()],
@@ -807,12 +807,7 @@ fn history(
     format: Format,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    if !ctx.state.exists() {
-        return Err(CliError::NoState {
-            path: ctx.state.clone(),
-        });
-    }
-    let store = Store::open(&ctx.state)?;
+    let store = existing_store(ctx)?;
     let mut deployments = store.deployments(None)?;
     if !ctx.envs.is_empty() {
         deployments.retain(|d| ctx.envs.contains(&d.env));
@@ -838,12 +833,7 @@ fn status(
     format: Format,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    if !ctx.state.exists() {
-        return Err(CliError::NoState {
-            path: ctx.state.clone(),
-        });
-    }
-    let store = Store::open(&ctx.state)?;
+    let store = existing_store(ctx)?;
     let known = store.environments()?;
     for env in &ctx.envs {
         if !known.contains(env) {

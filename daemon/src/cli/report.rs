@@ -6,7 +6,7 @@
 use std::io::Write;
 
 use clap::ValueEnum;
-use gitplane_state::{Report, ReportCell, ReportFilter, ReportView, Store};
+use gitplane_state::{Report, ReportCell, ReportFilter, ReportView};
 use serde_json::Value;
 
 use super::output::Table;
@@ -76,12 +76,7 @@ pub fn report(
             return Ok(CommandResult::Failure);
         }
     }
-    if !ctx.state.exists() {
-        return Err(CliError::NoState {
-            path: ctx.state.clone(),
-        });
-    }
-    let store = Store::open(&ctx.state)?;
+    let store = super::existing_store(ctx)?;
     let known = store.environments()?;
     if let Some(env) = ctx.envs.iter().find(|e| !known.contains(e)) {
         return Err(CliError::UnknownStateEnv {

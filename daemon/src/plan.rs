@@ -256,7 +256,7 @@ pub fn inputs_hash(node: &ResourceNode, inputs: &ResolvedInputs) -> String {
     });
     // serde_json's maps are sorted, so equal inputs give equal text.
     let digest = Sha256::digest(canonical.to_string().as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    crate::graph::hex(&digest)
 }
 
 /// Compares `graph` with the recorded resources and edges of its environment.

@@ -13,7 +13,7 @@
 
 use std::io::{BufRead, Write};
 
-use crate::deploy::{self, Built};
+use crate::deploy;
 use crate::repo::ConfigRepo;
 
 use super::{CliError, CommandResult, Context, output, report_rejected, target_envs};
@@ -132,7 +132,7 @@ fn check(
                 "ok: commit {} for {} is valid: {}",
                 output::short(&snapshot.commit),
                 update.refname,
-                summary(&built)
+                super::output::built_summary(&built)
             )?;
             Ok(CommandResult::Success)
         }
@@ -144,21 +144,6 @@ fn check(
 }
 
 /// `env (N resources, M edges), ...`, as `validate` prints it.
-fn summary(built: &Built) -> String {
-    built
-        .graphs
-        .iter()
-        .map(|g| {
-            format!(
-                "{} ({} resources, {} edges)",
-                g.env,
-                g.len(),
-                g.edges().len()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
 
 #[cfg(test)]
 mod tests {

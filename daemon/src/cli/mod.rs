@@ -415,23 +415,11 @@ pub(crate) fn validate(
     let Some((snapshot, built)) = built_or_report(ctx, rev)? else {
         return Ok(CommandResult::Failure);
     };
-    let summary: Vec<String> = built
-        .graphs
-        .iter()
-        .map(|g| {
-            format!(
-                "{} ({} resources, {} edges)",
-                g.env,
-                g.len(),
-                g.edges().len()
-            )
-        })
-        .collect();
     writeln!(
         stdout,
         "ok: commit {} is valid: {}",
         output::short(&snapshot.commit),
-        summary.join(", ")
+        output::built_summary(&built)
     )?;
     Ok(CommandResult::Success)
 }

@@ -248,6 +248,23 @@ pub fn history_table(deployments: &[DeploymentRecord]) -> String {
     t.render("")
 }
 
+/// `development (6 resources, 7 edges), production (...)`: what a valid commit builds.
+pub fn built_summary(built: &crate::deploy::Built) -> String {
+    built
+        .graphs
+        .iter()
+        .map(|g| {
+            format!(
+                "{} ({} resources, {} edges)",
+                g.env,
+                g.len(),
+                g.edges().len()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// One JSON value when one environment is shown, an array when several are.
 pub fn one_or_many(mut items: Vec<Value>) -> Value {
     if items.len() == 1 {

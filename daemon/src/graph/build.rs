@@ -206,6 +206,8 @@ struct Builder<'r> {
     match_dependents: Vec<(NodeIndex, NodeIndex)>,
     /// Nodes that hold selectors.
     selectors: Vec<NodeIndex>,
+    /// Each workload node's Score file, hashed.
+    spec_hashes: HashMap<NodeIndex, String>,
     loops: HashSet<Vec<GuresId>>,
     errors: Vec<BuildError>,
 }
@@ -236,6 +238,7 @@ impl<'r> Builder<'r> {
             queue: VecDeque::new(),
             match_dependents: Vec::new(),
             selectors: Vec::new(),
+            spec_hashes: HashMap::new(),
             loops: HashSet::new(),
             errors: Vec::new(),
         }
@@ -245,8 +248,26 @@ impl<'r> Builder<'r> {
         if !self.errors.is_empty() {
             return Err(self.errors);
         }
+        // What the definition and the request say, hashed once per definition.
+        let mut of_definition: HashMap<&str, String> = HashMap::new();
         for n in self.dag.graph().node_indices().collect::<Vec<_>>() {
-            let hash = template_hash(&self.dag[n]);
+            let def = self.matched[&n];
+            let def_hash = of_definition
+                .entry(def.id.as_str())
+                .or_insert_with(|| hex_digest(&[def.id.as_bytes(), def.source.as_bytes()]))
+                .clone();
+            let node = &self.dag[n];
+            let request = match &node.params {
+                Template::Value(v) => v.to_string(),
+                // A workload: its Score file, whose text was hashed when it was read.
+                _ => self.spec_hashes.get(&n).cloned().unwrap_or_default(),
+            };
+            let hash = hex_digest(&[
+                def_hash.as_bytes(),
+                node.driver_type.as_bytes(),
+                node.driver_account.as_deref().unwrap_or("").as_bytes(),
+                request.as_bytes(),
+            ]);
             self.dag[n].template_hash = hash;
         }
         Ok(ResourceGraph {
@@ -497,6 +518,8 @@ impl<'r> Builder<'r> {
     /// Resolves the workload's own placeholders into its inputs (its Score file).
     fn workload_spec(&mut self, workload: &'r Workload, p: PendingWorkload) {
         let PendingWorkload { w, by_name } = p;
+        self.spec_hashes
+            .insert(w, hex_digest(&[workload.source.as_bytes()]));
         let renames: HashMap<(String, String), String> = self.dag[w]
             .interfaces
             .iter()
@@ -911,22 +934,15 @@ impl<'r> Builder<'r> {
     }
 }
 
-/// A digest of a node's inputs before resolution: literals and where each placeholder points.
-fn template_hash(node: &ResourceNode) -> String {
+/// SHA-256 of NUL-separated parts, as hex.
+fn hex_digest(parts: &[&[u8]]) -> String {
     use sha2::{Digest, Sha256};
-    let text = format!(
-        "{}\0{}\0{:?}\0{:?}\0{:?}\0{:?}",
-        node.definition,
-        node.driver_type,
-        node.driver_account,
-        node.params,
-        node.values,
-        node.secrets
-    );
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part);
+        hasher.update([0u8]);
+    }
+    super::hex(&hasher.finalize())
 }
 
 /// A workload node and its resources by name, between the two phases of building it.

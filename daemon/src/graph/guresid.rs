@@ -28,11 +28,7 @@ impl GuresId {
             hasher.update([0u8]);
         }
         let digest = hasher.finalize();
-        let mut hex = String::with_capacity(40);
-        for byte in &digest[..20] {
-            hex.push_str(&format!("{byte:02x}"));
-        }
-        GuresId(hex)
+        GuresId(hex(&digest[..20]))
     }
 
     /// Takes a GUResID read back from state.
@@ -43,6 +39,18 @@ impl GuresId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// Lowercase hex of `bytes`; hashing ids is on the hot path of building large graphs, so this
+/// avoids a `format!` per byte.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 0x0f) as usize] as char);
+    }
+    out
 }
 
 impl fmt::Display for GuresId {

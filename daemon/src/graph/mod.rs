@@ -23,7 +23,7 @@ use crate::model::template::Template;
 
 pub use build::{BuildError, build};
 pub use choose::{candidates as choice_candidates, choose};
-pub use guresid::GuresId;
+pub use guresid::{GuresId, hex};
 pub use matching::{
     Candidate, MatchContext, Mismatch, NoMatch, Verdict, explain_match, match_definition,
 };

@@ -209,12 +209,10 @@ pub(super) fn parse_file(path: &str, bytes: &[u8]) -> ParsedFile {
 impl Loader {
     /// Adds one parsed file, checking what spans files: unique definition ids and workload
     /// names.
-    pub(super) fn absorb(&mut self, parsed: &ParsedFile) {
-        self.errors.extend(parsed.errors.iter().cloned());
-        self.repo
-            .environments
-            .extend(parsed.environments.iter().cloned());
-        for (app, workload) in &parsed.workloads {
+    pub(super) fn absorb(&mut self, parsed: ParsedFile) {
+        self.errors.extend(parsed.errors);
+        self.repo.environments.extend(parsed.environments);
+        for (app, workload) in parsed.workloads {
             if let Some(first) = self
                 .workload_files
                 .insert((app.clone(), workload.name.clone()), workload.file.clone())
@@ -237,9 +235,9 @@ impl Loader {
                     workloads: BTreeMap::new(),
                 })
                 .workloads
-                .insert(workload.name.clone(), workload.clone());
+                .insert(workload.name.clone(), workload);
         }
-        for def in &parsed.definitions {
+        for def in parsed.definitions {
             if let Some(first) = self.definition_ids.get(&def.id) {
                 let first = first.clone();
                 self.error(
@@ -253,7 +251,7 @@ impl Loader {
             }
             self.definition_ids
                 .insert(def.id.clone(), def.location.clone());
-            self.repo.definitions.push(def.clone());
+            self.repo.definitions.push(def);
         }
     }
 

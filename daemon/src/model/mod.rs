@@ -356,7 +356,11 @@ pub fn line_of(source: &str, needle: &str) -> Option<usize> {
 
 /// Loads every file of a commit. `files` maps repository paths to file contents.
 pub fn load(files: &BTreeMap<String, Vec<u8>>) -> Result<Repository, Vec<LoadError>> {
-    load_cached(files, &mut LoadCache::default())
+    let mut loader = files::Loader::default();
+    for (path, bytes) in files {
+        loader.absorb(files::parse_file(path, bytes));
+    }
+    loader.finish()
 }
 
 /// Parsed files of the last commit loaded, so the next commit parses only what changed.
@@ -381,7 +385,7 @@ pub fn load_cached(
             Some((old, parsed)) if old == *bytes => parsed,
             _ => files::parse_file(path, bytes),
         };
-        loader.absorb(&parsed);
+        loader.absorb(parsed.clone());
         next.insert(path.clone(), (bytes.clone(), parsed));
     }
     cache.files = next;

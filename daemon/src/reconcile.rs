@@ -625,6 +625,10 @@ impl Run<'_, '_> {
             && !self.options.drift
             && rec.inputs_hash == hash
         {
+            if rec.template_hash != node.template_hash {
+                self.store
+                    .set_template_hash(node.guresid.as_str(), &node.template_hash)?;
+            }
             self.unchanged += 1;
             if step.action != Action::Unchanged {
                 (self.on_event)(&Event::Finished {

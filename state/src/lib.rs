@@ -906,6 +906,16 @@ impl Store {
         Ok(Some((env, commit)))
     }
 
+    /// Records what a resource's definition and request now say, when that changed but its
+    /// inputs did not (no driver call was needed).
+    pub fn set_template_hash(&self, guresid: &str, template_hash: &str) -> Result<()> {
+        self.conn
+            .prepare_cached("UPDATE resource SET template_hash = ?2 WHERE guresid = ?1")
+            .and_then(|mut s| s.execute(params![guresid, template_hash]))
+            .map_err(self.err())?;
+        Ok(())
+    }
+
     /// Records the links and bindings of a deployment, in one transaction.
     pub fn record_links(
         &mut self,

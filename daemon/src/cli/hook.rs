@@ -143,8 +143,6 @@ fn check(
     }
 }
 
-/// `env (N resources, M edges), ...`, as `validate` prints it.
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -167,7 +167,7 @@ FROM resource
 WHERE orphan_since IS NOT NULL
 ORDER BY env, app, type, res_id;
 
--- Resources whose newest drift run changed their outputs: something outside gitplane had
+-- Resources whose newest finished drift run changed their outputs: something outside gitplane had
 -- changed them, and the driver set them back (or moved them on).
 CREATE VIEW drift AS
 SELECT d.env, r.app, r.type, r.class, r.res_id, o.guresid, d.id AS deployment_id,
@@ -176,7 +176,8 @@ FROM operation o
 JOIN deployment d ON d.id = o.deployment_id
 LEFT JOIN resource r ON r.guresid = o.guresid
 WHERE d.kind = 'drift' AND o.status = 'succeeded' AND o.outputs_changed = 1
-  AND d.id = (SELECT MAX(d2.id) FROM deployment d2 WHERE d2.env = d.env AND d2.kind = 'drift')
+  AND d.id = (SELECT MAX(d2.id) FROM deployment d2
+              WHERE d2.env = d.env AND d2.kind = 'drift' AND d2.status != 'running')
 ORDER BY d.env, r.app, r.type, r.res_id;
 
 -- Every commit the daemon saw on the watched ref, and what it did with it.

@@ -21,6 +21,9 @@ pub struct Behavior {
     pub fail: Option<(u16, u32)>,
     /// Set a cookie of this many bytes on the 200.
     pub cookie_bytes: Option<usize>,
+    /// Report an output that changes on every provisioning (`observed`: how many 200s this
+    /// GUResID got), like a resource something outside gitplane keeps changing.
+    pub drifting: bool,
 }
 
 /// One request the driver received.
@@ -46,6 +49,8 @@ struct Inner {
     next_instance: u64,
     polls: HashMap<String, u32>,
     failures: HashMap<String, u32>,
+    /// 200s answered per GUResID.
+    provisioned: HashMap<String, u32>,
     received: Vec<Received>,
 }
 
@@ -209,12 +214,17 @@ fn answer(
                 Some(n) => "c".repeat(n),
                 None => format!("instance={instance}"),
             };
-            let values = json!({
+            let provisioned = inner.provisioned.entry(guresid.to_owned()).or_insert(0);
+            *provisioned += 1;
+            let mut values = json!({
                 "instance": instance,
                 "guresid": guresid,
                 "name": format!("{}-{instance}", body["type"].as_str().unwrap_or("res")),
                 "echo": body["driver"]["values"],
             });
+            if behavior.drifting {
+                values["observed"] = json!(*provisioned);
+            }
             (
                 200,
                 json!({"id": guresid, "type": body["type"], "resource": {

@@ -523,3 +523,40 @@ fn explain_shows_every_candidate_and_why() {
     table.stdout_has("labels fit; specificity 0, weight 10: the best");
     table.stdout_has("its labels do not carry the selector's");
 }
+
+#[test]
+fn a_global_resource_serves_an_interface_before_anything_is_created() {
+    let sb = Sandbox::new();
+    sb.write(
+        "environments/development.yaml",
+        "type: development\nimplicit_resources: []\nshared_resources:\n  main-dns:\n    type: dns\n",
+    );
+    sb.write(
+        "definitions/workload.yaml",
+        &def("workload", "workload", "", ""),
+    );
+    sb.write(
+        "definitions/dns.yaml",
+        &def(
+            "dns",
+            "dns",
+            "  provides: {zone: dns-zone}",
+            "      zone: example.com\n",
+        ),
+    );
+    sb.write(
+        "workloads/shop/web.yaml",
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: web\ncontainers:\n  main:\n    image: x\n    \
+         variables:\n      ZONE: ${resources.domain.name}\nresources:\n  domain:\n    type: route53-zone\n    \
+         metadata:\n      annotations:\n        gitplane.dev/interface: \"name=dns-zone\"\n",
+    );
+    sb.commit("A zone by interface");
+    sb.gitplane(&["apply"]).ok();
+    assert_eq!(
+        sb.rows("SELECT type, res_id, COALESCE(app, '-') FROM resource WHERE type != 'workload'"),
+        [["dns", "globals.main-dns", "-"]],
+        "the global serves it; no route53-zone is created"
+    );
+    let inputs = sb.column("SELECT inputs FROM resource WHERE type = 'workload'");
+    assert!(inputs[0].contains(r#""ZONE":"example.com""#), "{inputs:?}");
+}

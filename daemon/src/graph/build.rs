@@ -12,7 +12,8 @@ use super::{Binding, EdgeKind, GuresId, InterfaceUse, Origin, ResourceGraph, Res
 use crate::model::placeholder::{ContextKey, Expr, Segment, SelectorDirection, path_to_string};
 use crate::model::template::{Mapped, Template, lookup_path};
 use crate::model::{
-    Choice, DEFAULT_CLASS, Definition, Environment, Repository, SourceLocation, Workload,
+    Choice, DEFAULT_CLASS, Definition, Environment, Repository, SharedResource, SourceLocation,
+    Workload,
 };
 
 /// Why an environment's graph cannot be built.
@@ -432,11 +433,19 @@ impl<'r> Builder<'r> {
                 location: res.location.clone(),
             };
             let mut served: Option<(NodeIndex, BTreeMap<String, String>, bool)> = None;
-            for shared in self.env.shared_resources.values() {
-                if shared.provided.is_none() {
-                    continue;
-                }
-                if let Some(map) = covers(&shared.provides, wanted)
+            // User-provided resources first, then globals, each by name.
+            let shared: Vec<&SharedResource> = {
+                let all = self.env.shared_resources.values();
+                let (provided, global): (Vec<_>, Vec<_>) = all.partition(|r| r.provided.is_some());
+                provided.into_iter().chain(global).collect()
+            };
+            for shared in shared {
+                let provides = match &shared.provided {
+                    Some(_) => Some(shared.provides.clone()),
+                    // A global's outputs are its definition's: find it without creating it.
+                    None => self.global_definition(shared).map(|d| d.provides.clone()),
+                };
+                if let Some(map) = provides.as_ref().and_then(|p| covers(p, wanted))
                     && let Some(n) = self.shared_resource(
                         &shared.name,
                         &shared.res_type,
@@ -624,6 +633,25 @@ impl<'r> Builder<'r> {
             },
             &shared.location,
         )
+    }
+
+    /// The definition a global shared resource would match, without adding it to the graph.
+    fn global_definition(&self, shared: &SharedResource) -> Option<&'r Definition> {
+        let res_id = format!("globals.{}", shared.name);
+        let ctx = MatchContext {
+            app_id: None,
+            env_id: &self.env.id,
+            env_type: &self.env.env_type,
+            res_type: &shared.res_type,
+            class: &shared.class,
+            res_id: &res_id,
+        };
+        let candidates = self
+            .definitions
+            .get(shared.res_type.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        choose(candidates, &self.by_id, &ctx, BY_CRITERIA).ok()
     }
 
     /// Expands queued nodes until nothing new appears.

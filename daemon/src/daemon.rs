@@ -78,6 +78,16 @@ struct Job {
     drift: bool,
 }
 
+impl Shared {
+    /// The drivers and settings in force (SIGHUP replaces them).
+    fn current(&self) -> Arc<(Registry, Settings)> {
+        self.runtime
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
 /// What workers share: the settings (replaced on SIGHUP) and the stop flag.
 struct Shared {
     state: PathBuf,
@@ -256,12 +266,7 @@ impl Daemon {
         let rev = self.options.host.git_ref.clone();
         let last = self.last_commit.clone();
         let envs = self.options.envs.clone();
-        let runtime = self
-            .shared
-            .runtime
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let runtime = self.shared.current();
         let cache = self.cache.clone();
         let loaded = tokio::task::spawn_blocking(move || {
             let repo = ConfigRepo::open(&path)?;
@@ -382,12 +387,7 @@ impl Daemon {
                 }
             };
             let path = self.repo_path.clone();
-            let runtime = self
-                .shared
-                .runtime
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
+            let runtime = self.shared.current();
             let env_list = vec![env.clone()];
             let c = commit.clone();
             let built = tokio::task::spawn_blocking(move || {
@@ -456,11 +456,7 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
             return;
         }
     };
-    let runtime = shared
-        .runtime
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let runtime = shared.current();
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
         "reconciling {env}"
     ))]);

@@ -147,24 +147,7 @@ pub fn resolve_inputs(
     node: &ResourceNode,
     upstream: &impl Outputs,
 ) -> Result<ResolvedInputs, ResolveError> {
-    let mut lookup = |b: &Binding| -> Result<Resolved, ResolveError> {
-        match b {
-            Binding::Output { target, path } => output_of(upstream, target, path),
-            Binding::Selector { targets, path, .. } => {
-                let mut values = Vec::with_capacity(targets.len());
-                let mut secret = false;
-                for target in targets {
-                    let r = output_of(upstream, target, path)?;
-                    secret |= r.secret;
-                    values.push(r.value);
-                }
-                Ok(Resolved {
-                    value: Value::Array(values),
-                    secret,
-                })
-            }
-        }
-    };
+    let mut lookup = |b: &Binding| resolve_binding(upstream, b);
     // The first placeholder under `values` that reads a secret, to tell the user what to move.
     let mut first_secret: Option<&Binding> = None;
     let values = node.values.resolve(&mut |b: &Binding| {
@@ -195,6 +178,27 @@ pub fn resolve_inputs(
         values: values.value,
         secrets: secrets.value,
     })
+}
+
+/// The value a binding reads: one output, or for a selector the array of every selected
+/// resource's output; secret if any part is.
+fn resolve_binding(upstream: &impl Outputs, b: &Binding) -> Result<Resolved, ResolveError> {
+    match b {
+        Binding::Output { target, path } => output_of(upstream, target, path),
+        Binding::Selector { targets, path, .. } => {
+            let mut values = Vec::with_capacity(targets.len());
+            let mut secret = false;
+            for target in targets {
+                let r = output_of(upstream, target, path)?;
+                secret |= r.secret;
+                values.push(r.value);
+            }
+            Ok(Resolved {
+                value: Value::Array(values),
+                secret,
+            })
+        }
+    }
 }
 
 /// One output (or a value inside it) of `target`, and whether it is secret.
@@ -447,35 +451,8 @@ pub fn bindings_of(node: &ResourceNode, upstream: &impl Outputs) -> Vec<BindingR
         (&node.params, "resource"),
     ] {
         for placed in template.placeholders(prefix) {
-            let (provided, provided_path, resolved) = match placed.expr {
-                Binding::Output { target, path } => (
-                    target,
-                    format!("outputs.{}", path_to_string(path)),
-                    output_of(upstream, target, path),
-                ),
-                Binding::Selector {
-                    written,
-                    base,
-                    targets,
-                    path,
-                    ..
-                } => {
-                    let resolved = targets
-                        .iter()
-                        .map(|t| output_of(upstream, t, path))
-                        .collect::<Result<Vec<Resolved>, _>>()
-                        .map(|all| Resolved {
-                            secret: all.iter().any(|r| r.secret),
-                            value: Value::Array(all.into_iter().map(|r| r.value).collect()),
-                        });
-                    (
-                        base,
-                        format!("{written}.outputs.{}", path_to_string(path)),
-                        resolved,
-                    )
-                }
-            };
-            let Ok(resolved) = resolved else {
+            let (provided, provided_path) = placed.expr.provided();
+            let Ok(resolved) = resolve_binding(upstream, placed.expr) else {
                 continue;
             };
             let secret = resolved.secret || prefix == "secrets";

@@ -801,22 +801,18 @@ impl<'a> Explainer<'a> {
                 })
         };
         let mut visited = vec![(self.node.guresid.to_string(), needed_path.to_owned())];
+        let (provided, provided_path) = b.provided();
+        let value = recorded(provided, &provided_path);
         match b {
             Binding::Output { target, path } => {
-                let value = recorded(target, &format!("outputs.{}", path_to_string(path)));
                 self.trace_output(target, path, value, &mut visited, 0)
             }
             Binding::Selector {
                 written,
-                base,
                 targets,
                 path,
                 ..
-            } => {
-                let output = format!("outputs.{}", path_to_string(path));
-                let value = recorded(base, &format!("{written}.{output}"));
-                self.trace_selector(written, targets, path, value, &mut visited, 0)
-            }
+            } => self.trace_selector(written, targets, path, value, &mut visited, 0),
         }
     }
 

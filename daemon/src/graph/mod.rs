@@ -99,6 +99,34 @@ pub struct InterfaceUse {
     pub reused: bool,
 }
 
+impl Binding {
+    /// The resource a binding names (a selector's base) and the path a `binding` row records:
+    /// `outputs.pghost`, or `workload>aws-policy.outputs.name` for a selector.
+    pub fn provided(&self) -> (&GuresId, String) {
+        match self {
+            Binding::Output { target, path } => (
+                target,
+                format!(
+                    "outputs.{}",
+                    crate::model::placeholder::path_to_string(path)
+                ),
+            ),
+            Binding::Selector {
+                written,
+                base,
+                path,
+                ..
+            } => (
+                base,
+                format!(
+                    "{written}.outputs.{}",
+                    crate::model::placeholder::path_to_string(path)
+                ),
+            ),
+        }
+    }
+}
+
 /// Why a resource is in the graph.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Origin {

@@ -159,6 +159,9 @@ fn handle(mut request: tiny_http::Request, shared: &(Mutex<Inner>, Condvar)) {
             .expect("a valid header");
         response = response.with_header(header);
     }
+    // Taken before the answer leaves: a client may send its next request the moment it reads
+    // this one, so a later timestamp could land after that request's `arrived`.
+    let answered = Instant::now();
     let _ = request.respond(response);
     let (lock, cv) = shared;
     let mut inner = lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -169,7 +172,7 @@ fn handle(mut request: tiny_http::Request, shared: &(Mutex<Inner>, Condvar)) {
         cookie,
         status,
         arrived,
-        answered: Instant::now(),
+        answered,
     });
     cv.notify_all();
 }

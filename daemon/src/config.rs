@@ -1,5 +1,6 @@
 //! The host configuration (`/etc/gitplane/gitplane.yaml`): where the repository and state are,
-//! which drivers run programs or reach networks, resource accounts and concurrency limits.
+//! which drivers run programs or reach networks, resource accounts, secret stores and
+//! concurrency limits.
 //!
 //! It lives on the management host, never in the config repository: credentials stay on the
 //! host. [`HostConfig::load`] validates the whole file and reports every problem with its line.
@@ -14,6 +15,7 @@ use serde_json::Value;
 
 use crate::drivers::{ExecDriver, HttpDriver, Registry};
 use crate::model::{SourceLocation, line_of};
+use crate::stores::{SecretStores, StoreConfig};
 
 /// The default host configuration file, read when it exists and `--config` is not given.
 pub const DEFAULT_PATH: &str = "/etc/gitplane/gitplane.yaml";
@@ -113,6 +115,8 @@ pub struct HostConfig {
     pub watch_interval: Option<Duration>,
     pub drivers: BTreeMap<String, DriverConfig>,
     pub accounts: BTreeMap<String, AccountSource>,
+    /// Where `secret_refs: {store, ref}` values are read from, by store name.
+    pub secret_stores: BTreeMap<String, StoreConfig>,
 }
 
 impl Default for HostConfig {
@@ -127,6 +131,7 @@ impl Default for HostConfig {
             watch_interval: None,
             drivers: BTreeMap::new(),
             accounts: BTreeMap::new(),
+            secret_stores: BTreeMap::new(),
         }
     }
 }
@@ -145,6 +150,24 @@ struct HostConfigFile {
     drivers: BTreeMap<String, DriverFile>,
     #[serde(default)]
     accounts: BTreeMap<String, AccountFile>,
+    #[serde(default)]
+    secret_stores: BTreeMap<String, SecretStoreFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecretStoreFile {
+    dir: Option<PathBuf>,
+    vault: Option<VaultFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VaultFile {
+    url: String,
+    token_file: PathBuf,
+    mount: Option<String>,
+    timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -409,6 +432,65 @@ impl HostConfig {
                 ),
             }
         }
+        let mut secret_stores = BTreeMap::new();
+        for (name, store) in raw.secret_stores {
+            let needle = format!("{name}:");
+            let config = match (store.dir, store.vault) {
+                (Some(path), None) if path.is_absolute() => StoreConfig::Dir { path },
+                (Some(path), None) => {
+                    err(
+                        &needle,
+                        format!(
+                            "secret store '{name}': dir '{}' must be an absolute path",
+                            path.display()
+                        ),
+                    );
+                    continue;
+                }
+                (None, Some(v)) => {
+                    if !(v.url.starts_with("http://") || v.url.starts_with("https://")) {
+                        err(
+                            &needle,
+                            format!(
+                                "secret store '{name}': url '{}' must start with http:// or https://",
+                                v.url
+                            ),
+                        );
+                    }
+                    if !v.token_file.is_absolute() {
+                        err(
+                            &needle,
+                            format!(
+                                "secret store '{name}': token_file '{}' must be an absolute path",
+                                v.token_file.display()
+                            ),
+                        );
+                    }
+                    let timeout = match v.timeout.as_deref().map(parse_duration) {
+                        None => Duration::from_secs(10),
+                        Some(Ok(t)) => t,
+                        Some(Err(message)) => {
+                            err(&needle, format!("secret store '{name}': timeout {message}"));
+                            Duration::from_secs(10)
+                        }
+                    };
+                    StoreConfig::Vault {
+                        timeout,
+                        url: v.url,
+                        token_file: v.token_file,
+                        mount: v.mount.unwrap_or_else(|| "secret".to_owned()),
+                    }
+                }
+                _ => {
+                    err(
+                        &needle,
+                        format!("secret store '{name}' needs exactly one of dir or vault"),
+                    );
+                    continue;
+                }
+            };
+            secret_stores.insert(name, config);
+        }
         let concurrency = raw.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
         if concurrency == 0 {
             err("concurrency", "concurrency must be at least 1".into());
@@ -429,7 +511,13 @@ impl HostConfig {
             watch_interval,
             drivers,
             accounts,
+            secret_stores,
         })
+    }
+
+    /// The secret stores this config names.
+    pub fn secret_stores(&self) -> SecretStores {
+        SecretStores::new(self.secret_stores.clone())
     }
 
     /// The built-in drivers plus every driver this config registers.

@@ -27,6 +27,7 @@ use crate::graph::ResourceGraph;
 use crate::model::LoadCache;
 use crate::reconcile::{self, ApplyOptions, Settings};
 use crate::repo::{ConfigRepo, RepoError};
+use crate::stores::SecretStores;
 use crate::watch;
 
 /// How long in-flight driver calls may run on after SIGTERM.
@@ -80,7 +81,7 @@ struct Job {
 
 impl Shared {
     /// The drivers and settings in force (SIGHUP replaces them).
-    fn current(&self) -> Arc<(Registry, Settings)> {
+    fn current(&self) -> Arc<Runtime> {
         self.runtime
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -91,7 +92,7 @@ impl Shared {
 /// What workers share: the settings (replaced on SIGHUP) and the stop flag.
 struct Shared {
     state: PathBuf,
-    runtime: RwLock<Arc<(Registry, Settings)>>,
+    runtime: RwLock<Arc<Runtime>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -281,7 +282,11 @@ impl Daemon {
                 envs
             };
             let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-            let built = deploy::build_cached(&snapshot, &envs, &runtime.0, &mut cache);
+            let built = deploy::build_cached(&snapshot, &envs, runtime.host(), &mut cache)
+                .and_then(|mut built| {
+                    built.read_stored_secrets(&runtime.stores)?;
+                    Ok(built)
+                });
             Ok::<_, RepoError>(Some((commit, built)))
         })
         .await;
@@ -393,7 +398,12 @@ impl Daemon {
             let built = tokio::task::spawn_blocking(move || {
                 let repo = ConfigRepo::open(&path)?;
                 let snapshot = repo.snapshot(&c)?;
-                Ok::<_, RepoError>(deploy::build(&snapshot, &env_list, &runtime.0))
+                let built =
+                    deploy::build(&snapshot, &env_list, runtime.host()).and_then(|mut built| {
+                        built.read_stored_secrets(&runtime.stores)?;
+                        Ok(built)
+                    });
+                Ok::<_, RepoError>(built)
             })
             .await;
             match built {
@@ -407,9 +417,13 @@ impl Daemon {
                         });
                     }
                 }
-                _ => {
-                    warn!(env, commit = %commit, "drift run skipped: the last good commit no longer builds")
-                }
+                Ok(Ok(Err(rejected))) => warn!(
+                    env, commit = %commit,
+                    "drift run skipped: the last good commit does not build now: {}",
+                    rejected.errors.join("; ")
+                ),
+                Ok(Err(e)) => warn!(env, commit = %commit, error = %e, "drift run skipped"),
+                Err(e) => error!(env, error = %e, "the drift load task failed"),
             }
         }
     }
@@ -468,8 +482,8 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
     };
     let report = reconcile::apply(
         store,
-        &runtime.0,
-        &runtime.1,
+        &runtime.drivers,
+        &runtime.settings,
         &job.graph,
         &job.commit,
         &options,
@@ -502,9 +516,28 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
 }
 
-/// The drivers and settings a host config gives.
-fn runtime_of(host: &HostConfig) -> (Registry, Settings) {
-    (host.registry(), Settings::from_config(host))
+/// What a host config gives the daemon; replaced whole on SIGHUP.
+struct Runtime {
+    drivers: Registry,
+    settings: Settings,
+    stores: SecretStores,
+}
+
+impl Runtime {
+    fn host(&self) -> deploy::Host<'_> {
+        deploy::Host {
+            drivers: &self.drivers,
+            stores: &self.stores,
+        }
+    }
+}
+
+fn runtime_of(host: &HostConfig) -> Runtime {
+    Runtime {
+        drivers: host.registry(),
+        settings: Settings::from_config(host),
+        stores: host.secret_stores(),
+    }
 }
 
 /// Where a remote's mirror lives: beside the state file.

@@ -1,12 +1,22 @@
-//! One commit, from its files to its graphs: load, build every selected environment, and check
-//! that every driver it uses is registered. The commit is accepted or rejected as a whole.
+//! One commit, from its files to its graphs: load, build every selected environment, check
+//! that every driver and secret store it uses is configured, and (to plan or apply) read its
+//! stored secrets. The commit is accepted or rejected as a whole.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::drivers::Registry;
 use crate::graph::{self, ResourceGraph};
+use crate::model::placeholder::StoreRef;
 use crate::model::{self, LoadCache, Repository};
 use crate::repo::Snapshot;
+use crate::stores::{SecretStores, StoreError};
+
+/// What the host provides a commit: its drivers and its secret stores.
+#[derive(Debug, Clone, Copy)]
+pub struct Host<'a> {
+    pub drivers: &'a Registry,
+    pub stores: &'a SecretStores,
+}
 
 /// A commit that did not load or build: every error, and the environments it was meant for.
 #[derive(Debug, Clone)]
@@ -38,15 +48,15 @@ pub fn environments_of(snapshot: &Snapshot) -> BTreeSet<String> {
 }
 
 /// Loads the model and builds every environment of `envs`.
-pub fn build(snapshot: &Snapshot, envs: &[String], drivers: &Registry) -> Result<Built, Rejected> {
-    build_cached(snapshot, envs, drivers, &mut LoadCache::default())
+pub fn build(snapshot: &Snapshot, envs: &[String], host: Host<'_>) -> Result<Built, Rejected> {
+    build_cached(snapshot, envs, host, &mut LoadCache::default())
 }
 
 /// [`build`], parsing only the files that changed since the last commit `cache` saw.
 pub fn build_cached(
     snapshot: &Snapshot,
     envs: &[String],
-    drivers: &Registry,
+    host: Host<'_>,
     cache: &mut LoadCache,
 ) -> Result<Built, Rejected> {
     let reject = |errors: Vec<String>| Rejected {
@@ -63,7 +73,8 @@ pub fn build_cached(
         }
         match graph::build(&repo, env) {
             Ok(g) => {
-                errors.extend(unknown_drivers(&repo, &g, drivers));
+                errors.extend(unknown_drivers(&repo, &g, host.drivers));
+                errors.extend(unknown_stores(&g, host.stores));
                 graphs.push(g);
             }
             Err(errs) => errors.extend(errs.iter().map(|e| format!("environment {}: {e}", env.id))),
@@ -75,6 +86,57 @@ pub fn build_cached(
         errors.dedup();
         Err(reject(errors))
     }
+}
+
+impl Built {
+    /// Reads every secret the graphs take from a secret store, each once, and puts the values
+    /// where they are read. Planning and applying need them; validating does not. A secret that
+    /// cannot be read rejects the commit.
+    pub fn read_stored_secrets(&mut self, stores: &SecretStores) -> Result<(), Rejected> {
+        let mut values: HashMap<StoreRef, serde_json::Value> = HashMap::new();
+        let mut errors = Vec::new();
+        for g in &self.graphs {
+            for (secret, location) in g.stored_secrets() {
+                if values.contains_key(secret) {
+                    continue;
+                }
+                match stores.read(&secret.store, &secret.reference, secret.version.as_deref()) {
+                    Ok(v) => {
+                        values.insert(secret.clone(), v);
+                    }
+                    Err(e) => errors.push(format!("{location}: secret_refs: {e}")),
+                }
+            }
+        }
+        if !errors.is_empty() {
+            errors.sort();
+            errors.dedup();
+            return Err(Rejected {
+                envs: self.graphs.iter().map(|g| g.env.clone()).collect(),
+                errors,
+            });
+        }
+        for g in &mut self.graphs {
+            g.fill_stored_secrets(&values);
+        }
+        Ok(())
+    }
+}
+
+/// A definition that names a secret store the host does not configure cannot be applied.
+fn unknown_stores(graph: &ResourceGraph, stores: &SecretStores) -> Vec<String> {
+    graph
+        .stored_secrets()
+        .into_iter()
+        .filter(|(secret, _)| !stores.contains(&secret.store))
+        .map(|(secret, location)| {
+            let error = StoreError::UnknownStore {
+                store: secret.store.clone(),
+                configured: stores.names().map(str::to_owned).collect(),
+            };
+            format!("{location}: secret_refs: {error}: add it under secret_stores")
+        })
+        .collect()
 }
 
 /// A definition whose `driver_type` has no driver cannot be applied.

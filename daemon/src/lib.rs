@@ -15,4 +15,5 @@ pub mod model;
 pub mod plan;
 pub mod reconcile;
 pub mod repo;
+pub mod stores;
 pub mod watch;

@@ -125,6 +125,9 @@ pub enum ResolveError {
          driver_inputs.secrets"
     )]
     SecretInValues { target: String, path: String },
+    /// Planning and applying read every secret store before resolving anything.
+    #[error("reads the secret {secret}, which was not read from its store")]
+    NotRead { secret: String },
     /// An upstream resource changes first; only the reconciler can resolve this.
     #[error("reads outputs of {target}, which are known after apply")]
     KnownAfterApply { target: String },
@@ -149,19 +152,20 @@ pub fn resolve_inputs(
 ) -> Result<ResolvedInputs, ResolveError> {
     let mut lookup = |b: &Binding| resolve_binding(upstream, b);
     // The first placeholder under `values` that reads a secret, to tell the user what to move.
-    let mut first_secret: Option<&Binding> = None;
+    let mut first_secret: Option<(&GuresId, &[crate::model::placeholder::Segment])> = None;
     let values = node.values.resolve(&mut |b: &Binding| {
         let r = lookup(b)?;
         if r.secret && first_secret.is_none() {
-            first_secret = Some(b);
+            first_secret = match b {
+                Binding::Output { target, path } => Some((target, path)),
+                Binding::Selector { base, path, .. } => Some((base, path)),
+                // Only `secret_refs` reads stores, and those join `secrets`.
+                Binding::Stored { .. } => None,
+            };
         }
         Ok::<_, ResolveError>(r)
     })?;
-    if let Some(b) = first_secret {
-        let (target, path) = match b {
-            Binding::Output { target, path } => (target, path),
-            Binding::Selector { base, path, .. } => (base, path),
-        };
+    if let Some((target, path)) = first_secret {
         return Err(ResolveError::SecretInValues {
             target: upstream
                 .outputs(target)
@@ -184,6 +188,17 @@ pub fn resolve_inputs(
 /// resource's output; secret if any part is.
 fn resolve_binding(upstream: &impl Outputs, b: &Binding) -> Result<Resolved, ResolveError> {
     match b {
+        Binding::Stored { value: Some(v), .. } => Ok(Resolved {
+            value: v.0.clone(),
+            secret: true,
+        }),
+        Binding::Stored {
+            secret,
+            value: None,
+            ..
+        } => Err(ResolveError::NotRead {
+            secret: secret.to_string(),
+        }),
         Binding::Output { target, path } => output_of(upstream, target, path),
         Binding::Selector { targets, path, .. } => {
             let mut values = Vec::with_capacity(targets.len());
@@ -451,7 +466,10 @@ pub fn bindings_of(node: &ResourceNode, upstream: &impl Outputs) -> Vec<BindingR
         (&node.params, "resource"),
     ] {
         for placed in template.placeholders(prefix) {
-            let (provided, provided_path) = placed.expr.provided();
+            // A stored secret is no link between resources.
+            let Some((provided, provided_path)) = placed.expr.provided() else {
+                continue;
+            };
             let Ok(resolved) = resolve_binding(upstream, placed.expr) else {
                 continue;
             };
@@ -469,7 +487,7 @@ pub fn bindings_of(node: &ResourceNode, upstream: &impl Outputs) -> Vec<BindingR
                                 == Some(&crate::model::placeholder::Segment::Key(u.output.clone()))
                     })
                     .map(|u| format!("{} = {}", u.name, u.id)),
-                Binding::Selector { .. } => None,
+                Binding::Selector { .. } | Binding::Stored { .. } => None,
             };
             out.push(BindingRecord {
                 interface,

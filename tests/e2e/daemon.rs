@@ -12,14 +12,14 @@ use crate::driver_server::{Behavior, DriverServer};
 use crate::util::Sandbox;
 
 /// A running `gitplane daemon`; killed on drop if still running.
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
     log: PathBuf,
 }
 
 impl Daemon {
     /// Starts the daemon with `args` (after `daemon`) and waits until it says it is ready.
-    fn start(sb: &Sandbox, args: &[&str]) -> Daemon {
+    pub(crate) fn start(sb: &Sandbox, args: &[&str]) -> Daemon {
         let log = unique(sb.root.join("daemon.log"));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_gitplane"))
@@ -41,7 +41,7 @@ impl Daemon {
         daemon
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
@@ -87,7 +87,7 @@ fn unique(path: PathBuf) -> PathBuf {
     candidate
 }
 
-fn repo_args(sb: &Sandbox) -> Vec<String> {
+pub(crate) fn repo_args(sb: &Sandbox) -> Vec<String> {
     vec![
         "--repo".into(),
         sb.origin.display().to_string(),
@@ -98,7 +98,12 @@ fn repo_args(sb: &Sandbox) -> Vec<String> {
 
 /// Waits until every environment in `envs` has a finished deployment of `commit`.
 #[track_caller]
-fn wait_deployed(sb: &Sandbox, commit: &str, envs: &[&str], timeout: Duration) -> Vec<Value> {
+pub(crate) fn wait_deployed(
+    sb: &Sandbox,
+    commit: &str,
+    envs: &[&str],
+    timeout: Duration,
+) -> Vec<Value> {
     let deadline = Instant::now() + timeout;
     loop {
         if sb.state.exists() {

@@ -3,6 +3,7 @@
 
 mod driver_server;
 mod util;
+mod vault_server;
 
 mod bad_input;
 mod choosing;
@@ -14,5 +15,6 @@ mod lifecycle;
 mod links;
 mod reconcile;
 mod reports;
+mod secret_stores;
 mod secrets;
 mod systemd;

@@ -17,7 +17,7 @@ use super::{CliError, CommandResult, Context, Format};
 use crate::graph::{
     self, Binding, GuresId, MatchContext, Origin, ResourceGraph, ResourceNode, Verdict,
 };
-use crate::model::placeholder::{Part, Segment, path_to_string};
+use crate::model::placeholder::{Part, Segment, StoreRef, path_to_string};
 use crate::model::template::{Template, insert_as_text, lookup_path};
 use crate::model::{Choice, Definition, Repository};
 
@@ -51,7 +51,7 @@ pub fn explain(
     };
     let mut commit = None;
     let mut loaded: Option<(Repository, ResourceGraph)> = None;
-    let graph_note = match super::load_and_build(&scoped, rev) {
+    let graph_note = match super::load_and_build(&scoped, rev, super::Need::Graphs) {
         Ok((snapshot, Ok(mut built))) => {
             commit = Some(snapshot.commit.clone());
             let graph = built.graphs.pop();
@@ -239,6 +239,8 @@ enum Trace {
         value: Shown,
         targets: Vec<Trace>,
     },
+    /// `secret_refs: {store, ref}`: read from a secret store on the host; always secret.
+    Stored { secret: StoreRef, value: Shown },
 }
 
 /// What an output is, at the provider.
@@ -689,9 +691,9 @@ impl<'a> Explainer<'a> {
                             .map(|b| self.trace_first(&path, b))
                             .collect();
                         let from_secret = sources.iter().any(|t| match t {
-                            Trace::Output { value, .. } | Trace::Selector { value, .. } => {
-                                *value == Shown::Secret
-                            }
+                            Trace::Output { value, .. }
+                            | Trace::Selector { value, .. }
+                            | Trace::Stored { value, .. } => *value == Shown::Secret,
                         });
                         let value = if secret || from_secret {
                             Shown::Secret
@@ -801,9 +803,14 @@ impl<'a> Explainer<'a> {
                 })
         };
         let mut visited = vec![(self.node.guresid.to_string(), needed_path.to_owned())];
-        let (provided, provided_path) = b.provided();
-        let value = recorded(provided, &provided_path);
+        let value = b
+            .provided()
+            .and_then(|(provided, provided_path)| recorded(provided, &provided_path));
         match b {
+            Binding::Stored { secret, .. } => Trace::Stored {
+                secret: secret.clone(),
+                value: Shown::Secret,
+            },
             Binding::Output { target, path } => {
                 self.trace_output(target, path, value, &mut visited, 0)
             }
@@ -949,6 +956,10 @@ impl<'a> Explainer<'a> {
                             path: p,
                             ..
                         } => self.trace_selector(written, targets, p, None, visited, depth + 1),
+                        Binding::Stored { secret, .. } => Trace::Stored {
+                            secret: secret.clone(),
+                            value: Shown::Secret,
+                        },
                     })
                     .collect();
                 visited.pop();
@@ -969,7 +980,9 @@ impl<'a> Explainer<'a> {
 /// or the string its text and values make (as resolution inserts them).
 fn composed(parts: Option<&[Part<Binding>]>, sources: &[Trace]) -> Shown {
     let value = |t: &Trace| match t {
-        Trace::Output { value, .. } | Trace::Selector { value, .. } => value.clone(),
+        Trace::Output { value, .. }
+        | Trace::Selector { value, .. }
+        | Trace::Stored { value, .. } => value.clone(),
     };
     let Some(parts) = parts else {
         return sources.first().map_or(Shown::Unknown, value);
@@ -1509,6 +1522,9 @@ fn render_trace(t: &Trace, indent: &str, line: &mut impl FnMut(String)) {
                 render_trace(s, &format!("{indent}   "), line);
             }
         }
+        Trace::Stored { secret, value } => {
+            line(format!("{indent}<- secret {secret} = {}", value.text()));
+        }
     }
 }
 
@@ -1565,6 +1581,14 @@ fn trace_json(t: &Trace) -> Value {
             obj.insert("output".into(), json!(output));
             value.json_into(&mut obj);
             obj.insert("targets".into(), targets.iter().map(trace_json).collect());
+            Value::Object(obj)
+        }
+        Trace::Stored { secret, value } => {
+            let mut obj = serde_json::Map::new();
+            obj.insert("store".into(), json!(secret.store));
+            obj.insert("ref".into(), json!(secret.reference));
+            obj.insert("version".into(), json!(secret.version));
+            value.json_into(&mut obj);
             Value::Object(obj)
         }
     }

@@ -125,7 +125,7 @@ fn check(
     let repo = ConfigRepo::open_in_hook(&ctx.repo)?;
     let snapshot = repo.load(Some(update.new))?;
     let envs = target_envs(&snapshot, &ctx.envs)?;
-    match deploy::build(&snapshot, &envs, &ctx.drivers) {
+    match deploy::build(&snapshot, &envs, ctx.host()) {
         Ok(built) => {
             writeln!(
                 stdout,

@@ -20,6 +20,7 @@ use crate::graph::{self, ResourceGraph};
 use crate::plan;
 use crate::reconcile::{self, ApplyOptions, Event, Settings};
 use crate::repo::{ConfigRepo, RepoError, Snapshot};
+use crate::stores::SecretStores;
 
 pub use init::TEMPLATE;
 
@@ -62,6 +63,7 @@ pub struct Context {
     pub default_rev: Option<String>,
     pub host: HostConfig,
     pub drivers: Registry,
+    pub stores: SecretStores,
 }
 
 impl Common {
@@ -86,12 +88,20 @@ impl Common {
             envs: self.envs.clone(),
             default_rev: host.git_ref.clone(),
             drivers: host.registry(),
+            stores: host.secret_stores(),
             host,
         })
     }
 }
 
 impl Context {
+    pub(crate) fn host(&self) -> deploy::Host<'_> {
+        deploy::Host {
+            drivers: &self.drivers,
+            stores: &self.stores,
+        }
+    }
+
     /// The revision to read: `--rev`, else the host config's ref, else HEAD.
     fn rev<'a>(&'a self, rev: &'a Rev) -> Option<&'a str> {
         rev.rev.as_deref().or(self.default_rev.as_deref())
@@ -389,8 +399,9 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
 fn built_or_report(
     ctx: &Context,
     rev: Option<&str>,
+    need: Need,
 ) -> Result<Option<(Snapshot, Built)>, CliError> {
-    let (snapshot, result) = load_and_build(ctx, rev)?;
+    let (snapshot, result) = load_and_build(ctx, rev, need)?;
     match result {
         Ok(built) => Ok(Some((snapshot, built))),
         Err(rejected) => {
@@ -412,7 +423,7 @@ pub(crate) fn validate(
     rev: Option<&str>,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let Some((snapshot, built)) = built_or_report(ctx, rev)? else {
+    let Some((snapshot, built)) = built_or_report(ctx, rev, Need::Graphs)? else {
         return Ok(CommandResult::Failure);
     };
     writeln!(
@@ -430,7 +441,7 @@ fn show_plan(
     format: Format,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let Some((snapshot, built)) = built_or_report(ctx, rev)? else {
+    let Some((snapshot, built)) = built_or_report(ctx, rev, Need::Inputs)? else {
         return Ok(CommandResult::Failure);
     };
     // Planning never creates a state file.
@@ -463,7 +474,7 @@ fn show_graph(
     format: GraphFormat,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let Some((snapshot, built)) = built_or_report(ctx, rev)? else {
+    let Some((snapshot, built)) = built_or_report(ctx, rev, Need::Graphs)? else {
         return Ok(CommandResult::Failure);
     };
     let commit = &snapshot.commit;
@@ -497,15 +508,31 @@ fn show_graph(
     Ok(CommandResult::Success)
 }
 
+/// What a command needs of a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// Its graphs, as validate, graph and explain show them.
+    Graphs,
+    /// Its graphs with every stored secret read, to plan or apply.
+    Inputs,
+}
+
 /// Reads the commit, loads it and builds the graph of each selected environment.
-fn load_and_build(
+pub(crate) fn load_and_build(
     ctx: &Context,
     rev: Option<&str>,
+    need: Need,
 ) -> Result<(Snapshot, Result<Built, Rejected>), CliError> {
     let repo = ConfigRepo::open(&ctx.repo)?;
     let snapshot = repo.load(rev)?;
     let envs = target_envs(&snapshot, &ctx.envs)?;
-    let result = deploy::build(&snapshot, &envs, &ctx.drivers);
+    let mut result = deploy::build(&snapshot, &envs, ctx.host());
+    if need == Need::Inputs
+        && let Ok(built) = &mut result
+        && let Err(rejected) = built.read_stored_secrets(&ctx.stores)
+    {
+        result = Err(rejected);
+    }
     Ok((snapshot, result))
 }
 
@@ -546,7 +573,7 @@ fn apply(
     rev: Option<&str>,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let (snapshot, result) = load_and_build(ctx, rev)?;
+    let (snapshot, result) = load_and_build(ctx, rev, Need::Inputs)?;
     let mut store = Store::open(&ctx.state)?;
     let built = match result {
         Ok(built) => built,
@@ -683,7 +710,7 @@ fn approve(
         envs: vec![env],
         ..ctx.clone()
     };
-    let (snapshot, result) = load_and_build(&held, Some(&commit))?;
+    let (snapshot, result) = load_and_build(&held, Some(&commit), Need::Inputs)?;
     match result {
         Ok(built) => apply_graphs(
             &held,
@@ -766,7 +793,7 @@ fn resolve(
         envs: vec![env.clone()],
         ..ctx.clone()
     };
-    let (snapshot, result) = load_and_build(&scoped, rev)?;
+    let (snapshot, result) = load_and_build(&scoped, rev, Need::Inputs)?;
     let built = match result {
         Ok(built) => built,
         Err(rejected) => {
@@ -875,6 +902,7 @@ fn quickstart(dir: &Path, stdout: &mut impl Write) -> Result<CommandResult, CliE
         default_rev: None,
         host: HostConfig::default(),
         drivers: Registry::builtin(),
+        stores: SecretStores::default(),
     };
     if apply(&ctx, None, stdout)? == CommandResult::Failure {
         return Ok(CommandResult::Failure);
@@ -887,6 +915,7 @@ fn quickstart(dir: &Path, stdout: &mut impl Write) -> Result<CommandResult, CliE
             ..ctx.clone()
         },
         None,
+        Need::Graphs,
     )?;
     if let Ok(built) = result {
         for g in &built.graphs {

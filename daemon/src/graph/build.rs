@@ -575,8 +575,10 @@ impl<'r> Builder<'r> {
                         Mapped::Value(Value::Null)
                     }
                 },
-                // The Score dialect parses neither of these.
-                Expr::Resource { .. } | Expr::Context(_) => Mapped::Value(Value::Null),
+                // The Score dialect parses none of these.
+                Expr::Resource { .. } | Expr::Context(_) | Expr::Stored(_) => {
+                    Mapped::Value(Value::Null)
+                }
             })
         });
         let Ok(spec) = spec;
@@ -787,6 +789,11 @@ impl<'r> Builder<'r> {
                         None => Mapped::Value(Value::Null),
                     }
                 }
+                Expr::Stored(secret) => Mapped::Expr(Binding::Stored {
+                    secret: secret.clone(),
+                    location: def.locate(&secret.reference),
+                    value: None,
+                }),
                 Expr::ScoreResource { .. } | Expr::ScoreMetadata { .. } => {
                     Mapped::Value(Value::Null)
                 }

@@ -18,7 +18,7 @@ use daggy::{Dag, NodeIndex};
 use serde_json::Value;
 
 use crate::model::SourceLocation;
-use crate::model::placeholder::{Segment, SelectorDirection};
+use crate::model::placeholder::{Segment, SelectorDirection, StoreRef};
 use crate::model::template::Template;
 
 pub use build::{BuildError, build};
@@ -84,6 +84,25 @@ pub enum Binding {
         /// Filled in once every node and non-selector edge exists.
         targets: Vec<GuresId>,
     },
+    /// `secret_refs: {store, ref}`: no resource provides it; the host's secret store does.
+    /// `value` stays empty until [`ResourceGraph::fill_stored_secrets`] reads the stores, which
+    /// planning and applying do and validating does not.
+    Stored {
+        secret: StoreRef,
+        /// Where the definition names it, for errors.
+        location: SourceLocation,
+        value: Option<StoredValue>,
+    },
+}
+
+/// A value read from a secret store. It never prints: `Debug` shows `***`.
+#[derive(Clone, PartialEq)]
+pub struct StoredValue(pub Value);
+
+impl fmt::Debug for StoredValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
 }
 
 /// One name a workload reads through an interface: `${resources.RESOURCE.NAME}` is served by
@@ -101,9 +120,11 @@ pub struct InterfaceUse {
 
 impl Binding {
     /// The resource a binding names (a selector's base) and the path a `binding` row records:
-    /// `outputs.pghost`, or `workload>aws-policy.outputs.name` for a selector.
-    pub fn provided(&self) -> (&GuresId, String) {
-        match self {
+    /// `outputs.pghost`, or `workload>aws-policy.outputs.name` for a selector; `None` for a
+    /// stored secret, which no resource provides.
+    pub fn provided(&self) -> Option<(&GuresId, String)> {
+        Some(match self {
+            Binding::Stored { .. } => return None,
             Binding::Output { target, path } => (
                 target,
                 format!(
@@ -123,7 +144,7 @@ impl Binding {
                     crate::model::placeholder::path_to_string(path)
                 ),
             ),
-        }
+        })
     }
 }
 
@@ -276,6 +297,42 @@ impl ResourceGraph {
             .neighbors(i)
             .map(|n| &self.dag[n].guresid)
             .collect()
+    }
+
+    /// Every secret-store reference in the graph, each once, with where the first definition
+    /// (in GUResID order) that reads it names it.
+    pub fn stored_secrets(&self) -> Vec<(&StoreRef, &SourceLocation)> {
+        let mut nodes: Vec<&ResourceNode> = self.nodes().collect();
+        nodes.sort_by(|a, b| a.guresid.cmp(&b.guresid));
+        let mut seen = std::collections::BTreeMap::new();
+        for node in nodes {
+            for placed in node.secrets.placeholders("secrets") {
+                if let Binding::Stored {
+                    secret, location, ..
+                } = placed.expr
+                {
+                    seen.entry(secret).or_insert(location);
+                }
+            }
+        }
+        seen.into_iter().collect()
+    }
+
+    /// Puts each stored secret's value where it is read; one missing from `values` stays
+    /// unread, and resolving it is an error.
+    pub fn fill_stored_secrets(&mut self, values: &HashMap<StoreRef, Value>) {
+        if values.is_empty() {
+            return;
+        }
+        for n in self.dag.graph().node_indices().collect::<Vec<_>>() {
+            self.dag[n]
+                .secrets
+                .for_each_expr_mut(&mut |b: &mut Binding| {
+                    if let Binding::Stored { secret, value, .. } = b {
+                        *value = values.get(secret).cloned().map(StoredValue);
+                    }
+                });
+        }
     }
 
     /// Resources in provisioning order: each after everything it depends on; ties by GUResID so

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::placeholder::{Dialect, ParsedString, parse_string};
+use super::placeholder::{Dialect, Expr, ParsedString, StoreRef, parse_string};
 use super::{
     App, Criterion, DEFAULT_CLASS, Definition, Environment, LoadError, LoadErrorKind, Provision,
-    Repository, ScoreResource, SourceLocation, Workload, line_of, parse_template,
+    Repository, ScoreResource, SourceLocation, Template, Workload, line_of, parse_template,
     placeholder_errors,
 };
 
@@ -625,7 +625,7 @@ impl Loader {
             "driver_inputs.values",
             &mut template_errors,
         );
-        let secrets_value = match merge_secret_refs(
+        let (secrets_value, stored) = match merge_secret_refs(
             entity.driver_inputs.secrets.unwrap_or(Value::Null),
             entity.driver_inputs.secret_refs,
         ) {
@@ -635,12 +635,15 @@ impl Loader {
                 return;
             }
         };
-        let secrets = parse_template(
+        let mut secrets = parse_template(
             &secrets_value,
             Dialect::Definition,
             "driver_inputs.secrets",
             &mut template_errors,
         );
+        for (path, secret) in stored {
+            secrets.graft(&path, Template::Whole(Expr::Stored(secret)));
+        }
         let before = self.errors.len();
         self.errors
             .extend(placeholder_errors(path, doc, line_offset, template_errors));
@@ -942,18 +945,32 @@ fn key_values(text: &str, what: &str) -> Result<BTreeMap<String, String>, String
     Ok(out)
 }
 
-/// `secret_refs` leaves are `{value: ...}` (a literal or a placeholder); they join `secrets`.
-fn merge_secret_refs(secrets: Value, refs: Option<Value>) -> Result<Value, String> {
+/// A `secret_refs` leaf `{store, ref}` and the keys that lead to it.
+type StoredLeaf = (Vec<String>, StoreRef);
+
+/// `secret_refs` leaves are `{value: ...}` (a literal or a placeholder) or `{store, ref,
+/// version}`; they join `secrets`. A store leaf is left `null` in the value and returned with
+/// its path, to be put back once the value's placeholders are parsed.
+fn merge_secret_refs(
+    secrets: Value,
+    refs: Option<Value>,
+) -> Result<(Value, Vec<StoredLeaf>), String> {
     let Some(refs) = refs else {
-        return Ok(secrets);
+        return Ok((secrets, Vec::new()));
     };
-    fn flatten(v: Value, path: &str) -> Result<Value, String> {
+    fn flatten(
+        v: Value,
+        path: &mut Vec<String>,
+        stored: &mut Vec<StoredLeaf>,
+    ) -> Result<Value, String> {
+        let at = || format!("secret_refs.{}", path.join("."));
         match v {
             Value::Object(map) if map.contains_key("store") || map.contains_key("ref") => {
-                Err(format!(
-                    "secret_refs.{path}: secret stores ({{store, ref}}) are not supported yet; \
-                 use {{value: ...}}"
-                ))
+                stored.push((
+                    path.clone(),
+                    store_ref(&map).map_err(|e| format!("{}: {e}", at()))?,
+                ));
+                Ok(Value::Null)
             }
             Value::Object(mut map) if map.len() == 1 && map.contains_key("value") => {
                 Ok(map.remove("value").unwrap_or(Value::Null))
@@ -961,23 +978,23 @@ fn merge_secret_refs(secrets: Value, refs: Option<Value>) -> Result<Value, Strin
             Value::Object(map) => map
                 .into_iter()
                 .map(|(k, v)| {
-                    let child = if path.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{path}.{k}")
-                    };
-                    Ok((k, flatten(v, &child)?))
+                    path.push(k.clone());
+                    let child = flatten(v, path, stored);
+                    path.pop();
+                    Ok((k, child?))
                 })
                 .collect::<Result<serde_json::Map<_, _>, _>>()
                 .map(Value::Object),
             _ => Err(format!(
-                "secret_refs.{path}: expected {{value: ...}} or an object of them"
+                "{}: expected {{value: ...}}, {{store: NAME, ref: REF}} or an object of them",
+                at()
             )),
         }
     }
-    let refs = flatten(refs, "")?;
-    match (secrets, refs) {
-        (Value::Null, refs) => Ok(refs),
+    let mut stored = Vec::new();
+    let refs = flatten(refs, &mut Vec::new(), &mut stored)?;
+    let merged = match (secrets, refs) {
+        (Value::Null, refs) => refs,
         (Value::Object(mut s), Value::Object(r)) => {
             for (k, v) in r {
                 if s.contains_key(&k) {
@@ -987,10 +1004,39 @@ fn merge_secret_refs(secrets: Value, refs: Option<Value>) -> Result<Value, Strin
                 }
                 s.insert(k, v);
             }
-            Ok(Value::Object(s))
+            Value::Object(s)
         }
-        _ => Err("secrets and secret_refs must both be objects".into()),
+        _ => return Err("secrets and secret_refs must both be objects".into()),
+    };
+    Ok((merged, stored))
+}
+
+/// `{store: NAME, ref: REF, version: V}`, checked.
+fn store_ref(map: &serde_json::Map<String, Value>) -> Result<StoreRef, String> {
+    if let Some(extra) = map
+        .keys()
+        .find(|k| !matches!(k.as_str(), "store" | "ref" | "version"))
+    {
+        return Err(if extra == "value" {
+            "give either value or store and ref, not both".to_owned()
+        } else {
+            format!("unknown key '{extra}' (a store reference has store, ref and version)")
+        });
     }
+    let text = |key: &str| match map.get(key) {
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(s.clone())),
+        Some(Value::Number(n)) if key == "version" => Ok(Some(n.to_string())),
+        None => Ok(None),
+        Some(_) => Err(format!("'{key}' must be a non-empty string")),
+    };
+    let (Some(store), Some(reference)) = (text("store")?, text("ref")?) else {
+        return Err("a store reference needs both store and ref".to_owned());
+    };
+    Ok(StoreRef {
+        store,
+        reference,
+        version: text("version")?,
+    })
 }
 
 /// `TYPE[.CLASS][#ID]`.
@@ -1048,7 +1094,7 @@ mod tests {
 
     #[test]
     fn secret_refs_join_secrets() {
-        let merged = merge_secret_refs(
+        let (merged, stored) = merge_secret_refs(
             serde_json::json!({"a": 1}),
             Some(serde_json::json!({"b": {"value": "x"}, "c": {"d": {"value": "${y}"}}})),
         )
@@ -1057,12 +1103,58 @@ mod tests {
             merged,
             serde_json::json!({"a": 1, "b": "x", "c": {"d": "${y}"}})
         );
-        let err = merge_secret_refs(
+        assert!(stored.is_empty());
+    }
+
+    #[test]
+    fn secret_refs_name_stores() {
+        let (merged, stored) = merge_secret_refs(
             Value::Null,
-            Some(serde_json::json!({"b": {"store": "vault", "ref": "x"}})),
+            Some(serde_json::json!({
+                "b": {"store": "vault", "ref": "db/prod#password", "version": 3},
+                "c": {"d": {"store": "files", "ref": "token"}}
+            })),
         )
-        .unwrap_err();
-        assert!(err.contains("secret_refs.b"), "{err}");
+        .unwrap();
+        assert_eq!(merged, serde_json::json!({"b": null, "c": {"d": null}}));
+        let stored: Vec<(String, String)> = stored
+            .into_iter()
+            .map(|(path, r)| (path.join("."), r.to_string()))
+            .collect();
+        assert_eq!(
+            stored,
+            [
+                (
+                    "b".into(),
+                    "store 'vault' ref 'db/prod#password' version 3".into()
+                ),
+                ("c.d".into(), "store 'files' ref 'token'".into()),
+            ]
+        );
+        for (bad, reason) in [
+            (
+                serde_json::json!({"store": "vault"}),
+                "needs both store and ref",
+            ),
+            (serde_json::json!({"ref": "x"}), "needs both store and ref"),
+            (
+                serde_json::json!({"store": "v", "ref": ""}),
+                "'ref' must be a non-empty string",
+            ),
+            (
+                serde_json::json!({"store": "v", "ref": "x", "value": "y"}),
+                "either value or store",
+            ),
+            (
+                serde_json::json!({"store": "v", "ref": "x", "key": "y"}),
+                "unknown key 'key'",
+            ),
+        ] {
+            let err = merge_secret_refs(Value::Null, Some(serde_json::json!({"p": {"q": bad}})))
+                .unwrap_err();
+            assert!(err.starts_with("secret_refs.p.q: "), "{err}");
+            assert!(err.contains(reason), "{err}");
+        }
     }
 
     fn load_errors(entries: &[(&str, &str)]) -> Vec<String> {

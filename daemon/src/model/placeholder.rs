@@ -120,6 +120,28 @@ pub enum Expr {
     ScoreMetadata {
         path: Vec<Segment>,
     },
+    /// Not a placeholder: a `secret_refs` leaf `{store, ref}`, read from the host's secret
+    /// store just before a plan.
+    Stored(StoreRef),
+}
+
+/// `secret_refs: {store: NAME, ref: REF, version: V}`: a secret held by a store configured on
+/// the host, never in git.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StoreRef {
+    pub store: String,
+    pub reference: String,
+    pub version: Option<String>,
+}
+
+impl fmt::Display for StoreRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "store '{}' ref '{}'", self.store, self.reference)?;
+        if let Some(v) = &self.version {
+            write!(f, " version {v}")?;
+        }
+        Ok(())
+    }
 }
 
 /// A piece of a string that holds placeholders.

@@ -104,6 +104,32 @@ impl Template<super::placeholder::Expr> {
 }
 
 impl<E> Template<E> {
+    /// Puts `leaf` at the object keys `path`, turning plain objects on the way into templates.
+    /// A missing key is added; a non-object on the way is replaced.
+    pub fn graft(&mut self, path: &[String], leaf: Template<E>) {
+        let Some((key, rest)) = path.split_first() else {
+            *self = leaf;
+            return;
+        };
+        let mut fields = match std::mem::take(self) {
+            Template::Object(fields) => fields,
+            Template::Value(Value::Object(map)) => map
+                .into_iter()
+                .map(|(k, v)| (k, Template::Value(v)))
+                .collect(),
+            _ => Vec::new(),
+        };
+        match fields.iter_mut().find(|(k, _)| k == key) {
+            Some((_, child)) => child.graft(rest, leaf),
+            None => {
+                let mut child = Template::default();
+                child.graft(rest, leaf);
+                fields.push((key.clone(), child));
+            }
+        }
+        *self = Template::Object(fields);
+    }
+
     fn into_value_unchecked(self) -> Value {
         match self {
             Template::Value(v) => v,

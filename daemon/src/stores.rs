@@ -16,6 +16,9 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
+
+use crate::drivers::encode_path_segment;
+use crate::model::template::kind_of;
 use ureq::Agent;
 
 /// The largest secret file a dir store reads, in bytes.
@@ -599,7 +602,7 @@ impl VaultRead<'_> {
             Some(other) => {
                 return Err(bad(format!(
                     "data.data is {}, not an object (is the mount a KV version 2 engine?)",
-                    type_name(other)
+                    kind_of(other)
                 )));
             }
             None => {
@@ -673,20 +676,10 @@ fn vault_url(base: &str, mount: &str, path: &str, version: Option<&str>) -> Stri
 
 /// Percent-encodes all but unreserved characters within each `/`-separated segment.
 fn encode_segments(path: &str) -> String {
-    let mut encoded = String::with_capacity(path.len());
-    for (i, segment) in path.split('/').enumerate() {
-        if i > 0 {
-            encoded.push('/');
-        }
-        for byte in segment.bytes() {
-            if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-                encoded.push(char::from(byte));
-            } else {
-                let _ = write!(encoded, "%{byte:02X}");
-            }
-        }
-    }
-    encoded
+    path.split('/')
+        .map(encode_path_segment)
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 /// The start of an error answer; unreadable only costs the explanation.
@@ -730,17 +723,6 @@ fn shown(text: &str) -> String {
         shown.push('…');
     }
     shown
-}
-
-fn type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

@@ -108,6 +108,18 @@ impl Run {
             .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):{self}"))
     }
 
+    /// Asserts that no value of `secrets` is in stdout or stderr.
+    #[track_caller]
+    pub fn hides(&self, secrets: &[&str]) -> &Run {
+        for secret in secrets {
+            assert!(
+                !self.stdout.contains(secret) && !self.stderr.contains(secret),
+                "secret {secret:?} in the output:{self}"
+            );
+        }
+        self
+    }
+
     #[track_caller]
     pub fn stderr_has(&self, needle: &str) -> &Run {
         assert!(

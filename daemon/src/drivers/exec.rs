@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
+use crate::model::template::kind_of;
+
 use super::{
     Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, MAX_COOKIE_BYTES, PutOutcome,
 };
@@ -232,7 +234,7 @@ fn parse_response(stdout: &[u8]) -> Result<Response, DriverError> {
     }
     let value: Value = serde_json::from_slice(stdout).map_err(|e| bad(e.to_string()))?;
     let Value::Object(mut response) = value else {
-        return Err(bad(format!("expected an object, got {}", kind(&value))));
+        return Err(bad(format!("expected an object, got {}", kind_of(&value))));
     };
     let status = match response.get("status") {
         Some(Value::String(s)) if s == "done" => Status::Done,
@@ -243,7 +245,7 @@ fn parse_response(stdout: &[u8]) -> Result<Response, DriverError> {
         Some(other) => {
             return Err(bad(format!(
                 r#""status" must be "done" or "pending", got {}"#,
-                kind(other)
+                kind_of(other)
             )));
         }
         None => return Err(bad(r#"it has no "status""#.to_owned())),
@@ -261,7 +263,7 @@ fn parse_response(stdout: &[u8]) -> Result<Response, DriverError> {
         Some(other) => {
             return Err(bad(format!(
                 r#""cookie" must be a string or null, got {}"#,
-                kind(&other)
+                kind_of(&other)
             )));
         }
     };
@@ -271,7 +273,7 @@ fn parse_response(stdout: &[u8]) -> Result<Response, DriverError> {
         Some(other) => {
             return Err(bad(format!(
                 r#""resource" must be an object, got {}"#,
-                kind(&other)
+                kind_of(&other)
             )));
         }
     };
@@ -280,7 +282,7 @@ fn parse_response(stdout: &[u8]) -> Result<Response, DriverError> {
         Some(v @ Value::Object(_)) => Ok(v),
         Some(other) => Err(bad(format!(
             r#""resource.{key}" must be an object, got {}"#,
-            kind(&other)
+            kind_of(&other)
         ))),
     };
     let values = object("values")?;
@@ -291,18 +293,6 @@ fn parse_response(stdout: &[u8]) -> Result<Response, DriverError> {
         secrets,
         cookie,
     })
-}
-
-/// A JSON value's kind, for messages that must not quote it.
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// Waits for the child until `deadline`: `None` when it is still running then.

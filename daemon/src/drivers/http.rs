@@ -16,6 +16,8 @@ use std::io::Read;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
+
+use crate::model::template::kind_of;
 use ureq::http::{Response, StatusCode};
 use ureq::{Agent, Body};
 
@@ -320,7 +322,7 @@ fn put_body(request: &DriverRequest<'_>) -> Result<Value, String> {
             other => {
                 return Err(format!(
                     "the driver secrets are {}, not an object, so they cannot carry the account",
-                    type_name(other)
+                    kind_of(other)
                 ));
             }
         }
@@ -349,19 +351,19 @@ fn parse_put_response(bytes: &[u8]) -> Result<(Value, Value), String> {
         }
     })?;
     let Value::Object(mut body) = body else {
-        return Err(format!("the body is {}, not an object", type_name(&body)));
+        return Err(format!("the body is {}, not an object", kind_of(&body)));
     };
     for key in ["id", "type"] {
         match body.get(key) {
             None | Some(Value::String(_)) => {}
-            Some(other) => return Err(format!("{key} is {}, not a string", type_name(other))),
+            Some(other) => return Err(format!("{key} is {}, not a string", kind_of(other))),
         }
     }
     let mut resource = match body.remove("resource") {
         Some(Value::Object(resource)) => resource,
         None => return Err("resource is missing".to_owned()),
         Some(other) => {
-            return Err(format!("resource is {}, not an object", type_name(&other)));
+            return Err(format!("resource is {}, not an object", kind_of(&other)));
         }
     };
     let mut object_at = |key: &str| match resource.remove(key) {
@@ -369,23 +371,12 @@ fn parse_put_response(bytes: &[u8]) -> Result<(Value, Value), String> {
         Some(value @ Value::Object(_)) => Ok(value),
         Some(other) => Err(format!(
             "resource.{key} is {}, not an object",
-            type_name(&other)
+            kind_of(&other)
         )),
     };
     let values = object_at("values")?;
     let secrets = object_at("secrets")?;
     Ok((values, secrets))
-}
-
-fn type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// `400 Bad Request`, or just `599` for a status without a standard reason.
@@ -397,7 +388,7 @@ fn status_text(status: StatusCode) -> String {
 }
 
 /// Percent-encodes everything but unreserved characters, so a GUResID stays one path segment.
-fn encode_path_segment(segment: &str) -> String {
+pub(crate) fn encode_path_segment(segment: &str) -> String {
     let mut encoded = String::with_capacity(segment.len());
     for byte in segment.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {

@@ -344,6 +344,18 @@ pub fn lookup_path<'a>(value: &'a Value, path: &[Segment]) -> Option<&'a Value> 
     })
 }
 
+/// A JSON value's kind, for messages that must not quote it (it may be secret).
+pub fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -511,15 +511,119 @@ fn an_unknown_or_ambiguous_resource_is_an_error() {
             "development",
         ])
         .fails();
-    run.stderr_has("no recorded resource is shop/postgres.default#modules.nope");
+    run.stderr_has(&format!(
+        "no resource is shop/postgres.default#modules.nope, neither recorded nor in the graph \
+         of commit {}",
+        &sb.head()[..12]
+    ));
     assert!(run.stdout.is_empty(), "{run}");
 
     let run = sb
         .gitplane(&["explain", "shop/base-env.default#base-env"])
         .fails();
-    run.stderr_has("recorded in several environments (development, production)")
+    run.stderr_has("is recorded in several environments (development, production)")
         .stderr_has("pass --env");
 
+    // Not applied yet, the graph still knows which environments have it.
     let run = Sandbox::template().gitplane(&["explain", DEV_DB]).fails();
-    run.stderr_has("no state file");
+    run.stderr_has("is in the graphs of several environments (development, production)");
+}
+
+#[test]
+fn a_resource_not_applied_yet_is_explained_from_the_graph() {
+    // No state file at all: explain reads the commit, changes nothing, creates nothing.
+    let sb = Sandbox::template();
+    let run = sb
+        .gitplane(&["explain", DEV_DB, "--env", "development"])
+        .ok();
+    assert_no_secret(&run);
+    assert!(!sb.state.exists(), "explain created a state file");
+    run.stdout_has(DEV_DB);
+    has_line(
+        &run.stdout.lines().collect::<Vec<_>>(),
+        &["status", "not provisioned yet"],
+        &run,
+    );
+
+    let def = section(&run, "DEFINITION");
+    has_line(&def, &["postgres-dev", "chosen"], &run);
+    has_line(&def, &["postgres-prod", "no match"], &run);
+    has_line(
+        &def,
+        &[&format!(
+            "not recorded yet: the next apply of commit {}",
+            &sb.head()[..12]
+        )],
+        &run,
+    );
+    // Where each input comes from is known; values from unprovisioned resources are not.
+    let inputs = section(&run, "INPUTS");
+    has_line(&inputs, &["values.host = (not known)"], &run);
+    has_line(
+        &inputs,
+        &["<- shop/base-env.default#base-env outputs.pghost"],
+        &run,
+    );
+    has_line(
+        &inputs,
+        &[
+            "its values.pghost is the literal \"pg.dev.internal\"",
+            &format!(
+                "definitions/base-env.yaml:{}",
+                line_of("definitions/base-env.yaml", "pghost: pg.dev.internal")
+            ),
+        ],
+        &run,
+    );
+    has_line(&inputs, &["values.port = (not known)"], &run);
+    has_line(
+        &section(&run, "OUTPUTS"),
+        &["not known until it is provisioned"],
+        &run,
+    );
+    has_line(
+        &section(&run, "DEPENDS ON"),
+        &["shop/base-env.default#base-env", "reference"],
+        &run,
+    );
+    has_line(&section(&run, "OPERATIONS"), &["none"], &run);
+
+    let json = sb
+        .gitplane(&[
+            "explain",
+            DEV_DB,
+            "--env",
+            "development",
+            "--format",
+            "json",
+        ])
+        .ok()
+        .json();
+    assert_eq!(json["recorded"], false);
+    assert_eq!(json["resource"]["status"], "planned");
+    assert_eq!(json["resource"]["commit"], Value::Null);
+    assert_eq!(json["match"]["definition"], "postgres-dev");
+
+    // Once applied, a resource added by a later commit is explained the same way.
+    sb.gitplane(&["apply"]).ok();
+    sb.write(
+        "workloads/shop/cache.yaml",
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: cache\ncontainers:\n  main:\n    \
+         image: redis\nresources:\n  db:\n    type: postgres\n",
+    );
+    sb.commit("a cache workload with its own database");
+    let run = sb
+        .gitplane(&[
+            "explain",
+            "shop/postgres.default#modules.cache.externals.db",
+            "--env",
+            "development",
+        ])
+        .ok();
+    // Its base-env is provisioned: that value is known now.
+    has_line(
+        &section(&run, "INPUTS"),
+        &["values.host = \"pg.dev.internal\""],
+        &run,
+    );
 }

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
-use gitplane_state::{BindingRecord, LinkRecord, ResourceOperation, ResourceRecord};
+use gitplane_state::{BindingRecord, LinkRecord, ResourceOperation, ResourceRecord, Store};
 use serde_json::{Value, json};
 
 use super::output::{Table, short};
@@ -24,7 +24,8 @@ use crate::model::{Choice, Definition, Repository};
 /// How many hops a binding chain is followed before it is cut short.
 const MAX_DEPTH: usize = 16;
 
-/// `gitplane explain RESOURCE`.
+/// `gitplane explain RESOURCE`: a recorded resource, or else one of the commit's graph that
+/// the next apply would create.
 pub fn explain(
     ctx: &Context,
     rev: Option<&str>,
@@ -32,8 +33,36 @@ pub fn explain(
     format: Format,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let store = super::existing_store(ctx)?;
-    let (guresid, env) = super::find_resource(&store, ctx, resource)?;
+    let store = if ctx.state.exists() {
+        Some(Store::open(&ctx.state)?)
+    } else {
+        None
+    };
+    let recorded = match &store {
+        Some(s) => match super::find_resource(s, ctx, resource) {
+            Ok(found) => Some(found),
+            Err(CliError::NoResource { .. }) => None,
+            Err(e) => return Err(e),
+        },
+        None => None,
+    };
+    match (store, recorded) {
+        (Some(store), Some(found)) => {
+            explain_recorded(ctx, rev, resource, (&store, found), format, stdout)
+        }
+        (store, _) => explain_planned(ctx, rev, resource, store.as_ref(), format, stdout),
+    }
+}
+
+/// A resource the state records, against the commit's graph when it is still in it.
+fn explain_recorded(
+    ctx: &Context,
+    rev: Option<&str>,
+    resource: &str,
+    (store, (guresid, env)): (&Store, (String, String)),
+    format: Format,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
     let records: HashMap<String, ResourceRecord> = store
         .resources(&env)?
         .into_iter()
@@ -136,6 +165,7 @@ pub fn explain(
     };
     let explanation = Explanation {
         rec,
+        planned: false,
         records: &records,
         graph: loaded.as_ref().map(|(_, g)| g),
         commit,
@@ -145,16 +175,161 @@ pub fn explain(
         links,
         operations,
     };
-    match format {
-        Format::Table => write!(stdout, "{}", explanation.table())?,
-        Format::Json => writeln!(
-            stdout,
-            "{}",
-            serde_json::to_string_pretty(&explanation.json())
-                .expect("a serde_json::Value always serialises")
-        )?,
+    explanation.write(format, stdout)
+}
+
+/// A resource of the commit's graph that nothing records yet: how it matched and where its
+/// inputs will come from.
+fn explain_planned(
+    ctx: &Context,
+    rev: Option<&str>,
+    resource: &str,
+    store: Option<&Store>,
+    format: Format,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    let (snapshot, result) = super::load_and_build(ctx, rev, super::Need::Graphs)?;
+    let built = match result {
+        Ok(built) => built,
+        Err(rejected) => {
+            super::report_rejected(&snapshot, &rejected);
+            return Ok(CommandResult::Failure);
+        }
+    };
+    let found: Vec<&ResourceNode> = built
+        .graphs
+        .iter()
+        .flat_map(|g| g.nodes())
+        .filter(|n| n.guresid.as_str() == resource || n.label() == resource)
+        .collect();
+    let (graph, node) = match found.as_slice() {
+        [node] => {
+            let graph = built
+                .graphs
+                .iter()
+                .find(|g| g.contains(&node.guresid))
+                .ok_or_else(|| CliError::NoResource {
+                    resource: resource.to_owned(),
+                })?;
+            (graph, *node)
+        }
+        [] => {
+            return Err(CliError::UnknownResource {
+                resource: resource.to_owned(),
+                commit: short(&snapshot.commit).to_owned(),
+            });
+        }
+        _ => {
+            let mut envs: Vec<&str> = built
+                .graphs
+                .iter()
+                .filter(|g| found.iter().any(|n| g.contains(&n.guresid)))
+                .map(|g| g.env.as_str())
+                .collect();
+            envs.dedup();
+            return Err(CliError::AmbiguousInGraph {
+                resource: resource.to_owned(),
+                envs: envs.join(", "),
+            });
+        }
+    };
+    let repo = match crate::model::load(&snapshot.files) {
+        Ok(repo) => repo,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            return Ok(CommandResult::Failure);
+        }
+    };
+    let records: HashMap<String, ResourceRecord> = match store {
+        Some(s) => s
+            .resources(&graph.env)?
+            .into_iter()
+            .map(|r| (r.guresid.clone(), r))
+            .collect(),
+        None => HashMap::new(),
+    };
+    let rec = planned_record(node, &graph.env, &snapshot.commit);
+    let explainer = Explainer {
+        repo: &repo,
+        graph,
+        records: &records,
+        bindings: &[],
+        node,
+        rec: &rec,
+    };
+    let links = Links {
+        deployment: None,
+        links: graph
+            .edges()
+            .into_iter()
+            .filter(|e| e.from == node.guresid || e.to == node.guresid)
+            .map(|e| LinkRecord {
+                consumer: e.from.to_string(),
+                provider: e.to.to_string(),
+                kind: e.kind.as_str().to_owned(),
+                update_type: "-".to_owned(),
+            })
+            .collect(),
+    };
+    let explanation = Explanation {
+        rec: &rec,
+        planned: true,
+        records: &records,
+        graph: Some(graph),
+        commit: Some(snapshot.commit.clone()),
+        graph_note: Some(format!(
+            "not recorded yet: the next apply of commit {} creates it",
+            short(&snapshot.commit)
+        )),
+        matching: Some(explainer.matching()),
+        inputs: explainer.inputs(),
+        links,
+        operations: Vec::new(),
+    };
+    explanation.write(format, stdout)
+}
+
+/// What a resource of the graph would be recorded as, before it is provisioned: no outputs, no
+/// inputs sent.
+fn planned_record(node: &ResourceNode, env: &str, commit: &str) -> ResourceRecord {
+    ResourceRecord {
+        guresid: node.guresid.to_string(),
+        env: env.to_owned(),
+        app: node.app.clone(),
+        res_type: node.res_type.clone(),
+        class: node.class.clone(),
+        res_id: node.res_id.clone(),
+        definition: node.definition.clone(),
+        driver: node.driver_type.clone(),
+        account: node.driver_account.clone(),
+        deletion_policy: node.deletion_policy,
+        template_hash: node.template_hash.clone(),
+        status: gitplane_state::ResourceStatus::Ready,
+        inputs_hash: String::new(),
+        outputs: Value::Object(Default::default()),
+        secret_outputs: Value::Object(Default::default()),
+        inputs: Value::Null,
+        secret_inputs: Value::Null,
+        error: None,
+        commit_id: commit.to_owned(),
     }
-    Ok(CommandResult::Success)
+}
+
+impl Explanation<'_> {
+    fn write(&self, format: Format, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
+        match format {
+            Format::Table => write!(stdout, "{}", self.table())?,
+            Format::Json => writeln!(
+                stdout,
+                "{}",
+                serde_json::to_string_pretty(&self.json())
+                    .expect("a serde_json::Value always serialises")
+            )?,
+        }
+        Ok(CommandResult::Success)
+    }
 }
 
 /// A value as it may be shown: never a secret's.
@@ -1153,6 +1328,8 @@ fn parse_path(path: &str) -> Vec<Segment> {
 /// Everything `explain` shows.
 struct Explanation<'a> {
     rec: &'a ResourceRecord,
+    /// Not recorded yet: `rec` is what the graph says, with nothing provisioned.
+    planned: bool,
     records: &'a HashMap<String, ResourceRecord>,
     graph: Option<&'a ResourceGraph>,
     /// The commit the graph was built from.
@@ -1200,14 +1377,19 @@ impl Explanation<'_> {
             out.push('\n');
         };
         line(crate::reconcile::record_label(rec));
+        let (status, provisioned_from) = if self.planned {
+            ("not provisioned yet".to_owned(), "-".to_owned())
+        } else {
+            (
+                rec.status.as_str().to_owned(),
+                format!("{} (last provisioned from)", rec.commit_id),
+            )
+        };
         let mut about = vec![
             ("guresid", rec.guresid.clone()),
             ("env", rec.env.clone()),
-            ("status", rec.status.as_str().to_owned()),
-            (
-                "commit",
-                format!("{} (last provisioned from)", rec.commit_id),
-            ),
+            ("status", status),
+            ("commit", provisioned_from),
             ("definition", rec.definition.clone()),
             ("driver", rec.driver.clone()),
         ];
@@ -1226,6 +1408,9 @@ impl Explanation<'_> {
                     "DEFINITION at commit {at}: {} (driver {})",
                     m.definition, m.driver
                 ));
+                if let (true, Some(note)) = (self.planned, &self.graph_note) {
+                    line(format!("  {note}"));
+                }
                 line(format!("  {}", m.how));
                 line(format!("  the resource: {}", m.context));
                 let mut t = Table::new(&["CANDIDATE", "RESULT", "RULE", "AT", "WHY"]);
@@ -1260,7 +1445,12 @@ impl Explanation<'_> {
         }
 
         line(String::new());
-        if self.matching.is_some() {
+        if self.planned {
+            line(format!(
+                "INPUTS (where each comes from at commit {at}; values of resources not \
+                 provisioned yet are not known)"
+            ));
+        } else if self.matching.is_some() {
             line(format!(
                 "INPUTS (values as last applied; where each comes from at commit {at})"
             ));
@@ -1290,8 +1480,16 @@ impl Explanation<'_> {
         }
 
         line(String::new());
-        line("OUTPUTS (as last applied)".to_owned());
+        line(
+            if self.planned {
+                "OUTPUTS"
+            } else {
+                "OUTPUTS (as last applied)"
+            }
+            .to_owned(),
+        );
         match rec.outputs.as_object() {
+            _ if self.planned => line("  not known until it is provisioned".to_owned()),
             Some(m) if !m.is_empty() => {
                 for (k, v) in m {
                     line(format!("  {k} = {v}"));
@@ -1309,6 +1507,7 @@ impl Explanation<'_> {
 
         let source = match self.links.deployment {
             Some(d) => format!("links of deployment {d}"),
+            None if self.planned => format!("edges of the graph at commit {at}"),
             None => "edges as last applied".to_owned(),
         };
         for (title, list, other_is_provider) in [
@@ -1389,14 +1588,15 @@ impl Explanation<'_> {
                 "type": rec.res_type,
                 "class": rec.class,
                 "id": rec.res_id,
-                "status": rec.status.as_str(),
-                "commit": rec.commit_id,
+                "status": if self.planned { "planned" } else { rec.status.as_str() },
+                "commit": (!self.planned).then_some(&rec.commit_id),
                 "definition": rec.definition,
                 "driver": rec.driver,
                 "error": rec.error,
             },
             "commit": self.commit,
             "in_graph": self.matching.is_some(),
+            "recorded": !self.planned,
             "note": self.graph_note,
             "match": self.matching.as_ref().map(|m| json!({
                 "definition": m.definition,

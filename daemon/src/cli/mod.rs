@@ -260,8 +260,15 @@ pub enum CliError {
     },
     #[error("no recorded resource is {resource}: `gitplane status` lists them")]
     NoResource { resource: String },
+    #[error(
+        "no resource is {resource}, neither recorded nor in the graph of commit {commit}: \
+         `gitplane status` and `gitplane graph` list them"
+    )]
+    UnknownResource { resource: String, commit: String },
     #[error("{resource} is recorded in several environments ({envs}): pass --env")]
     AmbiguousResource { resource: String, envs: String },
+    #[error("{resource} is in the graphs of several environments ({envs}): pass --env")]
+    AmbiguousInGraph { resource: String, envs: String },
     #[error("deployment {deployment} is not held: `gitplane history` lists held deployments")]
     NotHeld { deployment: i64 },
     #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]

@@ -110,6 +110,35 @@ fn yaml_syntax_error() {
 }
 
 #[test]
+fn unknown_repository_setting() {
+    assert_rejected(
+        |sb| {
+            sb.write(
+                "gitplane.yaml",
+                "environment_defaults:\n  deletion_guard: {threshold: 10}\n  implicit: [dns]\n",
+            )
+        },
+        &["gitplane.yaml:3:", "unknown field `implicit`"],
+    );
+}
+
+#[test]
+fn repository_setting_out_of_range() {
+    assert_rejected(
+        |sb| {
+            sb.write(
+                "gitplane.yaml",
+                "environment_defaults:\n  deletion_guard:\n    threshold: -5\n",
+            )
+        },
+        &[
+            "gitplane.yaml:3:",
+            "deletion_guard.threshold -5 is not a percentage between 0 and 100",
+        ],
+    );
+}
+
+#[test]
 fn yaml_bad_indentation() {
     assert_rejected(
         |sb| {

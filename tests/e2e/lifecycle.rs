@@ -960,3 +960,31 @@ fn a_failed_resource_holds_back_deletions() {
         ])
     );
 }
+
+#[test]
+fn repository_settings_give_every_environment_its_defaults() {
+    let sb = Sandbox::applied();
+    // A stricter deletion guard for every environment, except where an environment says.
+    sb.write(
+        "gitplane.yaml",
+        "environment_defaults:\n  deletion_guard: {threshold: 10}\n",
+    );
+    sb.edit(
+        "environments/production.yaml",
+        "type: production\n",
+        "type: production\ndeletion_guard: {threshold: 60}\n",
+    );
+    sb.remove("workloads/shop/frontend.yaml");
+    sb.commit("Retire the frontend under a strict guard");
+    let run = sb.gitplane(&["apply"]).fails();
+    run.stdout_has("development: deployment")
+        .stdout_has("held by the deletion guard");
+    assert_eq!(sb.last_deployment("development").status, "held");
+    assert_eq!(sb.last_deployment("production").status, "succeeded");
+    assert!(!sb.res_ids("development").is_empty());
+    assert!(
+        !sb.res_ids("production").contains("modules.frontend"),
+        "{:?}",
+        sb.res_ids("production")
+    );
+}

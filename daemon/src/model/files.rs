@@ -48,6 +48,38 @@ struct SharedResourceFile {
     provides: BTreeMap<String, String>,
 }
 
+/// `gitplane.yaml`: repository-wide settings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettingsFile {
+    environment_defaults: Option<EnvironmentDefaultsFile>,
+}
+
+/// What every environment file gets unless it says otherwise.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnvironmentDefaultsFile {
+    implicit_resources: Option<Vec<String>>,
+    schedule: Option<String>,
+    deletion_guard: Option<DeletionGuardFile>,
+}
+
+/// `gitplane.yaml`'s `environment_defaults`, checked.
+#[derive(Debug, Clone, Default)]
+pub(super) struct EnvironmentDefaults {
+    implicit_resources: Option<Vec<String>>,
+    schedule: Option<super::Schedule>,
+    threshold: Option<f64>,
+}
+
+/// Which settings an environment file gives itself, so that defaults fill only the others.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Explicit {
+    implicit_resources: bool,
+    schedule: bool,
+    threshold: bool,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DeletionGuardFile {
@@ -174,6 +206,9 @@ pub struct CriterionFile {
 #[derive(Default)]
 pub(super) struct Loader {
     repo: Repository,
+    /// One per `repo.environments`, in the same order.
+    explicit: Vec<Explicit>,
+    defaults: Option<EnvironmentDefaults>,
     errors: Vec<LoadError>,
     definition_ids: HashMap<String, SourceLocation>,
     workload_files: HashMap<(String, String), String>,
@@ -182,7 +217,8 @@ pub(super) struct Loader {
 /// What one file declares, parsed on its own: the unit [`super::LoadCache`] keeps.
 #[derive(Debug, Clone, Default)]
 pub(super) struct ParsedFile {
-    environments: Vec<Environment>,
+    environments: Vec<(Environment, Explicit)>,
+    defaults: Option<EnvironmentDefaults>,
     workloads: Vec<(String, Workload)>,
     definitions: Vec<Definition>,
     errors: Vec<LoadError>,
@@ -199,7 +235,13 @@ pub(super) fn parse_file(path: &str, bytes: &[u8]) -> ParsedFile {
         .flat_map(|(app, a)| a.workloads.into_values().map(move |w| (app.clone(), w)))
         .collect();
     ParsedFile {
-        environments: single.repo.environments,
+        environments: single
+            .repo
+            .environments
+            .into_iter()
+            .zip(single.explicit)
+            .collect(),
+        defaults: single.defaults,
         workloads,
         definitions: single.repo.definitions,
         errors: single.errors,
@@ -211,7 +253,13 @@ impl Loader {
     /// names.
     pub(super) fn absorb(&mut self, parsed: ParsedFile) {
         self.errors.extend(parsed.errors);
-        self.repo.environments.extend(parsed.environments);
+        for (env, explicit) in parsed.environments {
+            self.repo.environments.push(env);
+            self.explicit.push(explicit);
+        }
+        if parsed.defaults.is_some() {
+            self.defaults = parsed.defaults;
+        }
         for (app, workload) in parsed.workloads {
             if let Some(first) = self
                 .workload_files
@@ -302,6 +350,11 @@ impl Loader {
             );
         }
         self.check_equal_criteria();
+        if let Some(defaults) = &self.defaults {
+            for (env, explicit) in self.repo.environments.iter_mut().zip(&self.explicit) {
+                defaults.fill(env, *explicit);
+            }
+        }
         if self.errors.is_empty() {
             Ok(self.repo)
         } else {
@@ -314,30 +367,44 @@ impl Loader {
         self.errors.push(LoadError { location, kind });
     }
 
-    /// `gitplane.yaml` is reserved for repository-wide settings. There are none yet, so any key
-    /// is an error rather than a setting silently ignored.
+    /// `gitplane.yaml`: repository-wide settings. Unknown keys are errors, never ignored.
     fn settings(&mut self, path: &str, text: &str) {
-        let Some(value): Option<Value> = self.parse_yaml(path, text, 0) else {
+        let Some(file): Option<Option<SettingsFile>> = self.parse_yaml(path, text, 0) else {
             return;
         };
-        let keys: Vec<String> = match value {
-            Value::Null => Vec::new(),
-            Value::Object(map) => map.keys().cloned().collect(),
-            _ => vec!["(not a mapping)".to_owned()],
+        let Some(defaults) = file.and_then(|f| f.environment_defaults) else {
+            return;
         };
-        if let Some(key) = keys.first() {
-            let location = SourceLocation {
-                file: path.into(),
-                line: line_of(text, key),
-                column: None,
-            };
-            self.error(
-                location,
-                LoadErrorKind::Invalid(format!(
-                    "unknown setting '{key}': this version of gitplane has no repository settings"
-                )),
-            );
-        }
+        let at = |needle: &str| SourceLocation {
+            file: path.into(),
+            line: line_of(text, needle),
+            column: None,
+        };
+        let threshold = match defaults.deletion_guard.and_then(|g| g.threshold) {
+            None => None,
+            Some(t) => match check_threshold(t) {
+                Ok(t) => Some(t),
+                Err(reason) => {
+                    self.error(at("threshold"), LoadErrorKind::Invalid(reason));
+                    return;
+                }
+            },
+        };
+        let schedule = match defaults.schedule {
+            None => None,
+            Some(s) => match super::Schedule::parse(&s) {
+                Ok(s) => Some(s),
+                Err(reason) => {
+                    self.error(at("schedule"), LoadErrorKind::Invalid(reason));
+                    return;
+                }
+            },
+        };
+        self.defaults = Some(EnvironmentDefaults {
+            implicit_resources: defaults.implicit_resources,
+            schedule,
+            threshold,
+        });
     }
 
     fn environment(&mut self, path: &str, text: &str) {
@@ -365,23 +432,32 @@ impl Loader {
             self.error(SourceLocation::file(path), LoadErrorKind::Invalid(reason));
             return;
         }
-        let threshold = file
-            .deletion_guard
-            .and_then(|g| g.threshold)
-            .unwrap_or(super::DEFAULT_DELETION_THRESHOLD);
-        if !(0.0..=100.0).contains(&threshold) {
-            self.error(
-                SourceLocation {
-                    file: path.into(),
-                    line: line_of(text, "threshold"),
-                    column: None,
-                },
-                LoadErrorKind::Invalid(format!(
-                    "deletion_guard.threshold {threshold} is not a percentage between 0 and 100"
-                )),
-            );
-            return;
-        }
+        let explicit = Explicit {
+            implicit_resources: file.implicit_resources.is_some(),
+            schedule: file.schedule.is_some(),
+            threshold: file
+                .deletion_guard
+                .as_ref()
+                .is_some_and(|g| g.threshold.is_some()),
+        };
+        let threshold = match check_threshold(
+            file.deletion_guard
+                .and_then(|g| g.threshold)
+                .unwrap_or(super::DEFAULT_DELETION_THRESHOLD),
+        ) {
+            Ok(t) => t,
+            Err(reason) => {
+                self.error(
+                    SourceLocation {
+                        file: path.into(),
+                        line: line_of(text, "threshold"),
+                        column: None,
+                    },
+                    LoadErrorKind::Invalid(reason),
+                );
+                return;
+            }
+        };
         let schedule = match file.schedule {
             None => None,
             Some(text_schedule) => match super::Schedule::parse(&text_schedule) {
@@ -459,6 +535,7 @@ impl Loader {
                 .unwrap_or_else(|| vec!["base-env".to_owned()]),
             location: SourceLocation::file(path),
         });
+        self.explicit.push(explicit);
     }
 
     fn workload(&mut self, path: &str, app: &str, text: &str) {
@@ -930,6 +1007,31 @@ fn choice_of(res: &ScoreResourceFile) -> Result<super::Choice, String> {
     Ok(Choice::Criteria)
 }
 
+fn check_threshold(threshold: f64) -> Result<f64, String> {
+    if (0.0..=100.0).contains(&threshold) {
+        Ok(threshold)
+    } else {
+        Err(format!(
+            "deletion_guard.threshold {threshold} is not a percentage between 0 and 100"
+        ))
+    }
+}
+
+impl EnvironmentDefaults {
+    /// Sets on `env` each default its file did not set itself.
+    fn fill(&self, env: &mut Environment, explicit: Explicit) {
+        if let (false, Some(types)) = (explicit.implicit_resources, &self.implicit_resources) {
+            env.implicit_resources = types.clone();
+        }
+        if let (false, Some(schedule)) = (explicit.schedule, &self.schedule) {
+            env.schedule = Some(schedule.clone());
+        }
+        if let (false, Some(threshold)) = (explicit.threshold, self.threshold) {
+            env.deletion_threshold = threshold;
+        }
+    }
+}
+
 /// `k=v,k2=v2` into a map; empty or malformed is an error.
 fn key_values(text: &str, what: &str) -> Result<BTreeMap<String, String>, String> {
     let mut out = BTreeMap::new();
@@ -1242,6 +1344,79 @@ mod tests {
         for (got, want) in errors.iter().zip(expected) {
             assert!(got.starts_with(want), "{got} should start with {want}");
         }
+    }
+
+    fn load_ok(entries: &[(&str, &str)]) -> crate::model::Repository {
+        let files = entries
+            .iter()
+            .map(|(p, t)| (p.to_string(), t.as_bytes().to_vec()))
+            .collect();
+        crate::model::load(&files).unwrap()
+    }
+
+    #[test]
+    fn environment_defaults_fill_what_an_environment_does_not_say() {
+        let settings = "# repository-wide settings\nenvironment_defaults:\n  \
+                        implicit_resources: [base-env, k8s-namespace]\n  \
+                        schedule: \"*/30 * * * *\"\n  deletion_guard: {threshold: 20}\n";
+        let repo = load_ok(&[
+            ("gitplane.yaml", settings),
+            ("environments/dev.yaml", "type: development\n"),
+            (
+                "environments/prod.yaml",
+                "type: production\nimplicit_resources: []\nschedule: \"0 3 * * *\"\n\
+                 deletion_guard: {threshold: 5}\n",
+            ),
+        ]);
+        let env = |id: &str| repo.environments.iter().find(|e| e.id == id).unwrap();
+        let dev = env("dev");
+        assert_eq!(dev.implicit_resources, ["base-env", "k8s-namespace"]);
+        assert_eq!(dev.schedule.as_ref().unwrap().text, "*/30 * * * *");
+        assert_eq!(dev.deletion_threshold, 20.0);
+        let prod = env("prod");
+        assert!(prod.implicit_resources.is_empty());
+        assert_eq!(prod.schedule.as_ref().unwrap().text, "0 3 * * *");
+        assert_eq!(prod.deletion_threshold, 5.0);
+
+        // Without settings, or with an empty file, the built-in defaults hold.
+        for files in [vec![ENV], vec![("gitplane.yaml", "# nothing yet\n"), ENV]] {
+            let repo = load_ok(&files);
+            let dev = &repo.environments[0];
+            assert_eq!(dev.implicit_resources, ["base-env"]);
+            assert!(dev.schedule.is_none());
+            assert_eq!(
+                dev.deletion_threshold,
+                crate::model::DEFAULT_DELETION_THRESHOLD
+            );
+        }
+    }
+
+    #[test]
+    fn bad_settings_name_their_line() {
+        for (settings, expected) in [
+            (
+                "environment_defaults:\n  schedule: every day\n",
+                "gitplane.yaml:2: ",
+            ),
+            (
+                "environment_defaults:\n  deletion_guard:\n    threshold: 120\n",
+                "gitplane.yaml:3: deletion_guard.threshold 120 is not a percentage between 0 and 100",
+            ),
+            (
+                "environment_defaults:\n  implicit_resource: [x]\n",
+                "gitplane.yaml:2:",
+            ),
+            ("concurrency: 4\n", "gitplane.yaml:1:"),
+        ] {
+            let errors = load_errors(&[("gitplane.yaml", settings), ENV]);
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(errors[0].starts_with(expected), "{errors:?}");
+        }
+        let errors = load_errors(&[("gitplane.yaml", "concurrency: 4\n"), ENV]);
+        assert!(
+            errors[0].contains("unknown field `concurrency`"),
+            "{errors:?}"
+        );
     }
 
     #[test]

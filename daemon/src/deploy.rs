@@ -2,14 +2,17 @@
 //! that every driver and secret store it uses is configured, and (to plan or apply) read its
 //! stored secrets. The commit is accepted or rejected as a whole.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::drivers::Registry;
 use crate::graph::{self, ResourceGraph};
 use crate::model::placeholder::StoreRef;
-use crate::model::{self, LoadCache, Repository};
+use crate::model::{self, LoadCache, Repository, SourceLocation};
 use crate::repo::Snapshot;
 use crate::stores::{SecretStores, StoreError};
+
+/// How many stored secrets are read at once.
+const PARALLEL_READS: usize = 8;
 
 /// What the host provides a commit: its drivers and its secret stores.
 #[derive(Debug, Clone, Copy)]
@@ -93,24 +96,50 @@ impl Built {
     /// where they are read. Planning and applying need them; validating does not. A secret that
     /// cannot be read rejects the commit.
     pub fn read_stored_secrets(&mut self, stores: &SecretStores) -> Result<(), Rejected> {
-        let mut values: HashMap<StoreRef, serde_json::Value> = HashMap::new();
-        let mut errors = Vec::new();
+        let mut wanted: BTreeMap<&StoreRef, &SourceLocation> = BTreeMap::new();
         for g in &self.graphs {
             for (secret, location) in g.stored_secrets() {
-                if values.contains_key(secret) {
-                    continue;
+                wanted.entry(secret).or_insert(location);
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let wanted: Vec<(&StoreRef, &SourceLocation)> = wanted.into_iter().collect();
+        // Reads wait on the network; a few at a time keep a plan's delay near one read's.
+        let per_thread = wanted.len().div_ceil(PARALLEL_READS);
+        let read: Vec<Result<serde_json::Value, StoreError>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = wanted
+                .chunks(per_thread)
+                .map(|chunk| {
+                    scope.spawn(move || {
+                        chunk
+                            .iter()
+                            .map(|(s, _)| stores.read(&s.store, &s.reference, s.version.as_deref()))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| match w.join() {
+                    Ok(results) => results,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                })
+                .collect()
+        });
+        let mut values: HashMap<StoreRef, serde_json::Value> = HashMap::new();
+        let mut errors = Vec::new();
+        for ((secret, location), result) in wanted.into_iter().zip(read) {
+            match result {
+                Ok(v) => {
+                    values.insert(secret.clone(), v);
                 }
-                match stores.read(&secret.store, &secret.reference, secret.version.as_deref()) {
-                    Ok(v) => {
-                        values.insert(secret.clone(), v);
-                    }
-                    Err(e) => errors.push(format!("{location}: secret_refs: {e}")),
-                }
+                Err(e) => errors.push(format!("{location}: secret_refs: {e}")),
             }
         }
         if !errors.is_empty() {
             errors.sort();
-            errors.dedup();
             return Err(Rejected {
                 envs: self.graphs.iter().map(|g| g.env.clone()).collect(),
                 errors,

@@ -48,7 +48,7 @@ CREATE TABLE resource (
     orphan_since  TEXT,                    -- no longer in the graph but still recorded: since when
     orphan_reason TEXT,                    -- and why it is kept
     status        TEXT NOT NULL CHECK (status IN ('ready', 'failed')),
-    inputs_hash   TEXT NOT NULL,           -- sha256 of the resolved inputs: a change means update
+    inputs_hash   TEXT NOT NULL,           -- sha256 of the non-secret resolved inputs: a change means update
     outputs       TEXT NOT NULL DEFAULT '{}',  -- JSON object of non-secret outputs
     inputs        TEXT NOT NULL DEFAULT '{}',  -- non-secret inputs last sent: {"values", "resource"}
     error         TEXT,                    -- the driver's last error while status = 'failed'

@@ -261,21 +261,42 @@ fn output_of(
     })
 }
 
-/// A digest of everything a driver receives for a resource: a change means the resource must be
-/// updated. Secrets are part of it (a rotated password must reach the driver); only the digest
-/// is stored, never the values.
+/// The inputs as recorded: what `resource.inputs` may show, and what only `resource_secret`
+/// holds (the secrets, and the resource's own inputs when a secret flowed into them).
+pub fn split_inputs(inputs: &ResolvedInputs) -> (Value, Value) {
+    if inputs.resource_is_secret {
+        (
+            serde_json::json!({"values": inputs.values}),
+            serde_json::json!({"resource": inputs.resource, "secrets": inputs.secrets}),
+        )
+    } else {
+        (
+            serde_json::json!({"resource": inputs.resource, "values": inputs.values}),
+            serde_json::json!({"secrets": inputs.secrets}),
+        )
+    }
+}
+
+/// A digest of what a driver receives for a resource, but its secrets: a change means the
+/// resource must be updated. Secrets stay out because a digest of a guessable password beside
+/// the rest of what was hashed (in `resource.inputs`) would let anyone who reads the `resource`
+/// table test guesses; [`same_inputs`] compares them with `resource_secret` instead.
 pub fn inputs_hash(node: &ResourceNode, inputs: &ResolvedInputs) -> String {
     let canonical = serde_json::json!({
         "definition": node.definition,
         "driver": node.driver_type,
         "account": node.driver_account,
-        "resource": inputs.resource,
-        "values": inputs.values,
-        "secrets": inputs.secrets,
+        "inputs": split_inputs(inputs).0,
     });
     // serde_json's maps are sorted, so equal inputs give equal text.
     let digest = Sha256::digest(canonical.to_string().as_bytes());
     crate::graph::hex(&digest)
+}
+
+/// Whether `rec` was provisioned with exactly `inputs` (whose [`inputs_hash`] is `hash`),
+/// secrets included: a rotated password must reach the driver.
+pub fn same_inputs(rec: &ResourceRecord, hash: &str, inputs: &ResolvedInputs) -> bool {
+    rec.inputs_hash == hash && rec.secret_inputs == split_inputs(inputs).1
 }
 
 /// Compares `graph` with the recorded resources and edges of its environment.
@@ -383,7 +404,7 @@ fn put_action(
     }
     let pinned = !node.auto_update && rec.template_hash == node.template_hash;
     match resolve_inputs(node, stable) {
-        Ok(inputs) if inputs_hash(node, &inputs) == rec.inputs_hash => {
+        Ok(inputs) if same_inputs(rec, &inputs_hash(node, &inputs), &inputs) => {
             (Action::Unchanged, String::new(), Vec::new())
         }
         Ok(inputs) if pinned => (
@@ -730,6 +751,7 @@ mod tests {
         let mut records = Vec::new();
         for node in graph.provisioning_order() {
             let inputs = resolve_inputs(node, &outputs).unwrap();
+            let (public, secret) = split_inputs(&inputs);
             records.push(ResourceRecord {
                 guresid: node.guresid.to_string(),
                 env: graph.env.clone(),
@@ -746,8 +768,8 @@ mod tests {
                 inputs_hash: inputs_hash(node, &inputs),
                 outputs: inputs.values.clone(),
                 secret_outputs: inputs.secrets.clone(),
-                inputs: Value::Null,
-                secret_inputs: Value::Null,
+                inputs: public,
+                secret_inputs: secret,
                 error: None,
                 commit_id: "c1".into(),
             });
@@ -813,6 +835,42 @@ mod tests {
             "{changed:?}"
         );
         assert_eq!(p.count(Action::Create) + p.count(Action::Delete), 0);
+    }
+
+    #[test]
+    fn secrets_stay_out_of_the_digest_yet_a_rotated_one_updates() {
+        let g = graph(&template_files());
+        let (mut recorded, edges) = applied(&g);
+        let db = recorded
+            .iter()
+            .position(|r| r.res_id == "modules.backend.externals.db")
+            .unwrap();
+        let node = g
+            .get(&GuresId::from_recorded(recorded[db].guresid.clone()))
+            .unwrap();
+        let mut outputs: HashMap<GuresId, (Value, Value, String)> = HashMap::new();
+        for r in &recorded {
+            outputs.insert(
+                GuresId::from_recorded(r.guresid.clone()),
+                (r.outputs.clone(), r.secret_outputs.clone(), r.res_id.clone()),
+            );
+        }
+        let inputs = resolve_inputs(node, &outputs).unwrap();
+        let mut rotated = inputs.clone();
+        rotated.secrets["password"] = serde_json::json!("rotated-password");
+        assert_ne!(inputs.secrets, rotated.secrets);
+        assert_eq!(inputs_hash(node, &inputs), inputs_hash(node, &rotated));
+
+        // What was last sent is in resource_secret: a different secret there means update.
+        recorded[db].secret_inputs = serde_json::json!({"secrets": rotated.secrets});
+        let p = plan(&g, &recorded, &edges);
+        let step = p
+            .steps
+            .iter()
+            .find(|s| s.res_id == "modules.backend.externals.db")
+            .unwrap();
+        assert_eq!(step.action, Action::Update);
+        assert_eq!(step.changes, ["secrets.password: changed (secret)"]);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use gitplane_state::{
     Counts, DeploymentStatus, OperationStart, ResourceRecord, ResourceStatus, StateError, Store,
 };
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
@@ -32,7 +32,7 @@ use crate::drivers::{
 use crate::graph::{EdgeKind, GuresId, ResourceGraph, ResourceNode};
 use crate::plan::{
     Action, Plan, ResolvedInputs, Step, deletion_guard, edge_records, inputs_hash, plan,
-    resolve_inputs,
+    resolve_inputs, same_inputs, split_inputs,
 };
 
 /// Progress, for people watching an apply.
@@ -610,7 +610,7 @@ impl Run<'_, '_> {
             && !self.options.drift
             && !node.auto_update
             && rec.template_hash == node.template_hash
-            && rec.inputs_hash != hash
+            && !same_inputs(rec, &hash, &inputs)
             && !self.options.resolve.contains(node.guresid.as_str())
         {
             self.unchanged += 1;
@@ -623,7 +623,7 @@ impl Run<'_, '_> {
             .extend(crate::plan::bindings_of(node, &self.outputs));
         if let Some(rec) = recorded
             && !self.options.drift
-            && rec.inputs_hash == hash
+            && same_inputs(rec, &hash, &inputs)
         {
             if rec.template_hash != node.template_hash {
                 self.store
@@ -711,17 +711,7 @@ impl Run<'_, '_> {
                     secrets: Value::Null,
                 });
                 // What a delete will need again; anything a secret flowed into stays secret.
-                let (public, secret) = if inputs.resource_is_secret {
-                    (
-                        json!({"values": inputs.values}),
-                        json!({"resource": inputs.resource, "secrets": inputs.secrets}),
-                    )
-                } else {
-                    (
-                        json!({"resource": inputs.resource, "values": inputs.values}),
-                        json!({"secrets": inputs.secrets}),
-                    )
-                };
+                let (public, secret) = split_inputs(&inputs);
                 let record = ResourceRecord {
                     status: ResourceStatus::Ready,
                     inputs_hash: result.hash,

@@ -103,6 +103,10 @@ struct Daemon {
     repo_path: PathBuf,
     /// The commit last dispatched, to skip wake-ups that changed nothing.
     last_commit: Option<String>,
+    /// A commit held back because a secret store could not give its secrets, with the errors
+    /// last reported: it is tried again on every wake-up, and reported again only when the
+    /// errors change.
+    waiting: Option<(String, Vec<String>)>,
     /// Each environment's worker, fed the newest job.
     workers: HashMap<String, latest::Sender<Option<Job>>>,
     tasks: JoinSet<()>,
@@ -134,6 +138,7 @@ impl Daemon {
             shared,
             repo_path,
             last_commit: None,
+            waiting: None,
             workers: HashMap::new(),
             tasks: JoinSet::new(),
             schedules: HashMap::new(),
@@ -261,6 +266,24 @@ impl Daemon {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     }
 
+    /// A commit that is not applied, with why, and a failed deployment for each environment.
+    fn record_rejected(&mut self, commit: &str, rejected: &deploy::Rejected) {
+        let errors = rejected.errors.join("\n");
+        let recorded = self
+            .store
+            .commit_seen(commit, "rejected", Some(&errors))
+            .and_then(|()| {
+                rejected.envs.iter().try_for_each(|env| {
+                    self.store
+                        .failed_deployment(env, Some(commit), &errors)
+                        .map(drop)
+                })
+            });
+        if let Err(e) = recorded {
+            error!(error = %e, "cannot record the rejected commit");
+        }
+    }
+
     /// Resolves the watched ref; a new commit is loaded, built, and handed to the workers.
     async fn check(&mut self) {
         let path = self.repo_path.clone();
@@ -282,11 +305,13 @@ impl Daemon {
                 envs
             };
             let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-            let built = deploy::build_cached(&snapshot, &envs, runtime.host(), &mut cache)
-                .and_then(|mut built| {
-                    built.read_stored_secrets(&runtime.stores)?;
-                    Ok(built)
-                });
+            let built = match deploy::build_cached(&snapshot, &envs, runtime.host(), &mut cache) {
+                Ok(mut built) => match built.read_stored_secrets(&runtime.stores) {
+                    Ok(()) => Loaded::Ready(built),
+                    Err(unread) => Loaded::Waiting(unread),
+                },
+                Err(rejected) => Loaded::Rejected(rejected),
+            };
             Ok::<_, RepoError>(Some((commit, built)))
         })
         .await;
@@ -302,27 +327,33 @@ impl Daemon {
                 return;
             }
         };
+        let built = match built {
+            // The commit is fine; the host cannot give its secrets yet. Left undispatched, it is
+            // tried again on the next wake-up, so a store that comes back needs no new push.
+            Loaded::Waiting(unread) => {
+                let report = (commit.clone(), unread.errors.clone());
+                if self.waiting.as_ref() != Some(&report) {
+                    warn!(commit = %commit, "secrets cannot be read: waiting for the secret stores; nothing changes");
+                    for e in &unread.errors {
+                        warn!(commit = %commit, "{e}");
+                    }
+                    self.record_rejected(&commit, &unread);
+                    self.waiting = Some(report);
+                }
+                return;
+            }
+            Loaded::Ready(built) => Ok(built),
+            Loaded::Rejected(rejected) => Err(rejected),
+        };
+        self.waiting = None;
         self.last_commit = Some(commit.clone());
         match built {
             Err(rejected) => {
-                let errors = rejected.errors.join("\n");
                 warn!(commit = %commit, errors = rejected.errors.len(), "commit rejected: nothing changes");
                 for e in &rejected.errors {
                     warn!(commit = %commit, "{e}");
                 }
-                let recorded = self
-                    .store
-                    .commit_seen(&commit, "rejected", Some(&errors))
-                    .and_then(|()| {
-                        rejected.envs.iter().try_for_each(|env| {
-                            self.store
-                                .failed_deployment(env, Some(&commit), &errors)
-                                .map(drop)
-                        })
-                    });
-                if let Err(e) = recorded {
-                    error!(error = %e, "cannot record the rejected commit");
-                }
+                self.record_rejected(&commit, &rejected);
             }
             Ok(built) => {
                 info!(commit = %commit, "new commit: reconciling");
@@ -514,6 +545,15 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         Err(e) => error!(env, error = %e, "state error during the deployment"),
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
+}
+
+/// A new commit, loaded.
+enum Loaded {
+    Ready(deploy::Built),
+    /// It does not load or build: nothing changes until a new commit.
+    Rejected(deploy::Rejected),
+    /// It builds, but a secret store cannot give its secrets now.
+    Waiting(deploy::Rejected),
 }
 
 /// What a host config gives the daemon; replaced whole on SIGHUP.

@@ -11,9 +11,6 @@ use crate::model::{self, LoadCache, Repository, SourceLocation};
 use crate::repo::Snapshot;
 use crate::stores::{SecretStores, StoreError};
 
-/// How many stored secrets are read at once.
-const PARALLEL_READS: usize = 8;
-
 /// What the host provides a commit: its drivers and its secret stores.
 #[derive(Debug, Clone, Copy)]
 pub struct Host<'a> {
@@ -77,7 +74,7 @@ pub fn build_cached(
         match graph::build(&repo, env) {
             Ok(g) => {
                 errors.extend(unknown_drivers(&repo, &g, host.drivers));
-                errors.extend(unknown_stores(&g, host.stores));
+                errors.extend(unusable_stored_secrets(&g, host.stores));
                 graphs.push(g);
             }
             Err(errs) => errors.extend(errs.iter().map(|e| format!("environment {}: {e}", env.id))),
@@ -105,29 +102,11 @@ impl Built {
         if wanted.is_empty() {
             return Ok(());
         }
-        let wanted: Vec<(&StoreRef, &SourceLocation)> = wanted.into_iter().collect();
-        // Reads wait on the network; a few at a time keep a plan's delay near one read's.
-        let per_thread = wanted.len().div_ceil(PARALLEL_READS);
-        let read: Vec<Result<serde_json::Value, StoreError>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = wanted
-                .chunks(per_thread)
-                .map(|chunk| {
-                    scope.spawn(move || {
-                        chunk
-                            .iter()
-                            .map(|(s, _)| stores.read(&s.store, &s.reference, s.version.as_deref()))
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .flat_map(|w| match w.join() {
-                    Ok(results) => results,
-                    Err(panic) => std::panic::resume_unwind(panic),
-                })
-                .collect()
-        });
+        let refs: Vec<(&str, &str, Option<&str>)> = wanted
+            .keys()
+            .map(|s| (s.store.as_str(), s.reference.as_str(), s.version.as_deref()))
+            .collect();
+        let read = stores.read_all(&refs);
         let mut values: HashMap<StoreRef, serde_json::Value> = HashMap::new();
         let mut errors = Vec::new();
         for ((secret, location), result) in wanted.into_iter().zip(read) {
@@ -152,18 +131,22 @@ impl Built {
     }
 }
 
-/// A definition that names a secret store the host does not configure cannot be applied.
-fn unknown_stores(graph: &ResourceGraph, stores: &SecretStores) -> Vec<String> {
+/// A definition that names a secret store the host does not configure, or a ref or version
+/// its store cannot serve, cannot be applied; this much is known without reading a secret.
+fn unusable_stored_secrets(graph: &ResourceGraph, stores: &SecretStores) -> Vec<String> {
     graph
         .stored_secrets()
         .into_iter()
-        .filter(|(secret, _)| !stores.contains(&secret.store))
-        .map(|(secret, location)| {
-            let error = StoreError::UnknownStore {
-                store: secret.store.clone(),
-                configured: stores.names().map(str::to_owned).collect(),
-            };
-            format!("{location}: secret_refs: {error}: add it under secret_stores")
+        .filter_map(|(secret, location)| {
+            let error = stores
+                .check(&secret.store, &secret.reference, secret.version.as_deref())
+                .err()?;
+            Some(match error {
+                StoreError::UnknownStore { .. } => {
+                    format!("{location}: secret_refs: {error}: add it under secret_stores")
+                }
+                _ => format!("{location}: secret_refs: {error}"),
+            })
         })
         .collect()
 }

@@ -852,7 +852,11 @@ mod tests {
         for r in &recorded {
             outputs.insert(
                 GuresId::from_recorded(r.guresid.clone()),
-                (r.outputs.clone(), r.secret_outputs.clone(), r.res_id.clone()),
+                (
+                    r.outputs.clone(),
+                    r.secret_outputs.clone(),
+                    r.res_id.clone(),
+                ),
             );
         }
         let inputs = resolve_inputs(node, &outputs).unwrap();

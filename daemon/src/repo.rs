@@ -38,6 +38,7 @@ pub enum RepoError {
 /// The folders and files of the repository format (DESIGN.md section 2).
 fn wanted(path: &str) -> bool {
     path == "gitplane.yaml"
+        || path == "gitplane.yml"
         || path.starts_with("environments/")
         || path.starts_with("workloads/")
         || path.starts_with("definitions/")

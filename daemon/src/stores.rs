@@ -13,6 +13,7 @@ use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -78,18 +79,14 @@ impl SecretStores {
         reference: &str,
         version: Option<&str>,
     ) -> Result<Value, StoreError> {
-        match self.stores.get(store) {
-            None => Err(StoreError::UnknownStore {
-                store: store.to_owned(),
-                configured: self.names().map(str::to_owned).collect(),
-            }),
-            Some(StoreConfig::Dir { path }) => read_dir_secret(store, path, reference, version),
-            Some(StoreConfig::Vault {
+        match self.get(store)? {
+            StoreConfig::Dir { path } => read_dir_secret(store, path, reference, version),
+            StoreConfig::Vault {
                 url,
                 token_file,
                 mount,
                 timeout,
-            }) => VaultRead {
+            } => VaultRead {
                 store,
                 url,
                 token_file,
@@ -99,6 +96,170 @@ impl SecretStores {
             .read(reference, version),
         }
     }
+
+    /// Checks a reference without reading anything: the store is configured, and the ref and
+    /// version are ones it can serve. What `validate` can say before any secret is read.
+    pub fn check(
+        &self,
+        store: &str,
+        reference: &str,
+        version: Option<&str>,
+    ) -> Result<(), StoreError> {
+        match self.get(store)? {
+            StoreConfig::Dir { path } => check_dir_ref(store, path, reference, version),
+            StoreConfig::Vault {
+                url,
+                token_file,
+                mount,
+                timeout,
+            } => VaultRead {
+                store,
+                url,
+                token_file,
+                mount,
+                timeout: *timeout,
+            }
+            .check(reference, version)
+            .map(drop),
+        }
+    }
+
+    /// Reads every secret of `wanted` (store, ref, version), [`PARALLEL_READS`] at a time.
+    ///
+    /// Fields of one Vault secret (`PATH#a`, `PATH#b`, one version) come from one read, so they
+    /// belong to the same version even while it is being rotated. Once a store cannot be
+    /// reached, its other reads fail at once with that error rather than each waiting out its
+    /// time-out.
+    pub fn read_all(
+        &self,
+        wanted: &[(&str, &str, Option<&str>)],
+    ) -> Vec<Result<Value, StoreError>> {
+        // What to fetch for each wanted secret: a Vault secret's path without its field.
+        let plans: Vec<Result<(Fetch<'_>, Option<&str>), StoreError>> = wanted
+            .iter()
+            .map(|&(store, reference, version)| {
+                let field = match self.get(store)? {
+                    StoreConfig::Vault { .. } => {
+                        self.check(store, reference, version)?;
+                        reference.split_once('#').map(|(_, field)| field)
+                    }
+                    StoreConfig::Dir { .. } => None,
+                };
+                let reference = match field {
+                    Some(_) => reference
+                        .split_once('#')
+                        .map_or(reference, |(path, _)| path),
+                    None => reference,
+                };
+                Ok(((store, reference, version), field))
+            })
+            .collect();
+        let mut fetches: Vec<Fetch<'_>> = plans
+            .iter()
+            .filter_map(|p| p.as_ref().ok().map(|(fetch, _)| *fetch))
+            .collect();
+        fetches.sort();
+        fetches.dedup();
+        let fetched = self.fetch_all(&fetches);
+        plans
+            .into_iter()
+            .map(|plan| {
+                let (fetch, field) = plan?;
+                let index =
+                    fetches
+                        .binary_search(&fetch)
+                        .map_err(|_| StoreError::Misconfigured {
+                            store: fetch.0.to_owned(),
+                            reason: "a secret was not read (this is a bug in gitplane)".to_owned(),
+                        })?;
+                let value = fetched[index].clone()?;
+                match field {
+                    None => Ok(value),
+                    Some(field) => field_of(fetch.0, fetch.1, field, value),
+                }
+            })
+            .collect()
+    }
+
+    /// Reads each fetch once, in threads; a store that could not be reached is not asked again.
+    fn fetch_all(&self, fetches: &[Fetch<'_>]) -> Vec<Result<Value, StoreError>> {
+        if fetches.is_empty() {
+            return Vec::new();
+        }
+        let unreachable: Mutex<BTreeMap<&str, StoreError>> = Mutex::new(BTreeMap::new());
+        let per_thread = fetches.len().div_ceil(PARALLEL_READS);
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = fetches
+                .chunks(per_thread)
+                .map(|chunk| {
+                    let unreachable = &unreachable;
+                    scope.spawn(move || {
+                        chunk
+                            .iter()
+                            .map(|&(store, reference, version)| {
+                                let down = unreachable
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .get(store)
+                                    .cloned();
+                                if let Some(error) = down {
+                                    return Err(error);
+                                }
+                                let result = self.read(store, reference, version);
+                                if let Err(e @ StoreError::Unreachable { .. }) = &result {
+                                    unreachable
+                                        .lock()
+                                        .unwrap_or_else(|e| e.into_inner())
+                                        .insert(store, e.clone());
+                                }
+                                result
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| match w.join() {
+                    Ok(results) => results,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                })
+                .collect()
+        })
+    }
+
+    fn get(&self, store: &str) -> Result<&StoreConfig, StoreError> {
+        self.stores
+            .get(store)
+            .ok_or_else(|| StoreError::UnknownStore {
+                store: store.to_owned(),
+                configured: self.names().map(str::to_owned).collect(),
+            })
+    }
+}
+
+/// One read from a store: store, ref (a Vault path without its field), version.
+type Fetch<'a> = (&'a str, &'a str, Option<&'a str>);
+
+/// How many secrets are read at once: reads wait on the network, and a few at a time keep a
+/// plan's delay near that of one read.
+pub const PARALLEL_READS: usize = 8;
+
+/// One field of a Vault secret's whole `data`.
+fn field_of(store: &str, path: &str, field: &str, data: Value) -> Result<Value, StoreError> {
+    let Value::Object(mut data) = data else {
+        return Err(StoreError::BadAnswer {
+            store: store.to_owned(),
+            reference: path.to_owned(),
+            reason: "data.data is not an object".to_owned(),
+        });
+    };
+    data.remove(field).ok_or_else(|| StoreError::MissingField {
+        store: store.to_owned(),
+        path: path.to_owned(),
+        field: field.to_owned(),
+        available: data.keys().cloned().collect(),
+    })
 }
 
 /// Why a secret could not be read. No variant holds a secret value or a token.
@@ -244,13 +405,13 @@ fn explanation_suffix(explanation: &str) -> String {
     }
 }
 
-/// A dir store's secret: the file's text as a JSON string, one trailing newline removed.
-fn read_dir_secret(
+/// A dir store's ref names a file inside its directory, and a dir store has no versions.
+fn check_dir_ref(
     store: &str,
     dir: &Path,
     reference: &str,
     version: Option<&str>,
-) -> Result<Value, StoreError> {
+) -> Result<(), StoreError> {
     let invalid_ref = |reason: &str| StoreError::InvalidRef {
         store: store.to_owned(),
         reference: reference.to_owned(),
@@ -289,6 +450,18 @@ fn read_dir_secret(
         });
     }
 
+    Ok(())
+}
+
+/// A dir store's secret: the file's text as a JSON string, one trailing newline removed.
+fn read_dir_secret(
+    store: &str,
+    dir: &Path,
+    reference: &str,
+    version: Option<&str>,
+) -> Result<Value, StoreError> {
+    check_dir_ref(store, dir, reference, version)?;
+
     let canonical_dir = dir.canonicalize().map_err(|e| StoreError::DirUnavailable {
         store: store.to_owned(),
         dir: dir.to_owned(),
@@ -315,9 +488,11 @@ fn read_dir_secret(
     // handing out a file the host never put there.
     let target = joined.canonicalize().map_err(|e| io_error(&joined, e))?;
     if target == canonical_dir {
-        return Err(invalid_ref(
-            "it names the store directory itself, not a file",
-        ));
+        return Err(StoreError::InvalidRef {
+            store: store.to_owned(),
+            reference: reference.to_owned(),
+            reason: "it names the store directory itself, not a file".to_owned(),
+        });
     }
     if !target.starts_with(&canonical_dir) {
         return Err(StoreError::Escapes {
@@ -380,7 +555,12 @@ struct VaultRead<'a> {
 }
 
 impl VaultRead<'_> {
-    fn read(&self, reference: &str, version: Option<&str>) -> Result<Value, StoreError> {
+    /// The path, field and mount of a reference, checked without any request.
+    fn check<'r>(
+        &self,
+        reference: &'r str,
+        version: Option<&str>,
+    ) -> Result<(&'r str, Option<&'r str>, &str), StoreError> {
         let (path, field) = match reference.split_once('#') {
             Some((path, field)) => (path, Some(field)),
             None => (reference, None),
@@ -409,6 +589,11 @@ impl VaultRead<'_> {
                 reason: "the Vault mount is empty".to_owned(),
             });
         }
+        Ok((path, field, mount))
+    }
+
+    fn read(&self, reference: &str, version: Option<&str>) -> Result<Value, StoreError> {
+        let (path, field, mount) = self.check(reference, version)?;
         let token = self.token()?;
         let url = vault_url(self.url, mount, path, version);
 
@@ -1351,6 +1536,104 @@ mod tests {
             )
         );
         drop(listener);
+    }
+
+    #[test]
+    fn read_all_takes_fields_of_one_secret_from_one_answer() {
+        let (vault, _dir, stores) = vault_with_token(TOKEN);
+        let results = stores.read_all(&[
+            ("vault", "db/prod#user", None),
+            ("vault", "db/prod#password", None),
+            ("vault", "db/prod#password", Some("1")),
+            ("vault", "db/prod#nope", None),
+            ("vault", "db/../x", None),
+            ("elsewhere", "x", None),
+        ]);
+        let mut seen = vault.seen();
+        seen.sort();
+        assert_eq!(
+            seen,
+            [
+                "/v1/secret/data/db/prod",
+                "/v1/secret/data/db/prod?version=1"
+            ]
+        );
+        assert_eq!(results[0], Ok(json!("app")));
+        assert_eq!(results[1], Ok(json!(NEW_PASSWORD)));
+        assert_eq!(results[2], Ok(json!(OLD_PASSWORD)));
+        assert!(
+            matches!(&results[3], Err(StoreError::MissingField { field, .. }) if field == "nope"),
+            "{:?}",
+            results[3]
+        );
+        assert!(
+            matches!(results[4], Err(StoreError::InvalidRef { .. })),
+            "{:?}",
+            results[4]
+        );
+        assert!(
+            matches!(results[5], Err(StoreError::UnknownStore { .. })),
+            "{:?}",
+            results[5]
+        );
+    }
+
+    #[test]
+    fn read_all_gives_up_on_a_store_that_does_not_answer() {
+        // Connections are queued by the kernel but never answered.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let token_file = dir.path().join("vault-token");
+        std::fs::write(&token_file, TOKEN).unwrap();
+        let stores = vault_stores(&url, &token_file, Duration::from_millis(300));
+        let paths: Vec<String> = (0..64).map(|i| format!("svc/{i}#password")).collect();
+        let wanted: Vec<(&str, &str, Option<&str>)> =
+            paths.iter().map(|p| ("vault", p.as_str(), None)).collect();
+        let started = Instant::now();
+        let results = stores.read_all(&wanted);
+        // 64 reads one time-out after another would take 19 s; each thread waits once.
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(results.len(), 64);
+        assert!(
+            results
+                .iter()
+                .all(|r| matches!(r, Err(StoreError::Unreachable { .. }))),
+            "{results:?}"
+        );
+        drop(listener);
+    }
+
+    #[test]
+    fn check_says_what_cannot_be_read_without_reading() {
+        let (dir, stores) = dir_store();
+        std::fs::write(dir.path().join("present"), "x").unwrap();
+        assert_eq!(stores.check("creds", "present", None), Ok(()));
+        // Existence is only known by reading: check does not look.
+        assert_eq!(stores.check("creds", "absent", None), Ok(()));
+        assert!(matches!(
+            stores.check("creds", "../x", None),
+            Err(StoreError::InvalidRef { .. })
+        ));
+        assert!(matches!(
+            stores.check("creds", "present", Some("2")),
+            Err(StoreError::InvalidVersion { .. })
+        ));
+        let (vault, _dir, stores) = vault_with_token(TOKEN);
+        assert_eq!(stores.check("vault", "db/prod#password", Some("3")), Ok(()));
+        assert!(matches!(
+            stores.check("vault", "db/prod#", None),
+            Err(StoreError::InvalidRef { .. })
+        ));
+        assert!(matches!(
+            stores.check("vault", "db/prod", Some("latest")),
+            Err(StoreError::InvalidVersion { .. })
+        ));
+        assert!(vault.seen().is_empty(), "check made a request");
     }
 
     #[test]

@@ -45,6 +45,7 @@ impl Platform {
             format!(
                 "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 2s}}\n\
                  retry: {{attempts: 2, initial_delay: 10ms, max_delay: 20ms, poll_interval: 10ms}}\n\
+                 watch_interval: 200ms\n\
                  secret_stores:\n  files: {{dir: {}}}\n  \
                  vault:\n    vault: {{url: \"{}\", token_file: {}, timeout: 2s}}\n",
                 driver.url,
@@ -70,6 +71,7 @@ impl Platform {
              values: {name: orders}\n    secrets:\n      dsn: postgres://app@db\n    \
              secret_refs:\n      password:\n        store: vault\n        ref: db/prod#password\n      \
              first_password: {store: vault, ref: 'db/prod#password', version: 1}\n      \
+             user: {store: vault, ref: 'db/prod#user'}\n      \
              admin: {store: files, ref: db/admin}\n  criteria:\n    - {}\n",
         );
         sb.write(
@@ -142,16 +144,20 @@ fn stored_secrets_reach_the_driver_and_no_output_or_report() {
             "dsn": "postgres://app@db",
             "password": VAULT_V1,
             "first_password": VAULT_V1,
+            "user": "app",
             "admin": FILE_SECRET,
         })]
     );
-    // Validating reads no store; planning and applying read each reference once.
+    // Validating reads no store; planning and applying read each secret once, both fields of
+    // its latest version from one answer.
+    let mut reads = p.vault.reads();
+    reads.sort();
     assert_eq!(
-        p.vault.reads(),
+        reads,
         [
             "/v1/secret/data/db/prod",
-            "/v1/secret/data/db/prod?version=1",
             "/v1/secret/data/db/prod",
+            "/v1/secret/data/db/prod?version=1",
             "/v1/secret/data/db/prod?version=1",
         ]
     );
@@ -170,7 +176,11 @@ fn stored_secrets_reach_the_driver_and_no_output_or_report() {
         .ok()
         .stdout_has("secret store 'vault' ref 'db/prod#password'")
         .stdout_has("secret store 'vault' ref 'db/prod#password' version 1")
-        .stdout_has("secret store 'files' ref 'db/admin'");
+        .stdout_has("secret store 'files' ref 'db/admin'")
+        .stdout_has(&format!(
+            "secrets.admin = (secret)  (at {DB_DEFINITION}:{})",
+            p.line_of("admin: {store: files")
+        ));
 
     // Only resource_secret holds them, as it holds every secret input.
     let conn = p.sb.db();
@@ -280,11 +290,26 @@ fn a_secret_the_store_cannot_give_rejects_the_commit_and_changes_nothing() {
             .stderr_has(&format!("{DB_DEFINITION}:{line}: secret_refs: {reason}"))
             .stderr_has("rejected: 1 error(s); nothing was changed");
         p.run(&["plan"]).fails().stderr_has(reason);
+        if to.contains("..") {
+            // A ref its store can never serve is known without reading anything.
+            p.run(&["validate"]).fails().stderr_has(reason);
+        }
         assert_eq!(p.recorded(), before, "after {to}");
         p.sb.edit(DB_DEFINITION, to, from);
         p.sb.commit("back");
     }
     assert_eq!(p.driver.received().len(), calls);
+
+    // The error names the line of the ref, even where its text appears earlier
+    // (`postgres://app@db`).
+    p.sb.edit(DB_DEFINITION, "ref: db/admin}", "ref: db}");
+    p.sb.commit("read a directory");
+    p.run(&["apply"]).fails().stderr_has(&format!(
+        "{DB_DEFINITION}:{}: secret_refs: secret store 'files' cannot use the secret at 'db'",
+        p.line_of("ref: db}")
+    ));
+    p.sb.edit(DB_DEFINITION, "ref: db}", "ref: db/admin}");
+    p.sb.commit("back");
 
     // A token Vault refuses: the message says where the token is, never what it is.
     std::fs::write(p.sb.root.join("vault-token"), "hvs-wrong\n").unwrap();
@@ -295,7 +320,14 @@ fn a_secret_the_store_cannot_give_rejects_the_commit_and_changes_nothing() {
     assert_eq!(p.recorded(), before);
     assert_eq!(
         p.sb.column("SELECT status FROM deployment ORDER BY id"),
-        ["succeeded", "failed", "failed", "failed", "failed"]
+        [
+            "succeeded",
+            "failed",
+            "failed",
+            "failed",
+            "failed",
+            "failed"
+        ]
     );
 }
 
@@ -382,6 +414,26 @@ fn the_daemon_reads_stored_secrets_for_each_commit() {
     let log = daemon.log();
     assert!(
         log.contains("secret store 'vault' has no secret at 'db/gone' (HTTP 404)"),
+        "{log}"
+    );
+
+    // The commit is fine, the store is not ready: once the secret is there, the same commit is
+    // applied without a new push, and the wait was reported once.
+    p.vault.put("db/gone", json!({"password": VAULT_V1}));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while p.sb.count(&format!(
+        "SELECT COUNT(*) FROM deployment WHERE commit_id = '{broken}' AND status = 'succeeded'"
+    )) == 0
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(p.driver.received().len(), calls + 1);
+    let log = daemon.log();
+    assert_eq!(
+        log.matches("secrets cannot be read: waiting for the secret stores")
+            .count(),
+        1,
         "{log}"
     );
     for secret in SECRETS {

@@ -627,15 +627,30 @@ fn keys_of(segments: &[Segment]) -> Vec<&str> {
 /// `file:line` of `driver_inputs.<section>.<segments>` in a definition, and whether the line
 /// holds context placeholders.
 fn definition_location(def: &Definition, section: &str, segments: &[Segment]) -> (String, bool) {
-    let mut keys = vec!["driver_inputs", section];
-    keys.extend(keys_of(segments));
-    // The deepest key that can be found.
-    for n in (2..=keys.len()).rev() {
-        if let Some((line, text)) = locate_keys(&def.source, &keys[..n]) {
-            return (
-                format!("{}:{}", def.location.file, line + def.line_offset),
-                text.contains("${context."),
-            );
+    // A secret may be written under `secret_refs` as well as under `secrets`.
+    let sections: &[&str] = if section == "secrets" {
+        &["secrets", "secret_refs"]
+    } else {
+        &[section]
+    };
+    let paths: Vec<Vec<&str>> = sections
+        .iter()
+        .map(|section| {
+            let mut keys = vec!["driver_inputs", *section];
+            keys.extend(keys_of(segments));
+            keys
+        })
+        .collect();
+    // The deepest key that can be found, in whichever section has it.
+    let deepest = paths.iter().map(Vec::len).max().unwrap_or(2);
+    for n in (2..=deepest).rev() {
+        for keys in paths.iter().filter(|k| k.len() >= n) {
+            if let Some((line, text)) = locate_keys(&def.source, &keys[..n]) {
+                return (
+                    format!("{}:{}", def.location.file, line + def.line_offset),
+                    text.contains("${context."),
+                );
+            }
         }
     }
     (def.locate(section).to_string(), false)

@@ -791,7 +791,7 @@ impl<'r> Builder<'r> {
                 }
                 Expr::Stored(secret) => Mapped::Expr(Binding::Stored {
                     secret: secret.clone(),
-                    location: def.locate(&secret.reference),
+                    location: def.locate_store_ref(&secret.reference),
                     value: None,
                 }),
                 Expr::ScoreResource { .. } | Expr::ScoreMetadata { .. } => {

@@ -24,8 +24,10 @@ struct EnvironmentFile {
     env_type: String,
     apps: Option<Vec<String>>,
     implicit_resources: Option<Vec<String>>,
-    /// A cron expression for drift runs (5 fields, or 6 with seconds).
-    schedule: Option<String>,
+    /// A cron expression for drift runs (5 fields, or 6 with seconds); `null` for none, even
+    /// when `gitplane.yaml` gives a default.
+    #[serde(default, deserialize_with = "present")]
+    schedule: Option<Option<String>>,
     deletion_guard: Option<DeletionGuardFile>,
     /// Resources shared by every app of the environment, by name.
     #[serde(default)]
@@ -46,6 +48,16 @@ struct SharedResourceFile {
     /// The `$id` of each output, for requests by interface.
     #[serde(default)]
     provides: BTreeMap<String, String>,
+}
+
+/// A key that is present, even as `null`, is `Some`: `null` can then say "none" where leaving
+/// the key out says "the default".
+fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
 }
 
 /// `gitplane.yaml`: repository-wide settings.
@@ -309,7 +321,7 @@ impl Loader {
         }
         let parts: Vec<&str> = path.split('/').collect();
         let kind = match parts.as_slice() {
-            ["gitplane.yaml"] => FileKind::Settings,
+            ["gitplane.yaml" | "gitplane.yml"] => FileKind::Settings,
             ["environments", _] => FileKind::Environment,
             ["workloads", app, _] => FileKind::Workload((*app).to_owned()),
             ["definitions", ..] => FileKind::Definitions,
@@ -380,13 +392,14 @@ impl Loader {
             line: line_of(text, needle),
             column: None,
         };
+        let before = self.errors.len();
         let threshold = match defaults.deletion_guard.and_then(|g| g.threshold) {
             None => None,
             Some(t) => match check_threshold(t) {
                 Ok(t) => Some(t),
                 Err(reason) => {
-                    self.error(at("threshold"), LoadErrorKind::Invalid(reason));
-                    return;
+                    self.error(at("threshold:"), LoadErrorKind::Invalid(reason));
+                    None
                 }
             },
         };
@@ -395,11 +408,14 @@ impl Loader {
             Some(s) => match super::Schedule::parse(&s) {
                 Ok(s) => Some(s),
                 Err(reason) => {
-                    self.error(at("schedule"), LoadErrorKind::Invalid(reason));
-                    return;
+                    self.error(at("schedule:"), LoadErrorKind::Invalid(reason));
+                    None
                 }
             },
         };
+        if self.errors.len() > before {
+            return;
+        }
         self.defaults = Some(EnvironmentDefaults {
             implicit_resources: defaults.implicit_resources,
             schedule,
@@ -458,7 +474,7 @@ impl Loader {
                 return;
             }
         };
-        let schedule = match file.schedule {
+        let schedule = match file.schedule.flatten() {
             None => None,
             Some(text_schedule) => match super::Schedule::parse(&text_schedule) {
                 Ok(s) => Some(s),
@@ -1093,6 +1109,17 @@ fn merge_secret_refs(
             )),
         }
     }
+    if let Value::Object(map) = &refs
+        && ["store", "ref", "value"]
+            .iter()
+            .any(|k| map.contains_key(*k))
+    {
+        return Err(
+            "secret_refs maps each secret's name to {value: ...} or {store, ref}: \
+                    write `secret_refs: {NAME: ...}`"
+                .to_owned(),
+        );
+    }
     let mut stored = Vec::new();
     let refs = flatten(refs, &mut Vec::new(), &mut stored)?;
     let merged = match (secrets, refs) {
@@ -1257,6 +1284,14 @@ mod tests {
             assert!(err.starts_with("secret_refs.p.q: "), "{err}");
             assert!(err.contains(reason), "{err}");
         }
+        // The secrets need names: a bare reference would make them one string.
+        for bare in [
+            serde_json::json!({"store": "v", "ref": "x"}),
+            serde_json::json!({"value": "x"}),
+        ] {
+            let err = merge_secret_refs(Value::Null, Some(bare)).unwrap_err();
+            assert!(err.contains("write `secret_refs: {NAME: ...}`"), "{err}");
+        }
     }
 
     fn load_errors(entries: &[(&str, &str)]) -> Vec<String> {
@@ -1377,6 +1412,15 @@ mod tests {
         assert!(prod.implicit_resources.is_empty());
         assert_eq!(prod.schedule.as_ref().unwrap().text, "0 3 * * *");
         assert_eq!(prod.deletion_threshold, 5.0);
+        // `null` says "no drift runs here" over the default.
+        let repo = load_ok(&[
+            ("gitplane.yaml", settings),
+            (
+                "environments/dev.yaml",
+                "type: development\nschedule: null\n",
+            ),
+        ]);
+        assert!(repo.environments[0].schedule.is_none());
 
         // Without settings, or with an empty file, the built-in defaults hold.
         for files in [vec![ENV], vec![("gitplane.yaml", "# nothing yet\n"), ENV]] {
@@ -1407,6 +1451,10 @@ mod tests {
                 "gitplane.yaml:2:",
             ),
             ("concurrency: 4\n", "gitplane.yaml:1:"),
+            (
+                "# the schedule: drift runs\nenvironment_defaults:\n  schedule: every day\n",
+                "gitplane.yaml:3: ",
+            ),
         ] {
             let errors = load_errors(&[("gitplane.yaml", settings), ENV]);
             assert_eq!(errors.len(), 1, "{errors:?}");
@@ -1417,6 +1465,37 @@ mod tests {
             errors[0].contains("unknown field `concurrency`"),
             "{errors:?}"
         );
+        // Every error at once.
+        let errors = load_errors(&[
+            (
+                "gitplane.yaml",
+                "environment_defaults:\n  deletion_guard: {threshold: 300}\n  schedule: soon\n",
+            ),
+            ENV,
+        ]);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0].starts_with("gitplane.yaml:2: deletion_guard.threshold 300"),
+            "{errors:?}"
+        );
+        assert!(errors[1].starts_with("gitplane.yaml:3: "), "{errors:?}");
+    }
+
+    #[test]
+    fn a_key_value_is_found_on_its_own_line() {
+        use crate::model::{line_of, line_of_key_value};
+        let text = "# ref: db is in a comment\nsecrets:\n  dsn: postgres://app@db\n  \
+                    other: {store: files, ref: db/other}\n  xref: db\n  \
+                    mine: {store: files, ref: db}\n  quoted: {ref: 'db/prod#password'}\n  \
+                    block:\n    ref: \"x y\"   # why\n    plain: ref: z\n";
+        assert_eq!(line_of_key_value(text, "ref", "db"), Some(6));
+        assert_eq!(line_of_key_value(text, "ref", "db/prod#password"), Some(7));
+        assert_eq!(line_of_key_value(text, "ref", "x y"), Some(9));
+        assert_eq!(line_of_key_value(text, "ref", "z"), Some(10));
+        assert_eq!(line_of_key_value(text, "ref", "nowhere"), None);
+        // line_of skips comments unless only a comment has the needle.
+        assert_eq!(line_of(text, "ref: db"), Some(4));
+        assert_eq!(line_of(text, "in a comment"), Some(1));
     }
 
     #[test]

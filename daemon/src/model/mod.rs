@@ -284,6 +284,15 @@ pub struct Definition {
 }
 
 impl Definition {
+    /// Where this definition writes `ref: REFERENCE` (a stored secret), or the definition
+    /// itself.
+    pub fn locate_store_ref(&self, reference: &str) -> SourceLocation {
+        match line_of_key_value(&self.source, "ref", reference) {
+            Some(line) => SourceLocation::at(&self.location.file, line + self.line_offset),
+            None => self.locate(reference),
+        }
+    }
+
     /// Where `needle` first appears in this definition, or the definition itself.
     pub fn locate(&self, needle: &str) -> SourceLocation {
         match line_of(&self.source, needle) {
@@ -348,9 +357,49 @@ pub fn line_of(source: &str, needle: &str) -> Option<usize> {
         return None;
     }
     let first_line_of_needle = needle.lines().next().unwrap_or(needle);
+    let is_comment = |l: &str| l.trim_start().starts_with('#');
+    // A comment that mentions the needle is not where it is set.
     source
         .lines()
-        .position(|l| l.contains(first_line_of_needle))
+        .position(|l| !is_comment(l) && l.contains(first_line_of_needle))
+        .or_else(|| {
+            source
+                .lines()
+                .position(|l| l.contains(first_line_of_needle))
+        })
+        .map(|i| i + 1)
+}
+
+/// The 1-based line where `key: value` is written, in block (`key: value`) or flow
+/// (`{key: value}`) style, the value plain or quoted, and not merely a prefix of a longer one.
+pub fn line_of_key_value(source: &str, key: &str, value: &str) -> Option<usize> {
+    let prefix = format!("{key}:");
+    source
+        .lines()
+        .position(|line| {
+            if line.trim_start().starts_with('#') {
+                return false;
+            }
+            line.match_indices(&prefix).any(|(at, _)| {
+                let before = line[..at].chars().next_back();
+                if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '-') {
+                    return false;
+                }
+                let rest = line[at + prefix.len()..].trim_start();
+                let written = match rest.chars().next() {
+                    Some(q @ ('\'' | '"')) => rest[1..].split(q).next().unwrap_or(""),
+                    _ => rest
+                        .split([',', '}'])
+                        .next()
+                        .unwrap_or("")
+                        .split(" #")
+                        .next()
+                        .unwrap_or("")
+                        .trim_end(),
+                };
+                written == value
+            })
+        })
         .map(|i| i + 1)
 }
 

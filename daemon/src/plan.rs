@@ -299,6 +299,33 @@ pub fn same_inputs(rec: &ResourceRecord, hash: &str, inputs: &ResolvedInputs) ->
     rec.inputs_hash == hash && rec.secret_inputs == split_inputs(inputs).1
 }
 
+/// What `node` is recorded as before anything is known of it: failed, with no outputs and no
+/// inputs sent. Callers fill in what they learn.
+pub fn record_of(node: &ResourceNode, env: &str, commit: &str) -> ResourceRecord {
+    let empty = || Value::Object(Default::default());
+    ResourceRecord {
+        guresid: node.guresid.to_string(),
+        env: env.to_owned(),
+        app: node.app.clone(),
+        res_type: node.res_type.clone(),
+        class: node.class.clone(),
+        res_id: node.res_id.clone(),
+        definition: node.definition.clone(),
+        driver: node.driver_type.clone(),
+        account: node.driver_account.clone(),
+        deletion_policy: node.deletion_policy,
+        template_hash: node.template_hash.clone(),
+        status: ResourceStatus::Failed,
+        inputs_hash: String::new(),
+        outputs: empty(),
+        secret_outputs: empty(),
+        inputs: empty(),
+        secret_inputs: empty(),
+        error: None,
+        commit_id: commit.to_owned(),
+    }
+}
+
 /// Compares `graph` with the recorded resources and edges of its environment.
 pub fn plan(
     graph: &ResourceGraph,
@@ -753,25 +780,14 @@ mod tests {
             let inputs = resolve_inputs(node, &outputs).unwrap();
             let (public, secret) = split_inputs(&inputs);
             records.push(ResourceRecord {
-                guresid: node.guresid.to_string(),
-                env: graph.env.clone(),
-                app: node.app.clone(),
-                res_type: node.res_type.clone(),
-                class: node.class.clone(),
-                res_id: node.res_id.clone(),
-                definition: node.definition.clone(),
-                driver: node.driver_type.clone(),
-                account: None,
-                deletion_policy: node.deletion_policy,
-                template_hash: node.template_hash.clone(),
                 status: ResourceStatus::Ready,
                 inputs_hash: inputs_hash(node, &inputs),
                 outputs: inputs.values.clone(),
                 secret_outputs: inputs.secrets.clone(),
                 inputs: public,
                 secret_inputs: secret,
-                error: None,
                 commit_id: "c1".into(),
+                ..record_of(node, &graph.env, "c1")
             });
             outputs.insert(
                 node.guresid.clone(),

@@ -969,27 +969,7 @@ impl Run<'_, '_> {
 
     /// A record of `node` as this run provisions it; outputs and inputs are filled by callers.
     fn record(&self, node: &ResourceNode) -> ResourceRecord {
-        ResourceRecord {
-            guresid: node.guresid.to_string(),
-            env: self.graph.env.clone(),
-            app: node.app.clone(),
-            res_type: node.res_type.clone(),
-            class: node.class.clone(),
-            res_id: node.res_id.clone(),
-            definition: node.definition.clone(),
-            driver: node.driver_type.clone(),
-            account: node.driver_account.clone(),
-            deletion_policy: node.deletion_policy,
-            template_hash: node.template_hash.clone(),
-            status: ResourceStatus::Failed,
-            inputs_hash: String::new(),
-            outputs: empty(),
-            secret_outputs: empty(),
-            inputs: empty(),
-            secret_inputs: empty(),
-            error: None,
-            commit_id: self.commit.to_owned(),
-        }
+        crate::plan::record_of(node, &self.graph.env, self.commit)
     }
 }
 

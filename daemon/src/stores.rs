@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::drivers::encode_path_segment;
+use crate::drivers::{encode_path_segment, one_line};
 use crate::model::template::kind_of;
 use ureq::Agent;
 
@@ -30,8 +30,6 @@ const MAX_TOKEN_FILE_BYTES: u64 = 64 * 1024;
 const MAX_VAULT_ANSWER_BYTES: u64 = 10 * 1024 * 1024;
 /// How much of an error answer is read for its `errors`, in bytes.
 const MAX_ERROR_ANSWER_BYTES: u64 = 64 * 1024;
-/// How much of Vault's `errors` goes into a message, in characters.
-const MAX_EXPLANATION_CHARS: usize = 300;
 const TOKEN_HEADER: &str = "X-Vault-Token";
 
 /// One configured store.
@@ -79,21 +77,9 @@ impl SecretStores {
         reference: &str,
         version: Option<&str>,
     ) -> Result<Value, StoreError> {
-        match self.get(store)? {
-            StoreConfig::Dir { path } => read_dir_secret(store, path, reference, version),
-            StoreConfig::Vault {
-                url,
-                token_file,
-                mount,
-                timeout,
-            } => VaultRead {
-                store,
-                url,
-                token_file,
-                mount,
-                timeout: *timeout,
-            }
-            .read(reference, version),
+        match self.open(store)? {
+            Store::Dir(dir) => read_dir_secret(store, dir, reference, version),
+            Store::Vault(vault) => vault.read(reference, version),
         }
     }
 
@@ -105,22 +91,9 @@ impl SecretStores {
         reference: &str,
         version: Option<&str>,
     ) -> Result<(), StoreError> {
-        match self.get(store)? {
-            StoreConfig::Dir { path } => check_dir_ref(store, path, reference, version),
-            StoreConfig::Vault {
-                url,
-                token_file,
-                mount,
-                timeout,
-            } => VaultRead {
-                store,
-                url,
-                token_file,
-                mount,
-                timeout: *timeout,
-            }
-            .check(reference, version)
-            .map(drop),
+        match self.open(store)? {
+            Store::Dir(dir) => check_dir_ref(store, dir, reference, version),
+            Store::Vault(vault) => vault.check(reference, version).map(drop),
         }
     }
 
@@ -236,6 +209,30 @@ impl SecretStores {
                 configured: self.names().map(str::to_owned).collect(),
             })
     }
+
+    fn open<'a>(&'a self, store: &'a str) -> Result<Store<'a>, StoreError> {
+        Ok(match self.get(store)? {
+            StoreConfig::Dir { path } => Store::Dir(path),
+            StoreConfig::Vault {
+                url,
+                token_file,
+                mount,
+                timeout,
+            } => Store::Vault(VaultRead {
+                store,
+                url,
+                token_file,
+                mount,
+                timeout: *timeout,
+            }),
+        })
+    }
+}
+
+/// A configured store, ready to check or read a reference.
+enum Store<'a> {
+    Dir(&'a Path),
+    Vault(VaultRead<'a>),
 }
 
 /// One read from a store: store, ref (a Vault path without its field), version.
@@ -833,7 +830,7 @@ impl VaultRead<'_> {
         let detail = if destroyed {
             format!("{which} was destroyed, HTTP {status}")
         } else if let Some(at) = deleted_at {
-            format!("{which} was deleted at {}, HTTP {status}", shown(at))
+            format!("{which} was deleted at {}, HTTP {status}", one_line(at))
         } else if let Some(version) = version {
             format!("version {version}, HTTP {status}")
         } else {
@@ -894,20 +891,7 @@ fn vault_errors(bytes: &[u8]) -> String {
         .filter(|e| !e.is_empty())
         .collect::<Vec<_>>()
         .join("; ");
-    shown(&joined)
-}
-
-/// `text` on one line, cut to [`MAX_EXPLANATION_CHARS`].
-fn shown(text: &str) -> String {
-    let mut shown: String = text
-        .chars()
-        .take(MAX_EXPLANATION_CHARS)
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if text.chars().nth(MAX_EXPLANATION_CHARS).is_some() {
-        shown.push('…');
-    }
-    shown
+    one_line(&joined)
 }
 
 #[cfg(test)]
@@ -1386,7 +1370,7 @@ mod tests {
             "secret store 'vault' answered HTTP 500 for 'broken': internal error; storage \
              backend unavailable"
         );
-        assert_eq!(shown(&"é".repeat(301)), format!("{}…", "é".repeat(300)));
+        assert_eq!(one_line(&"é".repeat(301)), format!("{}…", "é".repeat(300)));
         assert_eq!(vault_errors(br#"{"errors": ["a\nb", 3, " c "]}"#), "a b; c");
         assert_eq!(vault_errors(b"<html>secret</html>"), "");
     }

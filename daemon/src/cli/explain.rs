@@ -250,7 +250,7 @@ fn explain_planned(
             .collect(),
         None => HashMap::new(),
     };
-    let rec = planned_record(node, &graph.env, &snapshot.commit);
+    let rec = crate::plan::record_of(node, &graph.env, &snapshot.commit);
     let explainer = Explainer {
         repo: &repo,
         graph,
@@ -289,32 +289,6 @@ fn explain_planned(
         operations: Vec::new(),
     };
     explanation.write(format, stdout)
-}
-
-/// What a resource of the graph would be recorded as, before it is provisioned: no outputs, no
-/// inputs sent.
-fn planned_record(node: &ResourceNode, env: &str, commit: &str) -> ResourceRecord {
-    ResourceRecord {
-        guresid: node.guresid.to_string(),
-        env: env.to_owned(),
-        app: node.app.clone(),
-        res_type: node.res_type.clone(),
-        class: node.class.clone(),
-        res_id: node.res_id.clone(),
-        definition: node.definition.clone(),
-        driver: node.driver_type.clone(),
-        account: node.driver_account.clone(),
-        deletion_policy: node.deletion_policy,
-        template_hash: node.template_hash.clone(),
-        status: gitplane_state::ResourceStatus::Ready,
-        inputs_hash: String::new(),
-        outputs: Value::Object(Default::default()),
-        secret_outputs: Value::Object(Default::default()),
-        inputs: Value::Null,
-        secret_inputs: Value::Null,
-        error: None,
-        commit_id: commit.to_owned(),
-    }
 }
 
 impl Explanation<'_> {

@@ -219,15 +219,7 @@ impl Call<'_> {
             .read_to_end(&mut bytes);
         let text = String::from_utf8_lossy(&bytes);
         let text = mask_secrets(text.trim(), &self.secret_strings());
-        let mut shown: String = text
-            .chars()
-            .take(MAX_EXPLANATION_CHARS)
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
-        if text.chars().nth(MAX_EXPLANATION_CHARS).is_some() {
-            shown.push('…');
-        }
-        shown
+        one_line(&text)
     }
 
     /// Every string (and number) in the secrets, the account and the cookie of the request.
@@ -385,6 +377,20 @@ fn status_text(status: StatusCode) -> String {
         Some(reason) => format!("{} {reason}", status.as_u16()),
         None => status.as_u16().to_string(),
     }
+}
+
+/// `text` on one line (control characters as spaces), cut to [`MAX_EXPLANATION_CHARS`]: what
+/// an error message may quote of a server's answer.
+pub(crate) fn one_line(text: &str) -> String {
+    let mut shown: String = text
+        .chars()
+        .take(MAX_EXPLANATION_CHARS)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if text.chars().nth(MAX_EXPLANATION_CHARS).is_some() {
+        shown.push('…');
+    }
+    shown
 }
 
 /// Percent-encodes everything but unreserved characters, so a GUResID stays one path segment.

@@ -19,7 +19,7 @@ use serde_json::Value;
 pub use echo::EchoDriver;
 pub use exec::ExecDriver;
 pub use http::HttpDriver;
-pub(crate) use http::encode_path_segment;
+pub(crate) use http::{encode_path_segment, one_line};
 pub use template::TemplateDriver;
 
 /// The driver of user-provided resources: outputs as registered, no call, never a deletion.

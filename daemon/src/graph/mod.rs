@@ -302,20 +302,25 @@ impl ResourceGraph {
     /// Every secret-store reference in the graph, each once, with where the first definition
     /// (in GUResID order) that reads it names it.
     pub fn stored_secrets(&self) -> Vec<(&StoreRef, &SourceLocation)> {
-        let mut nodes: Vec<&ResourceNode> = self.nodes().collect();
-        nodes.sort_by(|a, b| a.guresid.cmp(&b.guresid));
-        let mut seen = std::collections::BTreeMap::new();
-        for node in nodes {
+        let mut seen: std::collections::BTreeMap<&StoreRef, (&GuresId, &SourceLocation)> =
+            std::collections::BTreeMap::new();
+        for node in self.nodes() {
+            if matches!(node.secrets, Template::Value(_)) {
+                continue;
+            }
             for placed in node.secrets.placeholders("secrets") {
                 if let Binding::Stored {
                     secret, location, ..
                 } = placed.expr
                 {
-                    seen.entry(secret).or_insert(location);
+                    let first = seen.entry(secret).or_insert((&node.guresid, location));
+                    if node.guresid < *first.0 {
+                        *first = (&node.guresid, location);
+                    }
                 }
             }
         }
-        seen.into_iter().collect()
+        seen.into_iter().map(|(s, (_, l))| (s, l)).collect()
     }
 
     /// Puts each stored secret's value where it is read; one missing from `values` stays

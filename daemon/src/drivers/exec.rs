@@ -454,6 +454,7 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use super::super::ErrorKind;
+    use super::super::test_request::{Inputs, request};
     use super::*;
 
     /// Writes an executable `#!/bin/sh` script into `dir`.
@@ -468,35 +469,12 @@ mod tests {
         ExecDriver::new(vec![command.display().to_string()], timeout)
     }
 
-    struct Inputs {
-        resource: Value,
-        values: Value,
-        secrets: Value,
-        account: Option<Value>,
-    }
-
     fn inputs() -> Inputs {
         Inputs {
             resource: json!({"size": 3}),
             values: json!({"region": "eu-west-1"}),
             secrets: json!({"password": "hunter2-secret"}),
             account: None,
-        }
-    }
-
-    fn request<'a>(inputs: &'a Inputs, cookie: Option<&'a str>) -> DriverRequest<'a> {
-        DriverRequest {
-            guresid: "0123456789abcdef0123456789abcdef01234567",
-            env: "dev",
-            app: Some("shop"),
-            res_type: "postgres",
-            class: "default",
-            res_id: "modules.web.externals.db",
-            resource: &inputs.resource,
-            values: &inputs.values,
-            secrets: &inputs.secrets,
-            account: inputs.account.as_ref(),
-            cookie,
         }
     }
 

@@ -201,3 +201,35 @@ impl Registry {
         self.drivers.keys().map(String::as_str)
     }
 }
+
+/// What driver unit tests send: one resource's inputs, and a request for it.
+#[cfg(test)]
+pub(crate) mod test_request {
+    use serde_json::Value;
+
+    use super::DriverRequest;
+
+    pub struct Inputs {
+        pub resource: Value,
+        pub values: Value,
+        pub secrets: Value,
+        pub account: Option<Value>,
+    }
+
+    /// A request for `modules.web.externals.db`, a postgres of app `shop` in `dev`.
+    pub fn request<'a>(inputs: &'a Inputs, cookie: Option<&'a str>) -> DriverRequest<'a> {
+        DriverRequest {
+            guresid: "0123456789abcdef0123456789abcdef01234567",
+            env: "dev",
+            app: Some("shop"),
+            res_type: "postgres",
+            class: "default",
+            res_id: "modules.web.externals.db",
+            resource: &inputs.resource,
+            values: &inputs.values,
+            secrets: &inputs.secrets,
+            account: inputs.account.as_ref(),
+            cookie,
+        }
+    }
+}

@@ -257,35 +257,15 @@ fn kind(value: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::super::ErrorKind;
+    use super::super::test_request::{Inputs, request};
     use super::*;
-
-    struct Inputs {
-        resource: Value,
-        values: Value,
-        secrets: Value,
-    }
-
-    fn request<'a>(inputs: &'a Inputs, cookie: Option<&'a str>) -> DriverRequest<'a> {
-        DriverRequest {
-            guresid: "0123456789abcdef0123456789abcdef01234567",
-            env: "dev",
-            app: Some("shop"),
-            res_type: "postgres",
-            class: "default",
-            res_id: "modules.web.externals.db",
-            resource: &inputs.resource,
-            values: &inputs.values,
-            secrets: &inputs.secrets,
-            account: None,
-            cookie,
-        }
-    }
 
     fn with_values(values: Value) -> Inputs {
         Inputs {
             resource: json!({"size": 3}),
             values,
             secrets: json!({}),
+            account: None,
         }
     }
 
@@ -423,6 +403,7 @@ mod tests {
                                 dsn: {{ ('postgres://' ~ values.user ~ ':' ~ secrets.password ~ '@db') | tojson }}\n",
                 },
             }),
+            account: None,
         };
         let (outputs, secret_outputs, _) =
             done(TemplateDriver.put(&request(&inputs, None)).unwrap());
@@ -546,6 +527,7 @@ mod tests {
             resource: json!({}),
             values: json!({}),
             secrets: json!({"templates": {"init": "a: 1"}}),
+            account: None,
         };
         assert!(
             put_err(&inputs)
@@ -569,6 +551,7 @@ mod tests {
                 resource: json!({}),
                 values: json!({}),
                 secrets: json!({"password": secret, "templates": {"outputs": template}}),
+                account: None,
             };
             let message = put_err(&inputs).message;
             assert!(

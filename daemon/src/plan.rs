@@ -797,6 +797,20 @@ mod tests {
         (records, edge_records(graph))
     }
 
+    /// The template applied, then one edit planned: the plan, and each step that is not
+    /// unchanged.
+    fn plan_after_edit(path: &str, from: &str, to: &str) -> (Plan, Vec<(String, Action)>) {
+        let mut files = template_files();
+        let (records, edges) = applied(&graph(&files));
+        edit(&mut files, path, from, to);
+        let p = plan(&graph(&files), &records, &edges);
+        let changed = actions(&p)
+            .into_iter()
+            .filter(|(_, a)| *a != Action::Unchanged)
+            .collect();
+        (p, changed)
+    }
+
     fn actions(plan: &Plan) -> Vec<(String, Action)> {
         plan.steps
             .iter()
@@ -829,19 +843,8 @@ mod tests {
 
     #[test]
     fn a_changed_value_updates_its_resource_and_marks_readers_known_after_apply() {
-        let mut files = template_files();
-        let (records, edges) = applied(&graph(&files));
-        edit(
-            &mut files,
-            "definitions/base-env.yaml",
-            "pgport: 5432",
-            "pgport: 6432",
-        );
-        let p = plan(&graph(&files), &records, &edges);
-        let changed: Vec<(String, Action)> = actions(&p)
-            .into_iter()
-            .filter(|(_, a)| *a != Action::Unchanged)
-            .collect();
+        let (p, changed) =
+            plan_after_edit("definitions/base-env.yaml", "pgport: 5432", "pgport: 6432");
         // Every resource reads base-env, directly or not: whether each changes is known after
         // apply, when base-env's new outputs are.
         assert_eq!(changed[0], ("base-env#base-env".to_owned(), Action::Update));
@@ -895,19 +898,7 @@ mod tests {
 
     #[test]
     fn a_changed_literal_updates_only_its_resource() {
-        let mut files = template_files();
-        let (records, edges) = applied(&graph(&files));
-        edit(
-            &mut files,
-            "definitions/redis.yaml",
-            "port: 6379",
-            "port: 6380",
-        );
-        let p = plan(&graph(&files), &records, &edges);
-        let changed: Vec<(String, Action)> = actions(&p)
-            .into_iter()
-            .filter(|(_, a)| *a != Action::Unchanged)
-            .collect();
+        let (_, changed) = plan_after_edit("definitions/redis.yaml", "port: 6379", "port: 6380");
         assert_eq!(
             changed[0],
             ("redis#shared.cache".to_owned(), Action::Update)

@@ -92,23 +92,35 @@ pub fn fetch_mirror(url: &str, mirror: &Path) -> Result<(), WatchError> {
 }
 
 fn git(dir: Option<&Path>, args: &[&str]) -> Result<(), WatchError> {
+    run_git(dir, args).map_err(|GitFailed { args, message }| WatchError::Git { args, message })
+}
+
+/// A `git` command that did not succeed: its arguments, and what it said.
+#[derive(Debug)]
+pub struct GitFailed {
+    pub args: String,
+    pub message: String,
+}
+
+/// Runs the `git` program (in `dir`, if given), never prompting for a password.
+pub fn run_git(dir: Option<&Path>, args: &[&str]) -> Result<(), GitFailed> {
+    let failed = |message: String| GitFailed {
+        args: args.join(" "),
+        message,
+    };
     let mut cmd = Command::new("git");
     if let Some(dir) = dir {
         cmd.current_dir(dir);
     }
     // Never wait for a password on a terminal nobody reads.
     cmd.args(args).env("GIT_TERMINAL_PROMPT", "0");
-    let out = cmd.output().map_err(|e| WatchError::Git {
-        args: args.join(" "),
-        message: e.to_string(),
-    })?;
+    let out = cmd.output().map_err(|e| failed(e.to_string()))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(WatchError::Git {
-            args: args.join(" "),
-            message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        })
+        Err(failed(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ))
     }
 }
 

@@ -108,22 +108,8 @@ pub fn init(dir: &Path) -> Result<(), InitError> {
 }
 
 fn git(dir: &Path, args: &[&str]) -> Result<(), InitError> {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .map_err(|e| InitError::Git {
-            args: args.join(" "),
-            message: e.to_string(),
-        })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(InitError::Git {
-            args: args.join(" "),
-            message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        })
-    }
+    crate::watch::run_git(Some(dir), args)
+        .map_err(|crate::watch::GitFailed { args, message }| InitError::Git { args, message })
 }
 
 #[cfg(test)]

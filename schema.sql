@@ -246,3 +246,269 @@ SELECT o.deployment_id, d.env, d.commit_id, o.guresid, o.app, o.type, o.class, o
 FROM operation o JOIN deployment d ON d.id = o.deployment_id
 WHERE o.status IN ('failed', 'skipped')
 ORDER BY o.id DESC;
+
+-- migration 2
+
+-- State grows with changes, not with deployments. Links, bindings and resource versions are rows
+-- valid from the deployment that made them (`valid_from`) until the first deployment of the same
+-- environment without them (`valid_to`; NULL while current). A deployment that changes nothing
+-- writes its own `deployment` row and nothing else.
+--
+-- What an environment looked like at deployment D is every row of D's environment with
+-- `valid_from <= D AND (valid_to IS NULL OR valid_to > D)`: the views `deployment_resources`,
+-- `deployment_links` and `deployment_bindings` give it; `changes` lists what each deployment
+-- added, changed and removed. `history.keep` in the host config prunes what no kept deployment
+-- can see (`gitplane state vacuum`).
+--
+-- Existing per-deployment copies are folded into ranges: a link or binding present in a run of
+-- consecutive deployments (among those that recorded links) becomes one row.
+
+DROP VIEW links;
+DROP VIEW consumers;
+
+CREATE TABLE link_range (
+    id          INTEGER PRIMARY KEY,
+    env         TEXT NOT NULL,
+    consumer    TEXT NOT NULL,             -- GUResID: depends on the provider
+    provider    TEXT NOT NULL,             -- GUResID
+    kind        TEXT NOT NULL CHECK (kind IN
+                    ('dependency', 'reference', 'coprovision', 'selector', 'implicit')),
+    update_type TEXT NOT NULL CHECK (update_type IN ('NeedsProvides', 'None', 'Insert')),
+    valid_from  INTEGER NOT NULL,          -- the deployment that made this link
+    valid_to    INTEGER                    -- the first deployment without it; NULL: current
+);
+
+CREATE TEMP TABLE link_runs AS
+SELECT env, deployment_id,
+       ROW_NUMBER() OVER (PARTITION BY env ORDER BY deployment_id) AS seq
+FROM (SELECT DISTINCT env, deployment_id FROM link);
+
+INSERT INTO link_range (env, consumer, provider, kind, update_type, valid_from, valid_to)
+WITH numbered AS (
+    SELECT l.env, l.consumer, l.provider, l.kind, l.update_type, r.seq,
+           r.seq - ROW_NUMBER() OVER (
+               PARTITION BY l.env, l.consumer, l.provider, l.kind, l.update_type
+               ORDER BY r.seq) AS island
+    FROM link l JOIN link_runs r ON r.env = l.env AND r.deployment_id = l.deployment_id
+), islands AS (
+    SELECT env, consumer, provider, kind, update_type, MIN(seq) AS first, MAX(seq) AS last
+    FROM numbered
+    GROUP BY env, consumer, provider, kind, update_type, island
+)
+SELECT i.env, i.consumer, i.provider, i.kind, i.update_type, f.deployment_id, n.deployment_id
+FROM islands i
+JOIN link_runs f ON f.env = i.env AND f.seq = i.first
+LEFT JOIN link_runs n ON n.env = i.env AND n.seq = i.last + 1
+ORDER BY f.deployment_id;
+
+-- Edges that no link recorded (those of orphans kept after a failed deletion) join the current
+-- links, from the environment's newest deployment on.
+INSERT INTO link_range (env, consumer, provider, kind, update_type, valid_from, valid_to)
+SELECT e.env, e.from_guresid, e.to_guresid, e.kind,
+       CASE WHEN e.kind IN ('reference', 'selector') THEN 'NeedsProvides' ELSE 'None' END,
+       COALESCE((SELECT MAX(id) FROM deployment d WHERE d.env = e.env), 0), NULL
+FROM edge e
+WHERE NOT EXISTS (SELECT 1 FROM link_range l
+                  WHERE l.env = e.env AND l.consumer = e.from_guresid
+                    AND l.provider = e.to_guresid AND l.valid_to IS NULL);
+
+CREATE TABLE binding_range (
+    id               INTEGER PRIMARY KEY,
+    env              TEXT NOT NULL,
+    needed_guresid   TEXT NOT NULL,        -- the consumer
+    needed_path      TEXT NOT NULL,        -- where in its inputs: values.host, secrets.password, ...
+    provided_guresid TEXT NOT NULL,        -- the provider (a selector's base resource)
+    provided_path    TEXT NOT NULL,        -- outputs.pghost, or workload>aws-policy.outputs.name
+    data_type        TEXT NOT NULL CHECK (data_type IN ('string', 'int', 'bool', 'json')),
+    value            TEXT,                 -- JSON; NULL for a secret
+    secret           INTEGER NOT NULL DEFAULT 0,
+    inserted         INTEGER NOT NULL DEFAULT 0,  -- a whole object inserted into a string
+    interface        TEXT,                 -- read through an interface: "NAME = $id"
+    valid_from       INTEGER NOT NULL,
+    valid_to         INTEGER
+);
+
+CREATE TEMP TABLE binding_runs AS
+SELECT env, deployment_id,
+       ROW_NUMBER() OVER (PARTITION BY env ORDER BY deployment_id) AS seq
+FROM (SELECT DISTINCT env, deployment_id FROM binding);
+
+INSERT INTO binding_range (env, needed_guresid, needed_path, provided_guresid, provided_path,
+                           data_type, value, secret, inserted, interface, valid_from, valid_to)
+WITH distinct_rows AS (
+    SELECT DISTINCT env, deployment_id, needed_guresid, needed_path, provided_guresid,
+           provided_path, data_type, value, secret, inserted, interface
+    FROM binding
+), numbered AS (
+    SELECT b.*, r.seq,
+           r.seq - ROW_NUMBER() OVER (
+               PARTITION BY b.env, b.needed_guresid, b.needed_path, b.provided_guresid,
+                            b.provided_path, b.data_type, b.value, b.secret, b.inserted,
+                            b.interface
+               ORDER BY r.seq) AS island
+    FROM distinct_rows b JOIN binding_runs r ON r.env = b.env AND r.deployment_id = b.deployment_id
+), islands AS (
+    SELECT env, needed_guresid, needed_path, provided_guresid, provided_path, data_type, value,
+           secret, inserted, interface, MIN(seq) AS first, MAX(seq) AS last
+    FROM numbered
+    GROUP BY env, needed_guresid, needed_path, provided_guresid, provided_path, data_type, value,
+             secret, inserted, interface, island
+)
+SELECT i.env, i.needed_guresid, i.needed_path, i.provided_guresid, i.provided_path, i.data_type,
+       i.value, i.secret, i.inserted, i.interface, f.deployment_id, n.deployment_id
+FROM islands i
+JOIN binding_runs f ON f.env = i.env AND f.seq = i.first
+LEFT JOIN binding_runs n ON n.env = i.env AND n.seq = i.last + 1
+ORDER BY f.deployment_id;
+
+DROP TABLE link_runs;
+DROP TABLE binding_runs;
+DROP TABLE link;
+DROP TABLE binding;
+DROP TABLE edge;
+ALTER TABLE link_range RENAME TO link;
+ALTER TABLE binding_range RENAME TO binding;
+
+CREATE UNIQUE INDEX link_current ON link (env, consumer, provider) WHERE valid_to IS NULL;
+CREATE INDEX link_current_provider ON link (provider) WHERE valid_to IS NULL;
+CREATE INDEX link_from ON link (env, valid_from);
+CREATE INDEX link_to ON link (valid_to) WHERE valid_to IS NOT NULL;
+CREATE INDEX binding_current ON binding (needed_guresid) WHERE valid_to IS NULL;
+CREATE INDEX binding_from ON binding (env, valid_from);
+CREATE INDEX binding_to ON binding (valid_to) WHERE valid_to IS NOT NULL;
+
+-- Each version of each resource: a new row whenever what it is changes (its definition, driver,
+-- status, inputs, outputs or error), none when a run leaves it as it was. The `resource` table
+-- stays the current row of each.
+CREATE TABLE resource_version (
+    id          INTEGER PRIMARY KEY,
+    guresid     TEXT NOT NULL,
+    env         TEXT NOT NULL,
+    app         TEXT,
+    type        TEXT NOT NULL,
+    class       TEXT NOT NULL,
+    res_id      TEXT NOT NULL,
+    definition  TEXT NOT NULL,
+    driver      TEXT NOT NULL,
+    status      TEXT NOT NULL CHECK (status IN ('ready', 'failed')),
+    inputs_hash TEXT NOT NULL,
+    outputs     TEXT NOT NULL,             -- JSON object of non-secret outputs
+    error       TEXT,
+    commit_id   TEXT NOT NULL,
+    valid_from  INTEGER NOT NULL,
+    valid_to    INTEGER
+);
+INSERT INTO resource_version (guresid, env, app, type, class, res_id, definition, driver, status,
+                              inputs_hash, outputs, error, commit_id, valid_from, valid_to)
+SELECT guresid, env, app, type, class, res_id, definition, driver, status, inputs_hash, outputs,
+       error, commit_id, deployment_id, NULL
+FROM resource ORDER BY deployment_id, guresid;
+CREATE UNIQUE INDEX resource_version_current ON resource_version (guresid) WHERE valid_to IS NULL;
+CREATE INDEX resource_version_from ON resource_version (env, valid_from);
+CREATE INDEX resource_version_to ON resource_version (valid_to) WHERE valid_to IS NOT NULL;
+
+-- The edges of each environment's graph as last applied (`from_guresid` depends on
+-- `to_guresid`): the current links, under the name of the table this view replaces.
+CREATE VIEW edge AS
+SELECT env, consumer AS from_guresid, provider AS to_guresid, kind
+FROM link WHERE valid_to IS NULL;
+
+-- The current links of each environment with their current bindings (one row per binding; a
+-- link without bindings has NULL binding columns). `deployment_id` is the deployment that made
+-- the link.
+CREATE VIEW links AS
+SELECT l.env, l.valid_from AS deployment_id,
+       l.consumer, c.type AS consumer_type, c.res_id AS consumer_id,
+       l.provider, p.type AS provider_type, p.res_id AS provider_id,
+       l.kind, l.update_type,
+       b.needed_path, b.provided_path, b.data_type, b.value, b.secret, b.inserted, b.interface
+FROM link l
+LEFT JOIN resource c ON c.guresid = l.consumer
+LEFT JOIN resource p ON p.guresid = l.provider
+-- A selector's binding (an array) names the selector's base resource and a path such as
+-- `workload>aws-policy.outputs.name`; it belongs to each of the selector's links to a resource
+-- of the selected type.
+LEFT JOIN binding b ON b.valid_to IS NULL AND b.needed_guresid = l.consumer
+                   AND (b.provided_guresid = l.provider
+                        OR (l.kind = 'selector'
+                            AND substr(b.provided_path,
+                                       max(instr(b.provided_path, '>'), instr(b.provided_path, '<')) + 1,
+                                       instr(b.provided_path, '.outputs')
+                                         - max(instr(b.provided_path, '>'), instr(b.provided_path, '<')) - 1)
+                                = p.type))
+WHERE l.valid_to IS NULL
+ORDER BY l.env, l.consumer, l.provider, b.needed_path;
+
+-- Everything that depends on each resource, transitively, from the current links: `provider`
+-- is used by `consumer` through `depth` links.
+CREATE VIEW consumers AS
+WITH RECURSIVE current_link (env, consumer, provider) AS (
+    SELECT env, consumer, provider FROM link WHERE valid_to IS NULL
+), closure (env, provider, consumer, depth) AS (
+    SELECT env, provider, consumer, 1 FROM current_link
+    UNION
+    SELECT c.env, c.provider, l.consumer, c.depth + 1
+    FROM closure c JOIN current_link l ON l.env = c.env AND l.provider = c.consumer
+    WHERE c.depth < 64
+)
+SELECT env, provider, consumer, MIN(depth) AS depth FROM closure
+GROUP BY env, provider, consumer;
+
+-- What each deployment's environment looked like when it ended: its resources (the version of
+-- each in force), links and bindings. Ask for one: `WHERE deployment_id = D`.
+CREATE VIEW deployment_resources AS
+SELECT d.id AS deployment_id, d.env, d.commit_id AS deployment_commit,
+       v.guresid, v.app, v.type, v.class, v.res_id, v.definition, v.driver, v.status,
+       v.inputs_hash, v.outputs, v.error, v.commit_id, v.valid_from
+FROM deployment d
+JOIN resource_version v ON v.env = d.env AND v.valid_from <= d.id
+                       AND (v.valid_to IS NULL OR v.valid_to > d.id);
+
+CREATE VIEW deployment_links AS
+SELECT d.id AS deployment_id, d.env, d.commit_id,
+       l.consumer, l.provider, l.kind, l.update_type, l.valid_from
+FROM deployment d
+JOIN link l ON l.env = d.env AND l.valid_from <= d.id AND (l.valid_to IS NULL OR l.valid_to > d.id);
+
+CREATE VIEW deployment_bindings AS
+SELECT d.id AS deployment_id, d.env, d.commit_id,
+       b.needed_guresid, b.needed_path, b.provided_guresid, b.provided_path, b.data_type,
+       b.value, b.secret, b.inserted, b.interface, b.valid_from
+FROM deployment d
+JOIN binding b ON b.env = d.env AND b.valid_from <= d.id
+              AND (b.valid_to IS NULL OR b.valid_to > d.id);
+
+-- What each deployment changed: resources created, updated and deleted (a new version, a first
+-- one, or the last one ending), links and bindings added and removed. `subject` is the resource
+-- (a link's or binding's consumer), `other` a link's or binding's provider, `detail` what it
+-- is. What changed in commit C: `WHERE commit_id = C`.
+CREATE VIEW changes AS
+SELECT d.id AS deployment_id, d.env, d.commit_id, 'resource' AS what,
+       CASE WHEN EXISTS (SELECT 1 FROM resource_version p
+                         WHERE p.guresid = v.guresid AND p.valid_to = v.valid_from)
+            THEN 'updated' ELSE 'created' END AS change,
+       v.guresid AS subject, NULL AS other,
+       v.type || '.' || v.class || '#' || v.res_id AS detail
+FROM deployment d JOIN resource_version v ON v.env = d.env AND v.valid_from = d.id
+UNION ALL
+SELECT d.id, d.env, d.commit_id, 'resource', 'deleted', v.guresid, NULL,
+       v.type || '.' || v.class || '#' || v.res_id
+FROM deployment d JOIN resource_version v ON v.env = d.env AND v.valid_to = d.id
+WHERE NOT EXISTS (SELECT 1 FROM resource_version n
+                  WHERE n.guresid = v.guresid AND n.valid_from = v.valid_to)
+UNION ALL
+SELECT d.id, d.env, d.commit_id, 'link', 'added', l.consumer, l.provider,
+       l.kind || ' ' || l.update_type
+FROM deployment d JOIN link l ON l.env = d.env AND l.valid_from = d.id
+UNION ALL
+SELECT d.id, d.env, d.commit_id, 'link', 'removed', l.consumer, l.provider,
+       l.kind || ' ' || l.update_type
+FROM deployment d JOIN link l ON l.env = d.env AND l.valid_to = d.id
+UNION ALL
+SELECT d.id, d.env, d.commit_id, 'binding', 'added', b.needed_guresid, b.provided_guresid,
+       b.needed_path || ' <- ' || b.provided_path || ' = ' || COALESCE(b.value, '(secret)')
+FROM deployment d JOIN binding b ON b.env = d.env AND b.valid_from = d.id
+UNION ALL
+SELECT d.id, d.env, d.commit_id, 'binding', 'removed', b.needed_guresid, b.provided_guresid,
+       b.needed_path || ' <- ' || b.provided_path || ' = ' || COALESCE(b.value, '(secret)')
+FROM deployment d JOIN binding b ON b.env = d.env AND b.valid_to = d.id;

@@ -117,6 +117,8 @@ pub struct HostConfig {
     pub accounts: BTreeMap<String, AccountSource>,
     /// Where `secret_refs: {store, ref}` values are read from, by store name.
     pub secret_stores: BTreeMap<String, StoreConfig>,
+    /// `history.keep`: how much history state keeps; `None` keeps all of it.
+    pub history: Option<gitplane_state::Retention>,
 }
 
 impl Default for HostConfig {
@@ -132,6 +134,7 @@ impl Default for HostConfig {
             drivers: BTreeMap::new(),
             accounts: BTreeMap::new(),
             secret_stores: BTreeMap::new(),
+            history: None,
         }
     }
 }
@@ -152,6 +155,21 @@ struct HostConfigFile {
     accounts: BTreeMap<String, AccountFile>,
     #[serde(default)]
     secret_stores: BTreeMap<String, SecretStoreFile>,
+    history: Option<HistoryFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryFile {
+    keep: KeepFile,
+}
+
+/// `keep: 1000` (deployments per environment) or `keep: 90d` (an age).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum KeepFile {
+    Deployments(u64),
+    Age(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -224,7 +242,7 @@ struct AccountFile {
     env: Option<String>,
 }
 
-/// Parses `30s`, `2m`, `1h`, `500ms` or a bare number of seconds.
+/// Parses `30s`, `2m`, `1h`, `7d`, `500ms` or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let (number, unit) = match t.find(|c: char| !c.is_ascii_digit() && c != '.') {
@@ -233,15 +251,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     };
     let value: f64 = number
         .parse()
-        .map_err(|_| format!("'{text}' is not a duration: write e.g. 30s, 2m, 500ms"))?;
+        .map_err(|_| format!("'{text}' is not a duration: write e.g. 30s, 2m, 500ms, 90d"))?;
     let seconds = match unit {
         "ms" => value / 1000.0,
         "s" => value,
         "m" => value * 60.0,
         "h" => value * 3600.0,
+        "d" => value * 86_400.0,
         _ => {
             return Err(format!(
-                "'{text}': unknown unit '{unit}' (use ms, s, m or h)"
+                "'{text}': unknown unit '{unit}' (use ms, s, m, h or d)"
             ));
         }
     };
@@ -498,6 +517,28 @@ impl HostConfig {
         if retry.attempts == 0 {
             err("attempts", "retry.attempts must be at least 1".into());
         }
+        let history = match raw.history.map(|h| h.keep) {
+            None => None,
+            Some(KeepFile::Deployments(0)) => {
+                err(
+                    "keep",
+                    "history.keep must be at least 1 deployment, or an age such as 90d".into(),
+                );
+                None
+            }
+            Some(KeepFile::Deployments(n)) => Some(gitplane_state::Retention::Deployments(n)),
+            Some(KeepFile::Age(text)) => match parse_duration(&text) {
+                Ok(age) if !age.is_zero() => Some(gitplane_state::Retention::Age(age)),
+                Ok(_) => {
+                    err("keep", "history.keep must be longer than 0".into());
+                    None
+                }
+                Err(message) => {
+                    err("keep", format!("history.keep: {message}"));
+                    None
+                }
+            },
+        };
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -512,6 +553,7 @@ impl HostConfig {
             drivers,
             accounts,
             secret_stores,
+            history,
         })
     }
 
@@ -578,6 +620,10 @@ mod tests {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
         assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert_eq!(
+            parse_duration("90d").unwrap(),
+            Duration::from_secs(90 * 86_400)
+        );
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("5 days").is_err());
     }
@@ -645,6 +691,40 @@ accounts:
                 "host.yaml:1: concurrency must be at least 1",
             ]
         );
+    }
+
+    #[test]
+    fn history_keeps_a_number_of_deployments_or_an_age() {
+        let keep = |text: &str| HostConfig::parse("host.yaml", text).map(|c| c.history);
+        assert_eq!(keep("concurrency: 4\n").unwrap(), None);
+        assert_eq!(
+            keep("history: {keep: 1000}\n").unwrap(),
+            Some(gitplane_state::Retention::Deployments(1000))
+        );
+        assert_eq!(
+            keep("history:\n  keep: 90d\n").unwrap(),
+            Some(gitplane_state::Retention::Age(Duration::from_secs(
+                90 * 86_400
+            )))
+        );
+        let errors = |text: &str| -> Vec<String> {
+            keep(text)
+                .unwrap_err()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert_eq!(
+            errors("concurrency: 2\nhistory:\n  keep: 0\n"),
+            ["host.yaml:3: history.keep must be at least 1 deployment, or an age such as 90d"]
+        );
+        assert_eq!(
+            errors("history: {keep: forever}\n"),
+            [
+                "host.yaml:1: history.keep: 'forever' is not a duration: write e.g. 30s, 2m, 500ms, 90d"
+            ]
+        );
+        assert!(errors("history: {keep: 10, days: 3}\n")[0].contains("unknown field `days`"));
     }
 
     #[test]

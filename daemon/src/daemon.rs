@@ -522,6 +522,14 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
     )
     .await;
     drop(lock);
+    if let Some(keep) = runtime.history {
+        let pruned = store
+            .prune(keep)
+            .and_then(|_| store.reclaim(crate::cli::RECLAIM_PAGES));
+        if let Err(e) = pruned {
+            warn!(env, error = %e, "cannot prune the history (history.keep)");
+        }
+    }
     match report {
         Ok(r) => {
             let c = r.counts;
@@ -561,6 +569,8 @@ struct Runtime {
     drivers: Registry,
     settings: Settings,
     stores: SecretStores,
+    /// `history.keep`: pruned after each deployment.
+    history: Option<gitplane_state::Retention>,
 }
 
 impl Runtime {
@@ -577,6 +587,7 @@ fn runtime_of(host: &HostConfig) -> Runtime {
         drivers: host.registry(),
         settings: Settings::from_config(host),
         stores: host.secret_stores(),
+        history: host.history,
     }
 }
 

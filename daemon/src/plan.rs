@@ -1,14 +1,14 @@
 //! The plan: what applying a graph would do to the recorded state, and why.
 //!
-//! [`plan`] is a pure function of an environment's graph and its recorded resources and edges.
+//! [`plan`] is a pure function of an environment's graph and its recorded resources and links.
 //! It also owns how a resource's inputs are resolved ([`resolve_inputs`]) and hashed
 //! ([`inputs_hash`]), so the plan and the reconciler can never disagree about what "changed"
 //! means.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 
-use gitplane_state::{BindingRecord, EdgeRecord, ResourceRecord, ResourceStatus};
+use gitplane_state::{BindingRecord, LinkRecord, ResourceRecord, ResourceStatus};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -133,15 +133,70 @@ pub enum ResolveError {
     KnownAfterApply { target: String },
 }
 
-/// The outputs of a provisioned resource, as a lookup for resolution.
+/// The outputs of provisioned resources, as a lookup for resolution.
 pub trait Outputs {
-    /// `(outputs, secret_outputs, label)` of `id`, or `None` when not known (yet).
-    fn outputs(&self, id: &GuresId) -> Option<(&Value, &Value, String)>;
+    /// `(outputs, secret_outputs)` of `id`, or `None` when not known (yet).
+    fn outputs(&self, id: &GuresId) -> Option<(&Value, &Value)>;
+    /// How people name `id`, for messages.
+    fn label(&self, id: &GuresId) -> String;
 }
 
 impl Outputs for HashMap<GuresId, (Value, Value, String)> {
-    fn outputs(&self, id: &GuresId) -> Option<(&Value, &Value, String)> {
-        self.get(id).map(|(o, s, l)| (o, s, l.clone()))
+    fn outputs(&self, id: &GuresId) -> Option<(&Value, &Value)> {
+        self.get(id).map(|(o, s, _)| (o, s))
+    }
+
+    fn label(&self, id: &GuresId) -> String {
+        self.get(id)
+            .map(|(_, _, l)| l.clone())
+            .unwrap_or_else(|| id.to_string())
+    }
+}
+
+/// The recorded resources of an environment by GUResID, and the outputs of those a plan or an
+/// apply has found to stay as they are: what unchanged inputs resolve to. Borrows the records
+/// rather than copying 50 000 output objects.
+pub struct Recorded<'a> {
+    pub by_id: HashMap<&'a str, &'a ResourceRecord>,
+    /// Resources whose recorded outputs are current.
+    stable: HashSet<&'a str>,
+}
+
+impl<'a> Recorded<'a> {
+    pub fn new(records: &'a [ResourceRecord]) -> Self {
+        Recorded {
+            by_id: records.iter().map(|r| (r.guresid.as_str(), r)).collect(),
+            stable: HashSet::new(),
+        }
+    }
+
+    /// Marks a recorded resource's outputs current.
+    pub fn stable(&mut self, id: &GuresId) {
+        if let Some((&key, _)) = self.by_id.get_key_value(id.as_str()) {
+            self.stable.insert(key);
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<&'a ResourceRecord> {
+        self.by_id.get(id).copied()
+    }
+}
+
+impl Outputs for Recorded<'_> {
+    fn outputs(&self, id: &GuresId) -> Option<(&Value, &Value)> {
+        if !self.stable.contains(id.as_str()) {
+            return None;
+        }
+        self.by_id
+            .get(id.as_str())
+            .map(|r| (&r.outputs, &r.secret_outputs))
+    }
+
+    fn label(&self, id: &GuresId) -> String {
+        match self.by_id.get(id.as_str()) {
+            Some(r) => crate::graph::label(r.app.as_deref(), &r.res_type, &r.class, &r.res_id),
+            None => id.to_string(),
+        }
     }
 }
 
@@ -167,10 +222,7 @@ pub fn resolve_inputs(
     })?;
     if let Some((target, path)) = first_secret {
         return Err(ResolveError::SecretInValues {
-            target: upstream
-                .outputs(target)
-                .map(|(_, _, label)| label)
-                .unwrap_or_else(|| target.to_string()),
+            target: upstream.label(target),
             path: path_to_string(path),
         });
     }
@@ -222,7 +274,7 @@ fn output_of(
     target: &GuresId,
     path: &[crate::model::placeholder::Segment],
 ) -> Result<Resolved, ResolveError> {
-    let Some((outputs, secrets, label)) = upstream.outputs(target) else {
+    let Some((outputs, secrets)) = upstream.outputs(target) else {
         return Err(ResolveError::KnownAfterApply {
             target: target.to_string(),
         });
@@ -247,7 +299,7 @@ fn output_of(
         .collect();
     available.sort();
     Err(ResolveError::MissingOutput {
-        target: label,
+        target: upstream.label(target),
         path: path_to_string(path),
         available: if available.is_empty() {
             "none".to_owned()
@@ -296,7 +348,7 @@ pub fn inputs_hash(node: &ResourceNode, inputs: &ResolvedInputs) -> String {
 /// Whether `rec` was provisioned with exactly `inputs` (whose [`inputs_hash`] is `hash`),
 /// secrets included: a rotated password must reach the driver.
 pub fn same_inputs(rec: &ResourceRecord, hash: &str, inputs: &ResolvedInputs) -> bool {
-    rec.inputs_hash == hash && rec.secret_inputs == split_inputs(inputs).1
+    rec.inputs_hash == hash && rec.secret_inputs.holds(&split_inputs(inputs).1)
 }
 
 /// What `node` is recorded as before anything is known of it: failed, with no outputs and no
@@ -319,43 +371,27 @@ pub fn record_of(node: &ResourceNode, env: &str, commit: &str) -> ResourceRecord
         inputs_hash: String::new(),
         outputs: empty(),
         secret_outputs: empty(),
-        inputs: empty(),
-        secret_inputs: empty(),
+        inputs: Default::default(),
+        secret_inputs: Default::default(),
         error: None,
         commit_id: commit.to_owned(),
     }
 }
 
-/// Compares `graph` with the recorded resources and edges of its environment.
-pub fn plan(
-    graph: &ResourceGraph,
-    recorded: &[ResourceRecord],
-    recorded_edges: &[EdgeRecord],
-) -> Plan {
-    let by_id: HashMap<&str, &ResourceRecord> =
-        recorded.iter().map(|r| (r.guresid.as_str(), r)).collect();
-    // Outputs of resources that stay as they are: what unchanged downstream inputs resolve to.
-    let mut stable: HashMap<GuresId, (Value, Value, String)> = HashMap::new();
-    let mut steps = Vec::new();
+/// Compares `graph` with the recorded resources and links of its environment.
+pub fn plan(graph: &ResourceGraph, recorded: &[ResourceRecord], links: &[LinkRecord]) -> Plan {
+    let mut known = Recorded::new(recorded);
+    let mut steps = Vec::with_capacity(graph.len());
     for node in graph.provisioning_order() {
-        let rec = by_id.get(node.guresid.as_str()).copied();
-        let (action, reason, changes) = put_action(node, rec, &stable);
+        let rec = known.get(node.guresid.as_str());
+        let (action, reason, changes) = put_action(node, rec, &known);
         let known_after_apply = if action == Action::MaybeUpdate {
-            pending_inputs(graph, node, &stable)
+            pending_inputs(graph, node, &known)
         } else {
             Vec::new()
         };
-        if action == Action::Unchanged
-            && let Some(rec) = rec
-        {
-            stable.insert(
-                node.guresid.clone(),
-                (
-                    rec.outputs.clone(),
-                    rec.secret_outputs.clone(),
-                    node.label(),
-                ),
-            );
+        if action == Action::Unchanged {
+            known.stable(&node.guresid);
         }
         steps.push(Step {
             guresid: node.guresid.clone(),
@@ -371,9 +407,9 @@ pub fn plan(
     }
     let orphans: Vec<&ResourceRecord> = recorded
         .iter()
-        .filter(|r| !graph.contains(&GuresId::from_recorded(r.guresid.clone())))
+        .filter(|r| !graph.contains_id(&r.guresid))
         .collect();
-    for rec in deletion_order(&orphans, recorded_edges) {
+    for rec in deletion_order(&orphans, links) {
         let (action, reason) = match rec.deletion_policy {
             gitplane_state::DeletionPolicy::Delete => (Action::Delete, "no longer in the graph"),
             gitplane_state::DeletionPolicy::Orphan => (
@@ -393,7 +429,9 @@ pub fn plan(
             changes: Vec::new(),
         });
     }
-    note_remaining_consumers(graph, &mut steps, recorded_edges);
+    if !orphans.is_empty() {
+        note_remaining_consumers(graph, &mut steps, links);
+    }
     Plan {
         env: graph.env.clone(),
         steps,
@@ -403,7 +441,7 @@ pub fn plan(
 fn put_action(
     node: &ResourceNode,
     rec: Option<&ResourceRecord>,
-    stable: &HashMap<GuresId, (Value, Value, String)>,
+    stable: &Recorded<'_>,
 ) -> (Action, String, Vec<String>) {
     let Some(rec) = rec else {
         return (Action::Create, "new resource".into(), Vec::new());
@@ -466,16 +504,20 @@ fn put_action(
     }
 }
 
-/// The inputs that differ between what `rec` was last provisioned with and `inputs`.
+/// The inputs that differ between what `rec` was last provisioned with and `inputs`. Only
+/// resources that change pay for reading what they were last sent.
 fn input_changes(rec: &ResourceRecord, inputs: &ResolvedInputs) -> Vec<String> {
     let mut out = Vec::new();
-    let old_values = rec.inputs.get("values").unwrap_or(&Value::Null);
+    // A column that does not parse shows every input as new rather than hiding the change.
+    let old_inputs = rec.inputs.parse().unwrap_or(Value::Null);
+    let old_values = old_inputs.get("values").unwrap_or(&Value::Null);
     diff_values("values", old_values, &inputs.values, false, &mut out);
     if !inputs.resource_is_secret {
-        let old = rec.inputs.get("resource").unwrap_or(&Value::Null);
+        let old = old_inputs.get("resource").unwrap_or(&Value::Null);
         diff_values("resource", old, &inputs.resource, false, &mut out);
     }
-    let old_secrets = rec.secret_inputs.get("secrets").unwrap_or(&Value::Null);
+    let old_secret_inputs = rec.secret_inputs.parse().unwrap_or(Value::Null);
+    let old_secrets = old_secret_inputs.get("secrets").unwrap_or(&Value::Null);
     diff_values("secrets", old_secrets, &inputs.secrets, true, &mut out);
     out
 }
@@ -565,20 +607,16 @@ fn data_type(v: &Value) -> &'static str {
 
 /// Reference counting made visible: a resource that loses a consumer to a deletion but stays,
 /// says who still uses it.
-fn note_remaining_consumers(
-    graph: &ResourceGraph,
-    steps: &mut [Step],
-    recorded_edges: &[EdgeRecord],
-) {
+fn note_remaining_consumers(graph: &ResourceGraph, steps: &mut [Step], links: &[LinkRecord]) {
     let deleted: HashSet<&str> = steps
         .iter()
         .filter(|s| matches!(s.action, Action::Delete | Action::Forget))
         .map(|s| s.guresid.as_str())
         .collect();
-    let lost: HashSet<String> = recorded_edges
+    let lost: HashSet<&str> = links
         .iter()
-        .filter(|e| deleted.contains(e.from.as_str()) && !deleted.contains(e.to.as_str()))
-        .map(|e| e.to.clone())
+        .filter(|l| deleted.contains(l.consumer.as_str()) && !deleted.contains(l.provider.as_str()))
+        .map(|l| l.provider.as_str())
         .collect();
     for step in steps.iter_mut() {
         if !lost.contains(step.guresid.as_str()) {
@@ -606,7 +644,7 @@ fn note_remaining_consumers(
 fn pending_inputs(
     graph: &ResourceGraph,
     node: &ResourceNode,
-    stable: &HashMap<GuresId, (Value, Value, String)>,
+    stable: &Recorded<'_>,
 ) -> Vec<String> {
     let label = |id: &GuresId| {
         graph
@@ -626,7 +664,7 @@ fn pending_inputs(
                 Binding::Output {
                     target,
                     path: output,
-                } if !stable.contains_key(target) => {
+                } if stable.outputs(target).is_none() => {
                     out.push(format!(
                         "{path} <- {} outputs.{}",
                         label(target),
@@ -638,7 +676,7 @@ fn pending_inputs(
                     targets,
                     path: output,
                     ..
-                } if targets.iter().any(|t| !stable.contains_key(t)) => {
+                } if targets.iter().any(|t| stable.outputs(t).is_none()) => {
                     out.push(format!(
                         "{path} <- selector {written} outputs.{}",
                         path_to_string(output)
@@ -696,62 +734,34 @@ pub fn deletion_guard(plan: &Plan, recorded: usize, threshold: f64) -> Option<He
     Some(Held { deletions, reason })
 }
 
-/// The edges of `graph` as state records them.
-pub fn edge_records(graph: &ResourceGraph) -> Vec<EdgeRecord> {
-    graph
-        .edges()
-        .into_iter()
-        .map(|e| EdgeRecord {
-            from: e.from.to_string(),
-            to: e.to.to_string(),
-            kind: e.kind.as_str().to_owned(),
-        })
-        .collect()
-}
-
-/// Orphans ordered so each is deleted before anything it depends on.
+/// Orphans ordered so each is deleted before anything it depends on: a topological order of
+/// the orphans and the recorded links between them (petgraph's, on a graph in GUResID order, so
+/// the order is reproducible).
 pub fn deletion_order<'a>(
     orphans: &[&'a ResourceRecord],
-    edges: &[EdgeRecord],
+    links: &[LinkRecord],
 ) -> Vec<&'a ResourceRecord> {
-    let ids: BTreeMap<&str, &ResourceRecord> =
-        orphans.iter().map(|r| (r.guresid.as_str(), *r)).collect();
-    // How many orphans still depend on each orphan.
-    let mut dependents: HashMap<&str, usize> = HashMap::new();
-    let mut depends_on: HashMap<&str, Vec<&str>> = HashMap::new();
-    for e in edges {
-        if ids.contains_key(e.from.as_str()) && ids.contains_key(e.to.as_str()) {
-            *dependents.entry(e.to.as_str()).or_default() += 1;
-            depends_on
-                .entry(e.from.as_str())
-                .or_default()
-                .push(e.to.as_str());
-        }
-    }
-    let mut ready: BTreeSet<&str> = ids
-        .keys()
-        .filter(|id| dependents.get(*id).copied().unwrap_or(0) == 0)
-        .copied()
+    use daggy::petgraph::graph::{DiGraph, NodeIndex};
+    let mut sorted: Vec<&'a ResourceRecord> = orphans.to_vec();
+    sorted.sort_by(|a, b| a.guresid.cmp(&b.guresid));
+    let mut g: DiGraph<&'a ResourceRecord, ()> = DiGraph::with_capacity(sorted.len(), 0);
+    let index: HashMap<&str, NodeIndex> = sorted
+        .iter()
+        .map(|r| (r.guresid.as_str(), g.add_node(*r)))
         .collect();
-    let mut out = Vec::with_capacity(ids.len());
-    while let Some(id) = ready.pop_first() {
-        out.push(ids[id]);
-        for &to in depends_on.get(id).map(Vec::as_slice).unwrap_or_default() {
-            if let Some(n) = dependents.get_mut(to) {
-                *n -= 1;
-                if *n == 0 {
-                    ready.insert(to);
-                }
-            }
+    for l in links {
+        if let (Some(&from), Some(&to)) = (
+            index.get(l.consumer.as_str()),
+            index.get(l.provider.as_str()),
+        ) {
+            g.add_edge(from, to, ());
         }
     }
-    // Recorded edges form a DAG; should they not, what is left still gets deleted, last.
-    for (id, rec) in &ids {
-        if !out.iter().any(|r| r.guresid == *id) {
-            out.push(rec);
-        }
+    match daggy::petgraph::algo::toposort(&g, None) {
+        Ok(order) => order.into_iter().map(|n| g[n]).collect(),
+        // Recorded links form a DAG; should they not, everything still gets deleted.
+        Err(_) => sorted,
     }
-    out
 }
 
 #[cfg(test)]
@@ -773,7 +783,7 @@ mod tests {
     }
 
     /// What applying `graph` with echo drivers records, computed without I/O.
-    fn applied(graph: &ResourceGraph) -> (Vec<ResourceRecord>, Vec<EdgeRecord>) {
+    fn applied(graph: &ResourceGraph) -> (Vec<ResourceRecord>, Vec<LinkRecord>) {
         let mut outputs: HashMap<GuresId, (Value, Value, String)> = HashMap::new();
         let mut records = Vec::new();
         for node in graph.provisioning_order() {
@@ -784,8 +794,8 @@ mod tests {
                 inputs_hash: inputs_hash(node, &inputs),
                 outputs: inputs.values.clone(),
                 secret_outputs: inputs.secrets.clone(),
-                inputs: public,
-                secret_inputs: secret,
+                inputs: public.into(),
+                secret_inputs: secret.into(),
                 commit_id: "c1".into(),
                 ..record_of(node, &graph.env, "c1")
             });
@@ -794,7 +804,16 @@ mod tests {
                 (inputs.values, inputs.secrets, node.label()),
             );
         }
-        (records, edge_records(graph))
+        let links = graph
+            .edge_iter()
+            .map(|(from, to, kind)| LinkRecord {
+                consumer: from.to_string(),
+                provider: to.to_string(),
+                kind: kind.as_str().to_owned(),
+                update_type: "None".to_owned(),
+            })
+            .collect();
+        (records, links)
     }
 
     /// The template applied, then one edit planned: the plan, and each step that is not
@@ -830,7 +849,7 @@ mod tests {
         let p = plan(&g, &[], &[]);
         assert_eq!(p.count(Action::Create), 6);
         let order: Vec<&GuresId> = p.steps.iter().map(|s| &s.guresid).collect();
-        let expected: Vec<&GuresId> = g.provisioning_order().iter().map(|n| &n.guresid).collect();
+        let expected: Vec<&GuresId> = g.provisioning_order().map(|n| &n.guresid).collect();
         assert_eq!(order, expected);
     }
 
@@ -885,7 +904,7 @@ mod tests {
         assert_eq!(inputs_hash(node, &inputs), inputs_hash(node, &rotated));
 
         // What was last sent is in resource_secret: a different secret there means update.
-        recorded[db].secret_inputs = serde_json::json!({"secrets": rotated.secrets});
+        recorded[db].secret_inputs = serde_json::json!({"secrets": rotated.secrets}).into();
         let p = plan(&g, &recorded, &edges);
         let step = p
             .steps

@@ -7,6 +7,11 @@
 //! skipped as blocked while the rest goes on. Deletions run after every create and update, each
 //! orphan after the orphans that depend on it, and only when nothing failed.
 //!
+//! Work follows the change: a resource the plan found unchanged costs no driver call, no
+//! resolution and no write, so a commit that changes nothing records its deployment and nothing
+//! else. Links and bindings are written as what changed (rows valid from one deployment to
+//! another), and journal writes go in batches, one transaction per batch.
+//!
 //! Crash safety rests on three things: an operation is journalled before its first call; a
 //! driver cookie is kept in state as soon as a driver sets it; and drivers are idempotent per
 //! GUResID. After a crash the next apply resumes the interrupted deployment (same commit) and
@@ -19,7 +24,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use gitplane_state::{
-    Counts, DeploymentStatus, OperationStart, ResourceRecord, ResourceStatus, StateError, Store,
+    BindingRecord, Counts, DeploymentStatus, Ended, JournalEntry, LinkChanges, LinkRecord,
+    OperationStart, ResourceRecord, ResourceStatus, StateError, Store,
 };
 use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc};
@@ -31,7 +37,7 @@ use crate::drivers::{
 };
 use crate::graph::{EdgeKind, GuresId, ResourceGraph, ResourceNode};
 use crate::plan::{
-    Action, Plan, ResolvedInputs, Step, deletion_guard, edge_records, inputs_hash, plan,
+    Action, Outputs, Plan, ResolvedInputs, Step, bindings_of, deletion_guard, inputs_hash, plan,
     resolve_inputs, same_inputs, split_inputs,
 };
 
@@ -130,8 +136,8 @@ pub async fn apply(
     on_event: &mut (dyn FnMut(&Event<'_>) + Send),
 ) -> Result<ApplyReport, StateError> {
     let recorded = store.resources(&graph.env)?;
-    let recorded_edges = store.edges(&graph.env)?;
-    let plan = plan(graph, &recorded, &recorded_edges);
+    let links = store.links(&graph.env)?;
+    let plan = plan(graph, &recorded, &links);
     let (deployment, resumed) = match options.approved {
         Some(id) => (id, false),
         None => {
@@ -157,6 +163,8 @@ pub async fn apply(
             .filter(|s| s.action != Action::Unchanged)
             .count(),
     });
+    let recorded_by_id: HashMap<&str, &ResourceRecord> =
+        recorded.iter().map(|r| (r.guresid.as_str(), r)).collect();
     let mut run = Run {
         options,
         store,
@@ -166,73 +174,35 @@ pub async fn apply(
         commit,
         deployment,
         on_event,
-        recorded: recorded.iter().map(|r| (r.guresid.clone(), r)).collect(),
-        outputs: HashMap::new(),
+        outputs: RunOutputs {
+            graph,
+            recorded: &recorded_by_id,
+            fresh: HashMap::new(),
+        },
         broken: HashSet::new(),
         deleted: HashSet::new(),
         unchanged: 0,
         failed: 0,
         failures: Vec::new(),
         bindings: Vec::new(),
-        pinned: HashSet::new(),
+        rebound: HashSet::new(),
+        template_hashes: Vec::new(),
+        ended: Vec::new(),
         kept: HashMap::new(),
         global: Arc::new(Semaphore::new(settings.concurrency.max(1))),
         per_driver: HashMap::new(),
     };
-    for rec in &recorded {
-        if rec.status == ResourceStatus::Ready {
-            run.outputs.insert(
-                GuresId::from_recorded(rec.guresid.clone()),
-                (
-                    rec.outputs.clone(),
-                    rec.secret_outputs.clone(),
-                    record_label(rec),
-                ),
-            );
-        }
-    }
     run.puts(&plan).await?;
-    run.deletes(&plan, &recorded_edges).await?;
-
-    // Orphans not deleted in this run stay recorded, and so do their edges.
-    let remaining: HashSet<&str> = plan
-        .steps
-        .iter()
-        .filter(|s| matches!(s.action, Action::Delete | Action::Forget))
-        .filter(|s| !run.deleted.contains(&s.guresid))
-        .map(|s| s.guresid.as_str())
-        .collect();
-    let mut edges = edge_records(graph);
-    edges.extend(
-        recorded_edges
-            .into_iter()
-            .filter(|e| remaining.contains(e.from.as_str()) || remaining.contains(e.to.as_str())),
-    );
-    edges.sort();
-    edges.dedup_by(|a, b| a.from == b.from && a.to == b.to);
-    let orphans: Vec<(String, String)> = remaining
-        .iter()
-        .map(|g| {
-            let why = run
-                .kept
-                .get(&GuresId::from_recorded((*g).to_owned()))
-                .cloned()
-                .unwrap_or_else(|| "not deleted yet".to_owned());
-            ((*g).to_owned(), why)
-        })
-        .collect();
-    let links = link_records(graph, &run.bindings);
+    run.deletes(&plan, &links).await?;
+    let orphans = run.record_graph(&plan, &links)?;
     let Run {
         store,
         unchanged,
         failed,
         failures,
-        bindings,
         ..
     } = run;
-    store.record_links(deployment, &graph.env, &links, &bindings)?;
     store.mark_orphans(&graph.env, &orphans)?;
-    store.replace_edges(&graph.env, &edges)?;
     let mut counts = store.operation_counts(deployment)?;
     counts.unchanged = unchanged;
     counts.failed = failed;
@@ -243,6 +213,9 @@ pub async fn apply(
     };
     let error = (!failures.is_empty()).then(|| failures.join("\n"));
     store.finish_deployment(deployment, status, &counts, error.as_deref())?;
+    if options.drift {
+        store.compact_drift_run(deployment)?;
+    }
     Ok(ApplyReport {
         env: graph.env.clone(),
         deployment,
@@ -253,8 +226,34 @@ pub async fn apply(
     })
 }
 
-/// Outputs, secret outputs and label of every ready resource.
-type OutputMap = HashMap<GuresId, (Value, Value, String)>;
+/// The outputs a resource's inputs resolve against during an apply: those provisioned in this
+/// run, else those recorded (a resource starts only after everything it reads is done, so a
+/// recorded output it can see is current).
+struct RunOutputs<'a> {
+    graph: &'a ResourceGraph,
+    recorded: &'a HashMap<&'a str, &'a ResourceRecord>,
+    fresh: HashMap<GuresId, (Value, Value)>,
+}
+
+impl Outputs for RunOutputs<'_> {
+    fn outputs(&self, id: &GuresId) -> Option<(&Value, &Value)> {
+        if let Some((o, s)) = self.fresh.get(id) {
+            return Some((o, s));
+        }
+        self.recorded
+            .get(id.as_str())
+            .filter(|r| r.status == ResourceStatus::Ready)
+            .map(|r| (&r.outputs, &r.secret_outputs))
+    }
+
+    fn label(&self, id: &GuresId) -> String {
+        match (self.graph.get(id), self.recorded.get(id.as_str())) {
+            (Some(node), _) => node.label(),
+            (None, Some(rec)) => record_label(rec),
+            (None, None) => id.to_string(),
+        }
+    }
+}
 
 struct Run<'a, 'e> {
     options: &'a ApplyOptions,
@@ -265,19 +264,22 @@ struct Run<'a, 'e> {
     commit: &'a str,
     deployment: i64,
     on_event: &'e mut (dyn FnMut(&Event<'_>) + Send),
-    recorded: HashMap<String, &'a ResourceRecord>,
-    outputs: OutputMap,
+    outputs: RunOutputs<'a>,
     /// Resources that failed or were skipped: their dependents are blocked.
     broken: HashSet<GuresId>,
-    /// Orphans deleted in this run.
+    /// Orphans deleted (or forgotten) in this run.
     deleted: HashSet<GuresId>,
     unchanged: i64,
     failed: i64,
     failures: Vec<String>,
-    /// The bindings of every resource resolved in this run.
-    bindings: Vec<gitplane_state::BindingRecord>,
-    /// Resources kept as last bound (`auto_update: false`) although their inputs changed.
-    pinned: HashSet<GuresId>,
+    /// The bindings of each resource resolved in this run; the others keep theirs.
+    bindings: Vec<(&'a GuresId, Vec<BindingRecord>)>,
+    /// The resources in `bindings`.
+    rebound: HashSet<&'a GuresId>,
+    /// Resources whose definition or request changed though their inputs did not.
+    template_hashes: Vec<(String, String)>,
+    /// Operations that ended before any driver call, journalled in one batch.
+    ended: Vec<(&'a Step, &'static str, Ended, String)>,
     /// Why each orphan that was not deleted is kept.
     kept: HashMap<GuresId, String>,
     /// Permits for driver calls: one global limit, and one per driver that sets its own.
@@ -326,9 +328,21 @@ impl Job {
     }
 }
 
+/// A job ready to start once its operation is journalled.
+struct Ready {
+    job: Job,
+    action: &'static str,
+    reason: String,
+    registered: crate::drivers::Registered,
+    driver_type: String,
+    hash: String,
+    inputs: Option<ResolvedInputs>,
+}
+
 /// How a job's calls ended.
 struct JobResult {
-    guresid: GuresId,
+    /// Its step's position in the steps being scheduled.
+    step: usize,
     operation_id: i64,
     attempts: i64,
     outcome: Result<(Value, Value), String>,
@@ -337,50 +351,84 @@ struct JobResult {
     inputs: Option<ResolvedInputs>,
 }
 
-/// What a spawned job's result carries back besides the driver's answer.
-struct Spawn {
-    guresid: GuresId,
-    operation_id: i64,
-    hash: String,
-    inputs: Option<ResolvedInputs>,
-}
-
 /// What starting a resource led to.
 enum Started {
-    /// Running in a task; its result comes from the join set.
-    Spawned,
+    /// A driver call to make, once journalled.
+    Job(Box<Ready>),
     /// Decided at once (unchanged, blocked, or failed before any call).
     Settled,
 }
 
-impl Run<'_, '_> {
-    async fn puts(&mut self, plan: &Plan) -> Result<(), StateError> {
-        let steps: Vec<&Step> = plan
-            .steps
+/// A finished job's record, journalled with the calls that led to it.
+enum Finished {
+    Put {
+        step: usize,
+        result: JobResult,
+        record: Box<ResourceRecord>,
+        outputs_changed: Option<bool>,
+    },
+    Delete {
+        step: usize,
+        result: JobResult,
+    },
+}
+
+impl<'a> Run<'a, '_> {
+    async fn puts(&mut self, plan: &'a Plan) -> Result<(), StateError> {
+        let mut steps: Vec<&'a Step> = Vec::new();
+        for step in &plan.steps {
+            match step.action {
+                Action::Delete | Action::Forget => {}
+                // The plan resolved it against outputs that stay as they are: nothing to do,
+                // unless its definition's text changed (a new template hash, and maybe new
+                // bindings). A drift run calls every driver.
+                Action::Unchanged if !self.options.drift => self.unchanged_step(step),
+                _ => steps.push(step),
+            }
+        }
+        let position: HashMap<&GuresId, usize> = steps
             .iter()
-            .filter(|s| !matches!(s.action, Action::Delete | Action::Forget))
+            .enumerate()
+            .map(|(i, s)| (&s.guresid, i))
             .collect();
-        let prerequisites: HashMap<GuresId, Vec<GuresId>> = steps
+        let prerequisites: Vec<Vec<usize>> = steps
             .iter()
             .map(|s| {
-                let deps = self
-                    .graph
+                self.graph
                     .dependencies(&s.guresid)
                     .into_iter()
-                    .cloned()
-                    .collect();
-                (s.guresid.clone(), deps)
+                    .filter_map(|d| position.get(d).copied())
+                    .collect()
             })
             .collect();
         self.schedule(&steps, &prerequisites, Operation::Put).await
     }
 
-    async fn deletes(
-        &mut self,
-        plan: &Plan,
-        recorded_edges: &[gitplane_state::EdgeRecord],
-    ) -> Result<(), StateError> {
-        let steps: Vec<&Step> = plan
+    fn unchanged_step(&mut self, step: &'a Step) {
+        self.unchanged += 1;
+        let (Some(node), Some(rec)) = (
+            self.graph.get(&step.guresid),
+            self.outputs.recorded.get(step.guresid.as_str()),
+        ) else {
+            return;
+        };
+        if rec.template_hash != node.template_hash {
+            self.template_hashes
+                .push((rec.guresid.clone(), node.template_hash.clone()));
+            self.rebind(node);
+        }
+    }
+
+    /// Takes `node`'s bindings as they resolve now.
+    fn rebind(&mut self, node: &'a ResourceNode) {
+        if self.rebound.insert(&node.guresid) {
+            self.bindings
+                .push((&node.guresid, bindings_of(node, &self.outputs)));
+        }
+    }
+
+    async fn deletes(&mut self, plan: &'a Plan, links: &[LinkRecord]) -> Result<(), StateError> {
+        let steps: Vec<&'a Step> = plan
             .steps
             .iter()
             .filter(|s| matches!(s.action, Action::Delete | Action::Forget))
@@ -400,49 +448,58 @@ impl Run<'_, '_> {
                 } else {
                     "delete"
                 };
-                self.skip(step, action, &why)?;
+                self.skip(step, action, &why);
                 self.kept.insert(step.guresid.clone(), why.clone());
             }
-            return Ok(());
+            return self.flush_ended();
         }
-        let steps: Vec<&Step> = steps
-            .into_iter()
-            .filter(|s| s.action == Action::Delete)
-            .collect();
+        let (deletes, forgets): (Vec<&'a Step>, Vec<&'a Step>) =
+            steps.into_iter().partition(|s| s.action == Action::Delete);
         // An orphan waits for the orphans that depend on it.
-        let orphans: HashSet<&str> = steps.iter().map(|s| s.guresid.as_str()).collect();
-        let mut prerequisites: HashMap<GuresId, Vec<GuresId>> = steps
+        let position: HashMap<&str, usize> = deletes
             .iter()
-            .map(|s| (s.guresid.clone(), Vec::new()))
+            .enumerate()
+            .map(|(i, s)| (s.guresid.as_str(), i))
             .collect();
-        for e in recorded_edges {
-            if orphans.contains(e.from.as_str())
-                && orphans.contains(e.to.as_str())
-                && let Some(p) = prerequisites.get_mut(&GuresId::from_recorded(e.to.clone()))
-            {
-                p.push(GuresId::from_recorded(e.from.clone()));
+        let mut prerequisites: Vec<Vec<usize>> = vec![Vec::new(); deletes.len()];
+        for l in links {
+            if let (Some(&consumer), Some(&provider)) = (
+                position.get(l.consumer.as_str()),
+                position.get(l.provider.as_str()),
+            ) {
+                prerequisites[provider].push(consumer);
             }
         }
-        self.schedule(&steps, &prerequisites, Operation::Delete)
+        self.schedule(&deletes, &prerequisites, Operation::Delete)
             .await?;
-        self.forget(plan)
+        self.forget(&forgets)
     }
 
     /// `deletion_policy: orphan`: after the deletions, gitplane stops managing these resources;
     /// no driver is called, the resources themselves stay.
-    fn forget(&mut self, plan: &Plan) -> Result<(), StateError> {
-        let forget: Vec<&Step> = plan
-            .steps
+    fn forget(&mut self, steps: &[&'a Step]) -> Result<(), StateError> {
+        if steps.is_empty() {
+            return Ok(());
+        }
+        let starts: Vec<OperationStart<'_>> = steps
             .iter()
-            .filter(|s| s.action == Action::Forget)
+            .map(|s| self.start(s, "forget", &s.reason))
             .collect();
-        for step in forget {
-            // No driver is called: the resource stays, gitplane stops managing it.
-            let op = self
-                .store
-                .begin_operation(&self.start(step, "forget", &step.reason))?;
-            self.store
-                .finish_delete(op, 0, step.guresid.as_str(), None)?;
+        let ids = self.store.begin_operations(&starts)?;
+        let entries: Vec<JournalEntry<'_>> = steps
+            .iter()
+            .zip(&ids)
+            .map(|(s, &operation)| JournalEntry::Delete {
+                operation,
+                attempts: 0,
+                deployment: self.deployment,
+                env: &self.graph.env,
+                guresid: s.guresid.as_str(),
+                error: None,
+            })
+            .collect();
+        self.store.journal(&entries)?;
+        for step in steps {
             self.deleted.insert(step.guresid.clone());
             (self.on_event)(&Event::Finished {
                 label: &step.label(),
@@ -453,69 +510,64 @@ impl Run<'_, '_> {
         Ok(())
     }
 
-    /// Runs `steps`, each once its prerequisites are done, as many at once as permits allow.
+    /// Runs `steps`, each once its prerequisites (positions in `steps`) are done, as many at
+    /// once as permits allow. Operations about to start are journalled together, and so are
+    /// the calls and results that arrive together.
     async fn schedule(
         &mut self,
-        steps: &[&Step],
-        prerequisites: &HashMap<GuresId, Vec<GuresId>>,
+        steps: &[&'a Step],
+        prerequisites: &[Vec<usize>],
         operation: Operation,
     ) -> Result<(), StateError> {
-        let by_id: HashMap<&GuresId, &Step> = steps.iter().map(|s| (&s.guresid, *s)).collect();
-        let mut waiting: HashMap<&GuresId, usize> = HashMap::new();
-        let mut unlocks: HashMap<&GuresId, Vec<&GuresId>> = HashMap::new();
-        for s in steps {
-            let pre: Vec<&GuresId> = prerequisites
-                .get(&s.guresid)
-                .into_iter()
-                .flatten()
-                .filter(|p| by_id.contains_key(p))
-                .collect();
-            waiting.insert(&s.guresid, pre.len());
-            for p in pre {
-                unlocks.entry(p).or_default().push(&s.guresid);
+        let mut waiting: Vec<usize> = prerequisites.iter().map(Vec::len).collect();
+        let mut unlocks: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
+        for (i, pre) in prerequisites.iter().enumerate() {
+            for &p in pre {
+                unlocks[p].push(i);
             }
         }
         // Plan order breaks ties, so runs are reproducible.
-        let mut ready: VecDeque<&GuresId> = steps
-            .iter()
-            .map(|s| &s.guresid)
-            .filter(|id| waiting[id] == 0)
-            .collect();
+        let mut ready: VecDeque<usize> = (0..steps.len()).filter(|&i| waiting[i] == 0).collect();
         let (calls_tx, mut calls_rx) = mpsc::unbounded_channel::<CallEnded>();
         let mut tasks: JoinSet<JobResult> = JoinSet::new();
-        let mut finished: Vec<GuresId> = Vec::new();
+        let mut finished: Vec<usize> = Vec::new();
         loop {
-            while let Some(id) = ready.pop_front() {
-                let step = by_id[id];
+            let mut starting: Vec<(usize, Box<Ready>)> = Vec::new();
+            while let Some(i) = ready.pop_front() {
+                let step = steps[i];
                 if self.options.stopping() {
                     let action = match operation {
-                        Operation::Put if self.recorded.contains_key(step.guresid.as_str()) => {
+                        Operation::Put
+                            if self.outputs.recorded.contains_key(step.guresid.as_str()) =>
+                        {
                             "update"
                         }
                         Operation::Put => "create",
                         Operation::Delete => "delete",
                     };
                     if step.action != Action::Unchanged || self.options.drift {
-                        self.skip(step, action, "stopped: gitplane is shutting down")?;
+                        self.skip(step, action, "stopped: gitplane is shutting down");
                     } else {
                         self.unchanged += 1;
                     }
-                    finished.push(id.clone());
+                    finished.push(i);
                     continue;
                 }
                 let started = match operation {
-                    Operation::Put => self.start_put(step, &mut tasks, &calls_tx)?,
-                    Operation::Delete => self.start_delete(step, &mut tasks, &calls_tx)?,
+                    Operation::Put => self.start_put(step)?,
+                    Operation::Delete => self.start_delete(step)?,
                 };
-                if let Started::Settled = started {
-                    finished.push(id.clone());
+                match started {
+                    Started::Job(job) => starting.push((i, job)),
+                    Started::Settled => finished.push(i),
                 }
             }
-            for id in finished.drain(..) {
-                for next in unlocks.get(&id).into_iter().flatten() {
-                    let w = waiting.get_mut(next).expect("every step has a count");
-                    *w -= 1;
-                    if *w == 0 {
+            self.flush_ended()?;
+            self.spawn_all(steps, starting, &mut tasks, &calls_tx)?;
+            for i in finished.drain(..) {
+                for &next in &unlocks[i] {
+                    waiting[next] -= 1;
+                    if waiting[next] == 0 {
                         ready.push_back(next);
                     }
                 }
@@ -526,49 +578,181 @@ impl Run<'_, '_> {
             if tasks.is_empty() {
                 break;
             }
+            // Wait for one thing to happen, then take everything else that already has.
+            let mut calls: Vec<CallEnded> = Vec::new();
+            let mut results: Vec<JobResult> = Vec::new();
             tokio::select! {
-                Some(call) = calls_rx.recv() => self.journal_call(&call)?,
+                Some(call) = calls_rx.recv() => calls.push(call),
                 Some(joined) = tasks.join_next() => {
-                    // The calls a task made are journalled before its result is.
-                    while let Ok(call) = calls_rx.try_recv() {
-                        self.journal_call(&call)?;
-                    }
-                    let result = joined.expect("job tasks catch driver panics themselves");
-                    let id = result.guresid.clone();
-                    let step = by_id[&id];
-                    match operation {
-                        Operation::Put => self.finish_put(step, result)?,
-                        Operation::Delete => self.finish_delete(step, result)?,
-                    }
-                    finished.push(id);
+                    results.push(joined.expect("job tasks catch driver panics themselves"));
                 }
             }
+            while let Some(joined) = tasks.try_join_next() {
+                results.push(joined.expect("job tasks catch driver panics themselves"));
+            }
+            // A task reports its calls before it ends, so every call of a finished job is in
+            // the channel now, and is journalled before the job's result.
+            while let Ok(call) = calls_rx.try_recv() {
+                calls.push(call);
+            }
+            let done = self.finish_jobs(steps, calls, results, operation)?;
+            finished.extend(done);
         }
         Ok(())
     }
 
-    /// Journals one finished driver call: how many calls the operation has made, and the
-    /// cookie the driver wants kept.
-    fn journal_call(&mut self, call: &CallEnded) -> Result<(), StateError> {
-        let cookie = match &call.cookie {
-            Cookie::Unchanged => None,
-            Cookie::Set(c) => Some(Some(c.as_str())),
-            Cookie::Cleared => Some(None),
-        };
-        self.store
-            .record_call(call.operation, call.attempts, &call.guresid, cookie)
-    }
-
-    fn start_put(
+    /// Journals the operations of `starting` in one transaction, then starts their calls.
+    fn spawn_all(
         &mut self,
-        step: &Step,
+        steps: &[&'a Step],
+        starting: Vec<(usize, Box<Ready>)>,
         tasks: &mut JoinSet<JobResult>,
         calls_tx: &mpsc::UnboundedSender<CallEnded>,
-    ) -> Result<Started, StateError> {
+    ) -> Result<(), StateError> {
+        if starting.is_empty() {
+            return Ok(());
+        }
+        let starts: Vec<OperationStart<'_>> = starting
+            .iter()
+            .map(|(i, r)| self.start(steps[*i], r.action, &r.reason))
+            .collect();
+        let ids = self.store.begin_operations(&starts)?;
+        for ((i, ready), operation_id) in starting.into_iter().zip(ids) {
+            let Ready {
+                job,
+                action,
+                registered,
+                driver_type,
+                hash,
+                inputs,
+                ..
+            } = *ready;
+            (self.on_event)(&Event::Started {
+                label: &steps[i].label(),
+                action: action_of(action),
+            });
+            let permits = self.permits(&driver_type, registered.concurrency);
+            let retry = self.settings.retry;
+            let calls = calls_tx.clone();
+            let stop = self.options.stop.clone();
+            tasks.spawn(async move {
+                let (attempts, outcome) = call_until_done(
+                    job,
+                    operation_id,
+                    registered.driver,
+                    permits,
+                    retry,
+                    calls,
+                    stop,
+                )
+                .await;
+                JobResult {
+                    step: i,
+                    operation_id,
+                    attempts,
+                    outcome,
+                    hash,
+                    inputs,
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Journals calls and finished jobs in one transaction, then acts on the results; the
+    /// positions of the steps that are done.
+    fn finish_jobs(
+        &mut self,
+        steps: &[&'a Step],
+        calls: Vec<CallEnded>,
+        results: Vec<JobResult>,
+        operation: Operation,
+    ) -> Result<Vec<usize>, StateError> {
+        let finished: Vec<Finished> = results
+            .into_iter()
+            .map(|result| match operation {
+                Operation::Put => self.put_record(steps[result.step], result),
+                Operation::Delete => Finished::Delete {
+                    step: result.step,
+                    result,
+                },
+            })
+            .collect();
+        let mut entries: Vec<JournalEntry<'_>> = calls
+            .iter()
+            .map(|call| JournalEntry::Call {
+                operation: call.operation,
+                attempts: call.attempts,
+                guresid: &call.guresid,
+                cookie: match &call.cookie {
+                    Cookie::Unchanged => None,
+                    Cookie::Set(c) => Some(Some(c.as_str())),
+                    Cookie::Cleared => Some(None),
+                },
+            })
+            .collect();
+        for f in &finished {
+            entries.push(match f {
+                Finished::Put {
+                    result,
+                    record,
+                    outputs_changed,
+                    ..
+                } => JournalEntry::Put {
+                    operation: result.operation_id,
+                    attempts: result.attempts,
+                    deployment: self.deployment,
+                    record,
+                    outputs_changed: *outputs_changed,
+                },
+                Finished::Delete { step, result } => JournalEntry::Delete {
+                    operation: result.operation_id,
+                    attempts: result.attempts,
+                    deployment: self.deployment,
+                    env: &self.graph.env,
+                    guresid: steps[*step].guresid.as_str(),
+                    error: result.outcome.as_ref().err().map(String::as_str),
+                },
+            });
+        }
+        self.store.journal(&entries)?;
+        drop(entries);
+        let mut done = Vec::with_capacity(finished.len());
+        for f in finished {
+            match f {
+                Finished::Put { step, record, .. } => {
+                    self.put_finished(steps[step], *record);
+                    done.push(step);
+                }
+                Finished::Delete { step, result } => {
+                    self.delete_finished(steps[step], result);
+                    done.push(step);
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Journals the operations that ended before any call.
+    fn flush_ended(&mut self) -> Result<(), StateError> {
+        if self.ended.is_empty() {
+            return Ok(());
+        }
+        let ended = std::mem::take(&mut self.ended);
+        let ops: Vec<(OperationStart<'_>, Ended, &str)> = ended
+            .iter()
+            .map(|(step, action, how, why)| {
+                (self.start(step, action, &step.reason), *how, why.as_str())
+            })
+            .collect();
+        self.store.ended_operations(&ops)
+    }
+
+    fn start_put(&mut self, step: &'a Step) -> Result<Started, StateError> {
         let Some(node) = self.graph.get(&step.guresid) else {
             return Ok(Started::Settled);
         };
-        let action = if self.recorded.contains_key(node.guresid.as_str()) {
+        let action = if self.outputs.recorded.contains_key(node.guresid.as_str()) {
             "update"
         } else {
             "create"
@@ -584,19 +768,20 @@ impl Run<'_, '_> {
                 .get(blocker)
                 .map(ResourceNode::label)
                 .unwrap_or_else(|| blocker.to_string());
-            self.skip(step, action, &format!("blocked: {blocker} failed"))?;
+            self.skip(step, action, &format!("blocked: {blocker} failed"));
             return Ok(Started::Settled);
         }
         let inputs = match resolve_inputs(node, &self.outputs) {
             Ok(inputs) => inputs,
             Err(e) => {
                 let error = format!("inputs do not resolve: {e}");
-                self.fail_before_call(step, action, &error)?;
+                self.fail_before_call(step, action, &error);
                 return Ok(Started::Settled);
             }
         };
         let hash = inputs_hash(node, &inputs);
         let recorded = self
+            .outputs
             .recorded
             .get(node.guresid.as_str())
             .copied()
@@ -605,7 +790,8 @@ impl Run<'_, '_> {
                     && rec.definition == node.definition
                     && rec.driver == node.driver_type
             });
-        // auto_update: false keeps a resource as last bound while only what it reads changed.
+        // auto_update: false keeps a resource as last bound while only what it reads changed;
+        // it keeps its bindings too.
         if let Some(rec) = recorded
             && !self.options.drift
             && !node.auto_update
@@ -614,20 +800,17 @@ impl Run<'_, '_> {
             && !self.options.resolve.contains(node.guresid.as_str())
         {
             self.unchanged += 1;
-            self.pinned.insert(node.guresid.clone());
-            let previous = self.store.latest_bindings(node.guresid.as_str())?;
-            self.bindings.extend(previous);
+            self.rebound.insert(&node.guresid);
             return Ok(Started::Settled);
         }
-        self.bindings
-            .extend(crate::plan::bindings_of(node, &self.outputs));
+        self.rebind(node);
         if let Some(rec) = recorded
             && !self.options.drift
             && same_inputs(rec, &hash, &inputs)
         {
             if rec.template_hash != node.template_hash {
-                self.store
-                    .set_template_hash(node.guresid.as_str(), &node.template_hash)?;
+                self.template_hashes
+                    .push((rec.guresid.clone(), node.template_hash.clone()));
             }
             self.unchanged += 1;
             if step.action != Action::Unchanged {
@@ -644,14 +827,14 @@ impl Run<'_, '_> {
             Some(name) => match (self.settings.accounts)(name) {
                 Ok(v) => Some(v),
                 Err(e) => {
-                    self.fail_before_call(step, action, &e)?;
+                    self.fail_before_call(step, action, &e);
                     return Ok(Started::Settled);
                 }
             },
         };
         let Some(registered) = self.drivers.get(&node.driver_type).cloned() else {
             let error = format!("no driver '{}' is registered", node.driver_type);
-            self.fail_before_call(step, action, &error)?;
+            self.fail_before_call(step, action, &error);
             return Ok(Started::Settled);
         };
         let reason = match step.action {
@@ -661,9 +844,6 @@ impl Run<'_, '_> {
             Action::MaybeUpdate | Action::Unchanged => "inputs changed".to_owned(),
             _ => step.reason.clone(),
         };
-        let operation_id = self
-            .store
-            .begin_operation(&self.start(step, action, &reason))?;
         let job = Job {
             operation: Operation::Put,
             guresid: node.guresid.to_string(),
@@ -678,33 +858,27 @@ impl Run<'_, '_> {
             account,
             cookie: self.store.cookie(node.guresid.as_str())?,
         };
-        (self.on_event)(&Event::Started {
-            label: &step.label(),
-            action: action_of(action),
-        });
-        let spawned = Spawn {
-            guresid: node.guresid.clone(),
-            operation_id,
+        Ok(Started::Job(Box::new(Ready {
+            job,
+            action,
+            reason,
+            registered,
+            driver_type: node.driver_type.clone(),
             hash,
             inputs: Some(inputs),
-        };
-        self.spawn(tasks, calls_tx, job, &node.driver_type, registered, spawned);
-        Ok(Started::Spawned)
+        })))
     }
 
-    fn finish_put(&mut self, step: &Step, result: JobResult) -> Result<(), StateError> {
-        let Some(node) = self.graph.get(&step.guresid) else {
-            return Ok(());
-        };
-        let action = if self.recorded.contains_key(node.guresid.as_str()) {
-            "update"
-        } else {
-            "create"
-        };
-        let label = node.label();
-        match result.outcome {
+    /// What a finished put records.
+    fn put_record(&self, step: &Step, result: JobResult) -> Finished {
+        let node = self
+            .graph
+            .get(&step.guresid)
+            .expect("only steps of graph nodes are put");
+        let previous = self.outputs.recorded.get(node.guresid.as_str()).copied();
+        match &result.outcome {
             Ok((outputs, secret_outputs)) => {
-                let inputs = result.inputs.unwrap_or(ResolvedInputs {
+                let inputs = result.inputs.clone().unwrap_or(ResolvedInputs {
                     resource: Value::Null,
                     resource_is_secret: false,
                     values: Value::Null,
@@ -714,68 +888,73 @@ impl Run<'_, '_> {
                 let (public, secret) = split_inputs(&inputs);
                 let record = ResourceRecord {
                     status: ResourceStatus::Ready,
-                    inputs_hash: result.hash,
+                    inputs_hash: result.hash.clone(),
                     outputs: outputs.clone(),
                     secret_outputs: secret_outputs.clone(),
-                    inputs: public,
-                    secret_inputs: secret,
+                    inputs: public.into(),
+                    secret_inputs: secret.into(),
                     error: None,
                     ..self.record(node)
                 };
-                let changed = self.recorded.get(node.guresid.as_str()).is_none_or(|rec| {
+                let changed = previous.is_none_or(|rec| {
                     rec.outputs != record.outputs || rec.secret_outputs != record.secret_outputs
                 });
-                self.store.finish_put(
-                    result.operation_id,
-                    result.attempts,
-                    self.deployment,
-                    &record,
-                    Some(changed),
-                )?;
-                self.outputs.insert(
-                    node.guresid.clone(),
-                    (outputs, secret_outputs, label.clone()),
-                );
-                (self.on_event)(&Event::Finished {
-                    label: &label,
-                    action: action_of(action),
-                    outcome: Outcome::Done,
-                });
+                Finished::Put {
+                    step: result.step,
+                    result,
+                    record: Box::new(record),
+                    outputs_changed: Some(changed),
+                }
             }
             Err(error) => {
                 // A failed update keeps what was last provisioned: dependents may still use it.
-                let previous = self.recorded.get(node.guresid.as_str()).copied();
                 let record = ResourceRecord {
                     status: ResourceStatus::Failed,
                     error: Some(error.clone()),
-                    ..previous.cloned().unwrap_or_else(|| self.record(node))
-                };
-                let record = ResourceRecord {
                     definition: node.definition.clone(),
                     driver: node.driver_type.clone(),
                     commit_id: self.commit.to_owned(),
-                    ..record
+                    ..previous.cloned().unwrap_or_else(|| self.record(node))
                 };
-                self.store.finish_put(
-                    result.operation_id,
-                    result.attempts,
-                    self.deployment,
-                    &record,
-                    None,
-                )?;
-                self.failed(label, &node.guresid, action, &error);
+                Finished::Put {
+                    step: result.step,
+                    result,
+                    record: Box::new(record),
+                    outputs_changed: None,
+                }
             }
         }
-        Ok(())
     }
 
-    fn start_delete(
-        &mut self,
-        step: &Step,
-        tasks: &mut JoinSet<JobResult>,
-        calls_tx: &mpsc::UnboundedSender<CallEnded>,
-    ) -> Result<Started, StateError> {
-        let Some(rec) = self.recorded.get(step.guresid.as_str()).copied() else {
+    /// After a put's record is journalled: its outputs serve what depends on it.
+    fn put_finished(&mut self, step: &Step, record: ResourceRecord) {
+        let label = step.label();
+        let action = if self.outputs.recorded.contains_key(step.guresid.as_str()) {
+            Action::Update
+        } else {
+            Action::Create
+        };
+        match record.status {
+            ResourceStatus::Ready => {
+                self.outputs.fresh.insert(
+                    step.guresid.clone(),
+                    (record.outputs, record.secret_outputs),
+                );
+                (self.on_event)(&Event::Finished {
+                    label: &label,
+                    action,
+                    outcome: Outcome::Done,
+                });
+            }
+            ResourceStatus::Failed => {
+                let error = record.error.unwrap_or_default();
+                self.failed(label, &step.guresid, action, &error);
+            }
+        }
+    }
+
+    fn start_delete(&mut self, step: &'a Step) -> Result<Started, StateError> {
+        let Some(rec) = self.outputs.recorded.get(step.guresid.as_str()).copied() else {
             return Ok(Started::Settled);
         };
         let account = match &rec.account {
@@ -783,19 +962,28 @@ impl Run<'_, '_> {
             Some(name) => match (self.settings.accounts)(name) {
                 Ok(v) => Some(v),
                 Err(e) => {
-                    self.fail_before_call(step, "delete", &e)?;
+                    self.fail_before_call(step, "delete", &e);
                     return Ok(Started::Settled);
                 }
             },
         };
         let Some(registered) = self.drivers.get(&rec.driver).cloned() else {
             let error = format!("no driver '{}' is registered", rec.driver);
-            self.fail_before_call(step, "delete", &error)?;
+            self.fail_before_call(step, "delete", &error);
             return Ok(Started::Settled);
         };
-        let operation_id = self
-            .store
-            .begin_operation(&self.start(step, "delete", &step.reason))?;
+        // A delete sends again what the resource was last provisioned with.
+        let (inputs, secret_inputs) = match (rec.inputs.parse(), rec.secret_inputs.parse()) {
+            (Ok(i), Ok(s)) => (i, s),
+            (Err(e), _) | (_, Err(e)) => {
+                let error = format!(
+                    "the inputs state recorded for it do not parse ({e}): the driver cannot be \
+                     sent what it was provisioned with"
+                );
+                self.fail_before_call(step, "delete", &error);
+                return Ok(Started::Settled);
+            }
+        };
         let job = Job {
             operation: Operation::Delete,
             guresid: rec.guresid.clone(),
@@ -804,45 +992,32 @@ impl Run<'_, '_> {
             res_type: rec.res_type.clone(),
             class: rec.class.clone(),
             res_id: rec.res_id.clone(),
-            resource: rec
-                .inputs
+            resource: inputs
                 .get("resource")
-                .or_else(|| rec.secret_inputs.get("resource"))
+                .or_else(|| secret_inputs.get("resource"))
                 .cloned()
                 .unwrap_or(Value::Null),
-            values: rec.inputs.get("values").cloned().unwrap_or(Value::Null),
-            secrets: rec
-                .secret_inputs
-                .get("secrets")
-                .cloned()
-                .unwrap_or(Value::Null),
+            values: inputs.get("values").cloned().unwrap_or(Value::Null),
+            secrets: secret_inputs.get("secrets").cloned().unwrap_or(Value::Null),
             account,
             cookie: self.store.cookie(&rec.guresid)?,
         };
-        (self.on_event)(&Event::Started {
-            label: &step.label(),
-            action: Action::Delete,
-        });
-        let spawned = Spawn {
-            guresid: step.guresid.clone(),
-            operation_id,
+        Ok(Started::Job(Box::new(Ready {
+            job,
+            action: "delete",
+            reason: step.reason.clone(),
+            registered,
+            driver_type: rec.driver.clone(),
             hash: String::new(),
             inputs: None,
-        };
-        self.spawn(tasks, calls_tx, job, &rec.driver, registered, spawned);
-        Ok(Started::Spawned)
+        })))
     }
 
-    fn finish_delete(&mut self, step: &Step, result: JobResult) -> Result<(), StateError> {
+    /// After a delete is journalled.
+    fn delete_finished(&mut self, step: &Step, result: JobResult) {
         let label = step.label();
         match result.outcome {
             Ok(_) => {
-                self.store.finish_delete(
-                    result.operation_id,
-                    result.attempts,
-                    step.guresid.as_str(),
-                    None,
-                )?;
                 self.deleted.insert(step.guresid.clone());
                 (self.on_event)(&Event::Finished {
                     label: &label,
@@ -851,54 +1026,135 @@ impl Run<'_, '_> {
                 });
             }
             Err(error) => {
-                self.store.finish_delete(
-                    result.operation_id,
-                    result.attempts,
-                    step.guresid.as_str(),
-                    Some(&error),
-                )?;
                 self.kept
                     .insert(step.guresid.clone(), format!("its delete failed: {error}"));
-                self.failed(label, &step.guresid, "delete", &error);
+                self.failed(label, &step.guresid, Action::Delete, &error);
             }
         }
-        Ok(())
     }
 
-    /// Runs `job`'s calls in a task of their own, under the global and the driver's permits.
-    fn spawn(
+    /// Records the run's links and bindings as what changed, and what it learnt of templates;
+    /// returns the orphans still recorded, each with why it is kept.
+    ///
+    /// The links wanted are the graph's edges, and the recorded links of orphans that stay. A
+    /// resource whose links changed is bound again even if nothing else about it did; a link's
+    /// update type follows its consumer's bindings, so one whose consumer was not bound again
+    /// keeps it.
+    fn record_graph(
         &mut self,
-        tasks: &mut JoinSet<JobResult>,
-        calls_tx: &mpsc::UnboundedSender<CallEnded>,
-        job: Job,
-        driver_type: &str,
-        registered: crate::drivers::Registered,
-        spawned: Spawn,
-    ) {
-        let permits = self.permits(driver_type, registered.concurrency);
-        let retry = self.settings.retry;
-        let calls = calls_tx.clone();
-        let stop = self.options.stop.clone();
-        tasks.spawn(async move {
-            let (attempts, outcome) = call_until_done(
-                job,
-                spawned.operation_id,
-                registered.driver,
-                permits,
-                retry,
-                calls,
-                stop,
-            )
-            .await;
-            JobResult {
-                guresid: spawned.guresid,
-                operation_id: spawned.operation_id,
-                attempts,
-                outcome,
-                hash: spawned.hash,
-                inputs: spawned.inputs,
+        plan: &'a Plan,
+        links: &[LinkRecord],
+    ) -> Result<Vec<(String, String)>, StateError> {
+        let remaining: HashSet<&str> = plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s.action, Action::Delete | Action::Forget))
+            .filter(|s| !self.deleted.contains(&s.guresid))
+            .map(|s| s.guresid.as_str())
+            .collect();
+        // The links of deleted resources ended with their deletes.
+        let current: Vec<LinkRecord> = links
+            .iter()
+            .filter(|l| {
+                !self.deleted.contains(l.consumer.as_str())
+                    && !self.deleted.contains(l.provider.as_str())
+            })
+            .cloned()
+            .collect();
+        let mut recorded_out: HashMap<&str, Vec<&LinkRecord>> = HashMap::new();
+        for l in &current {
+            recorded_out.entry(l.consumer.as_str()).or_default().push(l);
+        }
+        let graph = self.graph;
+        for node in graph.nodes() {
+            if self.rebound.contains(&node.guresid) || self.broken.contains(&node.guresid) {
+                continue;
             }
-        });
+            let edges = graph.edges_from(&node.guresid);
+            let recorded = recorded_out
+                .get(node.guresid.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let same = edges.len() == recorded.len()
+                && edges.iter().all(|(to, kind)| {
+                    recorded
+                        .iter()
+                        .any(|l| l.provider == to.as_str() && l.kind == kind.as_str())
+                });
+            if !same {
+                self.rebind(node);
+            }
+        }
+        // Whether every binding of a consumer over a link inserts a whole object into a string.
+        let mut inserts: HashMap<(&str, &str), bool> = HashMap::new();
+        for (needed, bindings) in &self.bindings {
+            for b in bindings {
+                let all = inserts
+                    .entry((needed.as_str(), b.provided.as_str()))
+                    .or_insert(true);
+                *all &= b.inserted;
+            }
+        }
+        let recorded_type: HashMap<(&str, &str), &LinkRecord> = current
+            .iter()
+            .map(|l| ((l.consumer.as_str(), l.provider.as_str()), l))
+            .collect();
+        let mut wanted: Vec<LinkRecord> = Vec::with_capacity(current.len());
+        for e in graph.edge_iter() {
+            let (consumer, provider) = (e.0.as_str(), e.1.as_str());
+            let update_type = match e.2 {
+                EdgeKind::Reference | EdgeKind::Selector => {
+                    if self.rebound.contains(e.0) {
+                        match inserts.get(&(consumer, provider)) {
+                            Some(true) => "Insert",
+                            _ => "NeedsProvides",
+                        }
+                    } else {
+                        recorded_type
+                            .get(&(consumer, provider))
+                            .map(|l| l.update_type.as_str())
+                            .unwrap_or("NeedsProvides")
+                    }
+                }
+                EdgeKind::Dependency | EdgeKind::Coprovision | EdgeKind::Implicit => "None",
+            };
+            wanted.push(LinkRecord {
+                consumer: consumer.to_owned(),
+                provider: provider.to_owned(),
+                kind: e.2.as_str().to_owned(),
+                update_type: update_type.to_owned(),
+            });
+        }
+        wanted.extend(
+            current
+                .iter()
+                .filter(|l| {
+                    remaining.contains(l.consumer.as_str())
+                        || remaining.contains(l.provider.as_str())
+                })
+                .cloned(),
+        );
+        let changes = LinkChanges::between(&current, &wanted);
+        self.store
+            .record_link_changes(self.deployment, &self.graph.env, &changes)?;
+        let bindings: Vec<(&str, Vec<BindingRecord>)> = std::mem::take(&mut self.bindings)
+            .into_iter()
+            .map(|(id, b)| (id.as_str(), b))
+            .collect();
+        self.store
+            .record_bindings(self.deployment, &self.graph.env, &bindings)?;
+        self.store.set_template_hashes(&self.template_hashes)?;
+        Ok(remaining
+            .into_iter()
+            .map(|g| {
+                let why = self
+                    .kept
+                    .get(g)
+                    .cloned()
+                    .unwrap_or_else(|| "not deleted yet".to_owned());
+                (g.to_owned(), why)
+            })
+            .collect())
     }
 
     fn permits(&mut self, driver: &str, limit: Option<usize>) -> Permits {
@@ -915,34 +1171,26 @@ impl Run<'_, '_> {
     }
 
     /// No driver was called, so the resource itself is as it was: only the operation fails.
-    fn fail_before_call(
-        &mut self,
-        step: &Step,
-        action: &str,
-        error: &str,
-    ) -> Result<(), StateError> {
-        let op = self
-            .store
-            .begin_operation(&self.start(step, action, &step.reason))?;
-        self.store.fail_operation(op, 0, error)?;
-        self.failed(step.label(), &step.guresid, action, error);
-        Ok(())
+    fn fail_before_call(&mut self, step: &'a Step, action: &'static str, error: &str) {
+        self.ended
+            .push((step, action, Ended::Failed, error.to_owned()));
+        self.failed(step.label(), &step.guresid, action_of(action), error);
     }
 
-    fn failed(&mut self, label: String, guresid: &GuresId, action: &str, error: &str) {
+    fn failed(&mut self, label: String, guresid: &GuresId, action: Action, error: &str) {
         self.broken.insert(guresid.clone());
         self.failed += 1;
         self.failures.push(format!("{label}: {error}"));
         (self.on_event)(&Event::Finished {
             label: &label,
-            action: action_of(action),
+            action,
             outcome: Outcome::Failed(error),
         });
     }
 
-    fn skip(&mut self, step: &Step, action: &str, why: &str) -> Result<(), StateError> {
-        self.store
-            .skipped_operation(&self.start(step, action, &step.reason), why)?;
+    fn skip(&mut self, step: &'a Step, action: &'static str, why: &str) {
+        self.ended
+            .push((step, action, Ended::Skipped, why.to_owned()));
         self.broken.insert(step.guresid.clone());
         self.failed += 1;
         self.failures.push(format!("{}: {why}", step.label()));
@@ -951,7 +1199,6 @@ impl Run<'_, '_> {
             action: action_of(action),
             outcome: Outcome::Skipped(why),
         });
-        Ok(())
     }
 
     fn start<'s>(&self, step: &'s Step, action: &'s str, reason: &'s str) -> OperationStart<'s> {
@@ -971,40 +1218,6 @@ impl Run<'_, '_> {
     fn record(&self, node: &ResourceNode) -> ResourceRecord {
         crate::plan::record_of(node, &self.graph.env, self.commit)
     }
-}
-
-/// The links of a graph: each edge, consumer to provider, with its update type.
-fn link_records(
-    graph: &ResourceGraph,
-    bindings: &[gitplane_state::BindingRecord],
-) -> Vec<gitplane_state::LinkRecord> {
-    graph
-        .edges()
-        .into_iter()
-        .map(|e| {
-            let (consumer, provider) = (e.from.to_string(), e.to.to_string());
-            let update_type = match e.kind {
-                EdgeKind::Reference | EdgeKind::Selector => {
-                    let mut over = bindings
-                        .iter()
-                        .filter(|b| b.needed == consumer && b.provided == provider)
-                        .peekable();
-                    if over.peek().is_some() && over.all(|b| b.inserted) {
-                        "Insert"
-                    } else {
-                        "NeedsProvides"
-                    }
-                }
-                EdgeKind::Dependency | EdgeKind::Coprovision | EdgeKind::Implicit => "None",
-            };
-            gitplane_state::LinkRecord {
-                consumer,
-                provider,
-                kind: e.kind.as_str().to_owned(),
-                update_type: update_type.to_owned(),
-            }
-        })
-        .collect()
 }
 
 /// One driver call that ended, to journal.

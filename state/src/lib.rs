@@ -4,11 +4,17 @@
 //! interface that people query with `sqlite3`; this crate applies it by migrations keyed on
 //! `PRAGMA user_version`, in WAL mode with foreign keys on.
 
+mod history;
+mod journal;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use serde_json::Value;
+
+pub use history::{LinkChanges, Pruned, Retention};
+pub use journal::{Ended, JournalEntry};
 
 const SCHEMA: &str = include_str!("../../schema.sql");
 
@@ -80,12 +86,53 @@ pub struct ResourceRecord {
     pub outputs: Value,
     /// Secret outputs, a JSON object; never shown, only fed to dependent resources.
     pub secret_outputs: Value,
-    /// The non-secret inputs last sent to the driver: `{"resource", "values"}`.
-    pub inputs: Value,
+    /// The non-secret inputs last sent to the driver: `{"resource", "values"}`, parsed only when
+    /// needed (a delete, a plan's list of changes).
+    pub inputs: StoredJson,
     /// The secret inputs last sent, a JSON object; a delete sends them again.
-    pub secret_inputs: Value,
+    pub secret_inputs: StoredJson,
     pub error: Option<String>,
     pub commit_id: String,
+}
+
+/// A JSON column as gitplane wrote it (`serde_json`'s text of a value, keys sorted), parsed only
+/// when asked: most runs compare it or pass it on, and a workload's inputs are a whole Score file.
+///
+/// Two equal values have equal text, so comparing the text compares the values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredJson(String);
+
+impl StoredJson {
+    pub fn new(value: &Value) -> Self {
+        StoredJson(value.to_string())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn parse(&self) -> Result<Value, serde_json::Error> {
+        serde_json::from_str(&self.0)
+    }
+
+    /// Whether it holds `value`.
+    pub fn holds(&self, value: &Value) -> bool {
+        // Text against text: `String == Value` would compare with a JSON string instead.
+        let text = value.to_string();
+        self.0 == text
+    }
+}
+
+impl Default for StoredJson {
+    fn default() -> Self {
+        StoredJson("{}".to_owned())
+    }
+}
+
+impl From<Value> for StoredJson {
+    fn from(value: Value) -> Self {
+        StoredJson::new(&value)
+    }
 }
 
 /// What happens to a resource that leaves the graph (a definition's `deletion_policy`).
@@ -120,14 +167,6 @@ impl ResourceStatus {
             ResourceStatus::Failed => "failed",
         }
     }
-}
-
-/// An edge of an environment's graph: `from` depends on `to`.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct EdgeRecord {
-    pub from: String,
-    pub to: String,
-    pub kind: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,8 +222,9 @@ pub struct DeploymentRecord {
     pub held: Option<Vec<String>>,
 }
 
-/// An edge of a deployment's graph as a link: `consumer` depends on `provider`.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+/// An edge of an environment's graph as a link (ConfigHub's model): `consumer` depends on
+/// `provider`. State keeps one record of each, serving deletion order and the links report.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LinkRecord {
     pub consumer: String,
     pub provider: String,
@@ -339,6 +379,21 @@ impl Store {
         &self.path
     }
 
+    /// Runs `f` in one transaction, committed when it returns `Ok`.
+    fn in_transaction<T>(
+        &mut self,
+        f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<T>,
+    ) -> Result<T> {
+        let err = |source| StateError::Sqlite {
+            path: self.path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(err)?;
+        let out = f(&tx).map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(out)
+    }
+
     fn err(&self) -> impl Fn(rusqlite::Error) -> StateError + '_ {
         |source| StateError::Sqlite {
             path: self.path.clone(),
@@ -396,6 +451,13 @@ impl Store {
                 known,
             });
         }
+        if current == 0 {
+            // Only a file with no tables yet can choose this without a rebuild: space that
+            // pruning frees can then go back to the file system a little at a time.
+            self.conn
+                .pragma_update(None, "auto_vacuum", "INCREMENTAL")
+                .map_err(e)?;
+        }
         for (i, sql) in migrations.iter().enumerate().skip(current as usize) {
             let tx = self
                 .conn
@@ -438,7 +500,7 @@ impl Store {
                         res_id: r.get(5)?,
                         definition: r.get(6)?,
                         driver: r.get(7)?,
-                        status: if r.get::<_, String>(8)? == "ready" {
+                        status: if r.get_ref(8)?.as_str()? == "ready" {
                             ResourceStatus::Ready
                         } else {
                             ResourceStatus::Failed
@@ -446,10 +508,13 @@ impl Store {
                         inputs_hash: r.get(9)?,
                         outputs: Value::Null,
                         secret_outputs: Value::Null,
-                        inputs: Value::Null,
-                        secret_inputs: Value::Null,
+                        inputs: StoredJson(r.get(14)?),
+                        secret_inputs: r
+                            .get::<_, Option<String>>(15)?
+                            .map(StoredJson)
+                            .unwrap_or_default(),
                         account: r.get(16)?,
-                        deletion_policy: if r.get::<_, String>(17)? == "orphan" {
+                        deletion_policy: if r.get_ref(17)?.as_str()? == "orphan" {
                             DeletionPolicy::Orphan
                         } else {
                             DeletionPolicy::Delete
@@ -458,25 +523,17 @@ impl Store {
                         error: r.get(12)?,
                         commit_id: r.get(13)?,
                     },
-                    [
-                        Some(r.get::<_, String>(10)?),
-                        r.get::<_, Option<String>>(11)?,
-                        Some(r.get::<_, String>(14)?),
-                        r.get::<_, Option<String>>(15)?,
-                    ],
+                    (r.get::<_, String>(10)?, r.get::<_, Option<String>>(11)?),
                 ))
             },
         )?;
         rows.into_iter()
-            .map(|(mut rec, [outputs, secrets, inputs, secret_inputs])| {
-                let json = |column, text: Option<String>| match text {
-                    Some(t) => self.json(&rec.guresid, column, &t),
-                    None => Ok(Value::Object(Default::default())),
+            .map(|(mut rec, (outputs, secrets))| {
+                rec.outputs = self.json(&rec.guresid, "outputs", &outputs)?;
+                rec.secret_outputs = match secrets.as_deref() {
+                    None | Some("{}") => Value::Object(Default::default()),
+                    Some(text) => self.json(&rec.guresid, "resource_secret.outputs", text)?,
                 };
-                rec.outputs = json("outputs", outputs)?;
-                rec.secret_outputs = json("resource_secret.outputs", secrets)?;
-                rec.inputs = json("inputs", inputs)?;
-                rec.secret_inputs = json("resource_secret.inputs", secret_inputs)?;
                 Ok(rec)
             })
             .collect()
@@ -489,22 +546,6 @@ impl Store {
             column,
             source,
         })
-    }
-
-    /// The edges of `env` as last applied.
-    pub fn edges(&self, env: &str) -> Result<Vec<EdgeRecord>> {
-        self.query(
-            "SELECT from_guresid, to_guresid, kind FROM edge WHERE env = ?1
-                 ORDER BY from_guresid, to_guresid",
-            [env],
-            |r| {
-                Ok(EdgeRecord {
-                    from: r.get(0)?,
-                    to: r.get(1)?,
-                    kind: r.get(2)?,
-                })
-            },
-        )
     }
 
     /// Records the start of a deployment of `commit` to `env`.
@@ -589,205 +630,6 @@ impl Store {
                 })
             },
         )
-    }
-
-    /// Journals a driver call before it starts.
-    pub fn begin_operation(&self, op: &OperationStart<'_>) -> Result<i64> {
-        self.insert_operation(op, "started", None)
-    }
-
-    /// Records an operation that was not attempted, and why.
-    pub fn skipped_operation(&self, op: &OperationStart<'_>, why: &str) -> Result<i64> {
-        self.insert_operation(op, "skipped", Some(why))
-    }
-
-    fn insert_operation(
-        &self,
-        op: &OperationStart<'_>,
-        status: &str,
-        error: Option<&str>,
-    ) -> Result<i64> {
-        let finished = if status == "started" { "NULL" } else { NOW };
-        self.conn
-            .prepare_cached(&format!(
-                "INSERT INTO operation (deployment_id, guresid, app, type, class, res_id, action,
-                                        reason, status, error, started_at, finished_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, {NOW}, {finished})"
-            ))
-            .and_then(|mut s| {
-                s.insert(params![
-                    op.deployment,
-                    op.guresid,
-                    op.app,
-                    op.res_type,
-                    op.class,
-                    op.res_id,
-                    op.action,
-                    op.reason,
-                    status,
-                    error
-                ])
-            })
-            .map_err(self.err())
-    }
-
-    /// Ends a put (create or update): the operation's outcome and the resource's new record,
-    /// in one transaction.
-    pub fn finish_put(
-        &mut self,
-        operation: i64,
-        attempts: i64,
-        deployment: i64,
-        record: &ResourceRecord,
-        outputs_changed: Option<bool>,
-    ) -> Result<()> {
-        let path = self.path.clone();
-        let e = |source| StateError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let tx = self.conn.transaction().map_err(e)?;
-        let (status, error) = match record.status {
-            ResourceStatus::Ready => ("succeeded", None),
-            ResourceStatus::Failed => ("failed", record.error.as_deref()),
-        };
-        tx.prepare_cached(&format!(
-            "UPDATE operation SET status = ?2, error = ?3, attempts = ?4, outputs_changed = ?5,
-                    finished_at = {NOW}
-             WHERE id = ?1"
-        ))
-        .and_then(|mut s| s.execute(params![operation, status, error, attempts, outputs_changed]))
-        .map_err(e)?;
-        tx.prepare_cached(&format!(
-            "INSERT INTO resource (guresid, env, app, type, class, res_id, definition, driver,
-                                   status, inputs_hash, outputs, error, commit_id, deployment_id,
-                                   inputs, account, deletion_policy, template_hash,
-                                   created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                     ?18, {NOW}, {NOW})
-             ON CONFLICT (guresid) DO UPDATE SET
-                 definition = excluded.definition, driver = excluded.driver,
-                 status = excluded.status, inputs_hash = excluded.inputs_hash,
-                 outputs = excluded.outputs, error = excluded.error,
-                 commit_id = excluded.commit_id, deployment_id = excluded.deployment_id,
-                 inputs = excluded.inputs, account = excluded.account,
-                 deletion_policy = excluded.deletion_policy,
-                 template_hash = excluded.template_hash, orphan_since = NULL,
-                 orphan_reason = NULL,
-                 updated_at = excluded.updated_at"
-        ))
-        .and_then(|mut s| {
-            s.execute(params![
-                record.guresid,
-                record.env,
-                record.app,
-                record.res_type,
-                record.class,
-                record.res_id,
-                record.definition,
-                record.driver,
-                record.status.as_str(),
-                record.inputs_hash,
-                record.outputs.to_string(),
-                record.error,
-                record.commit_id,
-                deployment,
-                record.inputs.to_string(),
-                record.account,
-                record.deletion_policy.as_str(),
-                record.template_hash
-            ])
-        })
-        .map_err(e)?;
-        tx.prepare_cached(
-            "INSERT INTO resource_secret (guresid, outputs, inputs) VALUES (?1, ?2, ?3)
-             ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs, inputs = excluded.inputs",
-        )
-        .and_then(|mut s| {
-            s.execute(params![
-                record.guresid,
-                record.secret_outputs.to_string(),
-                record.secret_inputs.to_string()
-            ])
-        })
-        .map_err(e)?;
-        tx.commit().map_err(e)
-    }
-
-    /// Ends an operation that failed before its driver was called: the resource is untouched.
-    pub fn fail_operation(&self, operation: i64, attempts: i64, error: &str) -> Result<()> {
-        self.conn
-            .prepare_cached(&format!(
-                "UPDATE operation SET status = 'failed', error = ?2, attempts = ?3,
-                        finished_at = {NOW}
-                 WHERE id = ?1"
-            ))
-            .and_then(|mut s| s.execute(params![operation, error, attempts]))
-            .map_err(self.err())?;
-        Ok(())
-    }
-
-    /// Ends a delete: on success the resource and its secrets are forgotten, in one transaction.
-    pub fn finish_delete(
-        &mut self,
-        operation: i64,
-        attempts: i64,
-        guresid: &str,
-        error: Option<&str>,
-    ) -> Result<()> {
-        let path = self.path.clone();
-        let e = |source| StateError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let tx = self.conn.transaction().map_err(e)?;
-        let status = if error.is_some() {
-            "failed"
-        } else {
-            "succeeded"
-        };
-        tx.prepare_cached(&format!(
-            "UPDATE operation SET status = ?2, error = ?3, attempts = ?4, finished_at = {NOW}
-             WHERE id = ?1"
-        ))
-        .and_then(|mut s| s.execute(params![operation, status, error, attempts]))
-        .map_err(e)?;
-        if error.is_none() {
-            tx.prepare_cached("DELETE FROM driver_cookie WHERE guresid = ?1")
-                .and_then(|mut s| s.execute([guresid]))
-                .map_err(e)?;
-            tx.prepare_cached("DELETE FROM resource WHERE guresid = ?1")
-                .and_then(|mut s| s.execute([guresid]))
-                .map_err(e)?;
-            tx.prepare_cached("DELETE FROM edge WHERE from_guresid = ?1 OR to_guresid = ?1")
-                .and_then(|mut s| s.execute([guresid]))
-                .map_err(e)?;
-        }
-        tx.commit().map_err(e)
-    }
-
-    /// Replaces the recorded edges of `env` with `edges`.
-    pub fn replace_edges(&mut self, env: &str, edges: &[EdgeRecord]) -> Result<()> {
-        let path = self.path.clone();
-        let e = |source| StateError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let tx = self.conn.transaction().map_err(e)?;
-        tx.execute("DELETE FROM edge WHERE env = ?1", [env])
-            .map_err(e)?;
-        {
-            let mut stmt = tx
-                .prepare_cached(
-                    "INSERT INTO edge (env, from_guresid, to_guresid, kind) VALUES (?1, ?2, ?3, ?4)",
-                )
-                .map_err(e)?;
-            for edge in edges {
-                stmt.execute(params![env, edge.from, edge.to, edge.kind])
-                    .map_err(e)?;
-            }
-        }
-        tx.commit().map_err(e)
     }
 
     /// Starts the deployment of `commit` to `env`, picking up after a crash.
@@ -906,111 +748,6 @@ impl Store {
         Ok(Some((env, commit)))
     }
 
-    /// Records what a resource's definition and request now say, when that changed but its
-    /// inputs did not (no driver call was needed).
-    pub fn set_template_hash(&self, guresid: &str, template_hash: &str) -> Result<()> {
-        self.conn
-            .prepare_cached("UPDATE resource SET template_hash = ?2 WHERE guresid = ?1")
-            .and_then(|mut s| s.execute(params![guresid, template_hash]))
-            .map_err(self.err())?;
-        Ok(())
-    }
-
-    /// Records the links and bindings of a deployment, in one transaction.
-    pub fn record_links(
-        &mut self,
-        deployment: i64,
-        env: &str,
-        links: &[LinkRecord],
-        bindings: &[BindingRecord],
-    ) -> Result<()> {
-        let path = self.path.clone();
-        let e = |source| StateError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let tx = self.conn.transaction().map_err(e)?;
-        // A resumed deployment records them again.
-        tx.execute("DELETE FROM link WHERE deployment_id = ?1", [deployment])
-            .map_err(e)?;
-        tx.execute("DELETE FROM binding WHERE deployment_id = ?1", [deployment])
-            .map_err(e)?;
-        {
-            let mut link = tx
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO link (deployment_id, env, consumer, provider, kind,
-                                                 update_type)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )
-                .map_err(e)?;
-            for l in links {
-                link.execute(params![
-                    deployment,
-                    env,
-                    l.consumer,
-                    l.provider,
-                    l.kind,
-                    l.update_type
-                ])
-                .map_err(e)?;
-            }
-            let mut binding = tx
-                .prepare_cached(
-                    "INSERT INTO binding (deployment_id, env, needed_guresid, needed_path,
-                                          provided_guresid, provided_path, data_type, value,
-                                          secret, inserted, interface)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                )
-                .map_err(e)?;
-            for b in bindings {
-                binding
-                    .execute(params![
-                        deployment,
-                        env,
-                        b.needed,
-                        b.needed_path,
-                        b.provided,
-                        b.provided_path,
-                        b.data_type,
-                        b.value.as_ref().map(Value::to_string),
-                        b.secret,
-                        b.inserted,
-                        b.interface
-                    ])
-                    .map_err(e)?;
-            }
-        }
-        tx.commit().map_err(e)
-    }
-
-    /// The bindings of `guresid` in the newest deployment that recorded any for it.
-    pub fn latest_bindings(&self, guresid: &str) -> Result<Vec<BindingRecord>> {
-        self.query(
-            "SELECT needed_guresid, needed_path, provided_guresid, provided_path, data_type,
-                    value, secret, inserted, interface
-             FROM binding
-             WHERE needed_guresid = ?1
-               AND deployment_id = (SELECT MAX(deployment_id) FROM binding WHERE needed_guresid = ?1)
-             ORDER BY id",
-            [guresid],
-            |r| {
-                Ok(BindingRecord {
-                    needed: r.get(0)?,
-                    needed_path: r.get(1)?,
-                    provided: r.get(2)?,
-                    provided_path: r.get(3)?,
-                    data_type: r.get(4)?,
-                    value: r
-                        .get::<_, Option<String>>(5)?
-                        .and_then(|v| serde_json::from_str(&v).ok()),
-                    secret: r.get(6)?,
-                    inserted: r.get(7)?,
-                    interface: r.get(8)?,
-                })
-            },
-        )
-    }
-
     /// Marks the recorded resources of `env` in `orphans` as kept though out of the graph, with
     /// why; clears the mark of every other resource of `env`.
     pub fn mark_orphans(&mut self, env: &str, orphans: &[(String, String)]) -> Result<()> {
@@ -1089,44 +826,6 @@ impl Store {
                 })
             })
             .map_err(self.err())
-    }
-
-    /// Journals one finished driver call of `operation`: the number of calls so far and, when
-    /// the driver changed it, the cookie (`Some(None)` clears it), in one transaction.
-    pub fn record_call(
-        &mut self,
-        operation: i64,
-        attempts: i64,
-        guresid: &str,
-        cookie: Option<Option<&str>>,
-    ) -> Result<()> {
-        let path = self.path.clone();
-        let e = |source| StateError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let tx = self.conn.transaction().map_err(e)?;
-        tx.prepare_cached("UPDATE operation SET attempts = ?2 WHERE id = ?1")
-            .and_then(|mut s| s.execute(params![operation, attempts]))
-            .map_err(e)?;
-        match cookie {
-            None => {}
-            Some(Some(c)) => {
-                tx.prepare_cached(&format!(
-                    "INSERT INTO driver_cookie (guresid, cookie, updated_at) VALUES (?1, ?2, {NOW})
-                     ON CONFLICT (guresid) DO UPDATE SET cookie = excluded.cookie,
-                         updated_at = excluded.updated_at"
-                ))
-                .and_then(|mut s| s.execute(params![guresid, c]))
-                .map_err(e)?;
-            }
-            Some(None) => {
-                tx.prepare_cached("DELETE FROM driver_cookie WHERE guresid = ?1")
-                    .and_then(|mut s| s.execute([guresid]))
-                    .map_err(e)?;
-            }
-        }
-        tx.commit().map_err(e)
     }
 
     /// The driver cookie kept for `guresid`.
@@ -1271,38 +970,6 @@ impl Store {
             },
         )
     }
-
-    /// The links of `guresid` both ways (as consumer and as provider) in the newest deployment of
-    /// `env` that recorded links, with that deployment's id; `None` when `env` has none.
-    pub fn resource_links(
-        &self,
-        env: &str,
-        guresid: &str,
-    ) -> Result<Option<(i64, Vec<LinkRecord>)>> {
-        let deployment: Option<i64> = self
-            .conn
-            .prepare_cached("SELECT MAX(deployment_id) FROM link WHERE env = ?1")
-            .and_then(|mut s| s.query_row([env], |r| r.get(0)))
-            .map_err(self.err())?;
-        let Some(deployment) = deployment else {
-            return Ok(None);
-        };
-        let links = self.query(
-            "SELECT consumer, provider, kind, update_type FROM link
-             WHERE deployment_id = ?1 AND (consumer = ?2 OR provider = ?2)
-             ORDER BY consumer, provider",
-            params![deployment, guresid],
-            |r| {
-                Ok(LinkRecord {
-                    consumer: r.get(0)?,
-                    provider: r.get(1)?,
-                    kind: r.get(2)?,
-                    update_type: r.get(3)?,
-                })
-            },
-        )?;
-        Ok(Some((deployment, links)))
-    }
 }
 
 /// The reports of `gitplane report`, each one of the public views of `schema.sql`.
@@ -1432,8 +1099,8 @@ mod tests {
             inputs_hash: "h1".into(),
             outputs: serde_json::json!({"host": "db"}),
             secret_outputs: serde_json::json!({"password": "s3cret"}),
-            inputs: serde_json::json!({"values": {"host": "db"}}),
-            secret_inputs: serde_json::json!({"password": "s3cret"}),
+            inputs: serde_json::json!({"values": {"host": "db"}}).into(),
+            secret_inputs: serde_json::json!({"password": "s3cret"}).into(),
             error: None,
             commit_id: "c1".into(),
         }
@@ -1442,9 +1109,10 @@ mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 1);
+        assert_eq!(m.len(), 2);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
+        assert!(m[1].contains("CREATE TABLE resource_version"));
     }
 
     #[test]
@@ -1577,7 +1245,9 @@ mod tests {
                 ..start
             })
             .unwrap();
-        store.finish_delete(del, 1, "g1", None).unwrap();
+        store
+            .finish_delete(del, 1, dep, ("development", "g1"), None)
+            .unwrap();
         assert!(store.resources("development").unwrap().is_empty());
         let secrets: i64 = store
             .conn
@@ -1602,3 +1272,6 @@ mod tests {
         assert!(d.finished_at.is_some());
     }
 }
+
+#[cfg(test)]
+mod history_tests;

@@ -9,6 +9,7 @@ mod bad_input;
 mod choosing;
 mod daemon;
 mod explain;
+mod history;
 mod hook;
 mod host_config;
 mod lifecycle;

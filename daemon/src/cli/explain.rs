@@ -124,26 +124,16 @@ fn explain_recorded(
         Err(e) => return Err(e),
     };
 
-    let bindings = store.latest_bindings(&guresid)?;
+    let bindings = store.current_bindings(&guresid)?;
     let links = match store.resource_links(&env, &guresid)? {
         Some((deployment, links)) => Links {
             deployment: Some(deployment),
             links,
         },
-        // No deployment recorded links: the edges as last applied, without update types.
+        // Its environment has no links recorded.
         None => Links {
             deployment: None,
-            links: store
-                .edges(&env)?
-                .into_iter()
-                .filter(|e| e.from == guresid || e.to == guresid)
-                .map(|e| LinkRecord {
-                    consumer: e.from,
-                    provider: e.to,
-                    kind: e.kind,
-                    update_type: "-".to_owned(),
-                })
-                .collect(),
+            links: Vec::new(),
         },
     };
     let operations = store.resource_operations(&guresid)?;
@@ -884,7 +874,8 @@ impl<'a> Explainer<'a> {
         if prefix == "secrets" {
             return None;
         }
-        let section = self.rec.inputs.get(prefix)?;
+        let inputs = self.rec.inputs.parse().ok()?;
+        let section = inputs.get(prefix)?;
         lookup_path(section, segments).map(|v| Shown::Value(v.clone()))
     }
 
@@ -1213,8 +1204,9 @@ fn recorded_inputs(
         })
     };
     let mut out: Vec<Input> = Vec::new();
+    let inputs = rec.inputs.parse().unwrap_or(Value::Null);
     // The values sent that no placeholder made, and the names of the secrets.
-    if let Some(values) = rec.inputs.get("values") {
+    if let Some(values) = inputs.get("values") {
         let mut found = Vec::new();
         literal_leaves(values, "values".to_owned(), Vec::new(), &mut found);
         for (path, _, leaf) in found {
@@ -1233,6 +1225,8 @@ fn recorded_inputs(
     }
     let secret_names = rec
         .secret_inputs
+        .parse()
+        .unwrap_or(Value::Null)
         .get("secrets")
         .and_then(Value::as_object)
         .map(|m| m.keys().map(|k| format!("secrets.{k}")).collect::<Vec<_>>())
@@ -1258,8 +1252,7 @@ fn recorded_inputs(
         // The input as last sent; a placeholder may be only part of it.
         let value = match parse_path(path).split_first() {
             _ if secret => Shown::Secret,
-            Some((Segment::Key(section), rest)) => rec
-                .inputs
+            Some((Segment::Key(section), rest)) => inputs
                 .get(section)
                 .and_then(|v| lookup_path(v, rest))
                 .map_or(Shown::Unknown, |v| Shown::Value(v.clone())),

@@ -24,6 +24,10 @@ use crate::stores::SecretStores;
 
 pub use init::TEMPLATE;
 
+/// Free pages returned to the file system after a prune, at most (4 MB with 4 kB pages): a
+/// little each time keeps every apply quick.
+pub(crate) const RECLAIM_PAGES: u32 = 1024;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "gitplane",
@@ -227,6 +231,11 @@ pub enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Look after the state file.
+    State {
+        #[command(subcommand)]
+        action: StateCommand,
+    },
     /// Show the resource graph of a commit.
     Graph {
         #[command(flatten)]
@@ -235,6 +244,20 @@ pub enum Command {
         rev: Rev,
         #[arg(long, value_enum, default_value_t = GraphFormat::Table)]
         format: GraphFormat,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StateCommand {
+    /// Prune the history that `history.keep` (or --keep) no longer keeps, and give the space
+    /// back to the file system. Current resources, links and bindings are never removed.
+    Vacuum {
+        #[command(flatten)]
+        common: Common,
+        /// How much history to keep: a number of deployments per environment (1000) or an age
+        /// (90d); default: the host config's history.keep, else all of it.
+        #[arg(long)]
+        keep: Option<String>,
     },
 }
 
@@ -284,6 +307,8 @@ pub enum CliError {
     Daemon(crate::daemon::DaemonError),
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("--keep {keep}: {message}")]
+    Keep { keep: String, message: String },
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -399,6 +424,64 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             let ctx = common.context()?;
             show_graph(&ctx, ctx.rev(&rev), format, stdout)
         }
+        Command::State {
+            action: StateCommand::Vacuum { common, keep },
+        } => vacuum(&common.context()?, keep.as_deref(), stdout),
+    }
+}
+
+/// `gitplane state vacuum`: prunes by retention, then rebuilds the file.
+fn vacuum(
+    ctx: &Context,
+    keep: Option<&str>,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    let keep = match keep {
+        None => ctx.host.history,
+        Some(text) => Some(parse_keep(text)?),
+    };
+    let mut store = existing_store(ctx)?;
+    if let Some(keep) = keep {
+        let p = store.prune(keep)?;
+        writeln!(
+            stdout,
+            "pruned {} deployment(s), {} operation(s), {} history row(s) and {} commit(s) seen",
+            p.deployments, p.operations, p.history_rows, p.commits_seen
+        )?;
+    } else {
+        writeln!(
+            stdout,
+            "no history.keep in the host config and no --keep: all history is kept"
+        )?;
+    }
+    let (before, after) = store.vacuum()?;
+    let mb = |b: u64| b as f64 / 1_048_576.0;
+    writeln!(
+        stdout,
+        "{}: {:.1} MB -> {:.1} MB",
+        ctx.state.display(),
+        mb(before),
+        mb(after)
+    )?;
+    Ok(CommandResult::Success)
+}
+
+/// `--keep 1000` (deployments per environment) or `--keep 90d`.
+fn parse_keep(text: &str) -> Result<gitplane_state::Retention, CliError> {
+    let err = |message: &str| CliError::Keep {
+        keep: text.to_owned(),
+        message: message.to_owned(),
+    };
+    if let Ok(n) = text.parse::<u64>() {
+        return match n {
+            0 => Err(err("keep at least 1 deployment")),
+            n => Ok(gitplane_state::Retention::Deployments(n)),
+        };
+    }
+    match crate::config::parse_duration(text) {
+        Ok(age) if !age.is_zero() => Ok(gitplane_state::Retention::Age(age)),
+        Ok(_) => Err(err("keep more than no time")),
+        Err(message) => Err(err(&message)),
     }
 }
 
@@ -460,7 +543,7 @@ fn show_plan(
     let mut json = Vec::new();
     for g in &built.graphs {
         let (recorded, edges) = match &store {
-            Some(s) => (s.resources(&g.env)?, s.edges(&g.env)?),
+            Some(s) => (s.resources(&g.env)?, s.links(&g.env)?),
             None => (Vec::new(), Vec::new()),
         };
         let p = plan::plan(g, &recorded, &edges);
@@ -690,6 +773,12 @@ fn apply_graphs_with(
                 eprintln!("error: {}: {f}", report.env);
             }
         }
+    }
+    // History the host config no longer keeps goes after each apply, so a state file that
+    // only the CLI writes stays bounded too.
+    if let Some(keep) = ctx.host.history {
+        store.prune(keep)?;
+        store.reclaim(RECLAIM_PAGES)?;
     }
     Ok(outcome)
 }

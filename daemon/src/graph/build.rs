@@ -271,14 +271,7 @@ impl<'r> Builder<'r> {
             ]);
             self.dag[n].template_hash = hash;
         }
-        Ok(ResourceGraph {
-            env: self.env.id.clone(),
-            env_type: self.env.env_type.clone(),
-            deletion_threshold: self.env.deletion_threshold,
-            schedule: self.env.schedule.clone(),
-            dag: self.dag,
-            index: self.index,
-        })
+        Ok(ResourceGraph::new(self.env, self.dag, self.index))
     }
 
     /// The node for a resource, created and matched if new. `None` when nothing matches.

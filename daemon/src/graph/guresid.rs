@@ -53,6 +53,14 @@ pub fn hex(bytes: &[u8]) -> String {
     out
 }
 
+// The derived `Hash` and `Eq` are those of the string, so maps keyed by GUResID can be asked
+// with the text read back from state.
+impl std::borrow::Borrow<str> for GuresId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for GuresId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

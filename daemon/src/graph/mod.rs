@@ -228,6 +228,9 @@ pub struct ResourceGraph {
     pub schedule: Option<crate::model::Schedule>,
     dag: Dag<ResourceNode, EdgeKind>,
     index: HashMap<GuresId, NodeIndex>,
+    /// Provisioning order: each node after everything it depends on. The one topological order
+    /// of the graph (petgraph's), which plan and reconciler both follow.
+    order: Vec<NodeIndex>,
 }
 
 /// An edge by GUResID: `from` depends on `to`.
@@ -259,6 +262,16 @@ impl ResourceGraph {
         self.index.contains_key(id)
     }
 
+    /// Whether the graph has the resource of a GUResID read back from state.
+    pub fn contains_id(&self, id: &str) -> bool {
+        self.index.contains_key(id)
+    }
+
+    /// The node of a GUResID read back from state.
+    pub fn get_id(&self, id: &str) -> Option<&ResourceNode> {
+        self.index.get(id).map(|&i| &self.dag[i])
+    }
+
     /// Every edge, sorted for stable output.
     pub fn edges(&self) -> Vec<Edge> {
         let mut edges: Vec<Edge> = self
@@ -273,6 +286,29 @@ impl ResourceGraph {
             .collect();
         edges.sort();
         edges
+    }
+
+    /// Every edge as `(from, to, kind)`, in the graph's own order (unsorted, allocation-free).
+    pub fn edge_iter(&self) -> impl Iterator<Item = (&GuresId, &GuresId, EdgeKind)> {
+        self.dag.graph().edge_references().map(|e| {
+            (
+                &self.dag[e.source()].guresid,
+                &self.dag[e.target()].guresid,
+                *e.weight(),
+            )
+        })
+    }
+
+    /// What `id` depends on directly, with why.
+    pub fn edges_from(&self, id: &GuresId) -> Vec<(&GuresId, EdgeKind)> {
+        let Some(&i) = self.index.get(id) else {
+            return Vec::new();
+        };
+        self.dag
+            .graph()
+            .edges(i)
+            .map(|e| (&self.dag[e.target()].guresid, *e.weight()))
+            .collect()
     }
 
     /// What depends on `id` directly.
@@ -340,29 +376,33 @@ impl ResourceGraph {
         }
     }
 
-    /// Resources in provisioning order: each after everything it depends on; ties by GUResID so
-    /// the order is stable.
-    pub fn provisioning_order(&self) -> Vec<&ResourceNode> {
-        let g = self.dag.graph();
-        let mut pending: Vec<usize> = g.node_indices().map(|n| g.neighbors(n).count()).collect();
-        let mut ready: std::collections::BTreeSet<(&GuresId, NodeIndex)> = g
-            .node_indices()
-            .filter(|n| pending[n.index()] == 0)
-            .map(|n| (&self.dag[n].guresid, n))
-            .collect();
-        let mut out = Vec::with_capacity(g.node_count());
-        while let Some(first) = ready.pop_first() {
-            let n = first.1;
-            out.push(&self.dag[n]);
-            for dependent in g.neighbors_directed(n, daggy::petgraph::Direction::Incoming) {
-                let p = &mut pending[dependent.index()];
-                *p -= 1;
-                if *p == 0 {
-                    ready.insert((&self.dag[dependent].guresid, dependent));
-                }
-            }
+    /// Resources in provisioning order: each after everything it depends on. The order is a
+    /// function of the graph alone (the builder adds nodes and edges in a fixed order), so runs
+    /// are reproducible.
+    pub fn provisioning_order(&self) -> impl ExactSizeIterator<Item = &ResourceNode> {
+        self.order.iter().map(|&n| &self.dag[n])
+    }
+
+    /// Makes a graph of a DAG, computing its provisioning order once.
+    fn new(
+        env: &crate::model::Environment,
+        dag: Dag<ResourceNode, EdgeKind>,
+        index: HashMap<GuresId, NodeIndex>,
+    ) -> ResourceGraph {
+        // Edges point from consumer to provider, so a topological order lists consumers
+        // first; provisioning is its reverse. A daggy DAG has no cycle, so this cannot fail.
+        let mut order = daggy::petgraph::algo::toposort(dag.graph(), None)
+            .unwrap_or_else(|_| dag.graph().node_indices().collect());
+        order.reverse();
+        ResourceGraph {
+            env: env.id.clone(),
+            env_type: env.env_type.clone(),
+            deletion_threshold: env.deletion_threshold,
+            schedule: env.schedule.clone(),
+            dag,
+            index,
+            order,
         }
-        out
     }
 }
 

@@ -112,7 +112,7 @@ fn repo_template_graph_has_the_expected_nodes_and_edges() {
 #[test]
 fn provisioning_order_respects_every_edge() {
     let g = build_env(&template_files(), "production").unwrap();
-    let order: Vec<&GuresId> = g.provisioning_order().iter().map(|n| &n.guresid).collect();
+    let order: Vec<&GuresId> = g.provisioning_order().map(|n| &n.guresid).collect();
     assert_eq!(order.len(), g.len());
     for e in g.edges() {
         let from = order.iter().position(|id| **id == e.from).unwrap();

@@ -1,0 +1,434 @@
+//! Links, bindings and their history: rows valid from one deployment to another, changed only
+//! where the graph changed, and pruned by retention.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rusqlite::{OptionalExtension, params};
+use serde_json::Value;
+
+use crate::{BindingRecord, LinkRecord, Result, Store};
+
+/// How the links of an environment change in one deployment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LinkChanges {
+    /// `(consumer, provider)` of links that end.
+    pub removed: Vec<(String, String)>,
+    /// Links that start (a link whose kind or update type changed is removed and added).
+    pub added: Vec<LinkRecord>,
+}
+
+impl LinkChanges {
+    /// What turns the links `current` into `wanted`.
+    pub fn between(current: &[LinkRecord], wanted: &[LinkRecord]) -> LinkChanges {
+        let now: HashMap<(&str, &str), &LinkRecord> = current
+            .iter()
+            .map(|l| ((l.consumer.as_str(), l.provider.as_str()), l))
+            .collect();
+        let next: HashMap<(&str, &str), &LinkRecord> = wanted
+            .iter()
+            .map(|l| ((l.consumer.as_str(), l.provider.as_str()), l))
+            .collect();
+        let mut changes = LinkChanges::default();
+        for l in current {
+            if next.get(&(l.consumer.as_str(), l.provider.as_str())) != Some(&l) {
+                changes
+                    .removed
+                    .push((l.consumer.clone(), l.provider.clone()));
+            }
+        }
+        for l in wanted {
+            if now.get(&(l.consumer.as_str(), l.provider.as_str())) != Some(&l) {
+                changes.added.push(l.clone());
+            }
+        }
+        changes.added.sort();
+        changes
+            .added
+            .dedup_by(|a, b| a.consumer == b.consumer && a.provider == b.provider);
+        changes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.removed.is_empty() && self.added.is_empty()
+    }
+}
+
+/// How long history is kept (`history.keep` in the host config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retention {
+    /// The newest N deployments of each environment.
+    Deployments(u64),
+    /// Deployments started within this long.
+    Age(Duration),
+}
+
+/// What pruning removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub deployments: usize,
+    pub operations: usize,
+    /// Link, binding and resource-version rows no kept deployment could see.
+    pub history_rows: usize,
+    pub commits_seen: usize,
+}
+
+impl Store {
+    /// The current links of `env`, ordered by consumer and provider.
+    pub fn links(&self, env: &str) -> Result<Vec<LinkRecord>> {
+        self.query(
+            "SELECT consumer, provider, kind, update_type FROM link
+             WHERE env = ?1 AND valid_to IS NULL ORDER BY consumer, provider",
+            [env],
+            link_row,
+        )
+    }
+
+    /// Ends and starts links with `deployment`, in one transaction. A link that `deployment`
+    /// itself started (a resumed deployment) and now ends leaves no trace.
+    pub fn record_link_changes(
+        &mut self,
+        deployment: i64,
+        env: &str,
+        changes: &LinkChanges,
+    ) -> Result<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        self.in_transaction(|tx| {
+            {
+                let mut drop = tx.prepare_cached(
+                    "DELETE FROM link WHERE env = ?1 AND consumer = ?2 AND provider = ?3
+                        AND valid_to IS NULL AND valid_from = ?4",
+                )?;
+                let mut close = tx.prepare_cached(
+                    "UPDATE link SET valid_to = ?4 WHERE env = ?1 AND consumer = ?2
+                        AND provider = ?3 AND valid_to IS NULL",
+                )?;
+                for (consumer, provider) in &changes.removed {
+                    let args = params![env, consumer, provider, deployment];
+                    drop.execute(args)?;
+                    close.execute(args)?;
+                }
+            }
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO link (env, consumer, provider, kind, update_type, valid_from)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?;
+            for l in &changes.added {
+                insert.execute(params![
+                    env,
+                    l.consumer,
+                    l.provider,
+                    l.kind,
+                    l.update_type,
+                    deployment
+                ])?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The current bindings of `guresid`, in the order they were recorded.
+    pub fn current_bindings(&self, guresid: &str) -> Result<Vec<BindingRecord>> {
+        self.query(
+            "SELECT needed_guresid, needed_path, provided_guresid, provided_path, data_type,
+                    value, secret, inserted, interface
+             FROM binding WHERE needed_guresid = ?1 AND valid_to IS NULL ORDER BY id",
+            [guresid],
+            binding_row,
+        )
+    }
+
+    /// Makes the current bindings of each resource in `resolved` exactly its list, with
+    /// `deployment`, in one transaction: bindings that stay keep their rows, the others end or
+    /// start. A resource that is not listed keeps its bindings.
+    pub fn record_bindings(
+        &mut self,
+        deployment: i64,
+        env: &str,
+        resolved: &[(&str, Vec<BindingRecord>)],
+    ) -> Result<()> {
+        if resolved.is_empty() {
+            return Ok(());
+        }
+        self.in_transaction(|tx| {
+            let mut current = tx.prepare_cached(
+                "SELECT id, valid_from, needed_path, provided_guresid, provided_path, data_type,
+                        value, secret, inserted, interface
+                 FROM binding WHERE needed_guresid = ?1 AND valid_to IS NULL",
+            )?;
+            let mut drop = tx.prepare_cached("DELETE FROM binding WHERE id = ?1")?;
+            let mut close = tx.prepare_cached("UPDATE binding SET valid_to = ?2 WHERE id = ?1")?;
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO binding (env, needed_guresid, needed_path, provided_guresid,
+                                      provided_path, data_type, value, secret, inserted,
+                                      interface, valid_from)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            )?;
+            for (guresid, bindings) in resolved {
+                let mut wanted: Vec<BindingKey> = bindings.iter().map(BindingKey::of).collect();
+                let rows = current
+                    .query_map([guresid], |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, i64>(1)?,
+                            BindingKey {
+                                needed_path: r.get(2)?,
+                                provided: r.get(3)?,
+                                provided_path: r.get(4)?,
+                                data_type: r.get(5)?,
+                                value: r.get(6)?,
+                                secret: r.get(7)?,
+                                inserted: r.get(8)?,
+                                interface: r.get(9)?,
+                            },
+                        ))
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                for (id, valid_from, key) in rows {
+                    match wanted.iter().position(|w| *w == key) {
+                        // Unchanged: the row stays as it is.
+                        Some(i) => {
+                            wanted.swap_remove(i);
+                        }
+                        None if valid_from == deployment => {
+                            drop.execute([id])?;
+                        }
+                        None => {
+                            close.execute(params![id, deployment])?;
+                        }
+                    }
+                }
+                // Insert in the order the resource lists them.
+                for b in bindings {
+                    let key = BindingKey::of(b);
+                    let Some(i) = wanted.iter().position(|w| *w == key) else {
+                        continue;
+                    };
+                    wanted.swap_remove(i);
+                    insert.execute(params![
+                        env,
+                        guresid,
+                        key.needed_path,
+                        key.provided,
+                        key.provided_path,
+                        key.data_type,
+                        key.value,
+                        key.secret,
+                        key.inserted,
+                        key.interface,
+                        deployment
+                    ])?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// The current links of `guresid` both ways (as consumer and as provider) in `env`, with
+    /// the newest deployment of `env` that ran; `None` when `env` has no links.
+    pub fn resource_links(
+        &self,
+        env: &str,
+        guresid: &str,
+    ) -> Result<Option<(i64, Vec<LinkRecord>)>> {
+        let deployment: Option<i64> = self
+            .conn
+            .prepare_cached(
+                "SELECT MAX(d.id) FROM deployment d
+                 WHERE d.env = ?1 AND d.status != 'held'
+                   AND EXISTS (SELECT 1 FROM link l WHERE l.env = ?1 AND l.valid_to IS NULL)",
+            )
+            .and_then(|mut s| s.query_row([env], |r| r.get(0)))
+            .map_err(self.err())?;
+        let Some(deployment) = deployment else {
+            return Ok(None);
+        };
+        let mut links = self.query(
+            "SELECT consumer, provider, kind, update_type FROM link
+             WHERE env = ?1 AND consumer = ?2 AND valid_to IS NULL",
+            params![env, guresid],
+            link_row,
+        )?;
+        links.extend(self.query(
+            "SELECT consumer, provider, kind, update_type FROM link
+             WHERE provider = ?2 AND env = ?1 AND valid_to IS NULL",
+            params![env, guresid],
+            link_row,
+        )?);
+        links.sort();
+        links.dedup();
+        Ok(Some((deployment, links)))
+    }
+
+    /// Removes the history no deployment kept by `keep` can see: older deployments (but those
+    /// that made a current resource row, which stay with it) and their operations, link,
+    /// binding and resource-version rows that ended before the oldest kept deployment, and
+    /// commits seen before it. Current rows are never removed. One transaction.
+    pub fn prune(&mut self, keep: Retention) -> Result<Pruned> {
+        let envs = self.environments()?;
+        // The time `age` ago, computed by SQLite so it has the format of `started_at`.
+        let cutoff_time: Option<String> = match keep {
+            Retention::Age(age) => Some(
+                self.conn
+                    .query_row(
+                        "SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?1)",
+                        [format!("-{} seconds", age.as_secs())],
+                        |r| r.get(0),
+                    )
+                    .map_err(self.err())?,
+            ),
+            Retention::Deployments(_) => None,
+        };
+        self.in_transaction(|tx| {
+            let mut pruned = Pruned::default();
+            let mut oldest_kept: Option<String> = None;
+            for env in &envs {
+                let cut: Option<i64> = match (keep, &cutoff_time) {
+                    (Retention::Deployments(n), _) => tx
+                        .prepare_cached(
+                            "SELECT id FROM deployment WHERE env = ?1
+                             ORDER BY id DESC LIMIT 1 OFFSET ?2",
+                        )?
+                        .query_row(params![env, n.max(1) as i64 - 1], |r| r.get(0))
+                        .optional()?,
+                    (Retention::Age(_), Some(time)) => tx
+                        .prepare_cached(
+                            "SELECT COALESCE(
+                                 (SELECT MIN(id) FROM deployment WHERE env = ?1 AND started_at >= ?2),
+                                 (SELECT MAX(id) FROM deployment WHERE env = ?1))",
+                        )?
+                        .query_row(params![env, time], |r| r.get(0))?,
+                    (Retention::Age(_), None) => None,
+                };
+                let Some(cut) = cut else {
+                    continue;
+                };
+                let started: Option<String> = tx
+                    .prepare_cached("SELECT started_at FROM deployment WHERE id = ?1")?
+                    .query_row([cut], |r| r.get(0))
+                    .optional()?;
+                if let Some(started) = started
+                    && oldest_kept.as_ref().is_none_or(|o| started < *o)
+                {
+                    oldest_kept = Some(started);
+                }
+                const GONE: &str = "SELECT id FROM deployment WHERE env = ?1 AND id < ?2
+                      AND status != 'running'
+                      AND id NOT IN (SELECT deployment_id FROM resource WHERE env = ?1)";
+                pruned.operations += tx
+                    .prepare_cached(&format!(
+                        "DELETE FROM operation WHERE deployment_id IN ({GONE})"
+                    ))?
+                    .execute(params![env, cut])?;
+                pruned.deployments += tx
+                    .prepare_cached(&format!("DELETE FROM deployment WHERE id IN ({GONE})"))?
+                    .execute(params![env, cut])?;
+                for table in ["link", "binding", "resource_version"] {
+                    pruned.history_rows += tx
+                        .prepare_cached(&format!(
+                            "DELETE FROM {table} WHERE env = ?1 AND valid_to IS NOT NULL
+                               AND valid_to <= ?2"
+                        ))?
+                        .execute(params![env, cut])?;
+                }
+            }
+            if let Some(oldest) = oldest_kept {
+                pruned.commits_seen += tx
+                    .prepare_cached("DELETE FROM commit_seen WHERE seen_at < ?1")?
+                    .execute([oldest])?;
+            }
+            Ok(pruned)
+        })
+    }
+
+    /// Rebuilds the file so the space pruned rows held returns to the file system, and makes
+    /// later space reclaimable without a rebuild (`auto_vacuum = INCREMENTAL`). Returns the
+    /// file's size before and after, in bytes.
+    pub fn vacuum(&mut self) -> Result<(u64, u64)> {
+        let size = |s: &Store| -> Result<u64> {
+            let pages: i64 = s
+                .conn
+                .pragma_query_value(None, "page_count", |r| r.get(0))
+                .map_err(s.err())?;
+            let page: i64 = s
+                .conn
+                .pragma_query_value(None, "page_size", |r| r.get(0))
+                .map_err(s.err())?;
+            Ok((pages * page) as u64)
+        };
+        let before = size(self)?;
+        self.conn
+            .execute_batch(
+                "PRAGMA auto_vacuum = INCREMENTAL; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);",
+            )
+            .map_err(self.err())?;
+        Ok((before, size(self)?))
+    }
+
+    /// Returns free pages to the file system, a little at a time, when the file allows it
+    /// (`auto_vacuum = INCREMENTAL`, set on new files and by [`Store::vacuum`]).
+    pub fn reclaim(&mut self, pages: u32) -> Result<()> {
+        self.conn
+            .query_row(&format!("PRAGMA incremental_vacuum({pages})"), [], |_| {
+                Ok(())
+            })
+            .optional()
+            .map_err(self.err())?;
+        Ok(())
+    }
+}
+
+/// A binding as stored, to compare a resource's bindings with its rows.
+#[derive(Debug, PartialEq)]
+struct BindingKey {
+    needed_path: String,
+    provided: String,
+    provided_path: String,
+    data_type: String,
+    value: Option<String>,
+    secret: bool,
+    inserted: bool,
+    interface: Option<String>,
+}
+
+impl BindingKey {
+    fn of(b: &BindingRecord) -> BindingKey {
+        BindingKey {
+            needed_path: b.needed_path.clone(),
+            provided: b.provided.clone(),
+            provided_path: b.provided_path.clone(),
+            data_type: b.data_type.clone(),
+            value: b.value.as_ref().map(Value::to_string),
+            secret: b.secret,
+            inserted: b.inserted,
+            interface: b.interface.clone(),
+        }
+    }
+}
+
+fn link_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LinkRecord> {
+    Ok(LinkRecord {
+        consumer: r.get(0)?,
+        provider: r.get(1)?,
+        kind: r.get(2)?,
+        update_type: r.get(3)?,
+    })
+}
+
+pub(crate) fn binding_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BindingRecord> {
+    Ok(BindingRecord {
+        needed: r.get(0)?,
+        needed_path: r.get(1)?,
+        provided: r.get(2)?,
+        provided_path: r.get(3)?,
+        data_type: r.get(4)?,
+        value: r
+            .get::<_, Option<String>>(5)?
+            .and_then(|v| serde_json::from_str(&v).ok()),
+        secret: r.get(6)?,
+        inserted: r.get(7)?,
+        interface: r.get(8)?,
+    })
+}

@@ -1,0 +1,526 @@
+//! Tests of history as ranges: the migration from per-deployment copies, the views that answer
+//! "what did deployment D look like" and "what changed in commit C", and pruning.
+
+use rusqlite::{Connection, params};
+use serde_json::json;
+
+use crate::*;
+
+fn link(consumer: &str, provider: &str) -> LinkRecord {
+    LinkRecord {
+        consumer: consumer.into(),
+        provider: provider.into(),
+        kind: "reference".into(),
+        update_type: "NeedsProvides".into(),
+    }
+}
+
+fn binding(needed: &str, provided: &str, value: serde_json::Value) -> BindingRecord {
+    BindingRecord {
+        needed: needed.into(),
+        needed_path: "values.host".into(),
+        provided: provided.into(),
+        provided_path: "outputs.host".into(),
+        data_type: "string".into(),
+        value: Some(value),
+        secret: false,
+        inserted: false,
+        interface: None,
+    }
+}
+
+fn record(guresid: &str, outputs: serde_json::Value) -> ResourceRecord {
+    ResourceRecord {
+        guresid: guresid.into(),
+        env: "dev".into(),
+        app: Some("shop".into()),
+        res_type: "postgres".into(),
+        class: "default".into(),
+        res_id: format!("modules.{guresid}"),
+        definition: "pg".into(),
+        driver: "echo".into(),
+        account: None,
+        deletion_policy: DeletionPolicy::Delete,
+        template_hash: String::new(),
+        status: ResourceStatus::Ready,
+        inputs_hash: "h".into(),
+        outputs,
+        secret_outputs: json!({}),
+        inputs: StoredJson::default(),
+        secret_inputs: StoredJson::default(),
+        error: None,
+        commit_id: "c".into(),
+    }
+}
+
+/// Rows of one query, each as text joined by spaces.
+fn rows(store: &Store, sql: &str) -> Vec<String> {
+    let mut stmt = store.conn.prepare(sql).unwrap();
+    let n = stmt.column_count();
+    stmt.query_map([], |r| {
+        Ok((0..n)
+            .map(|i| match r.get_ref(i).unwrap() {
+                rusqlite::types::ValueRef::Null => "NULL".to_owned(),
+                rusqlite::types::ValueRef::Integer(v) => v.to_string(),
+                rusqlite::types::ValueRef::Real(v) => v.to_string(),
+                rusqlite::types::ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
+                rusqlite::types::ValueRef::Blob(_) => "<blob>".to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join(" "))
+    })
+    .unwrap()
+    .map(Result::unwrap)
+    .collect()
+}
+
+/// A deployment that puts `records` and makes its links and bindings exactly these.
+fn deploy(
+    store: &mut Store,
+    commit: &str,
+    records: &[ResourceRecord],
+    links: &[LinkRecord],
+    bindings: &[(&str, Vec<BindingRecord>)],
+) -> i64 {
+    let (d, _) = store
+        .begin_or_resume_deployment("dev", commit, false)
+        .unwrap();
+    for r in records {
+        let op = store
+            .begin_operation(&OperationStart {
+                deployment: d,
+                guresid: &r.guresid,
+                app: r.app.as_deref(),
+                res_type: &r.res_type,
+                class: &r.class,
+                res_id: &r.res_id,
+                action: "update",
+                reason: "test",
+            })
+            .unwrap();
+        store.finish_put(op, 1, d, r, Some(true)).unwrap();
+    }
+    let current = store.links("dev").unwrap();
+    store
+        .record_link_changes(d, "dev", &LinkChanges::between(&current, links))
+        .unwrap();
+    store.record_bindings(d, "dev", bindings).unwrap();
+    store
+        .finish_deployment(d, DeploymentStatus::Succeeded, &Counts::default(), None)
+        .unwrap();
+    d
+}
+
+#[test]
+fn a_deployment_that_changes_nothing_writes_only_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    let a = record("a", json!({"host": "db1"}));
+    let links = [link("w", "a")];
+    let first = deploy(
+        &mut store,
+        "c1",
+        std::slice::from_ref(&a),
+        &links,
+        &[("w", vec![binding("w", "a", json!("db1"))])],
+    );
+    let count = |store: &Store| {
+        rows(
+            store,
+            "SELECT (SELECT COUNT(*) FROM link), (SELECT COUNT(*) FROM binding),
+                    (SELECT COUNT(*) FROM resource_version)",
+        )
+    };
+    let before = count(&store);
+    // The same resource put again (a drift run), the same links and bindings.
+    let second = deploy(
+        &mut store,
+        "c1",
+        std::slice::from_ref(&a),
+        &links,
+        &[("w", vec![binding("w", "a", json!("db1"))])],
+    );
+    assert_eq!(count(&store), before);
+    assert_eq!(before, ["1 1 1"]);
+    // Both deployments see the same links.
+    for d in [first, second] {
+        assert_eq!(
+            rows(
+                &store,
+                &format!(
+                    "SELECT consumer, provider FROM deployment_links WHERE deployment_id = {d}"
+                )
+            ),
+            ["w a"]
+        );
+    }
+}
+
+#[test]
+fn history_views_answer_what_each_deployment_looked_like_and_what_it_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    let d1 = deploy(
+        &mut store,
+        "c1",
+        &[record("a", json!({"host": "db1"})), record("b", json!({}))],
+        &[link("w", "a"), link("w", "b")],
+        &[("w", vec![binding("w", "a", json!("db1"))])],
+    );
+    // c2: a's output changes (a new version and a new binding value), the link to b goes.
+    let d2 = deploy(
+        &mut store,
+        "c2",
+        &[record("a", json!({"host": "db2"}))],
+        &[link("w", "a")],
+        &[("w", vec![binding("w", "a", json!("db2"))])],
+    );
+    // c3: b is deleted.
+    let (d3, _) = store
+        .begin_or_resume_deployment("dev", "c3", false)
+        .unwrap();
+    let op = store
+        .begin_operation(&OperationStart {
+            deployment: d3,
+            guresid: "b",
+            app: Some("shop"),
+            res_type: "postgres",
+            class: "default",
+            res_id: "modules.b",
+            action: "delete",
+            reason: "gone",
+        })
+        .unwrap();
+    store.finish_delete(op, 1, d3, ("dev", "b"), None).unwrap();
+
+    let at = |d: i64, view: &str, cols: &str| {
+        rows(
+            &store,
+            &format!("SELECT {cols} FROM {view} WHERE deployment_id = {d} ORDER BY 1, 2"),
+        )
+    };
+    assert_eq!(
+        at(d1, "deployment_links", "consumer, provider"),
+        ["w a", "w b"]
+    );
+    assert_eq!(at(d2, "deployment_links", "consumer, provider"), ["w a"]);
+    assert_eq!(
+        at(d1, "deployment_bindings", "needed_guresid, value"),
+        ["w \"db1\""]
+    );
+    assert_eq!(
+        at(d2, "deployment_bindings", "needed_guresid, value"),
+        ["w \"db2\""]
+    );
+    assert_eq!(
+        at(d1, "deployment_resources", "guresid, outputs"),
+        ["a {\"host\":\"db1\"}", "b {}"]
+    );
+    assert_eq!(
+        at(d2, "deployment_resources", "guresid, outputs"),
+        ["a {\"host\":\"db2\"}", "b {}"]
+    );
+    assert_eq!(
+        at(d3, "deployment_resources", "guresid, outputs"),
+        ["a {\"host\":\"db2\"}"]
+    );
+    let changed = |commit: &str| {
+        rows(
+            &store,
+            &format!(
+                "SELECT what, change, subject, COALESCE(other, '-') FROM changes
+                 WHERE commit_id = '{commit}' ORDER BY 1, 2, 3, 4"
+            ),
+        )
+    };
+    assert_eq!(
+        changed("c1"),
+        [
+            "binding added w a",
+            "link added w a",
+            "link added w b",
+            "resource created a -",
+            "resource created b -"
+        ]
+    );
+    assert_eq!(
+        changed("c2"),
+        [
+            "binding added w a",
+            "binding removed w a",
+            "link removed w b",
+            "resource updated a -"
+        ]
+    );
+    assert_eq!(changed("c3"), ["resource deleted b -"]);
+}
+
+#[test]
+fn bindings_that_stay_keep_their_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    let port = |v: i64| BindingRecord {
+        needed_path: "values.port".into(),
+        data_type: "int".into(),
+        ..binding("w", "a", json!(v))
+    };
+    let d1 = deploy(
+        &mut store,
+        "c1",
+        &[],
+        &[],
+        &[("w", vec![binding("w", "a", json!("db1")), port(5432)])],
+    );
+    deploy(
+        &mut store,
+        "c2",
+        &[],
+        &[],
+        &[("w", vec![binding("w", "a", json!("db1")), port(6432)])],
+    );
+    assert_eq!(
+        rows(
+            &store,
+            "SELECT needed_path, value, valid_from, COALESCE(valid_to, '-') FROM binding
+             ORDER BY id"
+        ),
+        [
+            format!("values.host \"db1\" {d1} -"),
+            format!("values.port 5432 {d1} {}", d1 + 1),
+            format!("values.port 6432 {} -", d1 + 1),
+        ]
+    );
+    assert_eq!(
+        store.current_bindings("w").unwrap(),
+        vec![binding("w", "a", json!("db1")), port(6432)]
+    );
+}
+
+#[test]
+fn pruning_keeps_what_retention_says_and_every_current_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    // a is provisioned once, in deployment 1, and never changes: its row must survive.
+    let d1 = deploy(
+        &mut store,
+        "c1",
+        &[record("a", json!({})), record("b", json!({"v": 1}))],
+        &[link("w", "a"), link("w", "b")],
+        &[("w", vec![binding("w", "b", json!(1))])],
+    );
+    let mut last = d1;
+    for v in 2..=6 {
+        last = deploy(
+            &mut store,
+            &format!("c{v}"),
+            &[record("b", json!({"v": v}))],
+            &[link("w", "a"), link("w", "b")],
+            &[("w", vec![binding("w", "b", json!(v))])],
+        );
+    }
+    let pruned = store.prune(Retention::Deployments(2)).unwrap();
+    // Kept: the newest two (5, 6) and 1, which made a's current row.
+    assert_eq!(
+        rows(&store, "SELECT id FROM deployment ORDER BY id"),
+        [d1.to_string(), (last - 1).to_string(), last.to_string()]
+    );
+    assert_eq!(pruned.deployments, 3);
+    // b's versions and bindings that ended before deployment 5 are gone; those 5 and 6 see
+    // are kept, and so is everything current.
+    assert_eq!(
+        rows(
+            &store,
+            "SELECT guresid, outputs FROM resource_version ORDER BY id"
+        ),
+        ["a {}", "b {\"v\":5}", "b {\"v\":6}"]
+    );
+    assert_eq!(
+        rows(
+            &store,
+            &format!(
+                "SELECT guresid, outputs FROM deployment_resources WHERE deployment_id = {}
+                 ORDER BY 1",
+                last - 1
+            )
+        ),
+        ["a {}", "b {\"v\":5}"]
+    );
+    assert_eq!(
+        rows(&store, "SELECT value FROM binding ORDER BY id"),
+        ["5", "6"]
+    );
+    assert_eq!(rows(&store, "SELECT COUNT(*) FROM link"), ["2"]);
+    assert_eq!(store.resources("dev").unwrap().len(), 2);
+    // Vacuum gives the space back (no free page is left in the file) and leaves the data.
+    store.vacuum().unwrap();
+    assert_eq!(rows(&store, "PRAGMA freelist_count"), ["0"]);
+    assert_eq!(rows(&store, "PRAGMA auto_vacuum"), ["2"]);
+    assert_eq!(store.resources("dev").unwrap().len(), 2);
+}
+
+#[test]
+fn pruning_by_age_keeps_recent_deployments() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    let old = deploy(&mut store, "c1", &[], &[], &[]);
+    let recent = deploy(&mut store, "c2", &[], &[], &[]);
+    store
+        .conn
+        .execute(
+            "UPDATE deployment SET started_at = '2020-01-01T00:00:00.000Z' WHERE id = ?1",
+            [old],
+        )
+        .unwrap();
+    store
+        .prune(Retention::Age(std::time::Duration::from_secs(86_400)))
+        .unwrap();
+    assert_eq!(
+        rows(&store, "SELECT id FROM deployment"),
+        [recent.to_string()]
+    );
+    // With every deployment too old, the newest stays.
+    store
+        .conn
+        .execute(
+            "UPDATE deployment SET started_at = '2020-01-01T00:00:00.000Z'",
+            [],
+        )
+        .unwrap();
+    store
+        .prune(Retention::Age(std::time::Duration::from_secs(86_400)))
+        .unwrap();
+    assert_eq!(
+        rows(&store, "SELECT id FROM deployment"),
+        [recent.to_string()]
+    );
+}
+
+/// A state file as gitplane wrote it before links and bindings became ranges: schema version 1,
+/// a copy of every link and binding per deployment, and the `edge` table.
+fn version_one(path: &std::path::Path) {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch(&migrations()[0]).unwrap();
+    conn.pragma_update(None, "user_version", 1).unwrap();
+    let deployment = |id: i64, commit: &str, status: &str| {
+        conn.execute(
+            "INSERT INTO deployment (id, env, commit_id, status, started_at, finished_at)
+             VALUES (?1, 'dev', ?2, ?3, '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:01.000Z')",
+            params![id, commit, status],
+        )
+        .unwrap();
+    };
+    let link = |d: i64, consumer: &str, provider: &str| {
+        conn.execute(
+            "INSERT INTO link (deployment_id, env, consumer, provider, kind, update_type)
+             VALUES (?1, 'dev', ?2, ?3, 'reference', 'NeedsProvides')",
+            params![d, consumer, provider],
+        )
+        .unwrap();
+    };
+    let binding = |d: i64, value: &str| {
+        conn.execute(
+            "INSERT INTO binding (deployment_id, env, needed_guresid, needed_path,
+                                  provided_guresid, provided_path, data_type, value)
+             VALUES (?1, 'dev', 'w', 'values.host', 'a', 'outputs.host', 'string', ?2)",
+            params![d, value],
+        )
+        .unwrap();
+    };
+    deployment(1, "c1", "succeeded");
+    deployment(2, "c1", "succeeded");
+    deployment(3, "c2", "succeeded");
+    deployment(4, "c3", "held");
+    deployment(5, "c4", "failed");
+    for (d, links, value) in [
+        (1, &[("w", "a"), ("w", "b")][..], "\"db1\""),
+        (2, &[("w", "a"), ("w", "b")][..], "\"db1\""),
+        (3, &[("w", "a"), ("w", "c")][..], "\"db2\""),
+        (5, &[("w", "a"), ("w", "c")][..], "\"db2\""),
+    ] {
+        for (c, p) in links {
+            link(d, c, p);
+        }
+        binding(d, value);
+    }
+    // The edges as last applied: those of deployment 5, and an orphan's kept after its delete
+    // failed.
+    for (from, to) in [("w", "a"), ("w", "c"), ("o", "a")] {
+        conn.execute(
+            "INSERT INTO edge (env, from_guresid, to_guresid, kind) VALUES ('dev', ?1, ?2, 'dependency')",
+            params![from, to],
+        )
+        .unwrap();
+    }
+    conn.execute(
+        "INSERT INTO resource (guresid, env, app, type, class, res_id, definition, driver, status,
+                               inputs_hash, outputs, commit_id, deployment_id, created_at, updated_at)
+         VALUES ('a', 'dev', 'shop', 'postgres', 'default', 'modules.a', 'pg', 'echo', 'ready',
+                 'h', '{\"host\":\"db2\"}', 'c2', 3, 'x', 'x')",
+        [],
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_state_file_from_before_ranges_migrates_and_keeps_its_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    version_one(&path);
+    let store = Store::open(&path).unwrap();
+    let version: i64 = store
+        .conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 2);
+    // Four copies of w->a became one row; w->b ended with deployment 3; w->c is current; the
+    // orphan's edge, which no deployment recorded as a link, is current too.
+    assert_eq!(
+        rows(
+            &store,
+            "SELECT consumer, provider, valid_from, COALESCE(valid_to, '-') FROM link
+             ORDER BY consumer, provider"
+        ),
+        ["o a 5 -", "w a 1 -", "w b 1 3", "w c 3 -"]
+    );
+    assert_eq!(
+        rows(
+            &store,
+            "SELECT value, valid_from, COALESCE(valid_to, '-') FROM binding ORDER BY id"
+        ),
+        ["\"db1\" 1 3", "\"db2\" 3 -"]
+    );
+    // Each deployment still answers what it looked like, the held one (which recorded nothing)
+    // as its environment stood.
+    let links_at = |d: i64| {
+        rows(
+            &store,
+            &format!(
+                "SELECT consumer || '>' || provider FROM deployment_links
+                 WHERE deployment_id = {d} AND consumer = 'w' ORDER BY 1"
+            ),
+        )
+    };
+    assert_eq!(links_at(2), ["w>a", "w>b"]);
+    assert_eq!(links_at(3), ["w>a", "w>c"]);
+    assert_eq!(links_at(4), ["w>a", "w>c"]);
+    assert_eq!(
+        rows(
+            &store,
+            "SELECT value FROM deployment_bindings WHERE deployment_id = 2"
+        ),
+        ["\"db1\""]
+    );
+    // The edge view and the links report read the current links.
+    assert_eq!(
+        rows(
+            &store,
+            "SELECT from_guresid, to_guresid FROM edge ORDER BY 1, 2"
+        ),
+        ["o a", "w a", "w c"]
+    );
+    assert_eq!(
+        rows(&store, "SELECT guresid, valid_from FROM resource_version"),
+        ["a 3"]
+    );
+    assert_eq!(store.links("dev").unwrap().len(), 3);
+}

@@ -1,0 +1,515 @@
+//! The operation journal: each driver call journalled before it starts and as it ends, in
+//! batches of one transaction each, with the resource records it leads to.
+//!
+//! Crash safety needs only the order (an operation row exists before its first call; a call's end
+//! is journalled before its operation's result), not one transaction per row: a batch written as
+//! a whole keeps that order and costs one commit instead of hundreds.
+
+use rusqlite::{OptionalExtension, Transaction, params};
+
+use crate::{NOW, OperationStart, ResourceRecord, ResourceStatus, Result, Store};
+
+/// How an operation that called no driver ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Not attempted: blocked by a failure upstream, held back, or gitplane was stopping.
+    Skipped,
+    /// It could not start: its inputs do not resolve, its driver or account is missing.
+    Failed,
+}
+
+impl Ended {
+    fn as_str(self) -> &'static str {
+        match self {
+            Ended::Skipped => "skipped",
+            Ended::Failed => "failed",
+        }
+    }
+}
+
+/// One thing the reconciler learnt, to journal.
+#[derive(Debug, Clone)]
+pub enum JournalEntry<'a> {
+    /// One driver call of `operation` ended: the calls made so far and, when the driver changed
+    /// it, the cookie (`Some(None)` clears it).
+    Call {
+        operation: i64,
+        attempts: i64,
+        guresid: &'a str,
+        cookie: Option<Option<&'a str>>,
+    },
+    /// A put (create or update) ended: its outcome and the resource's new record.
+    Put {
+        operation: i64,
+        attempts: i64,
+        deployment: i64,
+        record: &'a ResourceRecord,
+        /// For a succeeded put: whether its outputs changed.
+        outputs_changed: Option<bool>,
+    },
+    /// A delete (or forget) ended. On success the resource, its secrets, cookie, links and
+    /// bindings end with `deployment`.
+    Delete {
+        operation: i64,
+        attempts: i64,
+        deployment: i64,
+        env: &'a str,
+        guresid: &'a str,
+        error: Option<&'a str>,
+    },
+    /// An operation failed before its driver was called: the resource is untouched.
+    Failed {
+        operation: i64,
+        attempts: i64,
+        error: &'a str,
+    },
+}
+
+impl Store {
+    /// Journals driver calls about to start, in one transaction; their ids, in order.
+    pub fn begin_operations(&mut self, ops: &[OperationStart<'_>]) -> Result<Vec<i64>> {
+        self.in_transaction(|tx| {
+            ops.iter()
+                .map(|op| insert_operation(tx, op, "started", None))
+                .collect()
+        })
+    }
+
+    /// Journals a driver call before it starts.
+    pub fn begin_operation(&mut self, op: &OperationStart<'_>) -> Result<i64> {
+        self.in_transaction(|tx| insert_operation(tx, op, "started", None))
+    }
+
+    /// Records operations that ended before any driver call, in one transaction: each with
+    /// its status (`skipped`: not attempted; `failed`: it could not start) and why.
+    pub fn ended_operations(&mut self, ops: &[(OperationStart<'_>, Ended, &str)]) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.in_transaction(|tx| {
+            for (op, ended, why) in ops {
+                insert_operation(tx, op, ended.as_str(), Some(why))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Writes `entries` in order, in one transaction.
+    pub fn journal(&mut self, entries: &[JournalEntry<'_>]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        self.in_transaction(|tx| {
+            for entry in entries {
+                match entry {
+                    JournalEntry::Call {
+                        operation,
+                        attempts,
+                        guresid,
+                        cookie,
+                    } => record_call(tx, *operation, *attempts, guresid, *cookie)?,
+                    JournalEntry::Put {
+                        operation,
+                        attempts,
+                        deployment,
+                        record,
+                        outputs_changed,
+                    } => finish_put(
+                        tx,
+                        *operation,
+                        *attempts,
+                        *deployment,
+                        record,
+                        *outputs_changed,
+                    )?,
+                    JournalEntry::Delete {
+                        operation,
+                        attempts,
+                        deployment,
+                        env,
+                        guresid,
+                        error,
+                    } => {
+                        finish_delete(tx, *operation, *attempts, *deployment, env, guresid, *error)?
+                    }
+                    JournalEntry::Failed {
+                        operation,
+                        attempts,
+                        error,
+                    } => {
+                        tx.prepare_cached(&format!(
+                            "UPDATE operation SET status = 'failed', error = ?2, attempts = ?3,
+                                    finished_at = {NOW}
+                             WHERE id = ?1"
+                        ))?
+                        .execute(params![operation, error, attempts])?;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Ends a put (create or update): the operation's outcome and the resource's new record,
+    /// in one transaction.
+    pub fn finish_put(
+        &mut self,
+        operation: i64,
+        attempts: i64,
+        deployment: i64,
+        record: &ResourceRecord,
+        outputs_changed: Option<bool>,
+    ) -> Result<()> {
+        self.journal(&[JournalEntry::Put {
+            operation,
+            attempts,
+            deployment,
+            record,
+            outputs_changed,
+        }])
+    }
+
+    /// Ends a delete: on success the resource, its secrets, cookie, links and bindings go, in
+    /// one transaction.
+    pub fn finish_delete(
+        &mut self,
+        operation: i64,
+        attempts: i64,
+        deployment: i64,
+        (env, guresid): (&str, &str),
+        error: Option<&str>,
+    ) -> Result<()> {
+        self.journal(&[JournalEntry::Delete {
+            operation,
+            attempts,
+            deployment,
+            env,
+            guresid,
+            error,
+        }])
+    }
+
+    /// Ends an operation that failed before its driver was called.
+    pub fn fail_operation(&mut self, operation: i64, attempts: i64, error: &str) -> Result<()> {
+        self.journal(&[JournalEntry::Failed {
+            operation,
+            attempts,
+            error,
+        }])
+    }
+
+    /// Journals one finished driver call (see [`JournalEntry::Call`]).
+    pub fn record_call(
+        &mut self,
+        operation: i64,
+        attempts: i64,
+        guresid: &str,
+        cookie: Option<Option<&str>>,
+    ) -> Result<()> {
+        self.journal(&[JournalEntry::Call {
+            operation,
+            attempts,
+            guresid,
+            cookie,
+        }])
+    }
+
+    /// Forgets the operations of a finished drift run that found nothing to repair: the
+    /// deployment keeps its counts, and what drifted or failed keeps its operation, so a drift
+    /// run every few minutes does not grow the state by a row per resource.
+    pub fn compact_drift_run(&mut self, deployment: i64) -> Result<usize> {
+        self.in_transaction(|tx| {
+            tx.prepare_cached(
+                "DELETE FROM operation WHERE deployment_id = ?1 AND status = 'succeeded'
+                   AND action = 'update' AND outputs_changed = 0
+                   AND EXISTS (SELECT 1 FROM deployment d WHERE d.id = ?1 AND d.kind = 'drift')",
+            )?
+            .execute([deployment])
+        })
+    }
+
+    /// Records what resources' definitions and requests now say, when that changed but their
+    /// inputs did not (no driver call was needed): `(guresid, template_hash)`.
+    pub fn set_template_hashes(&mut self, hashes: &[(String, String)]) -> Result<()> {
+        if hashes.is_empty() {
+            return Ok(());
+        }
+        self.in_transaction(|tx| {
+            let mut stmt =
+                tx.prepare_cached("UPDATE resource SET template_hash = ?2 WHERE guresid = ?1")?;
+            for (guresid, hash) in hashes {
+                stmt.execute(params![guresid, hash])?;
+            }
+            Ok(())
+        })
+    }
+}
+
+fn insert_operation(
+    tx: &Transaction<'_>,
+    op: &OperationStart<'_>,
+    status: &str,
+    error: Option<&str>,
+) -> rusqlite::Result<i64> {
+    let finished = if status == "started" { "NULL" } else { NOW };
+    tx.prepare_cached(&format!(
+        "INSERT INTO operation (deployment_id, guresid, app, type, class, res_id, action,
+                                reason, status, error, started_at, finished_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, {NOW}, {finished})"
+    ))?
+    .insert(params![
+        op.deployment,
+        op.guresid,
+        op.app,
+        op.res_type,
+        op.class,
+        op.res_id,
+        op.action,
+        op.reason,
+        status,
+        error
+    ])
+}
+
+fn record_call(
+    tx: &Transaction<'_>,
+    operation: i64,
+    attempts: i64,
+    guresid: &str,
+    cookie: Option<Option<&str>>,
+) -> rusqlite::Result<()> {
+    tx.prepare_cached("UPDATE operation SET attempts = ?2 WHERE id = ?1")?
+        .execute(params![operation, attempts])?;
+    match cookie {
+        None => {}
+        Some(Some(c)) => {
+            tx.prepare_cached(&format!(
+                "INSERT INTO driver_cookie (guresid, cookie, updated_at) VALUES (?1, ?2, {NOW})
+                 ON CONFLICT (guresid) DO UPDATE SET cookie = excluded.cookie,
+                     updated_at = excluded.updated_at"
+            ))?
+            .execute(params![guresid, c])?;
+        }
+        Some(None) => {
+            tx.prepare_cached("DELETE FROM driver_cookie WHERE guresid = ?1")?
+                .execute([guresid])?;
+        }
+    }
+    Ok(())
+}
+
+fn finish_put(
+    tx: &Transaction<'_>,
+    operation: i64,
+    attempts: i64,
+    deployment: i64,
+    record: &ResourceRecord,
+    outputs_changed: Option<bool>,
+) -> rusqlite::Result<()> {
+    let (status, error) = match record.status {
+        ResourceStatus::Ready => ("succeeded", None),
+        ResourceStatus::Failed => ("failed", record.error.as_deref()),
+    };
+    tx.prepare_cached(&format!(
+        "UPDATE operation SET status = ?2, error = ?3, attempts = ?4, outputs_changed = ?5,
+                finished_at = {NOW}
+         WHERE id = ?1"
+    ))?
+    .execute(params![operation, status, error, attempts, outputs_changed])?;
+    let outputs = record.outputs.to_string();
+    tx.prepare_cached(&format!(
+        "INSERT INTO resource (guresid, env, app, type, class, res_id, definition, driver,
+                               status, inputs_hash, outputs, error, commit_id, deployment_id,
+                               inputs, account, deletion_policy, template_hash,
+                               created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                 ?18, {NOW}, {NOW})
+         ON CONFLICT (guresid) DO UPDATE SET
+             definition = excluded.definition, driver = excluded.driver,
+             status = excluded.status, inputs_hash = excluded.inputs_hash,
+             outputs = excluded.outputs, error = excluded.error,
+             commit_id = excluded.commit_id, deployment_id = excluded.deployment_id,
+             inputs = excluded.inputs, account = excluded.account,
+             deletion_policy = excluded.deletion_policy,
+             template_hash = excluded.template_hash, orphan_since = NULL,
+             orphan_reason = NULL,
+             updated_at = excluded.updated_at"
+    ))?
+    .execute(params![
+        record.guresid,
+        record.env,
+        record.app,
+        record.res_type,
+        record.class,
+        record.res_id,
+        record.definition,
+        record.driver,
+        record.status.as_str(),
+        record.inputs_hash,
+        outputs,
+        record.error,
+        record.commit_id,
+        deployment,
+        record.inputs.as_str(),
+        record.account,
+        record.deletion_policy.as_str(),
+        record.template_hash
+    ])?;
+    tx.prepare_cached(
+        "INSERT INTO resource_secret (guresid, outputs, inputs) VALUES (?1, ?2, ?3)
+         ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs, inputs = excluded.inputs",
+    )?
+    .execute(params![
+        record.guresid,
+        record.secret_outputs.to_string(),
+        record.secret_inputs.as_str()
+    ])?;
+    new_version(tx, deployment, record, &outputs)
+}
+
+/// A new row of `resource_version` when what the resource is changed; none when a run (a drift
+/// run, say) left it as it was.
+fn new_version(
+    tx: &Transaction<'_>,
+    deployment: i64,
+    record: &ResourceRecord,
+    outputs: &str,
+) -> rusqlite::Result<()> {
+    type Current = (
+        i64,
+        i64,
+        String,
+        String,
+        String,
+        String,
+        String,
+        Option<String>,
+    );
+    let current: Option<Current> = tx
+        .prepare_cached(
+            "SELECT id, valid_from, definition, driver, status, inputs_hash, outputs, error
+             FROM resource_version WHERE guresid = ?1 AND valid_to IS NULL",
+        )?
+        .query_row([&record.guresid], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+            ))
+        })
+        .optional()?;
+    if let Some((id, valid_from, definition, driver, status, inputs_hash, old_outputs, error)) =
+        current
+    {
+        let same = definition == record.definition
+            && driver == record.driver
+            && status == record.status.as_str()
+            && inputs_hash == record.inputs_hash
+            && old_outputs == outputs
+            && error == record.error;
+        if same {
+            return Ok(());
+        }
+        if valid_from == deployment {
+            // Made earlier in this same deployment (a resumed one): it never stood at the end
+            // of any deployment, so it is replaced, not kept as history.
+            tx.prepare_cached("DELETE FROM resource_version WHERE id = ?1")?
+                .execute([id])?;
+        } else {
+            tx.prepare_cached("UPDATE resource_version SET valid_to = ?2 WHERE id = ?1")?
+                .execute(params![id, deployment])?;
+        }
+    }
+    tx.prepare_cached(
+        "INSERT INTO resource_version (guresid, env, app, type, class, res_id, definition,
+                                       driver, status, inputs_hash, outputs, error, commit_id,
+                                       valid_from)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+    )?
+    .execute(params![
+        record.guresid,
+        record.env,
+        record.app,
+        record.res_type,
+        record.class,
+        record.res_id,
+        record.definition,
+        record.driver,
+        record.status.as_str(),
+        record.inputs_hash,
+        outputs,
+        record.error,
+        record.commit_id,
+        deployment
+    ])?;
+    Ok(())
+}
+
+fn finish_delete(
+    tx: &Transaction<'_>,
+    operation: i64,
+    attempts: i64,
+    deployment: i64,
+    env: &str,
+    guresid: &str,
+    error: Option<&str>,
+) -> rusqlite::Result<()> {
+    let status = if error.is_some() {
+        "failed"
+    } else {
+        "succeeded"
+    };
+    tx.prepare_cached(&format!(
+        "UPDATE operation SET status = ?2, error = ?3, attempts = ?4, finished_at = {NOW}
+         WHERE id = ?1"
+    ))?
+    .execute(params![operation, status, error, attempts])?;
+    if error.is_some() {
+        return Ok(());
+    }
+    tx.prepare_cached("DELETE FROM driver_cookie WHERE guresid = ?1")?
+        .execute([guresid])?;
+    tx.prepare_cached("DELETE FROM resource WHERE guresid = ?1")?
+        .execute([guresid])?;
+    // Its history ends here: rows this deployment made are dropped, older ones closed.
+    for (delete, close) in [
+        (
+            "DELETE FROM resource_version WHERE guresid = ?1 AND valid_to IS NULL
+                AND valid_from = ?2",
+            "UPDATE resource_version SET valid_to = ?2 WHERE guresid = ?1 AND valid_to IS NULL",
+        ),
+        (
+            "DELETE FROM binding WHERE needed_guresid = ?1 AND valid_to IS NULL
+                AND valid_from = ?2",
+            "UPDATE binding SET valid_to = ?2 WHERE needed_guresid = ?1 AND valid_to IS NULL",
+        ),
+    ] {
+        tx.prepare_cached(delete)?
+            .execute(params![guresid, deployment])?;
+        tx.prepare_cached(close)?
+            .execute(params![guresid, deployment])?;
+    }
+    let consumer = params![guresid, deployment, env];
+    tx.prepare_cached(
+        "DELETE FROM link WHERE env = ?3 AND consumer = ?1 AND valid_to IS NULL
+            AND valid_from = ?2",
+    )?
+    .execute(consumer)?;
+    tx.prepare_cached(
+        "UPDATE link SET valid_to = ?2 WHERE env = ?3 AND consumer = ?1 AND valid_to IS NULL",
+    )?
+    .execute(consumer)?;
+    let provider = params![guresid, deployment];
+    tx.prepare_cached(
+        "DELETE FROM link WHERE provider = ?1 AND valid_to IS NULL AND valid_from = ?2",
+    )?
+    .execute(provider)?;
+    tx.prepare_cached("UPDATE link SET valid_to = ?2 WHERE provider = ?1 AND valid_to IS NULL")?
+        .execute(provider)?;
+    Ok(())
+}

@@ -512,3 +512,20 @@ UNION ALL
 SELECT d.id, d.env, d.commit_id, 'binding', 'removed', b.needed_guresid, b.provided_guresid,
        b.needed_path || ' <- ' || b.provided_path || ' = ' || COALESCE(b.value, '(secret)')
 FROM deployment d JOIN binding b ON b.env = d.env AND b.valid_to = d.id;
+
+-- migration 3
+
+-- gitplane's own bookkeeping, not a report: what each app's part of an environment's graph was
+-- made of when a deployment last left all of it ready (every resource provisioned, none failed,
+-- pinned or kept as an orphan, none reading a secret store). A later commit that gives the same
+-- fingerprint changes nothing there, so gitplane neither reads, builds nor plans that app.
+CREATE TABLE app_fingerprint (
+    env           TEXT NOT NULL,
+    app           TEXT NOT NULL,
+    fingerprint   TEXT NOT NULL,           -- digest of the app folder's tree id, the ids of
+                                           -- everything shared (definitions, the environment
+                                           -- file, settings) and gitplane's version
+    deployment_id INTEGER NOT NULL,        -- the deployment that recorded it
+    resources     INTEGER NOT NULL,        -- how many resources the app has
+    PRIMARY KEY (env, app)
+);

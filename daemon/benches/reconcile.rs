@@ -105,6 +105,10 @@ fn run(concurrency: usize) {
     let repo = gitplane::model::load(&repository()).expect("loads");
     let graph = gitplane::graph::build(&repo, &repo.environments[0]).expect("builds");
     assert_eq!(graph.len(), APPS * 4);
+    let target = gitplane::deploy::Target {
+        graph,
+        scope: gitplane::deploy::Scope::whole(Default::default()),
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let mut store = Store::open(&dir.path().join("state.db")).expect("state");
     let mut drivers = Registry::builtin();
@@ -133,7 +137,7 @@ fn run(concurrency: usize) {
             &mut store,
             &drivers,
             &settings,
-            &graph,
+            &target,
             "bench",
             &Default::default(),
             &mut |_| {},

@@ -21,9 +21,8 @@ use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
 use crate::config::{HostConfig, RepoSource};
-use crate::deploy;
+use crate::deploy::{self, Reach, Target};
 use crate::drivers::Registry;
-use crate::graph::ResourceGraph;
 use crate::model::LoadCache;
 use crate::reconcile::{self, ApplyOptions, Settings};
 use crate::repo::{ConfigRepo, RepoError};
@@ -75,8 +74,10 @@ pub fn run(options: DaemonOptions) -> Result<(), DaemonError> {
 #[derive(Debug, Clone)]
 struct Job {
     commit: String,
-    graph: Arc<ResourceGraph>,
     drift: bool,
+    /// What the main loop built when it checked the commit: the worker takes it if the
+    /// environment's fingerprints still give the same scope once it holds the lock.
+    prebuilt: Arc<Mutex<Option<Target>>>,
 }
 
 impl Shared {
@@ -92,6 +93,10 @@ impl Shared {
 /// What workers share: the settings (replaced on SIGHUP) and the stop flag.
 struct Shared {
     state: PathBuf,
+    /// The local repository: the one people push to, or the mirror of a remote.
+    repo: PathBuf,
+    /// Parsed files of the last commit read: a new commit parses only what it changed.
+    cache: Arc<Mutex<LoadCache>>,
     runtime: RwLock<Arc<Runtime>>,
     stop: Arc<AtomicBool>,
 }
@@ -112,8 +117,6 @@ struct Daemon {
     tasks: JoinSet<()>,
     /// Drift schedules of the environments, from the newest good commit.
     schedules: HashMap<String, crate::model::Schedule>,
-    /// Parsed files of the last commit: a new commit parses only what it changed.
-    cache: Arc<Mutex<LoadCache>>,
     store: Store,
 }
 
@@ -130,6 +133,8 @@ impl Daemon {
         };
         let shared = Arc::new(Shared {
             state: options.state.clone(),
+            repo: repo_path.clone(),
+            cache: Arc::default(),
             runtime: RwLock::new(Arc::new(runtime_of(&options.host))),
             stop: Arc::new(AtomicBool::new(false)),
         });
@@ -142,7 +147,6 @@ impl Daemon {
             workers: HashMap::new(),
             tasks: JoinSet::new(),
             schedules: HashMap::new(),
-            cache: Arc::default(),
             store,
         })
     }
@@ -285,34 +289,64 @@ impl Daemon {
     }
 
     /// Resolves the watched ref; a new commit is loaded, built, and handed to the workers.
+    ///
+    /// Only the apps a commit changed are read and built (see [`deploy::target`]); the
+    /// fingerprints this judges by are read without the environments' locks, which is enough to
+    /// accept or reject the commit (an app skipped here is one that was deployed before with the
+    /// same files and definitions), and each worker judges again under its lock.
     async fn check(&mut self) {
         let path = self.repo_path.clone();
         let rev = self.options.host.git_ref.clone();
         let last = self.last_commit.clone();
         let envs = self.options.envs.clone();
         let runtime = self.shared.current();
-        let cache = self.cache.clone();
+        let shared = self.shared.clone();
         let loaded = tokio::task::spawn_blocking(move || {
             let repo = ConfigRepo::open(&path)?;
             let commit = repo.resolve(rev.as_deref())?;
             if last.as_deref() == Some(commit.as_str()) {
                 return Ok(None);
             }
-            let snapshot = repo.snapshot(&commit)?;
+            let layout = repo.layout(&commit)?;
             let envs: Vec<String> = if envs.is_empty() {
-                deploy::environments_of(&snapshot).into_iter().collect()
+                deploy::environments_in(&layout).into_iter().collect()
             } else {
                 envs
             };
-            let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-            let built = match deploy::build_cached(&snapshot, &envs, runtime.host(), &mut cache) {
-                Ok(mut built) => match built.read_stored_secrets(&runtime.stores) {
-                    Ok(()) => Loaded::Ready(built),
-                    Err(unread) => Loaded::Waiting(unread),
-                },
-                Err(rejected) => Loaded::Rejected(rejected),
+            let store = Store::open(&shared.state)?;
+            let mut cache = shared.cache.lock().unwrap_or_else(|e| e.into_inner());
+            let mut targets = Vec::new();
+            let mut errors: Vec<String> = Vec::new();
+            for env in &envs {
+                match deploy::target(
+                    &repo,
+                    &layout,
+                    env,
+                    (Some(&store), Reach::Changes),
+                    runtime.host(),
+                    &mut cache,
+                )? {
+                    Ok(t) => targets.push(t),
+                    Err(rejected) => {
+                        for e in rejected.errors {
+                            if !errors.contains(&e) {
+                                errors.push(e);
+                            }
+                        }
+                    }
+                }
+            }
+            if !errors.is_empty() {
+                return Ok(Some((
+                    commit,
+                    Loaded::Rejected(deploy::Rejected { envs, errors }),
+                )));
+            }
+            let loaded = match read_target_secrets(&mut targets, &runtime.stores) {
+                Ok(()) => Loaded::Ready(targets),
+                Err(unread) => Loaded::Waiting(unread),
             };
-            Ok::<_, RepoError>(Some((commit, built)))
+            Ok::<_, deploy::DeployError>(Some((commit, loaded)))
         })
         .await;
         let (commit, built) = match loaded {
@@ -342,7 +376,7 @@ impl Daemon {
                 }
                 return;
             }
-            Loaded::Ready(built) => Ok(built),
+            Loaded::Ready(targets) => Ok(targets),
             Loaded::Rejected(rejected) => Err(rejected),
         };
         self.waiting = None;
@@ -355,34 +389,39 @@ impl Daemon {
                 }
                 self.record_rejected(&commit, &rejected);
             }
-            Ok(built) => {
+            Ok(targets) => {
                 info!(commit = %commit, "new commit: reconciling");
                 if let Err(e) = self.store.commit_seen(&commit, "dispatched", None) {
                     error!(error = %e, "cannot record the commit");
                 }
-                for graph in built.graphs {
-                    match &graph.schedule {
+                for target in targets {
+                    let env = target.graph.env.clone();
+                    // A graph of some apps has the environment's schedule too: it comes from
+                    // the environment's file.
+                    match &target.graph.schedule {
                         Some(s) => {
-                            self.schedules.insert(graph.env.clone(), s.clone());
+                            self.schedules.insert(env.clone(), s.clone());
                         }
                         None => {
-                            self.schedules.remove(&graph.env);
+                            self.schedules.remove(&env);
                         }
                     }
-                    self.dispatch(Job {
-                        commit: commit.clone(),
-                        graph: Arc::new(graph),
-                        drift: false,
-                    });
+                    self.dispatch(
+                        env,
+                        Job {
+                            commit: commit.clone(),
+                            drift: false,
+                            prebuilt: Arc::new(Mutex::new(Some(target))),
+                        },
+                    );
                 }
             }
         }
     }
 
-    /// Hands `job` to its environment's worker, starting one if needed. A worker busy with an
-    /// older job takes this one next; jobs it never started are superseded.
-    fn dispatch(&mut self, job: Job) {
-        let env = job.graph.env.clone();
+    /// Hands `job` to `env`'s worker, starting one if needed. A worker busy with an older job
+    /// takes this one next; jobs it never started are superseded.
+    fn dispatch(&mut self, env: String, job: Job) {
         if let Some(tx) = self.workers.get(&env)
             && tx.send(Some(job.clone())).is_ok()
         {
@@ -411,7 +450,8 @@ impl Daemon {
         next.map(|(at, envs)| ((at - now).to_std().unwrap_or_default(), envs))
     }
 
-    /// Re-applies the last good commit of each environment, calling every driver.
+    /// Re-applies the last good commit of each environment, calling every driver; the worker
+    /// builds the whole environment.
     async fn drift(&mut self, envs: &[String]) {
         for env in envs {
             let commit = match self.store.last_good_commit(env) {
@@ -422,40 +462,15 @@ impl Daemon {
                     continue;
                 }
             };
-            let path = self.repo_path.clone();
-            let runtime = self.shared.current();
-            let env_list = vec![env.clone()];
-            let c = commit.clone();
-            let built = tokio::task::spawn_blocking(move || {
-                let repo = ConfigRepo::open(&path)?;
-                let snapshot = repo.snapshot(&c)?;
-                let built =
-                    deploy::build(&snapshot, &env_list, runtime.host()).and_then(|mut built| {
-                        built.read_stored_secrets(&runtime.stores)?;
-                        Ok(built)
-                    });
-                Ok::<_, RepoError>(built)
-            })
-            .await;
-            match built {
-                Ok(Ok(Ok(built))) => {
-                    info!(env, commit = %commit, "drift run");
-                    for graph in built.graphs {
-                        self.dispatch(Job {
-                            commit: commit.clone(),
-                            graph: Arc::new(graph),
-                            drift: true,
-                        });
-                    }
-                }
-                Ok(Ok(Err(rejected))) => warn!(
-                    env, commit = %commit,
-                    "drift run skipped: the last good commit does not build now: {}",
-                    rejected.errors.join("; ")
-                ),
-                Ok(Err(e)) => warn!(env, commit = %commit, error = %e, "drift run skipped"),
-                Err(e) => error!(env, error = %e, "the drift load task failed"),
-            }
+            info!(env, commit = %commit, "drift run");
+            self.dispatch(
+                env.clone(),
+                Job {
+                    commit,
+                    drift: true,
+                    prebuilt: Arc::default(),
+                },
+            );
         }
     }
 }
@@ -505,6 +520,30 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
         "reconciling {env}"
     ))]);
+    // Reading git and building may take a while: other workers' tasks go on meanwhile.
+    let built =
+        tokio::task::block_in_place(|| target_under_lock(env, job, store, shared, &runtime));
+    let target = match built {
+        Ok(Ok(target)) => target,
+        Ok(Err(rejected)) => {
+            let errors = rejected.errors.join("; ");
+            if job.drift {
+                warn!(env, commit = %job.commit, "drift run skipped: the last good commit does not build now: {errors}");
+            } else {
+                warn!(env, commit = %job.commit, "the commit does not build now: {errors}");
+                if let Err(e) =
+                    store.failed_deployment(env, Some(&job.commit), &rejected.errors.join("\n"))
+                {
+                    error!(env, error = %e, "cannot record the failed deployment");
+                }
+            }
+            return;
+        }
+        Err(e) => {
+            error!(env, commit = %job.commit, error = %e, "cannot read the commit or the state");
+            return;
+        }
+    };
     let options = ApplyOptions {
         approved: None,
         drift: job.drift,
@@ -515,12 +554,13 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         store,
         &runtime.drivers,
         &runtime.settings,
-        &job.graph,
+        &target,
         &job.commit,
         &options,
         &mut |_| {},
     )
     .await;
+    drop(target);
     drop(lock);
     if let Some(keep) = runtime.history {
         let pruned = store
@@ -555,9 +595,74 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
 }
 
+/// What `env`'s worker applies for `job`, decided while it holds the environment's lock: the
+/// target the main loop built when the fingerprints still give the same scope, else one built
+/// now (a drift run builds the whole environment).
+fn target_under_lock(
+    env: &str,
+    job: &Job,
+    store: &Store,
+    shared: &Shared,
+    runtime: &Runtime,
+) -> Result<Result<Target, deploy::Rejected>, deploy::DeployError> {
+    let prebuilt = job
+        .prebuilt
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    let repo = ConfigRepo::open(&shared.repo)?;
+    let layout = repo.layout(&job.commit)?;
+    let reach = if job.drift {
+        Reach::Whole
+    } else {
+        Reach::Changes
+    };
+    if let Some(target) = prebuilt
+        && !job.drift
+    {
+        let fingerprints = deploy::fingerprints(&layout, env, &deploy::host_print(runtime.host()));
+        let now = deploy::Scope::of_changes(
+            fingerprints,
+            &store.fingerprints(env)?,
+            &store.recorded_apps(env)?,
+        );
+        // The main loop may have fallen back to the whole environment; that stays right.
+        if target.scope.is_whole() || now == target.scope {
+            return Ok(Ok(target));
+        }
+    }
+    let mut cache = shared.cache.lock().unwrap_or_else(|e| e.into_inner());
+    let mut targets = match deploy::target(
+        &repo,
+        &layout,
+        env,
+        (Some(store), reach),
+        runtime.host(),
+        &mut cache,
+    )? {
+        Ok(t) => vec![t],
+        Err(rejected) => return Ok(Err(rejected)),
+    };
+    drop(cache);
+    if let Err(unread) = read_target_secrets(&mut targets, &runtime.stores) {
+        return Ok(Err(unread));
+    }
+    Ok(Ok(targets.remove(0)))
+}
+
+/// Reads the stored secrets of every target's graph.
+fn read_target_secrets(
+    targets: &mut [Target],
+    stores: &SecretStores,
+) -> Result<(), deploy::Rejected> {
+    let mut graphs: Vec<&mut crate::graph::ResourceGraph> =
+        targets.iter_mut().map(|t| &mut t.graph).collect();
+    deploy::read_stored_secrets(&mut graphs, stores)
+}
+
 /// A new commit, loaded.
 enum Loaded {
-    Ready(deploy::Built),
+    Ready(Vec<Target>),
     /// It does not load or build: nothing changes until a new commit.
     Rejected(deploy::Rejected),
     /// It builds, but a secret store cannot give its secrets now.

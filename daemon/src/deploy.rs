@@ -4,11 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use gitplane_state::{AppFingerprint, StateError, Store};
+
 use crate::drivers::Registry;
 use crate::graph::{self, ResourceGraph};
 use crate::model::placeholder::StoreRef;
 use crate::model::{self, LoadCache, Repository, SourceLocation};
-use crate::repo::Snapshot;
+use crate::repo::{ConfigRepo, Layout, Snapshot};
 use crate::stores::{SecretStores, StoreError};
 
 /// What the host provides a commit: its drivers and its secret stores.
@@ -39,6 +41,20 @@ pub fn environments_of(snapshot: &Snapshot) -> BTreeSet<String> {
         .keys()
         .filter_map(|p| p.strip_prefix("environments/"))
         .filter(|name| !name.contains('/'))
+        .filter_map(|name| {
+            name.strip_suffix(".yaml")
+                .or_else(|| name.strip_suffix(".yml"))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The environments a commit's layout declares (its `environments/*.yaml` files).
+pub fn environments_in(layout: &Layout) -> BTreeSet<String> {
+    layout
+        .shared
+        .keys()
+        .filter_map(|p| p.strip_prefix("environments/"))
         .filter_map(|name| {
             name.strip_suffix(".yaml")
                 .or_else(|| name.strip_suffix(".yml"))
@@ -89,12 +105,23 @@ pub fn build_cached(
 }
 
 impl Built {
-    /// Reads every secret the graphs take from a secret store, each once, and puts the values
-    /// where they are read. Planning and applying need them; validating does not. A secret that
-    /// cannot be read rejects the commit.
+    /// Reads every secret the graphs take from a secret store (see [`read_stored_secrets`]).
     pub fn read_stored_secrets(&mut self, stores: &SecretStores) -> Result<(), Rejected> {
+        let mut graphs: Vec<&mut ResourceGraph> = self.graphs.iter_mut().collect();
+        read_stored_secrets(&mut graphs, stores)
+    }
+}
+
+/// Reads every secret `graphs` take from a secret store, each once, and puts the values where
+/// they are read. Planning and applying need them; validating does not. A secret that cannot be
+/// read rejects the commit.
+pub fn read_stored_secrets(
+    graphs: &mut [&mut ResourceGraph],
+    stores: &SecretStores,
+) -> Result<(), Rejected> {
+    {
         let mut wanted: BTreeMap<&StoreRef, &SourceLocation> = BTreeMap::new();
-        for g in &self.graphs {
+        for g in graphs.iter() {
             for (secret, location) in g.stored_secrets() {
                 wanted.entry(secret).or_insert(location);
             }
@@ -120,11 +147,11 @@ impl Built {
         if !errors.is_empty() {
             errors.sort();
             return Err(Rejected {
-                envs: self.graphs.iter().map(|g| g.env.clone()).collect(),
+                envs: graphs.iter().map(|g| g.env.clone()).collect(),
                 errors,
             });
         }
-        for g in &mut self.graphs {
+        for g in graphs.iter_mut() {
             g.fill_stored_secrets(&values);
         }
         Ok(())
@@ -173,4 +200,287 @@ fn unknown_drivers(repo: &Repository, graph: &ResourceGraph, drivers: &Registry)
             )
         })
         .collect()
+}
+
+/// Bumped when what a graph is built into changes without gitplane's version changing, so
+/// fingerprints recorded before do not match.
+const GRAPH_FORMAT: u32 = 1;
+
+/// What the host adds to every app's fingerprint: the drivers and secret stores it offers,
+/// which decide whether a commit is accepted.
+pub fn host_print(host: Host<'_>) -> String {
+    let mut parts: Vec<String> = host
+        .drivers
+        .names()
+        .map(|d| format!("driver\0{d}"))
+        .collect();
+    parts.extend(host.stores.describe());
+    digest(parts.iter().map(String::as_str))
+}
+
+/// Each app's fingerprint in `env` at the commit of `layout`: a digest of its folder's tree id
+/// and of everything the whole environment's graph is made of (the definitions folder, the
+/// environment's file, the settings, misplaced workload files, the host's drivers and stores,
+/// gitplane's version). Two commits that give an app the same fingerprint give it the same
+/// resources, so an app whose fingerprint a deployment recorded need not be read again.
+pub fn fingerprints(layout: &Layout, env: &str, host_print: &str) -> BTreeMap<String, String> {
+    let version = format!("{}/{GRAPH_FORMAT}", env!("CARGO_PKG_VERSION"));
+    let mut shared = vec![
+        "gitplane/app-fingerprint/v1".to_owned(),
+        version,
+        env.to_owned(),
+        host_print.to_owned(),
+    ];
+    for (path, id) in &layout.shared {
+        let other_env = path
+            .strip_prefix("environments/")
+            .and_then(|f| f.strip_suffix(".yaml").or_else(|| f.strip_suffix(".yml")))
+            .is_some_and(|e| e != env);
+        if !other_env {
+            shared.push(format!("{path}\0{id}"));
+        }
+    }
+    let shared = digest(shared.iter().map(String::as_str));
+    layout
+        .apps
+        .iter()
+        .map(|(app, tree)| (app.clone(), digest([shared.as_str(), app, tree])))
+        .collect()
+}
+
+fn digest<'a>(parts: impl IntoIterator<Item = &'a str>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part.as_bytes());
+        hasher.update([0u8]);
+    }
+    crate::graph::hex(&hasher.finalize())
+}
+
+/// Which part of an environment a deployment looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    /// The apps looked at; `None`: every one, and every recorded resource outside the graph is
+    /// an orphan.
+    pub apps: Option<BTreeSet<String>>,
+    /// Each app's fingerprint at this commit (apps of the commit's tree).
+    pub fingerprints: BTreeMap<String, String>,
+    /// The apps not looked at: their fingerprints are as recorded, so nothing of theirs changes.
+    pub unchanged_apps: usize,
+    /// Their resources.
+    pub unchanged_resources: i64,
+}
+
+impl Scope {
+    /// Every app of the environment.
+    pub fn whole(fingerprints: BTreeMap<String, String>) -> Scope {
+        Scope {
+            apps: None,
+            fingerprints,
+            unchanged_apps: 0,
+            unchanged_resources: 0,
+        }
+    }
+
+    /// The apps whose fingerprint is new or changed, and those gone from the tree that still
+    /// have resources or a fingerprint; the whole environment when that is every app.
+    pub fn of_changes(
+        fingerprints: BTreeMap<String, String>,
+        recorded: &HashMap<String, AppFingerprint>,
+        recorded_apps: &BTreeSet<String>,
+    ) -> Scope {
+        let mut changed = BTreeSet::new();
+        let mut unchanged_apps = 0;
+        let mut unchanged_resources = 0;
+        for (app, fingerprint) in &fingerprints {
+            match recorded.get(app) {
+                Some(r) if r.fingerprint == *fingerprint => {
+                    unchanged_apps += 1;
+                    unchanged_resources += r.resources;
+                }
+                _ => {
+                    changed.insert(app.clone());
+                }
+            }
+        }
+        for app in recorded.keys().chain(recorded_apps) {
+            if !fingerprints.contains_key(app) {
+                changed.insert(app.clone());
+            }
+        }
+        if unchanged_apps == 0 {
+            return Scope::whole(fingerprints);
+        }
+        Scope {
+            apps: Some(changed),
+            fingerprints,
+            unchanged_apps,
+            unchanged_resources,
+        }
+    }
+
+    pub fn is_whole(&self) -> bool {
+        self.apps.is_none()
+    }
+}
+
+/// One environment of a commit, ready to plan or apply: its graph, whole or of the apps that
+/// changed, and the scope it covers.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub graph: ResourceGraph,
+    pub scope: Scope,
+}
+
+/// How a deployment of one environment chooses its scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// The apps that changed since their fingerprints were recorded.
+    Changes,
+    /// Every app: drift runs, approvals, `resolve`, and whatever has no state yet.
+    Whole,
+}
+
+/// Builds what a deployment of `env` at the commit of `layout` looks at: the apps that changed
+/// (with `Reach::Changes` and a store), else everything. Falls back to the whole environment
+/// where apps meet through global resources in ways a part cannot see: a global resource that
+/// selects its dependents (`<`), or one that a changed app stops using.
+pub fn target(
+    repo: &ConfigRepo,
+    layout: &Layout,
+    env: &str,
+    (store, reach): (Option<&Store>, Reach),
+    host: Host<'_>,
+    cache: &mut LoadCache,
+) -> Result<Result<Target, Rejected>, DeployError> {
+    let fingerprints = fingerprints(layout, env, &host_print(host));
+    let scope = match (store, reach) {
+        (Some(store), Reach::Changes) => Scope::of_changes(
+            fingerprints,
+            &store.fingerprints(env)?,
+            &store.recorded_apps(env)?,
+        ),
+        _ => Scope::whole(fingerprints),
+    };
+    if let (Some(apps), Some(store)) = (&scope.apps, store) {
+        let snapshot = repo.snapshot_of(&layout.commit, Some(apps))?;
+        let graph = match build_one(&snapshot, env, Some(apps), host, cache) {
+            Ok(graph) => graph,
+            Err(rejected) => return Ok(Err(rejected)),
+        };
+        match needs_whole(store, env, apps, &graph)? {
+            None => {
+                tracing::info!(
+                    env,
+                    changed = apps.len(),
+                    unchanged = scope.unchanged_apps,
+                    "reading only the apps that changed: {} changed, {} as last deployed",
+                    apps.len(),
+                    scope.unchanged_apps
+                );
+                return Ok(Ok(Target { graph, scope }));
+            }
+            Some(why) => tracing::info!(env, "reading the whole environment: {why}"),
+        }
+    } else {
+        tracing::info!(env, "reading the whole environment");
+    }
+    let snapshot = repo.snapshot(&layout.commit)?;
+    Ok(
+        build_one(&snapshot, env, None, host, cache).map(|graph| Target {
+            graph,
+            scope: Scope::whole(scope.fingerprints),
+        }),
+    )
+}
+
+/// Loads `snapshot` and builds `env`'s graph of `apps` (every app when `None`).
+fn build_one(
+    snapshot: &Snapshot,
+    env: &str,
+    apps: Option<&BTreeSet<String>>,
+    host: Host<'_>,
+    cache: &mut LoadCache,
+) -> Result<ResourceGraph, Rejected> {
+    let reject = |errors: Vec<String>| Rejected {
+        envs: vec![env.to_owned()],
+        errors,
+    };
+    let repo: Repository = model::load_cached(&snapshot.files, cache)
+        .map_err(|errors| reject(errors.iter().map(ToString::to_string).collect()))?;
+    let Some(environment) = repo.environments.iter().find(|e| e.id == env) else {
+        return Err(reject(vec![format!(
+            "environments/{env}.yaml: the commit has no environment '{env}'"
+        )]));
+    };
+    let graph = graph::build_apps(&repo, environment, apps).map_err(|errs| {
+        reject(
+            errs.iter()
+                .map(|e| format!("environment {env}: {e}"))
+                .collect(),
+        )
+    })?;
+    let mut errors = unknown_drivers(&repo, &graph, host.drivers);
+    errors.extend(unusable_stored_secrets(&graph, host.stores));
+    if errors.is_empty() {
+        Ok(graph)
+    } else {
+        errors.dedup();
+        Err(reject(errors))
+    }
+}
+
+/// Why a graph of some apps cannot stand for them, if it cannot: a global resource in it selects
+/// its dependents (which any app may be), or a changed app's recorded resources use a global one
+/// the part no longer has (another app may still use it, or nobody).
+fn needs_whole(
+    store: &Store,
+    env: &str,
+    apps: &BTreeSet<String>,
+    graph: &ResourceGraph,
+) -> Result<Option<String>, StateError> {
+    let selector = graph.nodes().find(|n| {
+        n.app.is_none()
+            && [&n.values, &n.secrets].iter().any(|t| {
+                t.placeholders("").into_iter().any(|p| {
+                    matches!(p.expr, graph::Binding::Selector { direction, .. }
+                        if *direction == crate::model::placeholder::SelectorDirection::Dependents)
+                })
+            })
+    });
+    if let Some(node) = selector {
+        return Ok(Some(format!(
+            "global resource {} selects its dependents, which any app may be",
+            node.label()
+        )));
+    }
+    let recorded = store.resources_of_apps(env, apps, true)?;
+    let globals: HashMap<&str, &gitplane_state::ResourceRecord> = recorded
+        .iter()
+        .filter(|r| r.app.is_none())
+        .map(|r| (r.guresid.as_str(), r))
+        .collect();
+    let consumers: Vec<&str> = recorded
+        .iter()
+        .filter(|r| r.app.is_some())
+        .map(|r| r.guresid.as_str())
+        .collect();
+    let dropped = store
+        .links_from(env, &consumers)?
+        .into_iter()
+        .find_map(|l| match globals.get(l.provider.as_str()) {
+            Some(g) if !graph.contains_id(&l.provider) => Some(crate::reconcile::record_label(g)),
+            _ => None,
+        });
+    Ok(dropped.map(|g| format!("a changed app no longer uses global resource {g}")))
+}
+
+/// What stops a commit from being read or built, besides the commit itself.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    #[error(transparent)]
+    Repo(#[from] crate::repo::RepoError),
+    #[error(transparent)]
+    State(#[from] StateError),
 }

@@ -32,6 +32,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::config::{HostConfig, RetryPolicy};
+use crate::deploy::{Scope, Target};
 use crate::drivers::{
     Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, ErrorKind, PutOutcome, Registry,
 };
@@ -122,26 +123,31 @@ impl ApplyOptions {
     }
 }
 
-/// Applies `graph` (built from `commit`) to its environment.
+/// Applies `target` (built from `commit`) to its environment.
 ///
 /// A plan that trips the deletion guard is recorded as a held deployment and nothing changes,
-/// unless `options.approved` names the held deployment that `gitplane approve` released.
+/// unless `options.approved` names the held deployment that `gitplane approve` released. With
+/// a target of some apps, the others are left as they are and counted as unchanged.
 pub async fn apply(
     store: &mut Store,
     drivers: &Registry,
     settings: &Settings,
-    graph: &ResourceGraph,
+    target: &Target,
     commit: &str,
     options: &ApplyOptions,
     on_event: &mut (dyn FnMut(&Event<'_>) + Send),
 ) -> Result<ApplyReport, StateError> {
-    let recorded = store.resources(&graph.env)?;
-    let links = store.links(&graph.env)?;
+    let graph = &target.graph;
+    let (recorded, links) = recorded_in_scope(store, target)?;
     let plan = plan(graph, &recorded, &links);
     let (deployment, resumed) = match options.approved {
         Some(id) => (id, false),
         None => {
-            if let Some(held) = deletion_guard(&plan, recorded.len(), graph.deletion_threshold) {
+            let total = match target.scope.apps {
+                None => recorded.len(),
+                Some(_) => store.resource_count(&graph.env)? as usize,
+            };
+            if let Some(held) = deletion_guard(&plan, total, graph.deletion_threshold) {
                 let id =
                     store.held_deployment(&graph.env, commit, &held.deletions, &held.reason)?;
                 return Ok(ApplyReport {
@@ -186,6 +192,7 @@ pub async fn apply(
         failures: Vec::new(),
         bindings: Vec::new(),
         rebound: HashSet::new(),
+        pinned: HashSet::new(),
         template_hashes: Vec::new(),
         ended: Vec::new(),
         kept: HashMap::new(),
@@ -195,6 +202,7 @@ pub async fn apply(
     run.puts(&plan).await?;
     run.deletes(&plan, &links).await?;
     let orphans = run.record_graph(&plan, &links)?;
+    run.record_fingerprints(&target.scope, &recorded, &orphans)?;
     let Run {
         store,
         unchanged,
@@ -204,7 +212,7 @@ pub async fn apply(
     } = run;
     store.mark_orphans(&graph.env, &orphans)?;
     let mut counts = store.operation_counts(deployment)?;
-    counts.unchanged = unchanged;
+    counts.unchanged = unchanged + target.scope.unchanged_resources;
     counts.failed = failed;
     let status = if failed == 0 {
         DeploymentStatus::Succeeded
@@ -224,6 +232,31 @@ pub async fn apply(
         counts,
         failures,
     })
+}
+
+/// The recorded resources and links an apply of `target` looks at: all of its environment's,
+/// or those of the apps it covers and of the global resources its graph has (a global one
+/// outside it stays, since other apps may use it).
+pub fn recorded_in_scope(
+    store: &Store,
+    target: &Target,
+) -> Result<(Vec<ResourceRecord>, Vec<LinkRecord>), StateError> {
+    let env = &target.graph.env;
+    match &target.scope.apps {
+        None => Ok((store.resources(env)?, store.links(env)?)),
+        Some(apps) => {
+            let mut recorded = store.resources_of_apps(env, apps, true)?;
+            recorded.retain(|r| r.app.is_some() || target.graph.contains_id(&r.guresid));
+            // A resource not recorded yet may have links already: an earlier run that could
+            // not provision it recorded them.
+            let mut ids: Vec<&str> = recorded.iter().map(|r| r.guresid.as_str()).collect();
+            ids.extend(target.graph.nodes().map(|n| n.guresid.as_str()));
+            ids.sort_unstable();
+            ids.dedup();
+            let links = store.links_from(env, &ids)?;
+            Ok((recorded, links))
+        }
+    }
 }
 
 /// The outputs a resource's inputs resolve against during an apply: those provisioned in this
@@ -274,8 +307,10 @@ struct Run<'a, 'e> {
     failures: Vec<String>,
     /// The bindings of each resource resolved in this run; the others keep theirs.
     bindings: Vec<(&'a GuresId, Vec<BindingRecord>)>,
-    /// The resources in `bindings`.
+    /// The resources in `bindings`, and the pinned ones, which keep theirs.
     rebound: HashSet<&'a GuresId>,
+    /// Resources kept as last bound (`auto_update: false`) though what they read changed.
+    pinned: HashSet<&'a GuresId>,
     /// Resources whose definition or request changed though their inputs did not.
     template_hashes: Vec<(String, String)>,
     /// Operations that ended before any driver call, journalled in one batch.
@@ -801,6 +836,7 @@ impl<'a> Run<'a, '_> {
         {
             self.unchanged += 1;
             self.rebound.insert(&node.guresid);
+            self.pinned.insert(&node.guresid);
             return Ok(Started::Settled);
         }
         self.rebind(node);
@@ -1155,6 +1191,81 @@ impl<'a> Run<'a, '_> {
                 (g.to_owned(), why)
             })
             .collect())
+    }
+
+    /// Records the fingerprint of each app of `scope` this run left all ready, and forgets
+    /// the others': an app keeps a fingerprint only while a later commit with the same one
+    /// would find nothing to do there. Reading a secret store, a resource may change with no
+    /// commit at all, so an app that reads one (itself or through a global resource) keeps
+    /// none.
+    fn record_fingerprints(
+        &mut self,
+        scope: &Scope,
+        recorded: &[ResourceRecord],
+        orphans: &[(String, String)],
+    ) -> Result<(), StateError> {
+        let graph = self.graph;
+        let mut unclean: HashSet<&str> = HashSet::new();
+        let mut resources: HashMap<&str, i64> = HashMap::new();
+        // Global resources that read a secret store, directly or through their upstream.
+        let mut volatile: HashSet<&GuresId> = HashSet::new();
+        for node in graph.provisioning_order() {
+            let reads_store = !node
+                .secrets
+                .placeholders("")
+                .iter()
+                .all(|p| !matches!(p.expr, crate::graph::Binding::Stored { .. }));
+            let upstream = graph
+                .dependencies(&node.guresid)
+                .into_iter()
+                .any(|d| volatile.contains(d));
+            if let Some(app) = &node.app {
+                *resources.entry(app.as_str()).or_default() += 1;
+                let broken =
+                    self.broken.contains(&node.guresid) || self.pinned.contains(&node.guresid);
+                if broken || reads_store || upstream {
+                    unclean.insert(app.as_str());
+                }
+            } else if reads_store || upstream {
+                volatile.insert(&node.guresid);
+            }
+        }
+        let by_id: HashMap<&str, &ResourceRecord> =
+            recorded.iter().map(|r| (r.guresid.as_str(), r)).collect();
+        for (orphan, _) in orphans {
+            if let Some(app) = by_id.get(orphan.as_str()).and_then(|r| r.app.as_deref()) {
+                unclean.insert(app);
+            }
+        }
+        let looked_at: Vec<&str> = match &scope.apps {
+            Some(apps) => apps.iter().map(String::as_str).collect(),
+            None => scope
+                .fingerprints
+                .keys()
+                .map(String::as_str)
+                .chain(recorded.iter().filter_map(|r| r.app.as_deref()))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+        };
+        let mut clean = Vec::new();
+        let mut cleared = Vec::new();
+        for app in looked_at {
+            match scope.fingerprints.get(app) {
+                Some(fingerprint) if !unclean.contains(app) => clean.push((
+                    app,
+                    gitplane_state::AppFingerprint {
+                        fingerprint: fingerprint.clone(),
+                        resources: resources.get(app).copied().unwrap_or(0),
+                    },
+                )),
+                _ => cleared.push(app),
+            }
+        }
+        let clean: Vec<(&str, &gitplane_state::AppFingerprint)> =
+            clean.iter().map(|(a, f)| (*a, f)).collect();
+        self.store
+            .record_fingerprints(&graph.env, self.deployment, &clean, &cleared)
     }
 
     fn permits(&mut self, driver: &str, limit: Option<usize>) -> Permits {

@@ -1,6 +1,6 @@
 //! Reading a commit of the config repository straight from git's object database, no checkout.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
@@ -13,6 +13,19 @@ pub struct Snapshot {
     /// The full commit id (40 hex characters).
     pub commit: String,
     pub files: BTreeMap<String, Vec<u8>>,
+}
+
+/// What a commit's trees say, without reading a file: the object id (hex) of each app's folder
+/// under `workloads/`, and of everything else a graph is made of. Two commits with equal ids
+/// here have equal files there, so an app whose folder's id did not change did not change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub commit: String,
+    /// App id (its folder under `workloads/`) to the folder's tree id.
+    pub apps: BTreeMap<String, String>,
+    /// `gitplane.yaml`, each `environments/` file, the `definitions/` folder (as
+    /// `definitions/`, its tree id) and any file directly under `workloads/`, to their ids.
+    pub shared: BTreeMap<String, String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -261,18 +274,25 @@ impl ConfigRepo {
 
     /// Reads every file of the repository format at `commit`.
     pub fn snapshot(&self, commit: &str) -> Result<Snapshot, RepoError> {
+        self.snapshot_of(commit, None)
+    }
+
+    /// Reads the files of the repository format at `commit` that building `apps` needs: with
+    /// `None`, every one; else the settings, the environments, the folders of `apps` under
+    /// `workloads/`, and the definitions unless `apps` is empty.
+    pub fn snapshot_of(
+        &self,
+        commit: &str,
+        apps: Option<&BTreeSet<String>>,
+    ) -> Result<Snapshot, RepoError> {
         let read_err = |message: String| RepoError::Read {
             path: self.path.clone(),
             commit: commit.to_owned(),
             message,
         };
-        let id = gix::ObjectId::from_hex(commit.as_bytes()).map_err(|e| read_err(e.to_string()))?;
         let objects = self.objects();
         let mut buf = Vec::new();
-        let tree = objects
-            .find_commit_iter(&id, &mut buf)
-            .and_then(|mut c| c.tree_id())
-            .map_err(|e| read_err(e.to_string()))?;
+        let tree = self.root_tree(commit)?;
         let mut files = BTreeMap::new();
         // Folders still to read, with their path ("" for the root); only folders that can hold
         // a wanted file are read.
@@ -285,13 +305,19 @@ impl ConfigRepo {
                 .map_err(|e| read_err(format!("{dir}/: {e}")))?;
             for entry in entries {
                 let name = entry.filename.to_str_lossy();
+                let skipped = entry.mode.is_tree()
+                    && match apps {
+                        None => false,
+                        Some(apps) if dir == "workloads" => !apps.contains(&*name),
+                        Some(apps) => dir.is_empty() && name == "definitions" && apps.is_empty(),
+                    };
                 let path = if dir.is_empty() {
                     name.into_owned()
                 } else {
                     format!("{dir}/{name}")
                 };
                 if entry.mode.is_tree() {
-                    if wanted_dir(&path) {
+                    if wanted_dir(&path) && !skipped {
                         folders.push((path, entry.oid.to_owned()));
                     }
                 } else if entry.mode.is_blob() && wanted(&path) {
@@ -306,6 +332,89 @@ impl ConfigRepo {
             commit: commit.to_owned(),
             files,
         })
+    }
+
+    /// The object ids `commit`'s graphs are made of, from its trees alone (no file is read):
+    /// each app's folder under `workloads/`, and everything else gitplane reads.
+    pub fn layout(&self, commit: &str) -> Result<Layout, RepoError> {
+        let read_err = |message: String| RepoError::Read {
+            path: self.path.clone(),
+            commit: commit.to_owned(),
+            message,
+        };
+        let objects = self.objects();
+        let mut tree_buf = Vec::new();
+        let mut entries_of = |tree: &gix::oid, dir: &str| {
+            objects
+                .find_tree_iter(tree, &mut tree_buf)
+                .and_then(|t| t.collect::<Result<Vec<_>, _>>())
+                .map(|entries| {
+                    entries
+                        .into_iter()
+                        .map(|e| {
+                            (
+                                e.filename.to_str_lossy().into_owned(),
+                                e.mode.is_tree(),
+                                e.oid.to_owned(),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .map_err(|e| read_err(format!("{dir}/: {e}")))
+        };
+        let mut layout = Layout {
+            commit: commit.to_owned(),
+            apps: BTreeMap::new(),
+            shared: BTreeMap::new(),
+        };
+        let root = self.root_tree(commit)?;
+        for (name, is_tree, oid) in entries_of(&root, "")? {
+            match (name.as_str(), is_tree) {
+                ("definitions", true) => {
+                    layout
+                        .shared
+                        .insert("definitions/".to_owned(), oid.to_string());
+                }
+                ("environments", true) => {
+                    for (file, _, oid) in entries_of(&oid, "environments")? {
+                        layout
+                            .shared
+                            .insert(format!("environments/{file}"), oid.to_string());
+                    }
+                }
+                ("workloads", true) => {
+                    for (entry, is_tree, oid) in entries_of(&oid, "workloads")? {
+                        if is_tree {
+                            layout.apps.insert(entry, oid.to_string());
+                        } else {
+                            // A file directly under workloads/ is misplaced: every load reads it.
+                            layout
+                                .shared
+                                .insert(format!("workloads/{entry}"), oid.to_string());
+                        }
+                    }
+                }
+                (file, false) if wanted(file) => {
+                    layout.shared.insert(file.to_owned(), oid.to_string());
+                }
+                _ => {}
+            }
+        }
+        Ok(layout)
+    }
+
+    fn root_tree(&self, commit: &str) -> Result<gix::ObjectId, RepoError> {
+        let read_err = |message: String| RepoError::Read {
+            path: self.path.clone(),
+            commit: commit.to_owned(),
+            message,
+        };
+        let id = gix::ObjectId::from_hex(commit.as_bytes()).map_err(|e| read_err(e.to_string()))?;
+        let mut buf = Vec::new();
+        self.objects()
+            .find_commit_iter(&id, &mut buf)
+            .and_then(|mut c| c.tree_id())
+            .map_err(|e| read_err(e.to_string()))
     }
 
     /// Resolves `rev` and reads its files.

@@ -58,6 +58,18 @@ impl SecretStores {
         SecretStores { stores }
     }
 
+    /// Each store's name and kind, one line each, sorted: what decides which refs a commit
+    /// may name.
+    pub fn describe(&self) -> Vec<String> {
+        self.stores
+            .iter()
+            .map(|(name, config)| match config {
+                StoreConfig::Dir { .. } => format!("store\0{name}\0dir"),
+                StoreConfig::Vault { .. } => format!("store\0{name}\0vault"),
+            })
+            .collect()
+    }
+
     /// Configured store names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.stores.keys().map(String::as_str)

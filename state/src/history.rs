@@ -105,7 +105,19 @@ impl Store {
                     "UPDATE link SET valid_to = ?4 WHERE env = ?1 AND consumer = ?2
                         AND provider = ?3 AND valid_to IS NULL",
                 )?;
-                for (consumer, provider) in &changes.removed {
+                // A link that starts ends the current one of the same pair, if the caller
+                // did not know of it: one current row per pair, whatever the caller saw.
+                for (consumer, provider) in changes
+                    .removed
+                    .iter()
+                    .map(|(c, p)| (c.as_str(), p.as_str()))
+                    .chain(
+                        changes
+                            .added
+                            .iter()
+                            .map(|l| (l.consumer.as_str(), l.provider.as_str())),
+                    )
+                {
                     let args = params![env, consumer, provider, deployment];
                     drop.execute(args)?;
                     close.execute(args)?;

@@ -4,6 +4,7 @@
 //! interface that people query with `sqlite3`; this crate applies it by migrations keyed on
 //! `PRAGMA user_version`, in WAL mode with foreign keys on.
 
+mod fingerprint;
 mod history;
 mod journal;
 
@@ -13,6 +14,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use serde_json::Value;
 
+pub use fingerprint::AppFingerprint;
 pub use history::{LinkChanges, Pruned, Retention};
 pub use journal::{Ended, JournalEntry};
 
@@ -482,13 +484,39 @@ impl Store {
 
     /// The resources recorded for `env`, secret outputs included, ordered by GUResID.
     pub fn resources(&self, env: &str) -> Result<Vec<ResourceRecord>> {
+        self.resources_where("r.env = ?1", params![env])
+    }
+
+    /// The resources recorded for the apps `apps` of `env`, and its global ones (no app) when
+    /// `globals`, ordered by GUResID.
+    pub fn resources_of_apps(
+        &self,
+        env: &str,
+        apps: &std::collections::BTreeSet<String>,
+        globals: bool,
+    ) -> Result<Vec<ResourceRecord>> {
+        let apps = serde_json::to_string(apps).expect("strings serialise");
+        self.resources_where(
+            "r.env = ?1 AND (r.app IN (SELECT value FROM json_each(?2))
+                             OR (?3 AND r.app IS NULL))",
+            params![env, apps, globals],
+        )
+    }
+
+    fn resources_where<P: rusqlite::Params>(
+        &self,
+        condition: &str,
+        params: P,
+    ) -> Result<Vec<ResourceRecord>> {
         let rows = self.query(
-            "SELECT r.guresid, r.env, r.app, r.type, r.class, r.res_id, r.definition, r.driver,
+            &format!(
+                "SELECT r.guresid, r.env, r.app, r.type, r.class, r.res_id, r.definition, r.driver,
                         r.status, r.inputs_hash, r.outputs, s.outputs, r.error, r.commit_id,
                         r.inputs, s.inputs, r.account, r.deletion_policy, r.template_hash
                  FROM resource r LEFT JOIN resource_secret s ON s.guresid = r.guresid
-                 WHERE r.env = ?1 ORDER BY r.guresid",
-            [env],
+                 WHERE {condition} ORDER BY r.guresid"
+            ),
+            params,
             |r| {
                 Ok((
                     ResourceRecord {
@@ -1109,7 +1137,7 @@ mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 2);
+        assert_eq!(m.len(), 3);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
         assert!(m[1].contains("CREATE TABLE resource_version"));

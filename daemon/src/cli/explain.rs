@@ -110,7 +110,7 @@ fn explain_recorded(
         }
         Ok((snapshot, Err(rejected))) => {
             commit = Some(snapshot.commit.clone());
-            super::report_rejected(&snapshot, &rejected);
+            super::report_rejected(&snapshot.commit, &rejected);
             Some(format!(
                 "commit {} does not build ({} error(s), on stderr): only the recorded state is \
                  shown",
@@ -182,7 +182,7 @@ fn explain_planned(
     let built = match result {
         Ok(built) => built,
         Err(rejected) => {
-            super::report_rejected(&snapshot, &rejected);
+            super::report_rejected(&snapshot.commit, &rejected);
             return Ok(CommandResult::Failure);
         }
     };

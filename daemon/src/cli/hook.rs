@@ -137,7 +137,7 @@ fn check(
             Ok(CommandResult::Success)
         }
         Err(rejected) => {
-            report_rejected(&snapshot, &rejected);
+            report_rejected(&snapshot.commit, &rejected);
             Ok(CommandResult::Failure)
         }
     }

@@ -14,9 +14,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use gitplane_state::{ApplyLock, DeploymentStatus, StateError, Store};
 
 use crate::config::{ConfigError, HostConfig, RepoSource};
-use crate::deploy::{self, Built, Rejected};
+use crate::deploy::{self, Built, Reach, Rejected, Target};
 use crate::drivers::Registry;
 use crate::graph::{self, ResourceGraph};
+use crate::model::LoadCache;
 use crate::plan;
 use crate::reconcile::{self, ApplyOptions, Event, Settings};
 use crate::repo::{ConfigRepo, RepoError, Snapshot};
@@ -305,6 +306,8 @@ pub enum CliError {
     RemoteRepo { url: String },
     #[error(transparent)]
     Daemon(crate::daemon::DaemonError),
+    #[error(transparent)]
+    Deploy(#[from] deploy::DeployError),
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
     #[error("--keep {keep}: {message}")]
@@ -495,7 +498,7 @@ fn built_or_report(
     match result {
         Ok(built) => Ok(Some((snapshot, built))),
         Err(rejected) => {
-            report_rejected(&snapshot, &rejected);
+            report_rejected(&snapshot.commit, &rejected);
             Ok(None)
         }
     }
@@ -531,25 +534,35 @@ fn show_plan(
     format: Format,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let Some((snapshot, built)) = built_or_report(ctx, rev, Need::Inputs)? else {
-        return Ok(CommandResult::Failure);
-    };
     // Planning never creates a state file.
     let store = if ctx.state.exists() {
         Some(Store::open(&ctx.state)?)
     } else {
         None
     };
+    let (commit, result) = targets(
+        ctx,
+        &Commit::resolve(ctx, rev)?,
+        store.as_ref(),
+        Reach::Changes,
+    )?;
+    let targets = match result {
+        Ok(targets) => targets,
+        Err(rejected) => {
+            report_rejected(&commit, &rejected);
+            return Ok(CommandResult::Failure);
+        }
+    };
     let mut json = Vec::new();
-    for g in &built.graphs {
-        let (recorded, edges) = match &store {
-            Some(s) => (s.resources(&g.env)?, s.links(&g.env)?),
+    for t in &targets {
+        let (recorded, links) = match &store {
+            Some(s) => reconcile::recorded_in_scope(s, t)?,
             None => (Vec::new(), Vec::new()),
         };
-        let p = plan::plan(g, &recorded, &edges);
+        let p = plan::plan(&t.graph, &recorded, &links);
         match format {
-            Format::Table => write!(stdout, "{}", output::plan_table(&p, &snapshot.commit))?,
-            Format::Json => json.push(output::plan_json(&p, &snapshot.commit)),
+            Format::Table => write!(stdout, "{}", output::plan_table(&p, &t.scope, &commit))?,
+            Format::Json => json.push(output::plan_json(&p, &t.scope, &commit)),
         }
     }
     if format == Format::Json {
@@ -628,15 +641,23 @@ pub(crate) fn load_and_build(
 
 /// Environments named by the commit's `environments/` files, or the ones asked for.
 fn target_envs(snapshot: &Snapshot, asked: &[String]) -> Result<Vec<String>, CliError> {
-    let known = deploy::environments_of(snapshot);
+    select_envs(&deploy::environments_of(snapshot), &snapshot.commit, asked)
+}
+
+/// `asked` (every one of `known` when empty), each checked against `known`.
+fn select_envs(
+    known: &std::collections::BTreeSet<String>,
+    commit: &str,
+    asked: &[String],
+) -> Result<Vec<String>, CliError> {
     if asked.is_empty() {
-        return Ok(known.into_iter().collect());
+        return Ok(known.iter().cloned().collect());
     }
     for env in asked {
         if !known.contains(env) {
             return Err(CliError::UnknownEnv {
                 env: env.clone(),
-                commit: output::short(&snapshot.commit).to_owned(),
+                commit: output::short(commit).to_owned(),
                 known: known.iter().cloned().collect::<Vec<_>>().join(", "),
             });
         }
@@ -647,13 +668,13 @@ fn target_envs(snapshot: &Snapshot, asked: &[String]) -> Result<Vec<String>, Cli
     Ok(asked)
 }
 
-fn report_rejected(snapshot: &Snapshot, rejected: &Rejected) {
+fn report_rejected(commit: &str, rejected: &Rejected) {
     for e in &rejected.errors {
         eprintln!("error: {e}");
     }
     eprintln!(
         "commit {} rejected: {} error(s); nothing was changed",
-        output::short(&snapshot.commit),
+        output::short(commit),
         rejected.errors.len()
     );
 }
@@ -663,56 +684,116 @@ fn apply(
     rev: Option<&str>,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let (snapshot, result) = load_and_build(ctx, rev, Need::Inputs)?;
+    let commit = Commit::resolve(ctx, rev)?;
     let mut store = Store::open(&ctx.state)?;
-    let built = match result {
-        Ok(built) => built,
+    // Locked before anything is read from the state: which apps changed is judged against the
+    // fingerprints another apply could be writing.
+    let _locks = commit
+        .envs
+        .iter()
+        .map(|env| ApplyLock::acquire(&ctx.state, env, false))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (id, result) = targets(ctx, &commit, Some(&store), Reach::Changes)?;
+    let targets = match result {
+        Ok(targets) => targets,
         Err(rejected) => {
-            report_rejected(&snapshot, &rejected);
+            report_rejected(&id, &rejected);
             let error = rejected.errors.join("\n");
             for env in &rejected.envs {
-                store.failed_deployment(env, Some(&snapshot.commit), &error)?;
+                store.failed_deployment(env, Some(&id), &error)?;
             }
             return Ok(CommandResult::Failure);
         }
     };
-    let _locks = built
-        .graphs
-        .iter()
-        .map(|g| ApplyLock::acquire(&ctx.state, &g.env, false))
-        .collect::<Result<Vec<_>, _>>()?;
-    apply_graphs(
+    apply_targets(
         ctx,
         &mut store,
-        &snapshot.commit,
-        &built.graphs,
-        None,
+        &id,
+        &targets,
+        &ApplyOptions::default(),
         stdout,
     )
 }
 
-/// Reconciles each graph in turn, with progress on stderr and a summary line per environment.
-/// The caller holds the environments' apply locks.
-fn apply_graphs(
-    ctx: &Context,
-    store: &mut Store,
-    commit: &str,
-    graphs: &[ResourceGraph],
-    approved: Option<i64>,
-    stdout: &mut impl Write,
-) -> Result<CommandResult, CliError> {
-    let options = ApplyOptions {
-        approved,
-        ..ApplyOptions::default()
-    };
-    apply_graphs_with(ctx, store, commit, graphs, &options, stdout)
+/// A resolved commit of the config repository, its layout, and the environments a command
+/// works on (`--env`, else every one of the commit).
+pub(crate) struct Commit {
+    repo: ConfigRepo,
+    layout: crate::repo::Layout,
+    pub envs: Vec<String>,
 }
 
-fn apply_graphs_with(
+impl Commit {
+    pub(crate) fn resolve(ctx: &Context, rev: Option<&str>) -> Result<Commit, CliError> {
+        let repo = ConfigRepo::open(&ctx.repo)?;
+        let id = repo.resolve(rev)?;
+        let layout = repo.layout(&id)?;
+        let envs = select_envs(&deploy::environments_in(&layout), &id, &ctx.envs)?;
+        Ok(Commit { repo, layout, envs })
+    }
+}
+
+/// What a deployment of each of `commit`'s environments looks at, stored secrets read (see
+/// [`deploy::target`]); or why the commit is rejected, as a whole.
+pub(crate) fn targets(
+    ctx: &Context,
+    commit: &Commit,
+    store: Option<&Store>,
+    reach: Reach,
+) -> Result<(String, Result<Vec<Target>, Rejected>), CliError> {
+    let mut cache = LoadCache::default();
+    let mut targets = Vec::new();
+    let mut errors: Vec<String> = Vec::new();
+    for env in &commit.envs {
+        match deploy::target(
+            &commit.repo,
+            &commit.layout,
+            env,
+            (store, reach),
+            ctx.host(),
+            &mut cache,
+        )? {
+            Ok(t) => targets.push(t),
+            // A file that does not load is reported once, not once per environment.
+            Err(rejected) => {
+                for e in rejected.errors {
+                    if !errors.contains(&e) {
+                        errors.push(e);
+                    }
+                }
+            }
+        }
+    }
+    if errors.is_empty()
+        && let Err(rejected) = read_target_secrets(&mut targets, &ctx.stores)
+    {
+        errors = rejected.errors;
+    }
+    let id = commit.layout.commit.clone();
+    let result = if errors.is_empty() {
+        Ok(targets)
+    } else {
+        Err(Rejected {
+            envs: commit.envs.clone(),
+            errors,
+        })
+    };
+    Ok((id, result))
+}
+
+/// Reads the stored secrets of every target's graph.
+fn read_target_secrets(targets: &mut [Target], stores: &SecretStores) -> Result<(), Rejected> {
+    let mut graphs: Vec<&mut ResourceGraph> = targets.iter_mut().map(|t| &mut t.graph).collect();
+    deploy::read_stored_secrets(&mut graphs, stores)
+}
+
+/// Reconciles each target in turn, with progress on stderr and a summary line per environment.
+/// The caller holds the environments' apply locks.
+fn apply_targets(
     ctx: &Context,
     store: &mut Store,
     commit: &str,
-    graphs: &[ResourceGraph],
+    targets: &[Target],
     options: &ApplyOptions,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
@@ -723,13 +804,13 @@ fn apply_graphs_with(
         .build()
         .map_err(CliError::Runtime)?;
     let mut outcome = CommandResult::Success;
-    for g in graphs {
-        let mut progress = progress::Progress::new(&g.env, commit);
+    for t in targets {
+        let mut progress = progress::Progress::new(&t.graph.env, commit);
         let report = runtime.block_on(reconcile::apply(
             store,
             &ctx.drivers,
             &settings,
-            g,
+            t,
             commit,
             options,
             &mut |e: &Event<'_>| progress.event(e),
@@ -806,18 +887,22 @@ fn approve(
         envs: vec![env],
         ..ctx.clone()
     };
-    let (snapshot, result) = load_and_build(&held, Some(&commit), Need::Inputs)?;
+    let (id, result) = targets(
+        &held,
+        &Commit::resolve(&held, Some(&commit))?,
+        Some(&store),
+        Reach::Whole,
+    )?;
     match result {
-        Ok(built) => apply_graphs(
-            &held,
-            &mut store,
-            &snapshot.commit,
-            &built.graphs,
-            Some(deployment),
-            stdout,
-        ),
+        Ok(targets) => {
+            let options = ApplyOptions {
+                approved: Some(deployment),
+                ..ApplyOptions::default()
+            };
+            apply_targets(&held, &mut store, &id, &targets, &options, stdout)
+        }
         Err(rejected) => {
-            report_rejected(&snapshot, &rejected);
+            report_rejected(&id, &rejected);
             let error = rejected.errors.join("\n");
             store.finish_deployment(
                 deployment,
@@ -889,27 +974,25 @@ fn resolve(
         envs: vec![env.clone()],
         ..ctx.clone()
     };
-    let (snapshot, result) = load_and_build(&scoped, rev, Need::Inputs)?;
-    let built = match result {
-        Ok(built) => built,
+    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
+    let (id, result) = targets(
+        &scoped,
+        &Commit::resolve(&scoped, rev)?,
+        Some(&store),
+        Reach::Whole,
+    )?;
+    let targets = match result {
+        Ok(targets) => targets,
         Err(rejected) => {
-            report_rejected(&snapshot, &rejected);
+            report_rejected(&id, &rejected);
             return Ok(CommandResult::Failure);
         }
     };
-    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let options = ApplyOptions {
         resolve: [guresid].into(),
         ..ApplyOptions::default()
     };
-    apply_graphs_with(
-        &scoped,
-        &mut store,
-        &snapshot.commit,
-        &built.graphs,
-        &options,
-        stdout,
-    )
+    apply_targets(&scoped, &mut store, &id, &targets, &options, stdout)
 }
 
 /// `gitplane history`: deployments per commit, newest first.

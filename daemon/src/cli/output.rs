@@ -3,6 +3,7 @@
 use gitplane_state::{DeploymentRecord, ResourceRecord};
 use serde_json::{Value, json};
 
+use crate::deploy::Scope;
 use crate::graph::ResourceGraph;
 use crate::plan::{Action, Plan};
 
@@ -55,7 +56,7 @@ pub fn short(commit: &str) -> &str {
     commit.get(..12).unwrap_or(commit)
 }
 
-pub fn plan_table(plan: &Plan, commit: &str) -> String {
+pub fn plan_table(plan: &Plan, scope: &Scope, commit: &str) -> String {
     let mut t = Table::new(&["ACTION", "RESOURCE", "REASON"]);
     for step in &plan.steps {
         t.row(vec![
@@ -67,8 +68,16 @@ pub fn plan_table(plan: &Plan, commit: &str) -> String {
             t.row(vec![String::new(), String::new(), format!("  {line}")]);
         }
     }
+    let unread = match scope.unchanged_apps {
+        0 => String::new(),
+        apps => format!(
+            "  ({} of them in {apps} app(s) whose files and definitions are as last deployed: \
+             not read)\n",
+            scope.unchanged_resources
+        ),
+    };
     format!(
-        "{} @ {}\n{}  {} to create, {} to update, {} may update, {} pinned, {} unchanged, {} to delete\n",
+        "{} @ {}\n{}  {} to create, {} to update, {} may update, {} pinned, {} unchanged, {} to delete\n{unread}",
         plan.env,
         short(commit),
         t.render("  "),
@@ -76,15 +85,19 @@ pub fn plan_table(plan: &Plan, commit: &str) -> String {
         plan.count(Action::Update),
         plan.count(Action::MaybeUpdate),
         plan.count(Action::Pinned),
-        plan.count(Action::Unchanged),
+        plan.count(Action::Unchanged) as i64 + scope.unchanged_resources,
         plan.count(Action::Delete),
     )
 }
 
-pub fn plan_json(plan: &Plan, commit: &str) -> Value {
+pub fn plan_json(plan: &Plan, scope: &Scope, commit: &str) -> Value {
     json!({
         "env": plan.env,
         "commit": commit,
+        // Apps whose files and definitions are as last deployed are not read: their resources
+        // are unchanged and not listed in `steps`.
+        "unchanged_apps": scope.unchanged_apps,
+        "unchanged_resources": scope.unchanged_resources,
         "steps": plan.steps.iter().map(|s| json!({
             "guresid": s.guresid.as_str(),
             "app": s.app,

@@ -118,6 +118,18 @@ fn closest(candidates: &[String]) -> String {
 
 /// Builds the graph of `env`; returns every error found, not only the first.
 pub fn build(repo: &Repository, env: &Environment) -> Result<ResourceGraph, Vec<BuildError>> {
+    build_apps(repo, env, None)
+}
+
+/// Builds the part of `env`'s graph that the apps of `only` make: their resources and the
+/// global ones they reach (every app when `None`). Each app's resources are a function of its
+/// own workloads, the definitions and the environment, so a part built alone equals that part
+/// of the whole graph, but for selectors held by global resources, which see every app.
+pub fn build_apps(
+    repo: &Repository,
+    env: &Environment,
+    only: Option<&std::collections::BTreeSet<String>>,
+) -> Result<ResourceGraph, Vec<BuildError>> {
     let provided: Vec<Definition> = env
         .shared_resources
         .values()
@@ -130,7 +142,7 @@ pub fn build(repo: &Repository, env: &Environment) -> Result<ResourceGraph, Vec<
     let mut b = Builder::new(repo, env, &provided);
     if let Some(apps) = &env.apps {
         for app in apps {
-            if !repo.apps.contains_key(app) {
+            if only.is_none_or(|o| o.contains(app)) && !repo.apps.contains_key(app) {
                 b.errors.push(BuildError::UnknownApp {
                     location: env.location.clone(),
                     env: env.id.clone(),
@@ -140,7 +152,7 @@ pub fn build(repo: &Repository, env: &Environment) -> Result<ResourceGraph, Vec<
         }
     }
     for (app_id, app) in &repo.apps {
-        if !env.runs_app(app_id) {
+        if !env.runs_app(app_id) || only.is_some_and(|o| !o.contains(app_id)) {
             continue;
         }
         for res_type in &env.implicit_resources {

@@ -21,7 +21,7 @@ use crate::model::SourceLocation;
 use crate::model::placeholder::{Segment, SelectorDirection, StoreRef};
 use crate::model::template::Template;
 
-pub use build::{BuildError, build};
+pub use build::{BuildError, build, build_apps};
 pub use choose::{candidates as choice_candidates, choose};
 pub use guresid::{GuresId, hex};
 pub use matching::{

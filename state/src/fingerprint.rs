@@ -1,0 +1,113 @@
+//! App fingerprints, and what an apply that looks at some apps only reads: what each app's part
+//! of the graph was made of when a deployment last left it all ready, the links of some
+//! resources, and how many resources an environment has.
+
+use std::collections::{BTreeSet, HashMap};
+
+use rusqlite::params;
+
+use crate::{LinkRecord, Result, Store};
+
+/// An app's fingerprint as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppFingerprint {
+    pub fingerprint: String,
+    /// How many resources the app has.
+    pub resources: i64,
+}
+
+impl Store {
+    /// The recorded fingerprints of the apps of `env`.
+    pub fn fingerprints(&self, env: &str) -> Result<HashMap<String, AppFingerprint>> {
+        Ok(self
+            .query(
+                "SELECT app, fingerprint, resources FROM app_fingerprint WHERE env = ?1",
+                [env],
+                |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        AppFingerprint {
+                            fingerprint: r.get(1)?,
+                            resources: r.get(2)?,
+                        },
+                    ))
+                },
+            )?
+            .into_iter()
+            .collect())
+    }
+
+    /// Records, with `deployment`, the fingerprints of the apps of `env` that it left all ready,
+    /// and forgets those of `cleared` (apps it did not, or that are gone), in one transaction.
+    pub fn record_fingerprints(
+        &mut self,
+        env: &str,
+        deployment: i64,
+        clean: &[(&str, &AppFingerprint)],
+        cleared: &[&str],
+    ) -> Result<()> {
+        if clean.is_empty() && cleared.is_empty() {
+            return Ok(());
+        }
+        self.in_transaction(|tx| {
+            let mut upsert = tx.prepare_cached(
+                "INSERT INTO app_fingerprint (env, app, fingerprint, deployment_id, resources)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (env, app) DO UPDATE SET fingerprint = excluded.fingerprint,
+                     deployment_id = excluded.deployment_id, resources = excluded.resources",
+            )?;
+            for (app, f) in clean {
+                upsert.execute(params![env, app, f.fingerprint, deployment, f.resources])?;
+            }
+            let mut delete =
+                tx.prepare_cached("DELETE FROM app_fingerprint WHERE env = ?1 AND app = ?2")?;
+            for app in cleared {
+                delete.execute(params![env, app])?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The apps of `env` that have recorded resources.
+    pub fn recorded_apps(&self, env: &str) -> Result<BTreeSet<String>> {
+        Ok(self
+            .query(
+                "SELECT DISTINCT app FROM resource WHERE env = ?1 AND app IS NOT NULL",
+                [env],
+                |r| r.get(0),
+            )?
+            .into_iter()
+            .collect())
+    }
+
+    /// How many resources `env` has recorded.
+    pub fn resource_count(&self, env: &str) -> Result<i64> {
+        self.conn
+            .prepare_cached("SELECT COUNT(*) FROM resource WHERE env = ?1")
+            .and_then(|mut s| s.query_row([env], |r| r.get(0)))
+            .map_err(self.err())
+    }
+
+    /// The current links of `env` whose consumer is one of `consumers`.
+    pub fn links_from(&self, env: &str, consumers: &[&str]) -> Result<Vec<LinkRecord>> {
+        if consumers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let consumers = serde_json::to_string(consumers).expect("strings serialise");
+        self.query(
+            "SELECT consumer, provider, kind, update_type FROM link
+             WHERE env = ?1 AND valid_to IS NULL
+               AND consumer IN (SELECT value FROM json_each(?2))
+             ORDER BY consumer, provider",
+            params![env, consumers],
+            |r| {
+                Ok(LinkRecord {
+                    consumer: r.get(0)?,
+                    provider: r.get(1)?,
+                    kind: r.get(2)?,
+                    update_type: r.get(3)?,
+                })
+            },
+        )
+    }
+}

@@ -8,9 +8,9 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 
-use gitplane_state::{BindingRecord, LinkRecord, ResourceRecord, ResourceStatus};
+use gitplane_state::{BindingRecord, LinkRecord, ResourceRecord, ResourceStatus, StoredJson};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
+use sha2::{Digest as _, Sha256};
 
 use crate::graph::{Binding, GuresId, ResourceGraph, ResourceNode};
 use crate::model::placeholder::path_to_string;
@@ -314,19 +314,55 @@ fn output_of(
 }
 
 /// The inputs as recorded: what `resource.inputs` may show, and what only `resource_secret`
-/// holds (the secrets, and the resource's own inputs when a secret flowed into them).
-pub fn split_inputs(inputs: &ResolvedInputs) -> (Value, Value) {
-    if inputs.resource_is_secret {
-        (
-            serde_json::json!({"values": inputs.values}),
-            serde_json::json!({"resource": inputs.resource, "secrets": inputs.secrets}),
-        )
+/// holds (the secrets, and the resource's own inputs when a secret flowed into them), each as
+/// the JSON text state keeps.
+pub fn split_inputs(inputs: &ResolvedInputs) -> (StoredJson, StoredJson) {
+    let (public, secret) = halves(inputs);
+    (
+        StoredJson::from_text(to_json(&public)),
+        StoredJson::from_text(to_json(&secret)),
+    )
+}
+
+/// The non-secret half of the inputs: `{"resource", "values"}`, or `{"values"}` when a secret
+/// flowed into `resource`.
+#[derive(serde::Serialize)]
+struct PublicInputs<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource: Option<&'a Value>,
+    values: &'a Value,
+}
+
+/// The secret half: `{"secrets"}`, or `{"resource", "secrets"}`.
+#[derive(serde::Serialize)]
+struct SecretInputs<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource: Option<&'a Value>,
+    secrets: &'a Value,
+}
+
+fn halves(inputs: &ResolvedInputs) -> (PublicInputs<'_>, SecretInputs<'_>) {
+    let (public, secret) = if inputs.resource_is_secret {
+        (None, Some(&inputs.resource))
     } else {
-        (
-            serde_json::json!({"resource": inputs.resource, "values": inputs.values}),
-            serde_json::json!({"secrets": inputs.secrets}),
-        )
-    }
+        (Some(&inputs.resource), None)
+    };
+    (
+        PublicInputs {
+            resource: public,
+            values: &inputs.values,
+        },
+        SecretInputs {
+            resource: secret,
+            secrets: &inputs.secrets,
+        },
+    )
+}
+
+/// Compact JSON, as `serde_json::Value::to_string` writes it: the fields of the structs above
+/// are in the order a sorted map would put them, so the text is the same.
+fn to_json(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).expect("JSON values and strings always serialise")
 }
 
 /// A digest of what a driver receives for a resource, but its secrets: a change means the
@@ -334,21 +370,40 @@ pub fn split_inputs(inputs: &ResolvedInputs) -> (Value, Value) {
 /// the rest of what was hashed (in `resource.inputs`) would let anyone who reads the `resource`
 /// table test guesses; [`same_inputs`] compares them with `resource_secret` instead.
 pub fn inputs_hash(node: &ResourceNode, inputs: &ResolvedInputs) -> String {
-    let canonical = serde_json::json!({
-        "definition": node.definition,
-        "driver": node.driver_type,
-        "account": node.driver_account,
-        "inputs": split_inputs(inputs).0,
-    });
-    // serde_json's maps are sorted, so equal inputs give equal text.
-    let digest = Sha256::digest(canonical.to_string().as_bytes());
-    crate::graph::hex(&digest)
+    /// `{"account", "definition", "driver", "inputs"}`, keys sorted as in a JSON map, so equal
+    /// inputs give equal text, written straight into the digest.
+    #[derive(serde::Serialize)]
+    struct Hashed<'a> {
+        account: &'a Option<String>,
+        definition: &'a str,
+        driver: &'a str,
+        inputs: PublicInputs<'a>,
+    }
+    struct Digest(Sha256);
+    impl std::io::Write for Digest {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.update(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let hashed = Hashed {
+        account: &node.driver_account,
+        definition: &node.definition,
+        driver: &node.driver_type,
+        inputs: halves(inputs).0,
+    };
+    let mut digest = Digest(Sha256::new());
+    serde_json::to_writer(&mut digest, &hashed).expect("JSON values and strings always serialise");
+    crate::graph::hex(&digest.0.finalize())
 }
 
 /// Whether `rec` was provisioned with exactly `inputs` (whose [`inputs_hash`] is `hash`),
 /// secrets included: a rotated password must reach the driver.
 pub fn same_inputs(rec: &ResourceRecord, hash: &str, inputs: &ResolvedInputs) -> bool {
-    rec.inputs_hash == hash && rec.secret_inputs.holds(&split_inputs(inputs).1)
+    rec.inputs_hash == hash && rec.secret_inputs.as_str() == to_json(&halves(inputs).1)
 }
 
 /// What `node` is recorded as before anything is known of it: failed, with no outputs and no
@@ -794,8 +849,8 @@ mod tests {
                 inputs_hash: inputs_hash(node, &inputs),
                 outputs: inputs.values.clone(),
                 secret_outputs: inputs.secrets.clone(),
-                inputs: public.into(),
-                secret_inputs: secret.into(),
+                inputs: public,
+                secret_inputs: secret,
                 commit_id: "c1".into(),
                 ..record_of(node, &graph.env, "c1")
             });
@@ -913,6 +968,45 @@ mod tests {
             .unwrap();
         assert_eq!(step.action, Action::Update);
         assert_eq!(step.changes, ["secrets.password: changed (secret)"]);
+    }
+
+    /// The digest and the recorded text are those of a sorted JSON map, byte for byte, as
+    /// earlier versions wrote them: a change here would update every resource ever recorded.
+    #[test]
+    fn inputs_are_hashed_and_recorded_as_sorted_json_maps() {
+        use sha2::Digest as _;
+        let g = graph(&template_files());
+        let node = g.nodes().find(|n| n.res_type == "postgres").unwrap();
+        for resource_is_secret in [false, true] {
+            let inputs = ResolvedInputs {
+                resource: serde_json::json!({"z": [1, {"b": "\u{e9}\"", "a": null}], "a": 1.5}),
+                resource_is_secret,
+                values: serde_json::json!({"port": 5432, "host": "db"}),
+                secrets: serde_json::json!({"password": "p"}),
+            };
+            let (public, secret) = if resource_is_secret {
+                (
+                    serde_json::json!({"values": inputs.values}),
+                    serde_json::json!({"resource": inputs.resource, "secrets": inputs.secrets}),
+                )
+            } else {
+                (
+                    serde_json::json!({"resource": inputs.resource, "values": inputs.values}),
+                    serde_json::json!({"secrets": inputs.secrets}),
+                )
+            };
+            let canonical = serde_json::json!({
+                "definition": node.definition,
+                "driver": node.driver_type,
+                "account": node.driver_account,
+                "inputs": public,
+            });
+            let expected = crate::graph::hex(&Sha256::digest(canonical.to_string().as_bytes()));
+            assert_eq!(inputs_hash(node, &inputs), expected);
+            let (p, s) = split_inputs(&inputs);
+            assert_eq!(p.as_str(), public.to_string());
+            assert_eq!(s.as_str(), secret.to_string());
+        }
     }
 
     #[test]

@@ -191,7 +191,10 @@ pub async fn apply(
         failed: 0,
         failures: Vec::new(),
         bindings: Vec::new(),
+        bound: None,
         rebound: HashSet::new(),
+        inserting: HashSet::new(),
+        readers: HashMap::new(),
         pinned: HashSet::new(),
         template_hashes: Vec::new(),
         ended: Vec::new(),
@@ -305,10 +308,20 @@ struct Run<'a, 'e> {
     unchanged: i64,
     failed: i64,
     failures: Vec<String>,
-    /// The bindings of each resource resolved in this run; the others keep theirs.
+    /// The bindings of resources resolved in this run not written yet (they go in batches);
+    /// the resources not resolved keep theirs.
     bindings: Vec<(&'a GuresId, Vec<BindingRecord>)>,
-    /// The resources in `bindings`, and the pinned ones, which keep theirs.
+    /// The resources of `env` that had current bindings when the run began (read at the first
+    /// write): only those need their rows looked up.
+    bound: Option<HashSet<String>>,
+    /// Every resource resolved in this run, and the pinned ones, which keep their bindings.
     rebound: HashSet<&'a GuresId>,
+    /// `(consumer, provider)` of links over which every binding inserts a whole object into a
+    /// string (update type `Insert`), among the resources resolved in this run.
+    inserting: HashSet<(&'a GuresId, String)>,
+    /// How many scheduled puts still have to read each resource's outputs: a resource's fresh
+    /// outputs go once none does, so an apply holds few at a time.
+    readers: HashMap<&'a GuresId, u32>,
     /// Resources kept as last bound (`auto_update: false`) though what they read changed.
     pinned: HashSet<&'a GuresId>,
     /// Resources whose definition or request changed though their inputs did not.
@@ -321,6 +334,10 @@ struct Run<'a, 'e> {
     global: Arc<Semaphore>,
     per_driver: HashMap<String, Arc<Semaphore>>,
 }
+
+/// How many operations start together: journalled in one transaction, and, for drivers that
+/// answer in process, answered and recorded in the next.
+const BATCH: usize = 512;
 
 /// Put or delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -426,6 +443,13 @@ impl<'a> Run<'a, '_> {
             .enumerate()
             .map(|(i, s)| (&s.guresid, i))
             .collect();
+        for s in &steps {
+            for d in self.graph.dependencies(&s.guresid) {
+                if let Some((&id, _)) = position.get_key_value(d) {
+                    *self.readers.entry(id).or_default() += 1;
+                }
+            }
+        }
         let prerequisites: Vec<Vec<usize>> = steps
             .iter()
             .map(|s| {
@@ -456,9 +480,49 @@ impl<'a> Run<'a, '_> {
 
     /// Takes `node`'s bindings as they resolve now.
     fn rebind(&mut self, node: &'a ResourceNode) {
-        if self.rebound.insert(&node.guresid) {
-            self.bindings
-                .push((&node.guresid, bindings_of(node, &self.outputs)));
+        if !self.rebound.insert(&node.guresid) {
+            return;
+        }
+        let bindings = bindings_of(node, &self.outputs);
+        let mut all_inserted: HashMap<&str, bool> = HashMap::new();
+        for b in &bindings {
+            *all_inserted.entry(b.provided.as_str()).or_insert(true) &= b.inserted;
+        }
+        for (provider, all) in all_inserted {
+            if all {
+                self.inserting.insert((&node.guresid, provider.to_owned()));
+            }
+        }
+        self.bindings.push((&node.guresid, bindings));
+    }
+
+    /// Writes the bindings taken so far.
+    fn flush_bindings(&mut self) -> Result<(), StateError> {
+        if self.bindings.is_empty() {
+            return Ok(());
+        }
+        if self.bound.is_none() {
+            self.bound = Some(self.store.bound(&self.graph.env)?);
+        }
+        let bound = self.bound.as_ref().expect("read just above");
+        let batch: Vec<(&str, bool, Vec<BindingRecord>)> = std::mem::take(&mut self.bindings)
+            .into_iter()
+            .map(|(id, b)| (id.as_str(), bound.contains(id.as_str()), b))
+            .collect();
+        self.store
+            .record_bindings(self.deployment, &self.graph.env, &batch)
+    }
+
+    /// `step` has read what it depends on: the outputs nobody else still has to read go.
+    fn read_done(&mut self, step: &Step) {
+        for d in self.graph.dependencies(&step.guresid) {
+            if let Some(n) = self.readers.get_mut(d) {
+                *n -= 1;
+                if *n == 0 {
+                    self.readers.remove(d);
+                    self.outputs.fresh.remove(d);
+                }
+            }
         }
     }
 
@@ -568,7 +632,10 @@ impl<'a> Run<'a, '_> {
         let mut finished: Vec<usize> = Vec::new();
         loop {
             let mut starting: Vec<(usize, Box<Ready>)> = Vec::new();
-            while let Some(i) = ready.pop_front() {
+            // A batch at a time: resolved inputs wait in memory only until their batch runs.
+            while starting.len() < BATCH
+                && let Some(i) = ready.pop_front()
+            {
                 let step = steps[i];
                 if self.options.stopping() {
                     let action = match operation {
@@ -589,7 +656,11 @@ impl<'a> Run<'a, '_> {
                     continue;
                 }
                 let started = match operation {
-                    Operation::Put => self.start_put(step)?,
+                    Operation::Put => {
+                        let started = self.start_put(step)?;
+                        self.read_done(step);
+                        started
+                    }
                     Operation::Delete => self.start_delete(step)?,
                 };
                 match started {
@@ -598,7 +669,13 @@ impl<'a> Run<'a, '_> {
                 }
             }
             self.flush_ended()?;
-            self.spawn_all(steps, starting, &mut tasks, &calls_tx)?;
+            let answered = self.spawn_all(steps, starting, &mut tasks, &calls_tx)?;
+            if !answered.is_empty() {
+                finished.extend(self.finish_jobs(steps, Vec::new(), answered, operation)?);
+            }
+            if self.bindings.len() >= BATCH {
+                self.flush_bindings()?;
+            }
             for i in finished.drain(..) {
                 for &next in &unlocks[i] {
                     waiting[next] -= 1;
@@ -636,16 +713,18 @@ impl<'a> Run<'a, '_> {
         Ok(())
     }
 
-    /// Journals the operations of `starting` in one transaction, then starts their calls.
+    /// Journals the operations of `starting` in one transaction, then starts their calls. A
+    /// driver that answers in process is called here: its answers are returned.
     fn spawn_all(
         &mut self,
         steps: &[&'a Step],
         starting: Vec<(usize, Box<Ready>)>,
         tasks: &mut JoinSet<JobResult>,
         calls_tx: &mpsc::UnboundedSender<CallEnded>,
-    ) -> Result<(), StateError> {
+    ) -> Result<Vec<JobResult>, StateError> {
+        let mut answered = Vec::new();
         if starting.is_empty() {
-            return Ok(());
+            return Ok(answered);
         }
         let starts: Vec<OperationStart<'_>> = starting
             .iter()
@@ -666,6 +745,19 @@ impl<'a> Run<'a, '_> {
                 label: &steps[i].label(),
                 action: action_of(action),
             });
+            if registered.driver.in_process()
+                && let Some(outcome) = answer_in_process(&*registered.driver, &job)
+            {
+                answered.push(JobResult {
+                    step: i,
+                    operation_id,
+                    attempts: 1,
+                    outcome,
+                    hash,
+                    inputs,
+                });
+                continue;
+            }
             let permits = self.permits(&driver_type, registered.concurrency);
             let retry = self.settings.retry;
             let calls = calls_tx.clone();
@@ -691,7 +783,7 @@ impl<'a> Run<'a, '_> {
                 }
             });
         }
-        Ok(())
+        Ok(answered)
     }
 
     /// Journals calls and finished jobs in one transaction, then acts on the results; the
@@ -927,8 +1019,8 @@ impl<'a> Run<'a, '_> {
                     inputs_hash: result.hash.clone(),
                     outputs: outputs.clone(),
                     secret_outputs: secret_outputs.clone(),
-                    inputs: public.into(),
-                    secret_inputs: secret.into(),
+                    inputs: public,
+                    secret_inputs: secret,
                     error: None,
                     ..self.record(node)
                 };
@@ -972,10 +1064,12 @@ impl<'a> Run<'a, '_> {
         };
         match record.status {
             ResourceStatus::Ready => {
-                self.outputs.fresh.insert(
-                    step.guresid.clone(),
-                    (record.outputs, record.secret_outputs),
-                );
+                if self.readers.contains_key(&step.guresid) {
+                    self.outputs.fresh.insert(
+                        step.guresid.clone(),
+                        (record.outputs, record.secret_outputs),
+                    );
+                }
                 (self.on_event)(&Event::Finished {
                     label: &label,
                     action,
@@ -1121,16 +1215,6 @@ impl<'a> Run<'a, '_> {
                 self.rebind(node);
             }
         }
-        // Whether every binding of a consumer over a link inserts a whole object into a string.
-        let mut inserts: HashMap<(&str, &str), bool> = HashMap::new();
-        for (needed, bindings) in &self.bindings {
-            for b in bindings {
-                let all = inserts
-                    .entry((needed.as_str(), b.provided.as_str()))
-                    .or_insert(true);
-                *all &= b.inserted;
-            }
-        }
         let recorded_type: HashMap<(&str, &str), &LinkRecord> = current
             .iter()
             .map(|l| ((l.consumer.as_str(), l.provider.as_str()), l))
@@ -1141,9 +1225,10 @@ impl<'a> Run<'a, '_> {
             let update_type = match e.2 {
                 EdgeKind::Reference | EdgeKind::Selector => {
                     if self.rebound.contains(e.0) {
-                        match inserts.get(&(consumer, provider)) {
-                            Some(true) => "Insert",
-                            _ => "NeedsProvides",
+                        if self.inserting.contains(&(e.0, provider.to_owned())) {
+                            "Insert"
+                        } else {
+                            "NeedsProvides"
                         }
                     } else {
                         recorded_type
@@ -1170,15 +1255,10 @@ impl<'a> Run<'a, '_> {
                 })
                 .cloned(),
         );
-        let changes = LinkChanges::between(&current, &wanted);
+        let changes = LinkChanges::between(&current, wanted);
         self.store
             .record_link_changes(self.deployment, &self.graph.env, &changes)?;
-        let bindings: Vec<(&str, Vec<BindingRecord>)> = std::mem::take(&mut self.bindings)
-            .into_iter()
-            .map(|(id, b)| (id.as_str(), b))
-            .collect();
-        self.store
-            .record_bindings(self.deployment, &self.graph.env, &bindings)?;
+        self.flush_bindings()?;
         self.store.set_template_hashes(&self.template_hashes)?;
         Ok(remaining
             .into_iter()
@@ -1462,6 +1542,35 @@ async fn call_until_done(
                 message,
             }) => return (attempts, Err(message)),
         }
+    }
+}
+
+/// The answer of a driver that answers in process, when it is final (done, or an error that
+/// calling again cannot mend); `None` sends the job through the usual calls, polls and retries.
+/// Such a driver sets no cookie.
+fn answer_in_process(driver: &dyn Driver, job: &Job) -> Option<Result<(Value, Value), String>> {
+    let request = job.request();
+    match job.operation {
+        Operation::Put => match driver.put(&request) {
+            Ok(PutOutcome::Done {
+                outputs,
+                secret_outputs,
+                cookie: Cookie::Unchanged,
+            }) => Some(Ok((outputs, secret_outputs))),
+            Err(DriverError {
+                kind: ErrorKind::Final,
+                message,
+            }) => Some(Err(message)),
+            _ => None,
+        },
+        Operation::Delete => match driver.delete(&request) {
+            Ok(DeleteOutcome::Done) => Some(Ok((empty(), empty()))),
+            Err(DriverError {
+                kind: ErrorKind::Final,
+                message,
+            }) => Some(Err(message)),
+            _ => None,
+        },
     }
 }
 

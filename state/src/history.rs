@@ -20,28 +20,29 @@ pub struct LinkChanges {
 
 impl LinkChanges {
     /// What turns the links `current` into `wanted`.
-    pub fn between(current: &[LinkRecord], wanted: &[LinkRecord]) -> LinkChanges {
+    pub fn between(current: &[LinkRecord], wanted: Vec<LinkRecord>) -> LinkChanges {
+        let mut changes = LinkChanges::default();
+        {
+            let next: HashMap<(&str, &str), &LinkRecord> = wanted
+                .iter()
+                .map(|l| ((l.consumer.as_str(), l.provider.as_str()), l))
+                .collect();
+            for l in current {
+                if next.get(&(l.consumer.as_str(), l.provider.as_str())) != Some(&l) {
+                    changes
+                        .removed
+                        .push((l.consumer.clone(), l.provider.clone()));
+                }
+            }
+        }
         let now: HashMap<(&str, &str), &LinkRecord> = current
             .iter()
             .map(|l| ((l.consumer.as_str(), l.provider.as_str()), l))
             .collect();
-        let next: HashMap<(&str, &str), &LinkRecord> = wanted
-            .iter()
-            .map(|l| ((l.consumer.as_str(), l.provider.as_str()), l))
+        changes.added = wanted
+            .into_iter()
+            .filter(|l| now.get(&(l.consumer.as_str(), l.provider.as_str())) != Some(&l))
             .collect();
-        let mut changes = LinkChanges::default();
-        for l in current {
-            if next.get(&(l.consumer.as_str(), l.provider.as_str())) != Some(&l) {
-                changes
-                    .removed
-                    .push((l.consumer.clone(), l.provider.clone()));
-            }
-        }
-        for l in wanted {
-            if now.get(&(l.consumer.as_str(), l.provider.as_str())) != Some(&l) {
-                changes.added.push(l.clone());
-            }
-        }
         changes.added.sort();
         changes
             .added
@@ -152,14 +153,28 @@ impl Store {
         )
     }
 
+    /// The resources of `env` that have current bindings.
+    pub fn bound(&self, env: &str) -> Result<std::collections::HashSet<String>> {
+        Ok(self
+            .query(
+                "SELECT DISTINCT needed_guresid FROM binding WHERE env = ?1 AND valid_to IS NULL",
+                [env],
+                |r| r.get(0),
+            )?
+            .into_iter()
+            .collect())
+    }
+
     /// Makes the current bindings of each resource in `resolved` exactly its list, with
     /// `deployment`, in one transaction: bindings that stay keep their rows, the others end or
-    /// start. A resource that is not listed keeps its bindings.
+    /// start. A resource that is not listed keeps its bindings. Each entry says whether the
+    /// resource may have current bindings (see [`Store::bound`]); one that has none is not
+    /// looked up.
     pub fn record_bindings(
         &mut self,
         deployment: i64,
         env: &str,
-        resolved: &[(&str, Vec<BindingRecord>)],
+        resolved: &[(&str, bool, Vec<BindingRecord>)],
     ) -> Result<()> {
         if resolved.is_empty() {
             return Ok(());
@@ -178,26 +193,30 @@ impl Store {
                                       interface, valid_from)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             )?;
-            for (guresid, bindings) in resolved {
+            for (guresid, bound, bindings) in resolved {
                 let mut wanted: Vec<BindingKey> = bindings.iter().map(BindingKey::of).collect();
-                let rows = current
-                    .query_map([guresid], |r| {
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            r.get::<_, i64>(1)?,
-                            BindingKey {
-                                needed_path: r.get(2)?,
-                                provided: r.get(3)?,
-                                provided_path: r.get(4)?,
-                                data_type: r.get(5)?,
-                                value: r.get(6)?,
-                                secret: r.get(7)?,
-                                inserted: r.get(8)?,
-                                interface: r.get(9)?,
-                            },
-                        ))
-                    })?
-                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                let rows = if *bound {
+                    current
+                        .query_map([guresid], |r| {
+                            Ok((
+                                r.get::<_, i64>(0)?,
+                                r.get::<_, i64>(1)?,
+                                BindingKey {
+                                    needed_path: r.get(2)?,
+                                    provided: r.get(3)?,
+                                    provided_path: r.get(4)?,
+                                    data_type: r.get(5)?,
+                                    value: r.get(6)?,
+                                    secret: r.get(7)?,
+                                    inserted: r.get(8)?,
+                                    interface: r.get(9)?,
+                                },
+                            ))
+                        })?
+                        .collect::<rusqlite::Result<Vec<_>>>()?
+                } else {
+                    Vec::new()
+                };
                 for (id, valid_from, key) in rows {
                     match wanted.iter().position(|w| *w == key) {
                         // Unchanged: the row stays as it is.

@@ -82,6 +82,11 @@ fn deploy(
     links: &[LinkRecord],
     bindings: &[(&str, Vec<BindingRecord>)],
 ) -> i64 {
+    let bound = store.bound("dev").unwrap();
+    let bindings: Vec<(&str, bool, Vec<BindingRecord>)> = bindings
+        .iter()
+        .map(|(g, b)| (*g, bound.contains(*g), b.clone()))
+        .collect();
     let (d, _) = store
         .begin_or_resume_deployment("dev", commit, false)
         .unwrap();
@@ -102,9 +107,9 @@ fn deploy(
     }
     let current = store.links("dev").unwrap();
     store
-        .record_link_changes(d, "dev", &LinkChanges::between(&current, links))
+        .record_link_changes(d, "dev", &LinkChanges::between(&current, links.to_vec()))
         .unwrap();
-    store.record_bindings(d, "dev", bindings).unwrap();
+    store.record_bindings(d, "dev", &bindings).unwrap();
     store
         .finish_deployment(d, DeploymentStatus::Succeeded, &Counts::default(), None)
         .unwrap();
@@ -523,4 +528,35 @@ fn a_state_file_from_before_ranges_migrates_and_keeps_its_history() {
         ["a 3"]
     );
     assert_eq!(store.links("dev").unwrap().len(), 3);
+}
+
+#[test]
+fn many_resources_bound_at_once_change_only_the_bindings_that_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    // More resources than are looked up one by one.
+    let names: Vec<String> = (0..300).map(|i| format!("w{i:03}")).collect();
+    let bindings = |changed: &str| -> Vec<(&str, Vec<BindingRecord>)> {
+        names
+            .iter()
+            .map(|n| {
+                let value = if n == changed { "db2" } else { "db1" };
+                (n.as_str(), vec![binding(n, "a", json!(value))])
+            })
+            .collect()
+    };
+    let d1 = deploy(&mut store, "c1", &[], &[], &bindings("-"));
+    let d2 = deploy(&mut store, "c2", &[], &[], &bindings("w150"));
+    assert_eq!(rows(&store, "SELECT COUNT(*) FROM binding"), ["301"]);
+    assert_eq!(
+        rows(
+            &store,
+            "SELECT needed_guresid, value, valid_from, COALESCE(valid_to, '-') FROM binding
+             WHERE needed_guresid = 'w150' ORDER BY id"
+        ),
+        [
+            format!("w150 \"db1\" {d1} {d2}"),
+            format!("w150 \"db2\" {d2} -")
+        ]
+    );
 }

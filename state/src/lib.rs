@@ -109,6 +109,11 @@ impl StoredJson {
         StoredJson(value.to_string())
     }
 
+    /// Takes JSON text the caller wrote as `serde_json` writes a value: compact, keys sorted.
+    pub fn from_text(text: String) -> Self {
+        StoredJson(text)
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -430,6 +435,11 @@ impl Store {
             .map_err(e)?;
         self.conn
             .pragma_update(None, "foreign_keys", true)
+            .map_err(e)?;
+        // The default page cache (2 MB) spills to the log in the middle of a transaction once
+        // an apply writes tens of thousands of rows; pages are allocated only as they are used.
+        self.conn
+            .pragma_update(None, "cache_size", -32_768)
             .map_err(e)?;
         self.conn.busy_timeout(Duration::from_secs(10)).map_err(e)?;
         Ok(())

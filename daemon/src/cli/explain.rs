@@ -451,7 +451,7 @@ fn leaves<'a>(
             let exprs = parts
                 .iter()
                 .filter_map(|p| match p {
-                    Part::Expr(e) => Some(e),
+                    Part::Expr(e) => Some(&**e),
                     Part::Text(_) => None,
                 })
                 .collect();
@@ -519,7 +519,7 @@ fn template_at<'a>(t: &'a Template<Binding>, path: &[Segment]) -> Found<'a> {
             parts
                 .iter()
                 .filter_map(|p| match p {
-                    Part::Expr(e) => Some((e, Vec::new())),
+                    Part::Expr(e) => Some((&**e, Vec::new())),
                     Part::Text(_) => None,
                 })
                 .collect(),
@@ -670,7 +670,7 @@ impl<'a> Explainer<'a> {
     /// How the request asked to be served: a Score resource's annotations, else criteria.
     fn choice(&self) -> Choice {
         let node = self.node;
-        if let (Origin::Requested { workload, name, .. }, Some(app)) = (&node.origin, &node.app)
+        if let (Origin::Requested { workload, name, .. }, Some(app)) = (&*node.origin, &node.app)
             && let Some(res) = self
                 .repo
                 .apps
@@ -896,7 +896,7 @@ impl<'a> Explainer<'a> {
             workload,
             name,
             location,
-        } = &node.origin
+        } = &*node.origin
         {
             let source = node
                 .app
@@ -915,7 +915,7 @@ impl<'a> Explainer<'a> {
             return (Some(location.to_string()), false);
         }
         // A workload's resource input is its Score file.
-        if let Origin::Workload { file } = &node.origin {
+        if let Origin::Workload { file } = &*node.origin {
             let workload = self
                 .repo
                 .apps
@@ -932,7 +932,7 @@ impl<'a> Explainer<'a> {
             }
             return (Some(file.clone()), false);
         }
-        if let Origin::Coprovisioned { definition, .. } = &node.origin
+        if let Origin::Coprovisioned { definition, .. } = &*node.origin
             && let Some(def) = self.definition(definition)
         {
             return (Some(def.locate("provision").to_string()), false);

@@ -1,7 +1,8 @@
 //! Progress of an apply for people: a bar on a terminal, plain lines otherwise.
 
 use std::collections::HashSet;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -16,7 +17,14 @@ pub struct Progress {
     /// Resources whose driver calls have started and not finished.
     running: HashSet<String>,
     failed: usize,
+    /// Lines not on a terminal, written out at most every [`FLUSH_EVERY`]: an apply of 50 000
+    /// resources would otherwise make 50 000 writes.
+    lines: std::io::BufWriter<std::io::Stderr>,
+    flushed: Instant,
 }
+
+/// How long lines may wait before they are written out.
+const FLUSH_EVERY: Duration = Duration::from_millis(200);
 
 impl Progress {
     pub fn new(env: &str, commit: &str) -> Self {
@@ -36,6 +44,8 @@ impl Progress {
             done: 0,
             running: HashSet::new(),
             failed: 0,
+            lines: std::io::BufWriter::with_capacity(64 * 1024, std::io::stderr()),
+            flushed: Instant::now(),
         }
     }
 
@@ -85,7 +95,15 @@ impl Progress {
                 self.running.remove(*label);
                 match &self.bar {
                     Some(bar) => bar.println(format!("  {line}")),
-                    None => eprintln!("  [{}] {line}", self.summary()),
+                    None => {
+                        let summary = self.summary();
+                        // Progress is best effort: a closed stderr must not stop an apply.
+                        let _ = writeln!(self.lines, "  [{summary}] {line}");
+                        if self.flushed.elapsed() >= FLUSH_EVERY {
+                            let _ = self.lines.flush();
+                            self.flushed = Instant::now();
+                        }
+                    }
                 }
             }
         }
@@ -95,9 +113,10 @@ impl Progress {
         }
     }
 
-    pub fn finish(&self) {
+    pub fn finish(&mut self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+        let _ = self.lines.flush();
     }
 }

@@ -27,4 +27,8 @@ impl Driver for EchoDriver {
     fn delete(&self, _request: &DriverRequest<'_>) -> Result<DeleteOutcome, DriverError> {
         Ok(DeleteOutcome::Done)
     }
+
+    fn in_process(&self) -> bool {
+        true
+    }
 }

@@ -120,6 +120,13 @@ pub trait Driver: Send + Sync {
     fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError>;
     /// Deletes the resource; deleting one that does not exist succeeds.
     fn delete(&self, request: &DriverRequest<'_>) -> Result<DeleteOutcome, DriverError>;
+
+    /// Whether a call only computes its answer from the request, at once (no I/O, no wait, no
+    /// unbounded work): the reconciler then makes it in place rather than on a blocking thread,
+    /// which for 50 000 resources saves a second of handing calls around.
+    fn in_process(&self) -> bool {
+        false
+    }
 }
 
 /// User-provided resources (an on-premise database registered in an environment file): their
@@ -134,6 +141,10 @@ impl Driver for ProvidedDriver {
 
     fn delete(&self, _request: &DriverRequest<'_>) -> Result<DeleteOutcome, DriverError> {
         Ok(DeleteOutcome::Done)
+    }
+
+    fn in_process(&self) -> bool {
+        true
     }
 }
 

@@ -339,7 +339,7 @@ impl<'r> Builder<'r> {
             params: Template::Value(req.params),
             values: Template::default(),
             secrets: Template::default(),
-            origin: req.origin,
+            origin: Box::new(req.origin),
         };
         let n = self.dag.add_node(node);
         self.index.insert(guresid, n);
@@ -356,7 +356,7 @@ impl<'r> Builder<'r> {
             Origin::Requested {
                 workload: second, ..
             },
-        ) = (&self.dag[n].origin, &req.origin)
+        ) = (&*self.dag[n].origin, &req.origin)
         else {
             return;
         };

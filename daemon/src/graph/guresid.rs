@@ -8,8 +8,11 @@ use sha2::{Digest, Sha256};
 ///
 /// The same resource always gets the same GUResID, so a resource deleted and created again is
 /// known to its driver under the same name, and a driver called twice never creates two.
+///
+/// Shared text: a graph refers to a resource from every placeholder that reads it, so copies
+/// are counted references, not strings.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct GuresId(String);
+pub struct GuresId(std::sync::Arc<str>);
 
 impl GuresId {
     /// Hashes a canonical encoding: a version tag and each field, NUL-separated. An app of
@@ -28,12 +31,12 @@ impl GuresId {
             hasher.update([0u8]);
         }
         let digest = hasher.finalize();
-        GuresId(hex(&digest[..20]))
+        GuresId(hex(&digest[..20]).into())
     }
 
     /// Takes a GUResID read back from state.
     pub fn from_recorded(s: String) -> Self {
-        GuresId(s)
+        GuresId(s.into())
     }
 
     pub fn as_str(&self) -> &str {

@@ -197,7 +197,8 @@ pub struct ResourceNode {
     pub params: Template<Binding>,
     pub values: Template<Binding>,
     pub secrets: Template<Binding>,
-    pub origin: Origin,
+    /// Boxed: read only to explain a resource.
+    pub origin: Box<Origin>,
 }
 
 impl ResourceNode {

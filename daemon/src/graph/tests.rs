@@ -310,7 +310,7 @@ fn co_provisioned_resources_get_class_id_and_params() {
         "app/m.small#common",
         "class and id from the provision key"
     );
-    assert!(matches!(m.origin, Origin::Coprovisioned { ref definition, .. } if definition == "r"));
+    assert!(matches!(*m.origin, Origin::Coprovisioned { ref definition, .. } if definition == "r"));
 }
 
 #[test]

@@ -231,7 +231,7 @@ pub(super) struct Loader {
 pub(super) struct ParsedFile {
     environments: Vec<(Environment, Explicit)>,
     defaults: Option<EnvironmentDefaults>,
-    workloads: Vec<(String, Workload)>,
+    workloads: Vec<(String, Arc<Workload>)>,
     definitions: Vec<Definition>,
     errors: Vec<LoadError>,
 }
@@ -662,14 +662,14 @@ impl Loader {
             .workloads
             .insert(
                 name.clone(),
-                Workload {
+                Arc::new(Workload {
                     name,
                     file: path.to_owned(),
                     source,
                     metadata,
                     spec,
                     resources,
-                },
+                }),
             );
     }
 
@@ -735,7 +735,7 @@ impl Loader {
             &mut template_errors,
         );
         for (path, secret) in stored {
-            secrets.graft(&path, Template::Whole(Expr::Stored(secret)));
+            secrets.graft(&path, Template::Whole(Box::new(Expr::Stored(secret))));
         }
         let before = self.errors.len();
         self.errors

@@ -177,8 +177,8 @@ impl Environment {
 #[derive(Debug, Clone, Default)]
 pub struct App {
     pub id: String,
-    /// Workloads by name.
-    pub workloads: BTreeMap<String, Workload>,
+    /// Workloads by name; shared with the parse cache, which keeps them for the next commit.
+    pub workloads: BTreeMap<String, Arc<Workload>>,
 }
 
 /// A Score workload file.
@@ -429,16 +429,52 @@ pub fn load_cached(
 ) -> Result<Repository, Vec<LoadError>> {
     let mut loader = files::Loader::default();
     let mut next = std::collections::HashMap::with_capacity(files.len());
+    let mut known = Vec::with_capacity(files.len());
+    let mut unknown = Vec::new();
     for (path, bytes) in files {
-        let parsed = match cache.files.remove(path) {
-            Some((old, parsed)) if old == *bytes => parsed,
-            _ => files::parse_file(path, bytes),
-        };
+        match cache.files.remove(path) {
+            Some((old, parsed)) if old == *bytes => known.push((path, parsed)),
+            _ => unknown.push((path, bytes)),
+        }
+    }
+    let parsed = parse_all(&unknown);
+    // Files are absorbed in path order, whichever were parsed now.
+    let mut all: Vec<(&String, files::ParsedFile)> = known.into_iter().chain(parsed).collect();
+    all.sort_by(|a, b| a.0.cmp(b.0));
+    for (path, parsed) in all {
         loader.absorb(parsed.clone());
-        next.insert(path.clone(), (bytes.clone(), parsed));
+        next.insert(path.clone(), (files[path].clone(), parsed));
     }
     cache.files = next;
     loader.finish()
+}
+
+/// Parses files, on every core when there are many: files parse independently.
+fn parse_all<'p>(unknown: &[(&'p String, &Vec<u8>)]) -> Vec<(&'p String, files::ParsedFile)> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads < 2 || unknown.len() < 64 {
+        return unknown
+            .iter()
+            .map(|(path, bytes)| (*path, files::parse_file(path, bytes)))
+            .collect();
+    }
+    let chunk = unknown.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = unknown
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .map(|(path, bytes)| (*path, files::parse_file(path, bytes)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("parsing a file does not panic"))
+            .collect()
+    })
 }
 
 pub(crate) fn placeholder_errors<'s>(

@@ -148,7 +148,8 @@ impl fmt::Display for StoreRef {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Part<E> {
     Text(String),
-    Expr(E),
+    /// Boxed, as in [`crate::model::template::Template::Whole`].
+    Expr(Box<E>),
 }
 
 /// A string after parsing.
@@ -201,7 +202,7 @@ pub fn parse_string(input: &str, dialect: Dialect) -> Result<ParsedString, Place
             if !text.is_empty() {
                 parts.push(Part::Text(std::mem::take(&mut text)));
             }
-            parts.push(Part::Expr(expr));
+            parts.push(Part::Expr(Box::new(expr)));
             i = end + 1;
         } else {
             text.push(c);
@@ -214,7 +215,7 @@ pub fn parse_string(input: &str, dialect: Dialect) -> Result<ParsedString, Place
     Ok(match parts.len() {
         0 => ParsedString::Literal(String::new()),
         1 => match parts.pop() {
-            Some(Part::Expr(e)) => ParsedString::Whole(e),
+            Some(Part::Expr(e)) => ParsedString::Whole(*e),
             Some(Part::Text(t)) => ParsedString::Literal(t),
             None => ParsedString::Literal(String::new()),
         },

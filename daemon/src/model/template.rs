@@ -13,8 +13,9 @@ pub enum Template<E> {
     Value(Value),
     /// A string made of text and placeholders; the result is a string.
     Str(Vec<Part<E>>),
-    /// A string that is one placeholder: the result keeps the referenced value's type.
-    Whole(E),
+    /// A string that is one placeholder: the result keeps the referenced value's type. Boxed,
+    /// so a template node is as small as a JSON value: graphs hold hundreds of thousands.
+    Whole(Box<E>),
     Array(Vec<Template<E>>),
     Object(Vec<(String, Template<E>)>),
 }
@@ -47,7 +48,7 @@ impl Template<super::placeholder::Expr> {
             Value::String(s) => match parse_string(s, dialect) {
                 Ok(ParsedString::Literal(l)) if l == *s => Template::Value(value.clone()),
                 Ok(ParsedString::Literal(l)) => Template::Value(Value::String(l)),
-                Ok(ParsedString::Whole(e)) => Template::Whole(e),
+                Ok(ParsedString::Whole(e)) => Template::Whole(Box::new(e)),
                 Ok(ParsedString::Mixed(parts)) => Template::Str(parts),
                 Err(error) => {
                     errors.push(TemplateError {
@@ -151,14 +152,14 @@ impl<E> Template<E> {
             Template::Str(parts) => out.extend(parts.iter().filter_map(|p| match p {
                 Part::Expr(e) => Some(Placed {
                     path: path.clone(),
-                    expr: e,
+                    expr: &**e,
                     whole: false,
                 }),
                 Part::Text(_) => None,
             })),
             Template::Whole(e) => out.push(Placed {
                 path,
-                expr: e,
+                expr: &**e,
                 whole: true,
             }),
             Template::Array(items) => {
@@ -205,7 +206,7 @@ impl<E> Template<E> {
         Ok(match self {
             Template::Value(v) => Template::Value(v.clone()),
             Template::Whole(e) => match f(e)? {
-                Mapped::Expr(n) => Template::Whole(n),
+                Mapped::Expr(n) => Template::Whole(Box::new(n)),
                 Mapped::Value(v) => Template::Value(v),
             },
             Template::Str(parts) => {
@@ -214,7 +215,7 @@ impl<E> Template<E> {
                     let piece = match p {
                         Part::Text(t) => Part::Text(t.clone()),
                         Part::Expr(e) => match f(e)? {
-                            Mapped::Expr(n) => Part::Expr(n),
+                            Mapped::Expr(n) => Part::Expr(Box::new(n)),
                             Mapped::Value(v) => Part::Text(insert_as_text(&v)),
                         },
                     };

@@ -377,9 +377,12 @@ CREATE INDEX binding_current ON binding (needed_guresid) WHERE valid_to IS NULL;
 CREATE INDEX binding_from ON binding (env, valid_from);
 CREATE INDEX binding_to ON binding (valid_to) WHERE valid_to IS NOT NULL;
 
--- Each version of each resource: a new row whenever what it is changes (its definition, driver,
--- status, inputs, outputs or error), none when a run leaves it as it was. The `resource` table
--- stays the current row of each.
+-- The versions of each resource that ended: a new version starts whenever what a resource is
+-- changes (its definition, driver, status, inputs, outputs or error), none when a run leaves it
+-- as it was. The current version is the `resource` row itself, valid since its `version_from`;
+-- the view `resource_versions` has both.
+ALTER TABLE resource ADD COLUMN version_from INTEGER;  -- the deployment that made this version
+UPDATE resource SET version_from = deployment_id;
 CREATE TABLE resource_version (
     id          INTEGER PRIMARY KEY,
     guresid     TEXT NOT NULL,
@@ -396,16 +399,21 @@ CREATE TABLE resource_version (
     error       TEXT,
     commit_id   TEXT NOT NULL,
     valid_from  INTEGER NOT NULL,
-    valid_to    INTEGER
+    valid_to    INTEGER NOT NULL
 );
-INSERT INTO resource_version (guresid, env, app, type, class, res_id, definition, driver, status,
-                              inputs_hash, outputs, error, commit_id, valid_from, valid_to)
-SELECT guresid, env, app, type, class, res_id, definition, driver, status, inputs_hash, outputs,
-       error, commit_id, deployment_id, NULL
-FROM resource ORDER BY deployment_id, guresid;
-CREATE UNIQUE INDEX resource_version_current ON resource_version (guresid) WHERE valid_to IS NULL;
+CREATE INDEX resource_version_of ON resource_version (guresid, valid_to);
 CREATE INDEX resource_version_from ON resource_version (env, valid_from);
-CREATE INDEX resource_version_to ON resource_version (valid_to) WHERE valid_to IS NOT NULL;
+CREATE INDEX resource_version_to ON resource_version (valid_to);
+
+-- Every version of every resource: those that ended, and the current ones (`valid_to` NULL).
+CREATE VIEW resource_versions AS
+SELECT guresid, env, app, type, class, res_id, definition, driver, status, inputs_hash, outputs,
+       error, commit_id, valid_from, valid_to
+FROM resource_version
+UNION ALL
+SELECT guresid, env, app, type, class, res_id, definition, driver, status, inputs_hash, outputs,
+       error, commit_id, COALESCE(version_from, deployment_id), NULL
+FROM resource;
 
 -- The edges of each environment's graph as last applied (`from_guresid` depends on
 -- `to_guresid`): the current links, under the name of the table this view replaces.
@@ -461,8 +469,13 @@ SELECT d.id AS deployment_id, d.env, d.commit_id AS deployment_commit,
        v.guresid, v.app, v.type, v.class, v.res_id, v.definition, v.driver, v.status,
        v.inputs_hash, v.outputs, v.error, v.commit_id, v.valid_from
 FROM deployment d
-JOIN resource_version v ON v.env = d.env AND v.valid_from <= d.id
-                       AND (v.valid_to IS NULL OR v.valid_to > d.id);
+JOIN resource_version v ON v.env = d.env AND v.valid_from <= d.id AND v.valid_to > d.id
+UNION ALL
+SELECT d.id, d.env, d.commit_id,
+       r.guresid, r.app, r.type, r.class, r.res_id, r.definition, r.driver, r.status,
+       r.inputs_hash, r.outputs, r.error, r.commit_id, COALESCE(r.version_from, r.deployment_id)
+FROM deployment d
+JOIN resource r ON r.env = d.env AND COALESCE(r.version_from, r.deployment_id) <= d.id;
 
 CREATE VIEW deployment_links AS
 SELECT d.id AS deployment_id, d.env, d.commit_id,
@@ -489,12 +502,12 @@ SELECT d.id AS deployment_id, d.env, d.commit_id, 'resource' AS what,
             THEN 'updated' ELSE 'created' END AS change,
        v.guresid AS subject, NULL AS other,
        v.type || '.' || v.class || '#' || v.res_id AS detail
-FROM deployment d JOIN resource_version v ON v.env = d.env AND v.valid_from = d.id
+FROM deployment d JOIN resource_versions v ON v.env = d.env AND v.valid_from = d.id
 UNION ALL
 SELECT d.id, d.env, d.commit_id, 'resource', 'deleted', v.guresid, NULL,
        v.type || '.' || v.class || '#' || v.res_id
 FROM deployment d JOIN resource_version v ON v.env = d.env AND v.valid_to = d.id
-WHERE NOT EXISTS (SELECT 1 FROM resource_version n
+WHERE NOT EXISTS (SELECT 1 FROM resource_versions n
                   WHERE n.guresid = v.guresid AND n.valid_from = v.valid_to)
 UNION ALL
 SELECT d.id, d.env, d.commit_id, 'link', 'added', l.consumer, l.provider,

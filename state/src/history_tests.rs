@@ -133,7 +133,7 @@ fn a_deployment_that_changes_nothing_writes_only_its_record() {
         rows(
             store,
             "SELECT (SELECT COUNT(*) FROM link), (SELECT COUNT(*) FROM binding),
-                    (SELECT COUNT(*) FROM resource_version)",
+                    (SELECT COUNT(*) FROM resource_versions)",
         )
     };
     let before = count(&store);
@@ -335,7 +335,7 @@ fn pruning_keeps_what_retention_says_and_every_current_row() {
     assert_eq!(
         rows(
             &store,
-            "SELECT guresid, outputs FROM resource_version ORDER BY id"
+            "SELECT guresid, outputs FROM resource_versions ORDER BY guresid, valid_from"
         ),
         ["a {}", "b {\"v\":5}", "b {\"v\":6}"]
     );
@@ -524,8 +524,11 @@ fn a_state_file_from_before_ranges_migrates_and_keeps_its_history() {
         ["o a", "w a", "w c"]
     );
     assert_eq!(
-        rows(&store, "SELECT guresid, valid_from FROM resource_version"),
-        ["a 3"]
+        rows(
+            &store,
+            "SELECT guresid, valid_from, COALESCE(valid_to, '-') FROM resource_versions"
+        ),
+        ["a 3 -"]
     );
     assert_eq!(store.links("dev").unwrap().len(), 3);
 }

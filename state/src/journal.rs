@@ -317,13 +317,14 @@ fn finish_put(
     ))?
     .execute(params![operation, status, error, attempts, outputs_changed])?;
     let outputs = record.outputs.to_string();
+    let version_from = new_version(tx, deployment, record, &outputs)?;
     tx.prepare_cached(&format!(
         "INSERT INTO resource (guresid, env, app, type, class, res_id, definition, driver,
                                status, inputs_hash, outputs, error, commit_id, deployment_id,
-                               inputs, account, deletion_policy, template_hash,
+                               inputs, account, deletion_policy, template_hash, version_from,
                                created_at, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                 ?18, {NOW}, {NOW})
+                 ?18, ?19, {NOW}, {NOW})
          ON CONFLICT (guresid) DO UPDATE SET
              definition = excluded.definition, driver = excluded.driver,
              status = excluded.status, inputs_hash = excluded.inputs_hash,
@@ -331,8 +332,8 @@ fn finish_put(
              commit_id = excluded.commit_id, deployment_id = excluded.deployment_id,
              inputs = excluded.inputs, account = excluded.account,
              deletion_policy = excluded.deletion_policy,
-             template_hash = excluded.template_hash, orphan_since = NULL,
-             orphan_reason = NULL,
+             template_hash = excluded.template_hash, version_from = excluded.version_from,
+             orphan_since = NULL, orphan_reason = NULL,
              updated_at = excluded.updated_at"
     ))?
     .execute(params![
@@ -353,7 +354,8 @@ fn finish_put(
         record.inputs.as_str(),
         record.account,
         record.deletion_policy.as_str(),
-        record.template_hash
+        record.template_hash,
+        version_from
     ])?;
     tx.prepare_cached(
         "INSERT INTO resource_secret (guresid, outputs, inputs) VALUES (?1, ?2, ?3)
@@ -364,89 +366,62 @@ fn finish_put(
         record.secret_outputs.to_string(),
         record.secret_inputs.as_str()
     ])?;
-    new_version(tx, deployment, record, &outputs)
+    Ok(())
 }
 
-/// A new row of `resource_version` when what the resource is changed; none when a run (a drift
-/// run, say) left it as it was.
+/// Since which deployment the resource's version holds once `record` is written: the current
+/// one's when nothing of what the resource is changed (a drift run that found nothing, say),
+/// else `deployment`, and the version that ends joins `resource_version`. A version that began
+/// in this same deployment (a resumed one) never stood at the end of one, so it is replaced,
+/// not kept.
 fn new_version(
     tx: &Transaction<'_>,
     deployment: i64,
     record: &ResourceRecord,
     outputs: &str,
-) -> rusqlite::Result<()> {
-    type Current = (
-        i64,
-        i64,
-        String,
-        String,
-        String,
-        String,
-        String,
-        Option<String>,
-    );
-    let current: Option<Current> = tx
+) -> rusqlite::Result<i64> {
+    let current: Option<(i64, bool)> = tx
         .prepare_cached(
-            "SELECT id, valid_from, definition, driver, status, inputs_hash, outputs, error
-             FROM resource_version WHERE guresid = ?1 AND valid_to IS NULL",
+            "SELECT COALESCE(version_from, deployment_id),
+                    definition = ?2 AND driver = ?3 AND status = ?4 AND inputs_hash = ?5
+                      AND outputs = ?6 AND error IS ?7
+             FROM resource WHERE guresid = ?1",
         )?
-        .query_row([&record.guresid], |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-                r.get(6)?,
-                r.get(7)?,
-            ))
-        })
+        .query_row(
+            params![
+                record.guresid,
+                record.definition,
+                record.driver,
+                record.status.as_str(),
+                record.inputs_hash,
+                outputs,
+                record.error
+            ],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
         .optional()?;
-    if let Some((id, valid_from, definition, driver, status, inputs_hash, old_outputs, error)) =
-        current
-    {
-        let same = definition == record.definition
-            && driver == record.driver
-            && status == record.status.as_str()
-            && inputs_hash == record.inputs_hash
-            && old_outputs == outputs
-            && error == record.error;
-        if same {
-            return Ok(());
-        }
-        if valid_from == deployment {
-            // Made earlier in this same deployment (a resumed one): it never stood at the end
-            // of any deployment, so it is replaced, not kept as history.
-            tx.prepare_cached("DELETE FROM resource_version WHERE id = ?1")?
-                .execute([id])?;
-        } else {
-            tx.prepare_cached("UPDATE resource_version SET valid_to = ?2 WHERE id = ?1")?
-                .execute(params![id, deployment])?;
+    match current {
+        None => Ok(deployment),
+        Some((since, true)) => Ok(since),
+        Some((since, false)) if since == deployment => Ok(deployment),
+        Some((_, false)) => {
+            end_version(tx, &record.guresid, deployment)?;
+            Ok(deployment)
         }
     }
+}
+
+/// The current version of `guresid` ends with `deployment`: it joins `resource_version`.
+fn end_version(tx: &Transaction<'_>, guresid: &str, deployment: i64) -> rusqlite::Result<()> {
     tx.prepare_cached(
         "INSERT INTO resource_version (guresid, env, app, type, class, res_id, definition,
                                        driver, status, inputs_hash, outputs, error, commit_id,
-                                       valid_from)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                                       valid_from, valid_to)
+         SELECT guresid, env, app, type, class, res_id, definition, driver, status, inputs_hash,
+                outputs, error, commit_id, COALESCE(version_from, deployment_id), ?2
+         FROM resource WHERE guresid = ?1 AND COALESCE(version_from, deployment_id) < ?2",
     )?
-    .execute(params![
-        record.guresid,
-        record.env,
-        record.app,
-        record.res_type,
-        record.class,
-        record.res_id,
-        record.definition,
-        record.driver,
-        record.status.as_str(),
-        record.inputs_hash,
-        outputs,
-        record.error,
-        record.commit_id,
-        deployment
-    ])?;
+    .execute(params![guresid, deployment])?;
     Ok(())
 }
 
@@ -474,26 +449,19 @@ fn finish_delete(
     }
     tx.prepare_cached("DELETE FROM driver_cookie WHERE guresid = ?1")?
         .execute([guresid])?;
+    // Its history ends here: the current version joins the ended ones; bindings and links
+    // this deployment made are dropped, older ones closed.
+    end_version(tx, guresid, deployment)?;
     tx.prepare_cached("DELETE FROM resource WHERE guresid = ?1")?
         .execute([guresid])?;
-    // Its history ends here: rows this deployment made are dropped, older ones closed.
-    for (delete, close) in [
-        (
-            "DELETE FROM resource_version WHERE guresid = ?1 AND valid_to IS NULL
-                AND valid_from = ?2",
-            "UPDATE resource_version SET valid_to = ?2 WHERE guresid = ?1 AND valid_to IS NULL",
-        ),
-        (
-            "DELETE FROM binding WHERE needed_guresid = ?1 AND valid_to IS NULL
-                AND valid_from = ?2",
-            "UPDATE binding SET valid_to = ?2 WHERE needed_guresid = ?1 AND valid_to IS NULL",
-        ),
-    ] {
-        tx.prepare_cached(delete)?
-            .execute(params![guresid, deployment])?;
-        tx.prepare_cached(close)?
-            .execute(params![guresid, deployment])?;
-    }
+    tx.prepare_cached(
+        "DELETE FROM binding WHERE needed_guresid = ?1 AND valid_to IS NULL AND valid_from = ?2",
+    )?
+    .execute(params![guresid, deployment])?;
+    tx.prepare_cached(
+        "UPDATE binding SET valid_to = ?2 WHERE needed_guresid = ?1 AND valid_to IS NULL",
+    )?
+    .execute(params![guresid, deployment])?;
     let consumer = params![guresid, deployment, env];
     tx.prepare_cached(
         "DELETE FROM link WHERE env = ?3 AND consumer = ?1 AND valid_to IS NULL

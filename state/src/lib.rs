@@ -441,6 +441,11 @@ impl Store {
         self.conn
             .pragma_update(None, "cache_size", -32_768)
             .map_err(e)?;
+        // Each checkpoint syncs the file; an apply that writes 100 MB would make a hundred of
+        // them at the default (1 000 pages, 4 MB of log).
+        self.conn
+            .pragma_update_and_check(None, "wal_autocheckpoint", 8_192, |r| r.get::<_, i64>(0))
+            .map_err(e)?;
         self.conn.busy_timeout(Duration::from_secs(10)).map_err(e)?;
         Ok(())
     }

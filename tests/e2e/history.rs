@@ -44,9 +44,9 @@ fn links_at(sb: &Sandbox, d: i64) -> Vec<String> {
     sb.column(&format!(
         "SELECT COALESCE(c.type, '?') || '>' || COALESCE(p.type, '?') || ' ' || l.kind
          FROM deployment_links l
-         LEFT JOIN resource_version c ON c.guresid = l.consumer
+         LEFT JOIN resource_versions c ON c.guresid = l.consumer
               AND c.valid_from <= {d} AND (c.valid_to IS NULL OR c.valid_to > {d})
-         LEFT JOIN resource_version p ON p.guresid = l.provider
+         LEFT JOIN resource_versions p ON p.guresid = l.provider
               AND p.valid_from <= {d} AND (p.valid_to IS NULL OR p.valid_to > {d})
          WHERE l.deployment_id = {d}
          ORDER BY 1"

@@ -405,6 +405,9 @@ CREATE INDEX resource_version_of ON resource_version (guresid, valid_to);
 CREATE INDEX resource_version_from ON resource_version (env, valid_from);
 CREATE INDEX resource_version_to ON resource_version (valid_to);
 
+-- Orphans kept are few: their own index keeps marking them cheap.
+CREATE INDEX resource_orphans ON resource (env) WHERE orphan_since IS NOT NULL;
+
 -- Every version of every resource: those that ended, and the current ones (`valid_to` NULL).
 CREATE VIEW resource_versions AS
 SELECT guresid, env, app, type, class, res_id, definition, driver, status, inputs_hash, outputs,

@@ -356,7 +356,8 @@ pub fn target(
 ) -> Result<Result<Target, Rejected>, DeployError> {
     let fingerprints = fingerprints(layout, env, &host_print(host));
     let scope = match (store, reach) {
-        (Some(store), Reach::Changes) => Scope::of_changes(
+        // A global orphan kept after its delete failed is retried by a whole deployment.
+        (Some(store), Reach::Changes) if !store.has_global_orphans(env)? => Scope::of_changes(
             fingerprints,
             &store.fingerprints(env)?,
             &store.recorded_apps(env)?,

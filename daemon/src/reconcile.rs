@@ -162,6 +162,14 @@ pub async fn apply(
             store.begin_or_resume_deployment(&graph.env, commit, options.drift)?
         }
     };
+    // Until this deployment ends, the apps it looks at are not as any fingerprint says: should
+    // it stop half way, the next one must look at them again, whatever commit it brings.
+    store.record_fingerprints(
+        &graph.env,
+        deployment,
+        &[],
+        &looked_at(&target.scope, &recorded),
+    )?;
     on_event(&Event::Planned {
         total: plan
             .steps
@@ -213,7 +221,12 @@ pub async fn apply(
         failures,
         ..
     } = run;
-    store.mark_orphans(&graph.env, &orphans)?;
+    let scope_ids: Option<Vec<&str>> = target
+        .scope
+        .apps
+        .as_ref()
+        .map(|_| recorded.iter().map(|r| r.guresid.as_str()).collect());
+    store.mark_orphans(&graph.env, &orphans, scope_ids.as_deref())?;
     let mut counts = store.operation_counts(deployment)?;
     counts.unchanged = unchanged + target.scope.unchanged_resources;
     counts.failed = failed;
@@ -259,6 +272,22 @@ pub fn recorded_in_scope(
             let links = store.links_from(env, &ids)?;
             Ok((recorded, links))
         }
+    }
+}
+
+/// The apps a deployment of `scope` looks at: its apps, or every app of the commit and of the
+/// state.
+fn looked_at<'s>(scope: &'s Scope, recorded: &'s [ResourceRecord]) -> Vec<&'s str> {
+    match &scope.apps {
+        Some(apps) => apps.iter().map(String::as_str).collect(),
+        None => scope
+            .fingerprints
+            .keys()
+            .map(String::as_str)
+            .chain(recorded.iter().filter_map(|r| r.app.as_deref()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect(),
     }
 }
 
@@ -311,8 +340,8 @@ struct Run<'a, 'e> {
     /// The bindings of resources resolved in this run not written yet (they go in batches);
     /// the resources not resolved keep theirs.
     bindings: Vec<(&'a GuresId, Vec<BindingRecord>)>,
-    /// The resources of `env` that had current bindings when the run began (read at the first
-    /// write): only those need their rows looked up.
+    /// The resources of `env` that had current bindings when the run began, read when a run
+    /// binds many: only those need their rows looked up.
     bound: Option<HashSet<String>>,
     /// Every resource resolved in this run, and the pinned ones, which keep their bindings.
     rebound: HashSet<&'a GuresId>,
@@ -501,13 +530,21 @@ impl<'a> Run<'a, '_> {
         if self.bindings.is_empty() {
             return Ok(());
         }
-        if self.bound.is_none() {
+        // Which resources have bindings to look up: for a few, each is looked up; once a run
+        // binds many (a first apply, a drift run), the environment's list is read once.
+        if self.bound.is_none() && self.bindings.len() >= BATCH {
             self.bound = Some(self.store.bound(&self.graph.env)?);
         }
-        let bound = self.bound.as_ref().expect("read just above");
+        let bound = self.bound.as_ref();
         let batch: Vec<(&str, bool, Vec<BindingRecord>)> = std::mem::take(&mut self.bindings)
             .into_iter()
-            .map(|(id, b)| (id.as_str(), bound.contains(id.as_str()), b))
+            .map(|(id, b)| {
+                (
+                    id.as_str(),
+                    bound.is_none_or(|s| s.contains(id.as_str())),
+                    b,
+                )
+            })
             .collect();
         self.store
             .record_bindings(self.deployment, &self.graph.env, &batch)
@@ -1317,20 +1354,9 @@ impl<'a> Run<'a, '_> {
                 unclean.insert(app);
             }
         }
-        let looked_at: Vec<&str> = match &scope.apps {
-            Some(apps) => apps.iter().map(String::as_str).collect(),
-            None => scope
-                .fingerprints
-                .keys()
-                .map(String::as_str)
-                .chain(recorded.iter().filter_map(|r| r.app.as_deref()))
-                .collect::<std::collections::BTreeSet<_>>()
-                .into_iter()
-                .collect(),
-        };
         let mut clean = Vec::new();
         let mut cleared = Vec::new();
-        for app in looked_at {
+        for app in looked_at(scope, recorded) {
             match scope.fingerprints.get(app) {
                 Some(fingerprint) if !unclean.contains(app) => clean.push((
                     app,

@@ -80,6 +80,18 @@ impl Store {
             .collect())
     }
 
+    /// Whether `env` keeps a global resource (one of no app) as an orphan: only a deployment of
+    /// the whole environment deletes it.
+    pub fn has_global_orphans(&self, env: &str) -> Result<bool> {
+        self.conn
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM resource
+                                WHERE env = ?1 AND orphan_since IS NOT NULL AND app IS NULL)",
+            )
+            .and_then(|mut s| s.query_row([env], |r| r.get(0)))
+            .map_err(self.err())
+    }
+
     /// How many resources `env` has recorded.
     pub fn resource_count(&self, env: &str) -> Result<i64> {
         self.conn

@@ -563,3 +563,32 @@ fn many_resources_bound_at_once_change_only_the_bindings_that_changed() {
         ]
     );
 }
+
+#[test]
+fn marking_the_orphans_of_some_apps_leaves_the_others_marked() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    deploy(
+        &mut store,
+        "c1",
+        &[record("a", json!({})), record("g", json!({}))],
+        &[],
+        &[],
+    );
+    let kept = |store: &Store| rows(store, "SELECT guresid FROM orphans ORDER BY 1");
+    store
+        .mark_orphans(
+            "dev",
+            &[("a".into(), "x".into()), ("g".into(), "y".into())],
+            None,
+        )
+        .unwrap();
+    assert_eq!(kept(&store), ["a", "g"]);
+    assert!(!store.has_global_orphans("dev").unwrap());
+    // An apply of a's app finds a in its graph again: g, outside it, stays an orphan.
+    store.mark_orphans("dev", &[], Some(&["a"])).unwrap();
+    assert_eq!(kept(&store), ["g"]);
+    // A whole apply speaks for everything.
+    store.mark_orphans("dev", &[], None).unwrap();
+    assert!(kept(&store).is_empty());
+}

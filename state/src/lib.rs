@@ -511,11 +511,15 @@ impl Store {
         globals: bool,
     ) -> Result<Vec<ResourceRecord>> {
         let apps = serde_json::to_string(apps).expect("strings serialise");
-        self.resources_where(
-            "r.env = ?1 AND (r.app IN (SELECT value FROM json_each(?2))
-                             OR (?3 AND r.app IS NULL))",
-            params![env, apps, globals],
-        )
+        let mut records = self.resources_where(
+            "r.env = ?1 AND r.app IN (SELECT value FROM json_each(?2))",
+            params![env, apps],
+        )?;
+        if globals {
+            records.extend(self.resources_where("r.env = ?1 AND r.app IS NULL", params![env])?);
+            records.sort_by(|a, b| a.guresid.cmp(&b.guresid));
+        }
+        Ok(records)
     }
 
     fn resources_where<P: rusqlite::Params>(
@@ -792,8 +796,14 @@ impl Store {
     }
 
     /// Marks the recorded resources of `env` in `orphans` as kept though out of the graph, with
-    /// why; clears the mark of every other resource of `env`.
-    pub fn mark_orphans(&mut self, env: &str, orphans: &[(String, String)]) -> Result<()> {
+    /// why; clears the mark of every other resource of `env`, or of `scope` when given (an apply
+    /// of some apps says nothing of the others).
+    pub fn mark_orphans(
+        &mut self,
+        env: &str,
+        orphans: &[(String, String)],
+        scope: Option<&[&str]>,
+    ) -> Result<()> {
         let path = self.path.clone();
         let e = |source| StateError::Sqlite {
             path: path.clone(),
@@ -802,11 +812,13 @@ impl Store {
         let tx = self.conn.transaction().map_err(e)?;
         let kept: Vec<&str> = orphans.iter().map(|(g, _)| g.as_str()).collect();
         let kept = serde_json::to_string(&kept).expect("strings serialise");
+        let scope = scope.map(|s| serde_json::to_string(s).expect("strings serialise"));
         tx.execute(
             "UPDATE resource SET orphan_since = NULL, orphan_reason = NULL
              WHERE env = ?1 AND orphan_since IS NOT NULL
-               AND guresid NOT IN (SELECT value FROM json_each(?2))",
-            params![env, kept],
+               AND guresid NOT IN (SELECT value FROM json_each(?2))
+               AND (?3 IS NULL OR guresid IN (SELECT value FROM json_each(?3)))",
+            params![env, kept, scope],
         )
         .map_err(e)?;
         {

@@ -409,3 +409,102 @@ fn the_daemon_reads_only_the_apps_a_push_changed_and_back_again() {
     );
     assert_eq!(image, ["web:1"]);
 }
+
+#[test]
+fn an_app_a_killed_deployment_was_changing_is_read_again_even_for_its_old_files() {
+    let sb = three_apps();
+    let driver = DriverServer::start();
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 30s}}\n",
+            driver.url
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    sb.write(
+        "definitions/queue.yaml",
+        &def(
+            "queue",
+            "queue",
+            "test/http",
+            "      size: ${context.app.id}\n",
+        ),
+    );
+    sb.write(
+        "workloads/b/worker.yaml",
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: worker\ncontainers:\n  main:\n    image: w\n\
+         resources:\n  jobs:\n    type: queue\n",
+    );
+    sb.commit("b gets a worker");
+    sb.gitplane(&["apply", "--config", &config]).ok();
+    let before = touched(&sb);
+
+    // b's web workload and its queue change, and the queue's answer is slow: gitplane is
+    // killed after b's web workload is updated, while the queue is being called.
+    sb.edit("workloads/b/web.yaml", "web:1", "web:2");
+    sb.edit(
+        "workloads/b/worker.yaml",
+        "type: queue\n",
+        "type: queue\n    params: {v: 2}\n",
+    );
+    sb.commit("b's new image and queue");
+    driver.behave(
+        "queue",
+        Behavior {
+            delay: Duration::from_secs(20),
+            ..Behavior::default()
+        },
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gitplane"))
+        .args(["apply", "--config", &config, "--repo"])
+        .arg(&sb.origin)
+        .arg("--state")
+        .arg(&sb.state)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sb.count(
+        "SELECT COUNT(*) FROM resource WHERE app = 'b' AND type = 'workload'
+         AND res_id = 'modules.web' AND inputs LIKE '%web:2%'",
+    ) == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b's web was never updated"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // Back to the files b was last fully deployed with: its folder's fingerprint is the one
+    // recorded before, but the killed deployment changed b, so b is read and set back.
+    driver.behave("queue", Behavior::default());
+    sb.edit("workloads/b/web.yaml", "web:2", "web:1");
+    sb.edit(
+        "workloads/b/worker.yaml",
+        "type: queue\n    params: {v: 2}\n",
+        "type: queue\n",
+    );
+    sb.commit("b's old image and queue again");
+    sb.gitplane_env(&["apply", "--config", &config], &[("GITPLANE_LOG", "info")])
+        .ok()
+        .stderr_has("1 changed, 2 as last deployed");
+    assert_eq!(touched(&sb).len(), before.len());
+    let image = sb.column(
+        "SELECT json_extract(inputs, '$.resource.containers.main.image') FROM resource
+         WHERE app = 'b' AND type = 'workload' ORDER BY res_id",
+    );
+    assert_eq!(image, ["web:1", "w"]);
+    assert_eq!(
+        sb.column("SELECT inputs FROM resource WHERE type = 'queue'"),
+        ["{\"resource\":null,\"values\":{\"size\":\"b\"}}"]
+    );
+}

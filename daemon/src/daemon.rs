@@ -336,6 +336,8 @@ impl Daemon {
                     }
                 }
             }
+            cache.forget_workloads();
+            drop(cache);
             if !errors.is_empty() {
                 return Ok(Some((
                     commit,
@@ -643,6 +645,7 @@ fn target_under_lock(
         Ok(t) => vec![t],
         Err(rejected) => return Ok(Err(rejected)),
     };
+    cache.forget_workloads();
     drop(cache);
     if let Err(unread) = read_target_secrets(&mut targets, &runtime.stores) {
         return Ok(Err(unread));

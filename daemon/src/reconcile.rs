@@ -420,13 +420,19 @@ struct Ready {
     inputs: Option<ResolvedInputs>,
 }
 
+/// What a resource's calls came to: its outputs and secret outputs, or why not.
+type CallOutcome = Result<(Value, Value), String>;
+
+/// Bindings to write, each resource's with whether it had bindings to look up.
+type BindingsToWrite<'a> = Vec<(&'a str, bool, Vec<BindingRecord>)>;
+
 /// How a job's calls ended.
 struct JobResult {
     /// Its step's position in the steps being scheduled.
     step: usize,
     operation_id: i64,
     attempts: i64,
-    outcome: Result<(Value, Value), String>,
+    outcome: CallOutcome,
     /// For puts: what the resource is recorded with on success.
     hash: String,
     inputs: Option<ResolvedInputs>,
@@ -447,6 +453,8 @@ enum Finished {
         result: JobResult,
         record: Box<ResourceRecord>,
         outputs_changed: Option<bool>,
+        /// Not recorded when the apply began.
+        new: bool,
     },
     Delete {
         step: usize,
@@ -525,18 +533,15 @@ impl<'a> Run<'a, '_> {
         self.bindings.push((&node.guresid, bindings));
     }
 
-    /// Writes the bindings taken so far.
-    fn flush_bindings(&mut self) -> Result<(), StateError> {
-        if self.bindings.is_empty() {
-            return Ok(());
-        }
-        // Which resources have bindings to look up: for a few, each is looked up; once a run
-        // binds many (a first apply, a drift run), the environment's list is read once.
+    /// The bindings taken so far, to write, each with whether its resource had bindings to
+    /// look up. For a few, each is looked up; once a run binds many (a first apply, a drift
+    /// run), the environment's list is read once.
+    fn bindings_to_write(&mut self) -> Result<BindingsToWrite<'a>, StateError> {
         if self.bound.is_none() && self.bindings.len() >= BATCH {
             self.bound = Some(self.store.bound(&self.graph.env)?);
         }
         let bound = self.bound.as_ref();
-        let batch: Vec<(&str, bool, Vec<BindingRecord>)> = std::mem::take(&mut self.bindings)
+        Ok(std::mem::take(&mut self.bindings)
             .into_iter()
             .map(|(id, b)| {
                 (
@@ -545,9 +550,14 @@ impl<'a> Run<'a, '_> {
                     b,
                 )
             })
-            .collect();
+            .collect())
+    }
+
+    /// Writes the bindings taken so far.
+    fn flush_bindings(&mut self) -> Result<(), StateError> {
+        let bindings = self.bindings_to_write()?;
         self.store
-            .record_bindings(self.deployment, &self.graph.env, &batch)
+            .record_bindings(self.deployment, &self.graph.env, &bindings)
     }
 
     /// `step` has read what it depends on: the outputs nobody else still has to read go.
@@ -706,10 +716,7 @@ impl<'a> Run<'a, '_> {
                 }
             }
             self.flush_ended()?;
-            let answered = self.spawn_all(steps, starting, &mut tasks, &calls_tx)?;
-            if !answered.is_empty() {
-                finished.extend(self.finish_jobs(steps, Vec::new(), answered, operation)?);
-            }
+            finished.extend(self.run_batch(steps, starting, &mut tasks, &calls_tx, operation)?);
             if self.bindings.len() >= BATCH {
                 self.flush_bindings()?;
             }
@@ -750,51 +757,120 @@ impl<'a> Run<'a, '_> {
         Ok(())
     }
 
-    /// Journals the operations of `starting` in one transaction, then starts their calls. A
-    /// driver that answers in process is called here: its answers are returned.
-    fn spawn_all(
+    /// Runs a batch of operations. Drivers that answer in process are called first: their
+    /// answers have no effect outside gitplane, so their operations are journalled as started
+    /// and ended in one transaction, with the records and the bindings taken so far (one
+    /// commit a batch rather than three). The other operations are journalled, then their calls
+    /// start. Returns the steps done.
+    fn run_batch(
         &mut self,
         steps: &[&'a Step],
         starting: Vec<(usize, Box<Ready>)>,
         tasks: &mut JoinSet<JobResult>,
         calls_tx: &mpsc::UnboundedSender<CallEnded>,
-    ) -> Result<Vec<JobResult>, StateError> {
+        operation: Operation,
+    ) -> Result<Vec<usize>, StateError> {
         let mut answered = Vec::new();
-        if starting.is_empty() {
-            return Ok(answered);
+        let mut calling = Vec::new();
+        for (i, ready) in starting {
+            (self.on_event)(&Event::Started {
+                label: &steps[i].label(),
+                action: action_of(ready.action),
+            });
+            let answer = ready
+                .registered
+                .driver
+                .in_process()
+                .then(|| answer_in_process(&*ready.registered.driver, &ready.job))
+                .flatten();
+            match answer {
+                Some(outcome) => answered.push((i, ready, outcome)),
+                None => calling.push((i, ready)),
+            }
         }
-        let starts: Vec<OperationStart<'_>> = starting
+        let done = self.record_answers(steps, answered, operation)?;
+        self.spawn_calls(steps, calling, tasks, calls_tx)?;
+        Ok(done)
+    }
+
+    /// Journals in-process answers: their operations, started and ended, their records and the
+    /// bindings taken so far, in one transaction.
+    fn record_answers(
+        &mut self,
+        steps: &[&'a Step],
+        answered: Vec<(usize, Box<Ready>, CallOutcome)>,
+        operation: Operation,
+    ) -> Result<Vec<usize>, StateError> {
+        if answered.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut started = Vec::with_capacity(answered.len());
+        let mut results = Vec::with_capacity(answered.len());
+        for (i, ready, outcome) in answered {
+            let Ready {
+                action,
+                reason,
+                hash,
+                inputs,
+                ..
+            } = *ready;
+            started.push((i, action, reason));
+            results.push(JobResult {
+                step: i,
+                // Known once journalled, below.
+                operation_id: 0,
+                attempts: 1,
+                outcome,
+                hash,
+                inputs,
+            });
+        }
+        let finished = self.finished(steps, results, operation);
+        let bindings = self.bindings_to_write()?;
+        let starts: Vec<OperationStart<'_>> = started
+            .iter()
+            .map(|(i, action, reason)| self.start(steps[*i], action, reason))
+            .collect();
+        let (deployment, graph) = (self.deployment, self.graph);
+        let mut batch = self.store.batch()?;
+        let ids = batch.begin_operations(&starts)?;
+        batch.journal(&journal_entries(
+            (deployment, &graph.env),
+            steps,
+            &[],
+            &finished,
+            Some(&ids),
+        ))?;
+        batch.record_bindings(deployment, &graph.env, &bindings)?;
+        batch.commit()?;
+        Ok(self.after_journal(steps, finished))
+    }
+
+    /// Journals the operations of `calling` in one transaction, then starts their calls.
+    fn spawn_calls(
+        &mut self,
+        steps: &[&'a Step],
+        calling: Vec<(usize, Box<Ready>)>,
+        tasks: &mut JoinSet<JobResult>,
+        calls_tx: &mpsc::UnboundedSender<CallEnded>,
+    ) -> Result<(), StateError> {
+        if calling.is_empty() {
+            return Ok(());
+        }
+        let starts: Vec<OperationStart<'_>> = calling
             .iter()
             .map(|(i, r)| self.start(steps[*i], r.action, &r.reason))
             .collect();
         let ids = self.store.begin_operations(&starts)?;
-        for ((i, ready), operation_id) in starting.into_iter().zip(ids) {
+        for ((i, ready), operation_id) in calling.into_iter().zip(ids) {
             let Ready {
                 job,
-                action,
                 registered,
                 driver_type,
                 hash,
                 inputs,
                 ..
             } = *ready;
-            (self.on_event)(&Event::Started {
-                label: &steps[i].label(),
-                action: action_of(action),
-            });
-            if registered.driver.in_process()
-                && let Some(outcome) = answer_in_process(&*registered.driver, &job)
-            {
-                answered.push(JobResult {
-                    step: i,
-                    operation_id,
-                    attempts: 1,
-                    outcome,
-                    hash,
-                    inputs,
-                });
-                continue;
-            }
             let permits = self.permits(&driver_type, registered.concurrency);
             let retry = self.settings.retry;
             let calls = calls_tx.clone();
@@ -820,11 +896,11 @@ impl<'a> Run<'a, '_> {
                 }
             });
         }
-        Ok(answered)
+        Ok(())
     }
 
-    /// Journals calls and finished jobs in one transaction, then acts on the results; the
-    /// positions of the steps that are done.
+    /// Journals calls and finished jobs, with the bindings taken so far, in one transaction,
+    /// then acts on the results; the positions of the steps that are done.
     fn finish_jobs(
         &mut self,
         steps: &[&'a Step],
@@ -832,7 +908,30 @@ impl<'a> Run<'a, '_> {
         results: Vec<JobResult>,
         operation: Operation,
     ) -> Result<Vec<usize>, StateError> {
-        let finished: Vec<Finished> = results
+        let finished = self.finished(steps, results, operation);
+        let bindings = self.bindings_to_write()?;
+        let (deployment, graph) = (self.deployment, self.graph);
+        let mut batch = self.store.batch()?;
+        batch.journal(&journal_entries(
+            (deployment, &graph.env),
+            steps,
+            &calls,
+            &finished,
+            None,
+        ))?;
+        batch.record_bindings(deployment, &graph.env, &bindings)?;
+        batch.commit()?;
+        Ok(self.after_journal(steps, finished))
+    }
+
+    /// What finished jobs record.
+    fn finished(
+        &self,
+        steps: &[&'a Step],
+        results: Vec<JobResult>,
+        operation: Operation,
+    ) -> Vec<Finished> {
+        results
             .into_iter()
             .map(|result| match operation {
                 Operation::Put => self.put_record(steps[result.step], result),
@@ -841,46 +940,12 @@ impl<'a> Run<'a, '_> {
                     result,
                 },
             })
-            .collect();
-        let mut entries: Vec<JournalEntry<'_>> = calls
-            .iter()
-            .map(|call| JournalEntry::Call {
-                operation: call.operation,
-                attempts: call.attempts,
-                guresid: &call.guresid,
-                cookie: match &call.cookie {
-                    Cookie::Unchanged => None,
-                    Cookie::Set(c) => Some(Some(c.as_str())),
-                    Cookie::Cleared => Some(None),
-                },
-            })
-            .collect();
-        for f in &finished {
-            entries.push(match f {
-                Finished::Put {
-                    result,
-                    record,
-                    outputs_changed,
-                    ..
-                } => JournalEntry::Put {
-                    operation: result.operation_id,
-                    attempts: result.attempts,
-                    deployment: self.deployment,
-                    record,
-                    outputs_changed: *outputs_changed,
-                },
-                Finished::Delete { step, result } => JournalEntry::Delete {
-                    operation: result.operation_id,
-                    attempts: result.attempts,
-                    deployment: self.deployment,
-                    env: &self.graph.env,
-                    guresid: steps[*step].guresid.as_str(),
-                    error: result.outcome.as_ref().err().map(String::as_str),
-                },
-            });
-        }
-        self.store.journal(&entries)?;
-        drop(entries);
+            .collect()
+    }
+
+    /// After finished jobs are journalled: their outputs serve what depends on them, and
+    /// people hear of them. The positions of their steps.
+    fn after_journal(&mut self, steps: &[&'a Step], finished: Vec<Finished>) -> Vec<usize> {
         let mut done = Vec::with_capacity(finished.len());
         for f in finished {
             match f {
@@ -894,7 +959,7 @@ impl<'a> Run<'a, '_> {
                 }
             }
         }
-        Ok(done)
+        done
     }
 
     /// Journals the operations that ended before any call.
@@ -1069,6 +1134,7 @@ impl<'a> Run<'a, '_> {
                     result,
                     record: Box::new(record),
                     outputs_changed: Some(changed),
+                    new: previous.is_none(),
                 }
             }
             Err(error) => {
@@ -1086,6 +1152,7 @@ impl<'a> Run<'a, '_> {
                     result,
                     record: Box::new(record),
                     outputs_changed: None,
+                    new: previous.is_none(),
                 }
             }
         }
@@ -1571,10 +1638,63 @@ async fn call_until_done(
     }
 }
 
+/// The journal entries of `calls` and `finished` jobs (in that order: a call is journalled
+/// before its operation's result), with the operation ids `ids` gave the finished ones when
+/// they started in the same batch.
+fn journal_entries<'f>(
+    (deployment, env): (i64, &'f str),
+    steps: &[&'f Step],
+    calls: &'f [CallEnded],
+    finished: &'f [Finished],
+    ids: Option<&[i64]>,
+) -> Vec<JournalEntry<'f>> {
+    let mut entries: Vec<JournalEntry<'f>> = calls
+        .iter()
+        .map(|call| JournalEntry::Call {
+            operation: call.operation,
+            attempts: call.attempts,
+            guresid: &call.guresid,
+            cookie: match &call.cookie {
+                Cookie::Unchanged => None,
+                Cookie::Set(c) => Some(Some(c.as_str())),
+                Cookie::Cleared => Some(None),
+            },
+        })
+        .collect();
+    for (k, f) in finished.iter().enumerate() {
+        let operation = |result: &JobResult| ids.map_or(result.operation_id, |ids| ids[k]);
+        entries.push(match f {
+            Finished::Put {
+                result,
+                record,
+                outputs_changed,
+                new,
+                ..
+            } => JournalEntry::Put {
+                operation: operation(result),
+                attempts: result.attempts,
+                deployment,
+                record,
+                outputs_changed: *outputs_changed,
+                new: *new,
+            },
+            Finished::Delete { step, result } => JournalEntry::Delete {
+                operation: operation(result),
+                attempts: result.attempts,
+                deployment,
+                env,
+                guresid: steps[*step].guresid.as_str(),
+                error: result.outcome.as_ref().err().map(String::as_str),
+            },
+        });
+    }
+    entries
+}
+
 /// The answer of a driver that answers in process, when it is final (done, or an error that
 /// calling again cannot mend); `None` sends the job through the usual calls, polls and retries.
 /// Such a driver sets no cookie.
-fn answer_in_process(driver: &dyn Driver, job: &Job) -> Option<Result<(Value, Value), String>> {
+fn answer_in_process(driver: &dyn Driver, job: &Job) -> Option<CallOutcome> {
     let request = job.request();
     match job.operation {
         Operation::Put => match driver.put(&request) {

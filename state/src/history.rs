@@ -106,27 +106,20 @@ impl Store {
                     "UPDATE link SET valid_to = ?4 WHERE env = ?1 AND consumer = ?2
                         AND provider = ?3 AND valid_to IS NULL",
                 )?;
-                // A link that starts ends the current one of the same pair, if the caller
-                // did not know of it: one current row per pair, whatever the caller saw.
-                for (consumer, provider) in changes
-                    .removed
-                    .iter()
-                    .map(|(c, p)| (c.as_str(), p.as_str()))
-                    .chain(
-                        changes
-                            .added
-                            .iter()
-                            .map(|l| (l.consumer.as_str(), l.provider.as_str())),
-                    )
-                {
+                for (consumer, provider) in &changes.removed {
                     let args = params![env, consumer, provider, deployment];
                     drop.execute(args)?;
                     close.execute(args)?;
                 }
             }
+            // One current row per pair, whatever the caller saw: a current row it did not know
+            // of takes the new link's place (the insert looks the pair up anyway).
             let mut insert = tx.prepare_cached(
                 "INSERT INTO link (env, consumer, provider, kind, update_type, valid_from)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (env, consumer, provider) WHERE valid_to IS NULL DO UPDATE SET
+                     kind = excluded.kind, update_type = excluded.update_type,
+                     valid_from = excluded.valid_from",
             )?;
             for l in &changes.added {
                 insert.execute(params![
@@ -179,82 +172,7 @@ impl Store {
         if resolved.is_empty() {
             return Ok(());
         }
-        self.in_transaction(|tx| {
-            let mut current = tx.prepare_cached(
-                "SELECT id, valid_from, needed_path, provided_guresid, provided_path, data_type,
-                        value, secret, inserted, interface
-                 FROM binding WHERE needed_guresid = ?1 AND valid_to IS NULL",
-            )?;
-            let mut drop = tx.prepare_cached("DELETE FROM binding WHERE id = ?1")?;
-            let mut close = tx.prepare_cached("UPDATE binding SET valid_to = ?2 WHERE id = ?1")?;
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO binding (env, needed_guresid, needed_path, provided_guresid,
-                                      provided_path, data_type, value, secret, inserted,
-                                      interface, valid_from)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-            )?;
-            for (guresid, bound, bindings) in resolved {
-                let mut wanted: Vec<BindingKey> = bindings.iter().map(BindingKey::of).collect();
-                let rows = if *bound {
-                    current
-                        .query_map([guresid], |r| {
-                            Ok((
-                                r.get::<_, i64>(0)?,
-                                r.get::<_, i64>(1)?,
-                                BindingKey {
-                                    needed_path: r.get(2)?,
-                                    provided: r.get(3)?,
-                                    provided_path: r.get(4)?,
-                                    data_type: r.get(5)?,
-                                    value: r.get(6)?,
-                                    secret: r.get(7)?,
-                                    inserted: r.get(8)?,
-                                    interface: r.get(9)?,
-                                },
-                            ))
-                        })?
-                        .collect::<rusqlite::Result<Vec<_>>>()?
-                } else {
-                    Vec::new()
-                };
-                for (id, valid_from, key) in rows {
-                    match wanted.iter().position(|w| *w == key) {
-                        // Unchanged: the row stays as it is.
-                        Some(i) => {
-                            wanted.swap_remove(i);
-                        }
-                        None if valid_from == deployment => {
-                            drop.execute([id])?;
-                        }
-                        None => {
-                            close.execute(params![id, deployment])?;
-                        }
-                    }
-                }
-                // Insert in the order the resource lists them.
-                for b in bindings {
-                    let key = BindingKey::of(b);
-                    let Some(i) = wanted.iter().position(|w| *w == key) else {
-                        continue;
-                    };
-                    wanted.swap_remove(i);
-                    insert.execute(params![
-                        env,
-                        guresid,
-                        key.needed_path,
-                        key.provided,
-                        key.provided_path,
-                        key.data_type,
-                        key.value,
-                        key.secret,
-                        key.inserted,
-                        key.interface,
-                        deployment
-                    ])?;
-                }
-            }
-            Ok(())
-        })
+        self.in_transaction(|tx| record_bindings(tx, deployment, env, resolved))
     }
 
     /// The current links of `guresid` both ways (as consumer and as provider) in `env`, with
@@ -462,4 +380,87 @@ pub(crate) fn binding_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BindingReco
         inserted: r.get(7)?,
         interface: r.get(8)?,
     })
+}
+
+/// See [`Store::record_bindings`].
+pub(crate) fn record_bindings(
+    tx: &rusqlite::Transaction<'_>,
+    deployment: i64,
+    env: &str,
+    resolved: &[(&str, bool, Vec<BindingRecord>)],
+) -> rusqlite::Result<()> {
+    let mut current = tx.prepare_cached(
+        "SELECT id, valid_from, needed_path, provided_guresid, provided_path, data_type,
+                value, secret, inserted, interface
+         FROM binding WHERE needed_guresid = ?1 AND valid_to IS NULL",
+    )?;
+    let mut drop = tx.prepare_cached("DELETE FROM binding WHERE id = ?1")?;
+    let mut close = tx.prepare_cached("UPDATE binding SET valid_to = ?2 WHERE id = ?1")?;
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO binding (env, needed_guresid, needed_path, provided_guresid,
+                              provided_path, data_type, value, secret, inserted,
+                              interface, valid_from)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )?;
+    for (guresid, bound, bindings) in resolved {
+        let mut wanted: Vec<BindingKey> = bindings.iter().map(BindingKey::of).collect();
+        let rows = if *bound {
+            current
+                .query_map([guresid], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        BindingKey {
+                            needed_path: r.get(2)?,
+                            provided: r.get(3)?,
+                            provided_path: r.get(4)?,
+                            data_type: r.get(5)?,
+                            value: r.get(6)?,
+                            secret: r.get(7)?,
+                            inserted: r.get(8)?,
+                            interface: r.get(9)?,
+                        },
+                    ))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        for (id, valid_from, key) in rows {
+            match wanted.iter().position(|w| *w == key) {
+                // Unchanged: the row stays as it is.
+                Some(i) => {
+                    wanted.swap_remove(i);
+                }
+                None if valid_from == deployment => {
+                    drop.execute([id])?;
+                }
+                None => {
+                    close.execute(params![id, deployment])?;
+                }
+            }
+        }
+        // Insert in the order the resource lists them.
+        for b in bindings {
+            let key = BindingKey::of(b);
+            let Some(i) = wanted.iter().position(|w| *w == key) else {
+                continue;
+            };
+            wanted.swap_remove(i);
+            insert.execute(params![
+                env,
+                guresid,
+                key.needed_path,
+                key.provided,
+                key.provided_path,
+                key.data_type,
+                key.value,
+                key.secret,
+                key.inserted,
+                key.interface,
+                deployment
+            ])?;
+        }
+    }
+    Ok(())
 }

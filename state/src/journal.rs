@@ -7,7 +7,12 @@
 
 use rusqlite::{OptionalExtension, Transaction, params};
 
-use crate::{NOW, OperationStart, ResourceRecord, ResourceStatus, Result, Store};
+use crate::{NOW, OperationStart, ResourceRecord, ResourceStatus, Result, StateError, Store};
+
+/// The secrets of a resource that has none, as recorded: no `resource_secret` row stands for
+/// exactly these (most resources have no secret, and a row each would cost a write each).
+pub(crate) const NO_SECRET_OUTPUTS: &str = "{}";
+pub(crate) const NO_SECRET_INPUTS: &str = "{\"secrets\":null}";
 
 /// How an operation that called no driver ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +51,9 @@ pub enum JournalEntry<'a> {
         record: &'a ResourceRecord,
         /// For a succeeded put: whether its outputs changed.
         outputs_changed: Option<bool>,
+        /// The resource had no row when the apply began (nor can it have one since: one apply
+        /// at a time puts each resource once), so there is no current version to look up.
+        new: bool,
     },
     /// A delete (or forget) ended. On success the resource, its secrets, cookie, links and
     /// bindings end with `deployment`.
@@ -68,10 +76,21 @@ pub enum JournalEntry<'a> {
 impl Store {
     /// Journals driver calls about to start, in one transaction; their ids, in order.
     pub fn begin_operations(&mut self, ops: &[OperationStart<'_>]) -> Result<Vec<i64>> {
-        self.in_transaction(|tx| {
-            ops.iter()
-                .map(|op| insert_operation(tx, op, "started", None))
-                .collect()
+        self.in_transaction(|tx| begin_operations(tx, ops))
+    }
+
+    /// Starts writes that go together in one transaction (see [`Batch`]).
+    pub fn batch(&mut self) -> Result<Batch<'_>> {
+        let tx = self
+            .conn
+            .transaction()
+            .map_err(|source| StateError::Sqlite {
+                path: self.path.clone(),
+                source,
+            })?;
+        Ok(Batch {
+            tx,
+            path: &self.path,
         })
     }
 
@@ -99,55 +118,7 @@ impl Store {
         if entries.is_empty() {
             return Ok(());
         }
-        self.in_transaction(|tx| {
-            for entry in entries {
-                match entry {
-                    JournalEntry::Call {
-                        operation,
-                        attempts,
-                        guresid,
-                        cookie,
-                    } => record_call(tx, *operation, *attempts, guresid, *cookie)?,
-                    JournalEntry::Put {
-                        operation,
-                        attempts,
-                        deployment,
-                        record,
-                        outputs_changed,
-                    } => finish_put(
-                        tx,
-                        *operation,
-                        *attempts,
-                        *deployment,
-                        record,
-                        *outputs_changed,
-                    )?,
-                    JournalEntry::Delete {
-                        operation,
-                        attempts,
-                        deployment,
-                        env,
-                        guresid,
-                        error,
-                    } => {
-                        finish_delete(tx, *operation, *attempts, *deployment, env, guresid, *error)?
-                    }
-                    JournalEntry::Failed {
-                        operation,
-                        attempts,
-                        error,
-                    } => {
-                        tx.prepare_cached(&format!(
-                            "UPDATE operation SET status = 'failed', error = ?2, attempts = ?3,
-                                    finished_at = {NOW}
-                             WHERE id = ?1"
-                        ))?
-                        .execute(params![operation, error, attempts])?;
-                    }
-                }
-            }
-            Ok(())
-        })
+        self.in_transaction(|tx| write_journal(tx, entries))
     }
 
     /// Ends a put (create or update): the operation's outcome and the resource's new record,
@@ -166,6 +137,7 @@ impl Store {
             deployment,
             record,
             outputs_changed,
+            new: false,
         }])
     }
 
@@ -300,6 +272,7 @@ fn record_call(
 
 fn finish_put(
     tx: &Transaction<'_>,
+    new: bool,
     operation: i64,
     attempts: i64,
     deployment: i64,
@@ -317,7 +290,11 @@ fn finish_put(
     ))?
     .execute(params![operation, status, error, attempts, outputs_changed])?;
     let outputs = record.outputs.to_string();
-    let version_from = new_version(tx, deployment, record, &outputs)?;
+    let version_from = if new {
+        deployment
+    } else {
+        new_version(tx, deployment, record, &outputs)?
+    };
     tx.prepare_cached(&format!(
         "INSERT INTO resource (guresid, env, app, type, class, res_id, definition, driver,
                                status, inputs_hash, outputs, error, commit_id, deployment_id,
@@ -357,15 +334,25 @@ fn finish_put(
         record.template_hash,
         version_from
     ])?;
-    tx.prepare_cached(
-        "INSERT INTO resource_secret (guresid, outputs, inputs) VALUES (?1, ?2, ?3)
-         ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs, inputs = excluded.inputs",
-    )?
-    .execute(params![
-        record.guresid,
-        record.secret_outputs.to_string(),
-        record.secret_inputs.as_str()
-    ])?;
+    let secret_outputs = record.secret_outputs.to_string();
+    if secret_outputs == NO_SECRET_OUTPUTS && record.secret_inputs.as_str() == NO_SECRET_INPUTS {
+        // Nothing secret: no row, which reads back as exactly this.
+        if !new {
+            tx.prepare_cached("DELETE FROM resource_secret WHERE guresid = ?1")?
+                .execute([&record.guresid])?;
+        }
+    } else {
+        tx.prepare_cached(
+            "INSERT INTO resource_secret (guresid, outputs, inputs) VALUES (?1, ?2, ?3)
+             ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs,
+                 inputs = excluded.inputs",
+        )?
+        .execute(params![
+            record.guresid,
+            secret_outputs,
+            record.secret_inputs.as_str()
+        ])?;
+    }
     Ok(())
 }
 
@@ -480,4 +467,111 @@ fn finish_delete(
     tx.prepare_cached("UPDATE link SET valid_to = ?2 WHERE provider = ?1 AND valid_to IS NULL")?
         .execute(provider)?;
     Ok(())
+}
+
+/// Journals driver calls about to start; their ids, in order.
+fn begin_operations(
+    tx: &Transaction<'_>,
+    ops: &[OperationStart<'_>],
+) -> rusqlite::Result<Vec<i64>> {
+    ops.iter()
+        .map(|op| insert_operation(tx, op, "started", None))
+        .collect()
+}
+
+/// Writes `entries` in order.
+fn write_journal(tx: &Transaction<'_>, entries: &[JournalEntry<'_>]) -> rusqlite::Result<()> {
+    for entry in entries {
+        match entry {
+            JournalEntry::Call {
+                operation,
+                attempts,
+                guresid,
+                cookie,
+            } => record_call(tx, *operation, *attempts, guresid, *cookie)?,
+            JournalEntry::Put {
+                operation,
+                attempts,
+                deployment,
+                record,
+                outputs_changed,
+                new,
+            } => finish_put(
+                tx,
+                *new,
+                *operation,
+                *attempts,
+                *deployment,
+                record,
+                *outputs_changed,
+            )?,
+            JournalEntry::Delete {
+                operation,
+                attempts,
+                deployment,
+                env,
+                guresid,
+                error,
+            } => finish_delete(tx, *operation, *attempts, *deployment, env, guresid, *error)?,
+            JournalEntry::Failed {
+                operation,
+                attempts,
+                error,
+            } => {
+                tx.prepare_cached(&format!(
+                    "UPDATE operation SET status = 'failed', error = ?2, attempts = ?3,
+                            finished_at = {NOW}
+                     WHERE id = ?1"
+                ))?
+                .execute(params![operation, error, attempts])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes that go together in one transaction: what an apply learnt in one round (operations
+/// that start, calls and results, bindings). A driver that answers in process has no effect
+/// outside gitplane, so its operation can start and end in the same transaction; committing
+/// rounds rather than each kind of write apart halves how often the same index pages are
+/// written. Nothing is kept unless [`Batch::commit`] is called.
+pub struct Batch<'s> {
+    tx: Transaction<'s>,
+    path: &'s std::path::Path,
+}
+
+impl Batch<'_> {
+    fn err(&self) -> impl Fn(rusqlite::Error) -> StateError + '_ {
+        |source| StateError::Sqlite {
+            path: self.path.to_owned(),
+            source,
+        }
+    }
+
+    /// See [`Store::begin_operations`].
+    pub fn begin_operations(&mut self, ops: &[OperationStart<'_>]) -> Result<Vec<i64>> {
+        begin_operations(&self.tx, ops).map_err(self.err())
+    }
+
+    /// See [`Store::journal`].
+    pub fn journal(&mut self, entries: &[JournalEntry<'_>]) -> Result<()> {
+        write_journal(&self.tx, entries).map_err(self.err())
+    }
+
+    /// See [`Store::record_bindings`].
+    pub fn record_bindings(
+        &mut self,
+        deployment: i64,
+        env: &str,
+        resolved: &[(&str, bool, Vec<crate::BindingRecord>)],
+    ) -> Result<()> {
+        crate::history::record_bindings(&self.tx, deployment, env, resolved).map_err(self.err())
+    }
+
+    pub fn commit(self) -> Result<()> {
+        let path = self.path.to_owned();
+        self.tx
+            .commit()
+            .map_err(|source| StateError::Sqlite { path, source })
+    }
 }

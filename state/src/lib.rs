@@ -16,7 +16,7 @@ use serde_json::Value;
 
 pub use fingerprint::AppFingerprint;
 pub use history::{LinkChanges, Pruned, Retention};
-pub use journal::{Ended, JournalEntry};
+pub use journal::{Batch, Ended, JournalEntry};
 
 const SCHEMA: &str = include_str!("../../schema.sql");
 
@@ -556,10 +556,10 @@ impl Store {
                         outputs: Value::Null,
                         secret_outputs: Value::Null,
                         inputs: StoredJson(r.get(14)?),
-                        secret_inputs: r
-                            .get::<_, Option<String>>(15)?
-                            .map(StoredJson)
-                            .unwrap_or_default(),
+                        secret_inputs: StoredJson(
+                            r.get::<_, Option<String>>(15)?
+                                .unwrap_or_else(|| journal::NO_SECRET_INPUTS.to_owned()),
+                        ),
                         account: r.get(16)?,
                         deletion_policy: if r.get_ref(17)?.as_str()? == "orphan" {
                             DeletionPolicy::Orphan
@@ -1255,6 +1255,46 @@ mod tests {
         assert!(old.error.unwrap().starts_with("interrupted"));
         store.record_call(op_id, 2, "g1", Some(None)).unwrap();
         assert_eq!(store.cookie("g1").unwrap(), None);
+    }
+
+    #[test]
+    fn a_resource_without_secrets_has_no_secret_row_and_reads_back_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+        let dep = store.begin_deployment("development", "c1").unwrap();
+        let start = OperationStart {
+            deployment: dep,
+            guresid: "g1",
+            app: Some("shop"),
+            res_type: "postgres",
+            class: "default",
+            res_id: "shared.db",
+            action: "create",
+            reason: "new",
+        };
+        let secret_rows = |store: &Store| -> i64 {
+            store
+                .conn
+                .query_row("SELECT COUNT(*) FROM resource_secret", [], |r| r.get(0))
+                .unwrap()
+        };
+        let plain = ResourceRecord {
+            secret_outputs: serde_json::json!({}),
+            secret_inputs: StoredJson::from_text(journal::NO_SECRET_INPUTS.to_owned()),
+            ..record("g1")
+        };
+        // With secrets, a row; then without, none; the record reads back unchanged each time.
+        for (rec, rows) in [
+            (record("g1"), 1),
+            (plain.clone(), 0),
+            (record("g1"), 1),
+            (plain, 0),
+        ] {
+            let op = store.begin_operation(&start).unwrap();
+            store.finish_put(op, 1, dep, &rec, Some(true)).unwrap();
+            assert_eq!(secret_rows(&store), rows);
+            assert_eq!(store.resources("development").unwrap(), vec![rec]);
+        }
     }
 
     #[test]

@@ -1514,8 +1514,8 @@ mod tests {
         assert_eq!(d.driver_account.as_deref(), Some("aws"));
         assert_eq!(d.criteria[0].app_id.as_deref(), Some("shop"));
         assert_eq!(
-            d.secrets,
-            crate::model::template::Template::Value(serde_json::json!({"password": "x"}))
+            d.secrets.literal(),
+            Some(serde_json::json!({"password": "x"}))
         );
     }
 

@@ -415,11 +415,20 @@ pub fn load(files: &BTreeMap<String, Vec<u8>>) -> Result<Repository, Vec<LoadErr
 /// Parsed files of the last commit loaded, so the next commit parses only what changed.
 ///
 /// Each file parses on its own (what spans files, such as unique definition ids, is checked
-/// after), so a file whose contents did not change parses to the same thing: the daemon keeps
-/// one cache and a one-workload change re-parses one file, not thousands.
+/// after), so a file whose contents did not change parses to the same thing: the environments
+/// of one commit, and the next commit, parse each definition once.
 #[derive(Debug, Default)]
 pub struct LoadCache {
     files: std::collections::HashMap<String, (Vec<u8>, files::ParsedFile)>,
+}
+
+impl LoadCache {
+    /// Forgets the parsed workload files, keeping what every load reads (definitions,
+    /// environments, settings). A later commit reads only the workloads it changed, so a
+    /// long-running process need not keep thousands of parsed workloads between commits.
+    pub fn forget_workloads(&mut self) {
+        self.files.retain(|path, _| !path.starts_with("workloads/"));
+    }
 }
 
 /// [`load`], reusing and refreshing `cache`.

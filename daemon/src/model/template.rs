@@ -88,7 +88,11 @@ impl Template<super::placeholder::Expr> {
                         (k.clone(), Self::parse(v, dialect, &child, errors))
                     })
                     .collect();
-                if fields.iter().all(|(_, t)| matches!(t, Template::Value(_))) {
+                // An object is kept as fields even when it holds no placeholder: a JSON map
+                // costs some 600 bytes however few its entries, and graphs hold one per small
+                // object of every Score file and definition (tens of megabytes at 50 000
+                // resources). Resolving builds the map either way.
+                if fields.is_empty() {
                     Template::Value(Value::Object(
                         fields
                             .into_iter()
@@ -136,6 +140,11 @@ impl<E> Template<E> {
             Template::Value(v) => v,
             _ => Value::Null,
         }
+    }
+
+    /// The value, when the tree holds no placeholder.
+    pub fn literal(&self) -> Option<Value> {
+        self.resolve(&mut |_: &E| Err(())).ok().map(|r| r.value)
     }
 
     /// Every placeholder in the tree with the path of the value that holds it (`prefix.a[0]`),
@@ -381,9 +390,13 @@ mod tests {
     }
 
     #[test]
-    fn plain_subtrees_stay_values() {
-        let v = json!({"a": {"b": [1, "x"]}, "c": true});
-        assert_eq!(parse(v.clone()), Template::Value(v));
+    fn plain_subtrees_resolve_to_themselves() {
+        let v = json!({"a": {"b": [1, "x"]}, "c": true, "d": {}});
+        let t = parse(v.clone());
+        assert!(t.placeholders("").is_empty());
+        assert_eq!(t.literal(), Some(v));
+        // A plain array stays one value.
+        assert_eq!(parse(json!([1, "x"])), Template::Value(json!([1, "x"])));
     }
 
     #[test]

@@ -11,48 +11,13 @@ use std::time::{Duration, Instant};
 
 const RUNS: usize = 3;
 
+mod shape;
+
 fn repository(apps: usize) -> BTreeMap<String, Vec<u8>> {
-    let mut files = BTreeMap::new();
-    let mut add = |path: String, text: String| {
-        files.insert(path, text.into_bytes());
-    };
-    add(
-        "environments/development.yaml".into(),
-        "type: development\n".into(),
-    );
-    let definition = |id: &str, res_type: &str, values: &str| {
-        format!(
-            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\nentity:\n  \
-             type: {res_type}\n  driver_type: humanitec/echo\n  driver_inputs:\n    values:\n{values}  \
-             criteria:\n    - {{}}\n"
-        )
-    };
-    add(
-        "definitions/platform.yaml".into(),
-        [
-            definition("base-env", "base-env", "      pghost: db.internal\n      pgport: 5432\n"),
-            definition(
-                "postgres",
-                "postgres",
-                "      host: ${resources.base-env#base-env.outputs.pghost}\n      port: ${resources.base-env#base-env.outputs.pgport}\n      name: ${context.app.id}\n",
-            ),
-            definition("redis", "redis", "      host: redis.internal\n"),
-            definition("dns", "dns", "      host: ${context.app.id}.example.com\n"),
-            definition("workload", "workload", "      namespace: ${context.app.id}\n"),
-        ]
-        .join("---\n"),
-    );
-    for i in 0..apps {
-        add(
-            format!("workloads/app-{i:05}/web.yaml"),
-            "apiVersion: score.dev/v1b1\nmetadata:\n  name: web\ncontainers:\n  main:\n    image: \
-             registry.example.com/web:1\n    variables:\n      DB: postgres://${resources.db.host}:${resources.db.port}/${resources.db.name}\n      \
-             CACHE: ${resources.cache.host}\n      HOST: ${resources.dns.host}\nresources:\n  db:\n    type: postgres\n  cache:\n    \
-             type: redis\n  dns:\n    type: dns\n    id: dns\n"
-                .into(),
-        );
-    }
-    files
+    shape::repository(apps)
+        .into_iter()
+        .map(|(path, text)| (path, text.into_bytes()))
+        .collect()
 }
 
 fn peak_rss_kib() -> Option<u64> {

@@ -531,6 +531,17 @@ impl Figures {
     }
 }
 
+/// `median X of N (min A, max B)` of durations in seconds.
+fn spread(v: &[f64]) -> String {
+    format!(
+        "median {} of {} (min {}, max {})",
+        duration(median(v)),
+        v.len(),
+        duration(v.iter().copied().fold(f64::INFINITY, f64::min)),
+        duration(v.iter().copied().fold(0.0, f64::max)),
+    )
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
@@ -666,10 +677,8 @@ fn run_size(apps: usize) -> Figures {
     }
     let first_apply_s = median(&first_s);
     say(&format!(
-        "  first apply: median {} of {FIRST_RUNS} (min {}, max {}; peak RSS {})",
-        duration(first_apply_s),
-        duration(first_s.iter().copied().fold(f64::INFINITY, f64::min)),
-        duration(first_s.iter().copied().fold(0.0, f64::max)),
+        "  first apply: {}; peak RSS {}",
+        spread(&first_s),
         mib(peaks.of("first apply")),
     ));
 
@@ -687,12 +696,7 @@ fn run_size(apps: usize) -> Figures {
         peaks.add("no-op plan", &run);
         plan_s.push(run.secs);
     }
-    say(&format!(
-        "  no-op plan: median {} of {RUNS} (min {}, max {})",
-        duration(median(&plan_s)),
-        duration(plan_s.iter().copied().fold(f64::INFINITY, f64::min)),
-        duration(plan_s.iter().copied().fold(0.0, f64::max)),
-    ));
+    say(&format!("  no-op plan: {}", spread(&plan_s)));
 
     let mut noop_s = Vec::new();
     for _ in 0..RUNS {
@@ -700,12 +704,7 @@ fn run_size(apps: usize) -> Figures {
         peaks.add("no-op apply", &run);
         noop_s.push(run.secs);
     }
-    say(&format!(
-        "  no-op apply: median {} of {RUNS} (min {}, max {})",
-        duration(median(&noop_s)),
-        duration(noop_s.iter().copied().fold(f64::INFINITY, f64::min)),
-        duration(noop_s.iter().copied().fold(0.0, f64::max)),
-    ));
+    say(&format!("  no-op apply: {}", spread(&noop_s)));
 
     let mut change_s = Vec::new();
     let mut updated = Vec::new();
@@ -725,10 +724,8 @@ fn run_size(apps: usize) -> Figures {
         updated.push(summary.get("updated").expect("checked above"));
     }
     say(&format!(
-        "  one-workload change: median {} of {RUNS} (min {}, max {}); updated per change: {updated:?}",
-        duration(median(&change_s)),
-        duration(change_s.iter().copied().fold(f64::INFINITY, f64::min)),
-        duration(change_s.iter().copied().fold(0.0, f64::max)),
+        "  one-workload change: {}; updated per change: {updated:?}",
+        spread(&change_s)
     ));
 
     let before = state_bytes(&cli.state);

@@ -315,36 +315,21 @@ impl Daemon {
             };
             let store = Store::open(&shared.state)?;
             let mut cache = shared.cache.lock().unwrap_or_else(|e| e.into_inner());
-            let mut targets = Vec::new();
-            let mut errors: Vec<String> = Vec::new();
-            for env in &envs {
-                match deploy::target(
-                    &repo,
-                    &layout,
-                    env,
-                    (Some(&store), Reach::Changes),
-                    runtime.host(),
-                    &mut cache,
-                )? {
-                    Ok(t) => targets.push(t),
-                    Err(rejected) => {
-                        for e in rejected.errors {
-                            if !errors.contains(&e) {
-                                errors.push(e);
-                            }
-                        }
-                    }
-                }
-            }
+            let built = deploy::targets(
+                &repo,
+                &layout,
+                &envs,
+                (Some(&store), Reach::Changes),
+                runtime.host(),
+                &mut cache,
+            )?;
             cache.forget_workloads();
             drop(cache);
-            if !errors.is_empty() {
-                return Ok(Some((
-                    commit,
-                    Loaded::Rejected(deploy::Rejected { envs, errors }),
-                )));
-            }
-            let loaded = match read_target_secrets(&mut targets, &runtime.stores) {
+            let mut targets = match built {
+                Ok(targets) => targets,
+                Err(rejected) => return Ok(Some((commit, Loaded::Rejected(rejected)))),
+            };
+            let loaded = match deploy::read_target_secrets(&mut targets, &runtime.stores) {
                 Ok(()) => Loaded::Ready(targets),
                 Err(unread) => Loaded::Waiting(unread),
             };
@@ -647,20 +632,10 @@ fn target_under_lock(
     };
     cache.forget_workloads();
     drop(cache);
-    if let Err(unread) = read_target_secrets(&mut targets, &runtime.stores) {
+    if let Err(unread) = deploy::read_target_secrets(&mut targets, &runtime.stores) {
         return Ok(Err(unread));
     }
     Ok(Ok(targets.remove(0)))
-}
-
-/// Reads the stored secrets of every target's graph.
-fn read_target_secrets(
-    targets: &mut [Target],
-    stores: &SecretStores,
-) -> Result<(), deploy::Rejected> {
-    let mut graphs: Vec<&mut crate::graph::ResourceGraph> =
-        targets.iter_mut().map(|t| &mut t.graph).collect();
-    deploy::read_stored_secrets(&mut graphs, stores)
 }
 
 /// A new commit, loaded.

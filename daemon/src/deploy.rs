@@ -396,6 +396,47 @@ pub fn target(
     )
 }
 
+/// What a deployment of each of `envs` at the commit of `layout` looks at (see [`target`]). The
+/// commit is rejected as a whole when one environment does not load or build, each error told
+/// once (a file that does not parse would otherwise be reported for every environment).
+pub fn targets(
+    repo: &ConfigRepo,
+    layout: &Layout,
+    envs: &[String],
+    scope: (Option<&Store>, Reach),
+    host: Host<'_>,
+    cache: &mut LoadCache,
+) -> Result<Result<Vec<Target>, Rejected>, DeployError> {
+    let mut targets = Vec::new();
+    let mut errors: Vec<String> = Vec::new();
+    for env in envs {
+        match target(repo, layout, env, scope, host, cache)? {
+            Ok(t) => targets.push(t),
+            Err(rejected) => {
+                for e in rejected.errors {
+                    if !errors.contains(&e) {
+                        errors.push(e);
+                    }
+                }
+            }
+        }
+    }
+    Ok(if errors.is_empty() {
+        Ok(targets)
+    } else {
+        Err(Rejected {
+            envs: envs.to_vec(),
+            errors,
+        })
+    })
+}
+
+/// Reads the stored secrets of every target's graph (see [`read_stored_secrets`]).
+pub fn read_target_secrets(targets: &mut [Target], stores: &SecretStores) -> Result<(), Rejected> {
+    let mut graphs: Vec<&mut ResourceGraph> = targets.iter_mut().map(|t| &mut t.graph).collect();
+    read_stored_secrets(&mut graphs, stores)
+}
+
 /// Loads `snapshot` and builds `env`'s graph of `apps` (every app when `None`).
 fn build_one(
     snapshot: &Snapshot,

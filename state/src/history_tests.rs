@@ -33,23 +33,14 @@ fn record(guresid: &str, outputs: serde_json::Value) -> ResourceRecord {
     ResourceRecord {
         guresid: guresid.into(),
         env: "dev".into(),
-        app: Some("shop".into()),
-        res_type: "postgres".into(),
-        class: "default".into(),
         res_id: format!("modules.{guresid}"),
-        definition: "pg".into(),
-        driver: "echo".into(),
-        account: None,
-        deletion_policy: DeletionPolicy::Delete,
-        template_hash: String::new(),
-        status: ResourceStatus::Ready,
         inputs_hash: "h".into(),
         outputs,
         secret_outputs: json!({}),
         inputs: StoredJson::default(),
         secret_inputs: StoredJson::default(),
-        error: None,
         commit_id: "c".into(),
+        ..crate::tests::record(guresid)
     }
 }
 

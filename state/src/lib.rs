@@ -1134,10 +1134,24 @@ fn create_private(path: &Path) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn record(guresid: &str) -> ResourceRecord {
+    /// A create of `shared.db`, a postgres of app `shop` in `development`.
+    pub(crate) fn start(deployment: i64) -> OperationStart<'static> {
+        OperationStart {
+            deployment,
+            guresid: "g1",
+            app: Some("shop"),
+            res_type: "postgres",
+            class: "default",
+            res_id: "shared.db",
+            action: "create",
+            reason: "new",
+        }
+    }
+
+    pub(crate) fn record(guresid: &str) -> ResourceRecord {
         ResourceRecord {
             guresid: guresid.into(),
             env: "development".into(),
@@ -1262,16 +1276,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("state.db")).unwrap();
         let dep = store.begin_deployment("development", "c1").unwrap();
-        let start = OperationStart {
-            deployment: dep,
-            guresid: "g1",
-            app: Some("shop"),
-            res_type: "postgres",
-            class: "default",
-            res_id: "shared.db",
-            action: "create",
-            reason: "new",
-        };
+        let start = start(dep);
         let secret_rows = |store: &Store| -> i64 {
             store
                 .conn
@@ -1315,16 +1320,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("state.db")).unwrap();
         let dep = store.begin_deployment("development", "c1").unwrap();
-        let start = OperationStart {
-            deployment: dep,
-            guresid: "g1",
-            app: Some("shop"),
-            res_type: "postgres",
-            class: "default",
-            res_id: "shared.db",
-            action: "create",
-            reason: "new",
-        };
+        let start = start(dep);
         let op = store.begin_operation(&start).unwrap();
         assert_eq!(store.operations(dep).unwrap()[0].status, "started");
         store

@@ -61,6 +61,20 @@ fn three_apps_committed() -> Sandbox {
     sb
 }
 
+/// A host config that registers `driver` as `test/http` with `timeout`, then `extra`; its path.
+fn http_driver_config(sb: &Sandbox, driver: &DriverServer, timeout: &str, extra: &str) -> String {
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: {timeout}}}\n{extra}",
+            driver.url
+        ),
+    )
+    .unwrap();
+    config.to_str().unwrap().to_owned()
+}
+
 /// `gitplane apply` with the reading logged.
 fn apply(sb: &Sandbox, args: &[&str]) -> Run {
     let mut all = vec!["apply"];
@@ -169,17 +183,12 @@ fn a_changed_definition_reaches_every_app() {
 fn an_app_left_unfinished_is_read_again_though_its_files_did_not_change() {
     let sb = three_apps();
     let driver = DriverServer::start();
-    let config = sb.root.join("host.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 2s}}\n\
-             retry: {{attempts: 1, initial_delay: 10ms, max_delay: 20ms, poll_interval: 10ms}}\n",
-            driver.url
-        ),
-    )
-    .unwrap();
-    let config = config.to_str().unwrap();
+    let config = &http_driver_config(
+        &sb,
+        &driver,
+        "2s",
+        "retry: {attempts: 1, initial_delay: 10ms, max_delay: 20ms, poll_interval: 10ms}\n",
+    );
     sb.write(
         "definitions/queue.yaml",
         &def("queue", "queue", "test/http", "      size: 1\n"),
@@ -414,16 +423,7 @@ fn the_daemon_reads_only_the_apps_a_push_changed_and_back_again() {
 fn an_app_a_killed_deployment_was_changing_is_read_again_even_for_its_old_files() {
     let sb = three_apps();
     let driver = DriverServer::start();
-    let config = sb.root.join("host.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 30s}}\n",
-            driver.url
-        ),
-    )
-    .unwrap();
-    let config = config.to_str().unwrap().to_owned();
+    let config = http_driver_config(&sb, &driver, "30s", "");
     sb.write(
         "definitions/queue.yaml",
         &def(

@@ -16,7 +16,7 @@ use gitplane_state::{ApplyLock, DeploymentStatus, StateError, Store};
 use crate::config::{ConfigError, HostConfig, RepoSource};
 use crate::deploy::{self, Built, Reach, Rejected, Target};
 use crate::drivers::Registry;
-use crate::graph::{self, ResourceGraph};
+use crate::graph;
 use crate::model::LoadCache;
 use crate::plan;
 use crate::reconcile::{self, ApplyOptions, Event, Settings};
@@ -734,57 +734,27 @@ impl Commit {
 }
 
 /// What a deployment of each of `commit`'s environments looks at, stored secrets read (see
-/// [`deploy::target`]); or why the commit is rejected, as a whole.
+/// [`deploy::targets`]); or why the commit is rejected, as a whole.
 pub(crate) fn targets(
     ctx: &Context,
     commit: &Commit,
     store: Option<&Store>,
     reach: Reach,
 ) -> Result<(String, Result<Vec<Target>, Rejected>), CliError> {
-    let mut cache = LoadCache::default();
-    let mut targets = Vec::new();
-    let mut errors: Vec<String> = Vec::new();
-    for env in &commit.envs {
-        match deploy::target(
-            &commit.repo,
-            &commit.layout,
-            env,
-            (store, reach),
-            ctx.host(),
-            &mut cache,
-        )? {
-            Ok(t) => targets.push(t),
-            // A file that does not load is reported once, not once per environment.
-            Err(rejected) => {
-                for e in rejected.errors {
-                    if !errors.contains(&e) {
-                        errors.push(e);
-                    }
-                }
-            }
-        }
-    }
-    if errors.is_empty()
-        && let Err(rejected) = read_target_secrets(&mut targets, &ctx.stores)
+    let mut result = deploy::targets(
+        &commit.repo,
+        &commit.layout,
+        &commit.envs,
+        (store, reach),
+        ctx.host(),
+        &mut LoadCache::default(),
+    )?;
+    if let Ok(targets) = &mut result
+        && let Err(rejected) = deploy::read_target_secrets(targets, &ctx.stores)
     {
-        errors = rejected.errors;
+        result = Err(rejected);
     }
-    let id = commit.layout.commit.clone();
-    let result = if errors.is_empty() {
-        Ok(targets)
-    } else {
-        Err(Rejected {
-            envs: commit.envs.clone(),
-            errors,
-        })
-    };
-    Ok((id, result))
-}
-
-/// Reads the stored secrets of every target's graph.
-fn read_target_secrets(targets: &mut [Target], stores: &SecretStores) -> Result<(), Rejected> {
-    let mut graphs: Vec<&mut ResourceGraph> = targets.iter_mut().map(|t| &mut t.graph).collect();
-    deploy::read_stored_secrets(&mut graphs, stores)
+    Ok((commit.layout.commit.clone(), result))
 }
 
 /// Reconciles each target in turn, with progress on stderr and a summary line per environment.

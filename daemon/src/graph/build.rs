@@ -212,6 +212,8 @@ struct Builder<'r> {
     index: HashMap<GuresId, NodeIndex>,
     /// The definition each node matched, to expand it.
     matched: HashMap<NodeIndex, &'r Definition>,
+    /// Each app's nodes: what a request by interface may reuse, without a walk of every app.
+    of_app: HashMap<String, Vec<NodeIndex>>,
     /// Resources that matched no definition, so each is reported once.
     unmatched: HashSet<GuresId>,
     queue: VecDeque<NodeIndex>,
@@ -247,6 +249,7 @@ impl<'r> Builder<'r> {
             dag: Dag::new(),
             index: HashMap::new(),
             matched: HashMap::new(),
+            of_app: HashMap::new(),
             unmatched: HashSet::new(),
             queue: VecDeque::new(),
             match_dependents: Vec::new(),
@@ -341,7 +344,11 @@ impl<'r> Builder<'r> {
             secrets: Template::default(),
             origin: Box::new(req.origin),
         };
+        let app = node.app.clone();
         let n = self.dag.add_node(node);
+        if let Some(app) = app {
+            self.of_app.entry(app).or_default().push(n);
+        }
         self.index.insert(guresid, n);
         self.matched.insert(n, def);
         self.queue.push_back(n);
@@ -464,13 +471,12 @@ impl<'r> Builder<'r> {
             }
             if served.is_none() {
                 let mut existing: Vec<(String, NodeIndex, BTreeMap<String, String>)> = self
-                    .dag
-                    .graph()
-                    .node_indices()
-                    .filter(|&n| {
-                        self.dag[n].app.as_deref() == Some(app)
-                            && self.dag[n].res_type != "workload"
-                    })
+                    .of_app
+                    .get(app)
+                    .into_iter()
+                    .flatten()
+                    .copied()
+                    .filter(|&n| self.dag[n].res_type != "workload")
                     .filter_map(|n| {
                         let def = self.matched.get(&n)?;
                         covers(&def.provides, wanted).map(|m| (self.dag[n].label(), n, m))

@@ -48,7 +48,7 @@ pub enum RepoError {
     },
 }
 
-/// The folders and files of the repository format (DESIGN.md section 2).
+/// The folders and files of the repository format (docs/repository.md, section 1).
 fn wanted(path: &str) -> bool {
     path == "gitplane.yaml"
         || path == "gitplane.yml"

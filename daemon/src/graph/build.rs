@@ -1,4 +1,4 @@
-//! Building an environment's resource graph from the loaded repository (DESIGN.md section 4).
+//! Building an environment's resource graph from the loaded repository (docs/repository.md, section 3).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::convert::Infallible;

@@ -1,4 +1,4 @@
-//! Matching a resource to one Resource Definition by criteria (DESIGN.md section 5).
+//! Matching a resource to one Resource Definition by criteria (docs/repository.md, section 5).
 
 use std::fmt;
 

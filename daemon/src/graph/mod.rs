@@ -407,7 +407,7 @@ impl ResourceGraph {
     }
 }
 
-/// The JSON of `gitplane graph --format json` (DESIGN.md section 8).
+/// The JSON of `gitplane graph --format json` (docs/repository.md, section 6).
 pub fn to_json(graph: &ResourceGraph, commit: &str) -> Value {
     let mut nodes: Vec<&ResourceNode> = graph.nodes().collect();
     nodes.sort_by(|a, b| a.guresid.cmp(&b.guresid));

@@ -1,6 +1,6 @@
 //! The placeholder language: parses `${...}` expressions inside strings of definitions and Score files.
 //!
-//! Grammar (DESIGN.md section 4), for the Humanitec dialect used in Resource Definitions:
+//! Grammar (docs/repository.md, section 4), for the Humanitec dialect used in Resource Definitions:
 //!
 //! ```text
 //! string      := (text | escape | placeholder)*

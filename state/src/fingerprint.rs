@@ -1,12 +1,12 @@
 //! App fingerprints, and what an apply that looks at some apps only reads: what each app's part
-//! of the graph was made of when a deployment last left it all ready, the links of some
-//! resources, and how many resources an environment has.
+//! of the graph was made of when a deployment last left it all ready, and how many resources an
+//! environment has.
 
 use std::collections::{BTreeSet, HashMap};
 
 use rusqlite::params;
 
-use crate::{LinkRecord, Result, Store};
+use crate::{Result, Store};
 
 /// An app's fingerprint as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,28 +98,5 @@ impl Store {
             .prepare_cached("SELECT COUNT(*) FROM resource WHERE env = ?1")
             .and_then(|mut s| s.query_row([env], |r| r.get(0)))
             .map_err(self.err())
-    }
-
-    /// The current links of `env` whose consumer is one of `consumers`.
-    pub fn links_from(&self, env: &str, consumers: &[&str]) -> Result<Vec<LinkRecord>> {
-        if consumers.is_empty() {
-            return Ok(Vec::new());
-        }
-        let consumers = serde_json::to_string(consumers).expect("strings serialise");
-        self.query(
-            "SELECT consumer, provider, kind, update_type FROM link
-             WHERE env = ?1 AND valid_to IS NULL
-               AND consumer IN (SELECT value FROM json_each(?2))
-             ORDER BY consumer, provider",
-            params![env, consumers],
-            |r| {
-                Ok(LinkRecord {
-                    consumer: r.get(0)?,
-                    provider: r.get(1)?,
-                    kind: r.get(2)?,
-                    update_type: r.get(3)?,
-                })
-            },
-        )
     }
 }

@@ -85,6 +85,22 @@ impl Store {
         )
     }
 
+    /// The current links of `env` whose consumer is one of `consumers`.
+    pub fn links_from(&self, env: &str, consumers: &[&str]) -> Result<Vec<LinkRecord>> {
+        if consumers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let consumers = serde_json::to_string(consumers).expect("strings serialise");
+        self.query(
+            "SELECT consumer, provider, kind, update_type FROM link
+             WHERE env = ?1 AND valid_to IS NULL
+               AND consumer IN (SELECT value FROM json_each(?2))
+             ORDER BY consumer, provider",
+            params![env, consumers],
+            link_row,
+        )
+    }
+
     /// Ends and starts links with `deployment`, in one transaction. A link that `deployment`
     /// itself started (a resumed deployment) and now ends leaves no trace.
     pub fn record_link_changes(

@@ -94,11 +94,6 @@ impl Store {
         })
     }
 
-    /// Journals a driver call before it starts.
-    pub fn begin_operation(&mut self, op: &OperationStart<'_>) -> Result<i64> {
-        self.in_transaction(|tx| insert_operation(tx, op, "started", None))
-    }
-
     /// Records operations that ended before any driver call, in one transaction: each with
     /// its status (`skipped`: not attempted; `failed`: it could not start) and why.
     pub fn ended_operations(&mut self, ops: &[(OperationStart<'_>, Ended, &str)]) -> Result<()> {
@@ -119,71 +114,6 @@ impl Store {
             return Ok(());
         }
         self.in_transaction(|tx| write_journal(tx, entries))
-    }
-
-    /// Ends a put (create or update): the operation's outcome and the resource's new record,
-    /// in one transaction.
-    pub fn finish_put(
-        &mut self,
-        operation: i64,
-        attempts: i64,
-        deployment: i64,
-        record: &ResourceRecord,
-        outputs_changed: Option<bool>,
-    ) -> Result<()> {
-        self.journal(&[JournalEntry::Put {
-            operation,
-            attempts,
-            deployment,
-            record,
-            outputs_changed,
-            new: false,
-        }])
-    }
-
-    /// Ends a delete: on success the resource, its secrets, cookie, links and bindings go, in
-    /// one transaction.
-    pub fn finish_delete(
-        &mut self,
-        operation: i64,
-        attempts: i64,
-        deployment: i64,
-        (env, guresid): (&str, &str),
-        error: Option<&str>,
-    ) -> Result<()> {
-        self.journal(&[JournalEntry::Delete {
-            operation,
-            attempts,
-            deployment,
-            env,
-            guresid,
-            error,
-        }])
-    }
-
-    /// Ends an operation that failed before its driver was called.
-    pub fn fail_operation(&mut self, operation: i64, attempts: i64, error: &str) -> Result<()> {
-        self.journal(&[JournalEntry::Failed {
-            operation,
-            attempts,
-            error,
-        }])
-    }
-
-    /// Journals one finished driver call (see [`JournalEntry::Call`]).
-    pub fn record_call(
-        &mut self,
-        operation: i64,
-        attempts: i64,
-        guresid: &str,
-        cookie: Option<Option<&str>>,
-    ) -> Result<()> {
-        self.journal(&[JournalEntry::Call {
-            operation,
-            attempts,
-            guresid,
-            cookie,
-        }])
     }
 
     /// Forgets the operations of a finished drift run that found nothing to repair: the

@@ -804,36 +804,27 @@ impl Store {
         orphans: &[(String, String)],
         scope: Option<&[&str]>,
     ) -> Result<()> {
-        let path = self.path.clone();
-        let e = |source| StateError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let tx = self.conn.transaction().map_err(e)?;
         let kept: Vec<&str> = orphans.iter().map(|(g, _)| g.as_str()).collect();
         let kept = serde_json::to_string(&kept).expect("strings serialise");
         let scope = scope.map(|s| serde_json::to_string(s).expect("strings serialise"));
-        tx.execute(
-            "UPDATE resource SET orphan_since = NULL, orphan_reason = NULL
-             WHERE env = ?1 AND orphan_since IS NOT NULL
-               AND guresid NOT IN (SELECT value FROM json_each(?2))
-               AND (?3 IS NULL OR guresid IN (SELECT value FROM json_each(?3)))",
-            params![env, kept, scope],
-        )
-        .map_err(e)?;
-        {
-            let mut stmt = tx
-                .prepare_cached(&format!(
-                    "UPDATE resource SET orphan_reason = ?2,
-                            orphan_since = COALESCE(orphan_since, {NOW})
-                     WHERE guresid = ?1"
-                ))
-                .map_err(e)?;
+        self.in_transaction(|tx| {
+            tx.execute(
+                "UPDATE resource SET orphan_since = NULL, orphan_reason = NULL
+                 WHERE env = ?1 AND orphan_since IS NOT NULL
+                   AND guresid NOT IN (SELECT value FROM json_each(?2))
+                   AND (?3 IS NULL OR guresid IN (SELECT value FROM json_each(?3)))",
+                params![env, kept, scope],
+            )?;
+            let mut stmt = tx.prepare_cached(&format!(
+                "UPDATE resource SET orphan_reason = ?2,
+                        orphan_since = COALESCE(orphan_since, {NOW})
+                 WHERE guresid = ?1"
+            ))?;
             for (guresid, reason) in orphans {
-                stmt.execute(params![guresid, reason]).map_err(e)?;
+                stmt.execute(params![guresid, reason])?;
             }
-        }
-        tx.commit().map_err(e)
+            Ok(())
+        })
     }
 
     /// Records a commit the daemon saw on the watched ref, and what it did with it.
@@ -1136,6 +1127,65 @@ fn create_private(path: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// Shorthands for one journal entry each, in its own transaction: what the reconciler
+    /// writes in batches.
+    impl Store {
+        pub(crate) fn begin_operation(&mut self, op: &OperationStart<'_>) -> Result<i64> {
+            Ok(self.begin_operations(std::slice::from_ref(op))?[0])
+        }
+
+        pub(crate) fn finish_put(
+            &mut self,
+            operation: i64,
+            attempts: i64,
+            deployment: i64,
+            record: &ResourceRecord,
+            outputs_changed: Option<bool>,
+        ) -> Result<()> {
+            self.journal(&[JournalEntry::Put {
+                operation,
+                attempts,
+                deployment,
+                record,
+                outputs_changed,
+                new: false,
+            }])
+        }
+
+        pub(crate) fn finish_delete(
+            &mut self,
+            operation: i64,
+            attempts: i64,
+            deployment: i64,
+            (env, guresid): (&str, &str),
+            error: Option<&str>,
+        ) -> Result<()> {
+            self.journal(&[JournalEntry::Delete {
+                operation,
+                attempts,
+                deployment,
+                env,
+                guresid,
+                error,
+            }])
+        }
+
+        pub(crate) fn record_call(
+            &mut self,
+            operation: i64,
+            attempts: i64,
+            guresid: &str,
+            cookie: Option<Option<&str>>,
+        ) -> Result<()> {
+            self.journal(&[JournalEntry::Call {
+                operation,
+                attempts,
+                guresid,
+                cookie,
+            }])
+        }
+    }
 
     /// A create of `shared.db`, a postgres of app `shop` in `development`.
     pub(crate) fn start(deployment: i64) -> OperationStart<'static> {

@@ -242,6 +242,22 @@ struct AccountFile {
     env: Option<String>,
 }
 
+/// Parses how much history to keep (`history.keep`, `gitplane state vacuum --keep`): a number
+/// of deployments per environment (`1000`) or an age (`90d`).
+pub fn parse_retention(text: &str) -> Result<gitplane_state::Retention, String> {
+    use gitplane_state::Retention;
+    if let Ok(n) = text.parse::<u64>() {
+        return match n {
+            0 => Err("keep at least 1 deployment, or an age such as 90d".to_owned()),
+            n => Ok(Retention::Deployments(n)),
+        };
+    }
+    match parse_duration(text)? {
+        age if age.is_zero() => Err("keep more than no time".to_owned()),
+        age => Ok(Retention::Age(age)),
+    }
+}
+
 /// Parses `30s`, `2m`, `1h`, `7d`, `500ms` or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
@@ -517,28 +533,15 @@ impl HostConfig {
         if retry.attempts == 0 {
             err("attempts", "retry.attempts must be at least 1".into());
         }
-        let history = match raw.history.map(|h| h.keep) {
-            None => None,
-            Some(KeepFile::Deployments(0)) => {
-                err(
-                    "keep",
-                    "history.keep must be at least 1 deployment, or an age such as 90d".into(),
-                );
-                None
-            }
-            Some(KeepFile::Deployments(n)) => Some(gitplane_state::Retention::Deployments(n)),
-            Some(KeepFile::Age(text)) => match parse_duration(&text) {
-                Ok(age) if !age.is_zero() => Some(gitplane_state::Retention::Age(age)),
-                Ok(_) => {
-                    err("keep", "history.keep must be longer than 0".into());
-                    None
-                }
-                Err(message) => {
-                    err("keep", format!("history.keep: {message}"));
-                    None
-                }
-            },
-        };
+        let history = raw.history.and_then(|h| {
+            let text = match h.keep {
+                KeepFile::Deployments(n) => n.to_string(),
+                KeepFile::Age(text) => text,
+            };
+            parse_retention(&text)
+                .map_err(|message| err("keep", format!("history.keep: {message}")))
+                .ok()
+        });
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -716,7 +719,7 @@ accounts:
         };
         assert_eq!(
             errors("concurrency: 2\nhistory:\n  keep: 0\n"),
-            ["host.yaml:3: history.keep must be at least 1 deployment, or an age such as 90d"]
+            ["host.yaml:3: history.keep: keep at least 1 deployment, or an age such as 90d"]
         );
         assert_eq!(
             errors("history: {keep: forever}\n"),

@@ -619,7 +619,7 @@ fn target_under_lock(
         }
     }
     let mut cache = shared.cache.lock().unwrap_or_else(|e| e.into_inner());
-    let mut targets = match deploy::target(
+    let mut target = match deploy::target(
         &repo,
         &layout,
         env,
@@ -627,15 +627,13 @@ fn target_under_lock(
         runtime.host(),
         &mut cache,
     )? {
-        Ok(t) => vec![t],
+        Ok(t) => t,
         Err(rejected) => return Ok(Err(rejected)),
     };
     cache.forget_workloads();
     drop(cache);
-    if let Err(unread) = deploy::read_target_secrets(&mut targets, &runtime.stores) {
-        return Ok(Err(unread));
-    }
-    Ok(Ok(targets.remove(0)))
+    let read = deploy::read_target_secrets(std::slice::from_mut(&mut target), &runtime.stores);
+    Ok(read.map(|()| target))
 }
 
 /// A new commit, loaded.

@@ -33,18 +33,23 @@ pub struct Built {
     pub graphs: Vec<ResourceGraph>,
 }
 
+/// The environment a path names, if it is an environment's file (`environments/<id>.yaml`).
+pub fn environment_file(path: &str) -> Option<&str> {
+    let name = path.strip_prefix("environments/")?;
+    if name.contains('/') {
+        return None;
+    }
+    name.strip_suffix(".yaml")
+        .or_else(|| name.strip_suffix(".yml"))
+}
+
 /// The environments a commit declares: the names of its `environments/*.yaml` files, which
 /// are known even when the files do not parse.
 pub fn environments_of(snapshot: &Snapshot) -> BTreeSet<String> {
     snapshot
         .files
         .keys()
-        .filter_map(|p| p.strip_prefix("environments/"))
-        .filter(|name| !name.contains('/'))
-        .filter_map(|name| {
-            name.strip_suffix(".yaml")
-                .or_else(|| name.strip_suffix(".yml"))
-        })
+        .filter_map(|p| environment_file(p))
         .map(str::to_owned)
         .collect()
 }
@@ -54,32 +59,18 @@ pub fn environments_in(layout: &Layout) -> BTreeSet<String> {
     layout
         .shared
         .keys()
-        .filter_map(|p| p.strip_prefix("environments/"))
-        .filter_map(|name| {
-            name.strip_suffix(".yaml")
-                .or_else(|| name.strip_suffix(".yml"))
-        })
+        .filter_map(|p| environment_file(p))
         .map(str::to_owned)
         .collect()
 }
 
 /// Loads the model and builds every environment of `envs`.
 pub fn build(snapshot: &Snapshot, envs: &[String], host: Host<'_>) -> Result<Built, Rejected> {
-    build_cached(snapshot, envs, host, &mut LoadCache::default())
-}
-
-/// [`build`], parsing only the files that changed since the last commit `cache` saw.
-pub fn build_cached(
-    snapshot: &Snapshot,
-    envs: &[String],
-    host: Host<'_>,
-    cache: &mut LoadCache,
-) -> Result<Built, Rejected> {
     let reject = |errors: Vec<String>| Rejected {
         envs: envs.to_vec(),
         errors,
     };
-    let repo: Repository = model::load_cached(&snapshot.files, cache)
+    let repo: Repository = model::load_cached(&snapshot.files, &mut LoadCache::default())
         .map_err(|errors| reject(errors.iter().map(ToString::to_string).collect()))?;
     let mut graphs = Vec::new();
     let mut errors = Vec::new();
@@ -89,8 +80,7 @@ pub fn build_cached(
         }
         match graph::build(&repo, env) {
             Ok(g) => {
-                errors.extend(unknown_drivers(&repo, &g, host.drivers));
-                errors.extend(unusable_stored_secrets(&g, host.stores));
+                errors.extend(host_errors(&repo, &g, host));
                 graphs.push(g);
             }
             Err(errs) => errors.extend(errs.iter().map(|e| format!("environment {}: {e}", env.id))),
@@ -102,6 +92,14 @@ pub fn build_cached(
         errors.dedup();
         Err(reject(errors))
     }
+}
+
+/// What stops a graph that built from being applied on this host: a driver or a secret store
+/// it names that the host does not offer.
+fn host_errors(repo: &Repository, graph: &ResourceGraph, host: Host<'_>) -> Vec<String> {
+    let mut errors = unknown_drivers(repo, graph, host.drivers);
+    errors.extend(unusable_stored_secrets(graph, host.stores));
+    errors
 }
 
 impl Built {
@@ -232,10 +230,7 @@ pub fn fingerprints(layout: &Layout, env: &str, host_print: &str) -> BTreeMap<St
         host_print.to_owned(),
     ];
     for (path, id) in &layout.shared {
-        let other_env = path
-            .strip_prefix("environments/")
-            .and_then(|f| f.strip_suffix(".yaml").or_else(|| f.strip_suffix(".yml")))
-            .is_some_and(|e| e != env);
+        let other_env = environment_file(path).is_some_and(|e| e != env);
         if !other_env {
             shared.push(format!("{path}\0{id}"));
         }
@@ -463,8 +458,7 @@ fn build_one(
                 .collect(),
         )
     })?;
-    let mut errors = unknown_drivers(&repo, &graph, host.drivers);
-    errors.extend(unusable_stored_secrets(&graph, host.stores));
+    let mut errors = host_errors(&repo, &graph, host);
     if errors.is_empty() {
         Ok(graph)
     } else {
@@ -482,15 +476,9 @@ fn needs_whole(
     apps: &BTreeSet<String>,
     graph: &ResourceGraph,
 ) -> Result<Option<String>, StateError> {
-    let selector = graph.nodes().find(|n| {
-        n.app.is_none()
-            && [&n.values, &n.secrets].iter().any(|t| {
-                t.placeholders("").into_iter().any(|p| {
-                    matches!(p.expr, graph::Binding::Selector { direction, .. }
-                        if *direction == crate::model::placeholder::SelectorDirection::Dependents)
-                })
-            })
-    });
+    let selector = graph
+        .nodes()
+        .find(|n| n.app.is_none() && n.selects_dependents());
     if let Some(node) = selector {
         return Ok(Some(format!(
             "global resource {} selects its dependents, which any app may be",
@@ -512,7 +500,7 @@ fn needs_whole(
         .links_from(env, &consumers)?
         .into_iter()
         .find_map(|l| match globals.get(l.provider.as_str()) {
-            Some(g) if !graph.contains_id(&l.provider) => Some(crate::reconcile::record_label(g)),
+            Some(g) if !graph.contains(l.provider.as_str()) => Some(crate::plan::record_label(g)),
             _ => None,
         });
     Ok(dropped.map(|g| format!("a changed app no longer uses global resource {g}")))

@@ -194,7 +194,7 @@ impl Outputs for Recorded<'_> {
 
     fn label(&self, id: &GuresId) -> String {
         match self.by_id.get(id.as_str()) {
-            Some(r) => crate::graph::label(r.app.as_deref(), &r.res_type, &r.class, &r.res_id),
+            Some(r) => record_label(r),
             None => id.to_string(),
         }
     }
@@ -406,6 +406,11 @@ pub fn same_inputs(rec: &ResourceRecord, hash: &str, inputs: &ResolvedInputs) ->
     rec.inputs_hash == hash && rec.secret_inputs.as_str() == to_json(&halves(inputs).1)
 }
 
+/// `app/type.class#res_id` of a recorded resource.
+pub fn record_label(rec: &ResourceRecord) -> String {
+    crate::graph::label(rec.app.as_deref(), &rec.res_type, &rec.class, &rec.res_id)
+}
+
 /// What `node` is recorded as before anything is known of it: failed, with no outputs and no
 /// inputs sent. Callers fill in what they learn.
 pub fn record_of(node: &ResourceNode, env: &str, commit: &str) -> ResourceRecord {
@@ -462,7 +467,7 @@ pub fn plan(graph: &ResourceGraph, recorded: &[ResourceRecord], links: &[LinkRec
     }
     let orphans: Vec<&ResourceRecord> = recorded
         .iter()
-        .filter(|r| !graph.contains_id(&r.guresid))
+        .filter(|r| !graph.contains(r.guresid.as_str()))
         .collect();
     for rec in deletion_order(&orphans, links) {
         let (action, reason) = match rec.deletion_policy {
@@ -938,9 +943,7 @@ mod tests {
             .iter()
             .position(|r| r.res_id == "modules.backend.externals.db")
             .unwrap();
-        let node = g
-            .get(&GuresId::from_recorded(recorded[db].guresid.clone()))
-            .unwrap();
+        let node = g.get(recorded[db].guresid.as_str()).unwrap();
         let mut outputs: HashMap<GuresId, (Value, Value, String)> = HashMap::new();
         for r in &recorded {
             outputs.insert(

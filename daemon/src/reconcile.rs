@@ -39,7 +39,7 @@ use crate::drivers::{
 use crate::graph::{EdgeKind, GuresId, ResourceGraph, ResourceNode};
 use crate::plan::{
     Action, Outputs, Plan, ResolvedInputs, Step, bindings_of, deletion_guard, inputs_hash, plan,
-    resolve_inputs, same_inputs, split_inputs,
+    record_label, resolve_inputs, same_inputs, split_inputs,
 };
 
 /// Progress, for people watching an apply.
@@ -262,7 +262,7 @@ pub fn recorded_in_scope(
         None => Ok((store.resources(env)?, store.links(env)?)),
         Some(apps) => {
             let mut recorded = store.resources_of_apps(env, apps, true)?;
-            recorded.retain(|r| r.app.is_some() || target.graph.contains_id(&r.guresid));
+            recorded.retain(|r| r.app.is_some() || target.graph.contains(r.guresid.as_str()));
             // A resource not recorded yet may have links already: an earlier run that could
             // not provision it recorded them.
             let mut ids: Vec<&str> = recorded.iter().map(|r| r.guresid.as_str()).collect();
@@ -826,24 +826,11 @@ impl<'a> Run<'a, '_> {
             });
         }
         let finished = self.finished(steps, results, operation);
-        let bindings = self.bindings_to_write()?;
         let starts: Vec<OperationStart<'_>> = started
             .iter()
             .map(|(i, action, reason)| self.start(steps[*i], action, reason))
             .collect();
-        let (deployment, graph) = (self.deployment, self.graph);
-        let mut batch = self.store.batch()?;
-        let ids = batch.begin_operations(&starts)?;
-        batch.journal(&journal_entries(
-            (deployment, &graph.env),
-            steps,
-            &[],
-            &finished,
-            Some(&ids),
-        ))?;
-        batch.record_bindings(deployment, &graph.env, &bindings)?;
-        batch.commit()?;
-        Ok(self.after_journal(steps, finished))
+        self.commit_batch(steps, &starts, &[], finished)
     }
 
     /// Journals the operations of `calling` in one transaction, then starts their calls.
@@ -909,15 +896,33 @@ impl<'a> Run<'a, '_> {
         operation: Operation,
     ) -> Result<Vec<usize>, StateError> {
         let finished = self.finished(steps, results, operation);
+        self.commit_batch(steps, &[], &calls, finished)
+    }
+
+    /// Journals, in one transaction, the operations `starts` (when any: one per finished job,
+    /// in order, started and ended in this batch), the calls that ended, the finished jobs and
+    /// the bindings taken so far; then acts on the results. The positions of the steps done.
+    fn commit_batch(
+        &mut self,
+        steps: &[&'a Step],
+        starts: &[OperationStart<'_>],
+        calls: &[CallEnded],
+        finished: Vec<Finished>,
+    ) -> Result<Vec<usize>, StateError> {
         let bindings = self.bindings_to_write()?;
         let (deployment, graph) = (self.deployment, self.graph);
         let mut batch = self.store.batch()?;
+        let ids = if starts.is_empty() {
+            None
+        } else {
+            Some(batch.begin_operations(starts)?)
+        };
         batch.journal(&journal_entries(
             (deployment, &graph.env),
             steps,
-            &calls,
+            calls,
             &finished,
-            None,
+            ids.as_deref(),
         ))?;
         batch.record_bindings(deployment, &graph.env, &bindings)?;
         batch.commit()?;
@@ -1394,11 +1399,7 @@ impl<'a> Run<'a, '_> {
         // Global resources that read a secret store, directly or through their upstream.
         let mut volatile: HashSet<&GuresId> = HashSet::new();
         for node in graph.provisioning_order() {
-            let reads_store = !node
-                .secrets
-                .placeholders("")
-                .iter()
-                .all(|p| !matches!(p.expr, crate::graph::Binding::Stored { .. }));
+            let reads_store = node.reads_secret_store();
             let upstream = graph
                 .dependencies(&node.guresid)
                 .into_iter()
@@ -1738,11 +1739,6 @@ fn action_of(action: &str) -> Action {
         "delete" => Action::Delete,
         _ => Action::Update,
     }
-}
-
-/// `app/type.class#res_id` of a recorded resource.
-pub fn record_label(rec: &ResourceRecord) -> String {
-    crate::graph::label(rec.app.as_deref(), &rec.res_type, &rec.class, &rec.res_id)
 }
 
 fn empty() -> Value {

@@ -285,11 +285,7 @@ impl ConfigRepo {
         commit: &str,
         apps: Option<&BTreeSet<String>>,
     ) -> Result<Snapshot, RepoError> {
-        let read_err = |message: String| RepoError::Read {
-            path: self.path.clone(),
-            commit: commit.to_owned(),
-            message,
-        };
+        let read_err = self.read_err(commit);
         let objects = self.objects();
         let mut buf = Vec::new();
         let tree = self.root_tree(commit)?;
@@ -337,11 +333,7 @@ impl ConfigRepo {
     /// The object ids `commit`'s graphs are made of, from its trees alone (no file is read):
     /// each app's folder under `workloads/`, and everything else gitplane reads.
     pub fn layout(&self, commit: &str) -> Result<Layout, RepoError> {
-        let read_err = |message: String| RepoError::Read {
-            path: self.path.clone(),
-            commit: commit.to_owned(),
-            message,
-        };
+        let read_err = self.read_err(commit);
         let objects = self.objects();
         let mut tree_buf = Vec::new();
         let mut entries_of = |tree: &gix::oid, dir: &str| {
@@ -403,12 +395,17 @@ impl ConfigRepo {
         Ok(layout)
     }
 
-    fn root_tree(&self, commit: &str) -> Result<gix::ObjectId, RepoError> {
-        let read_err = |message: String| RepoError::Read {
+    /// How a failure to read `commit`'s objects is reported.
+    fn read_err<'c>(&self, commit: &'c str) -> impl Fn(String) -> RepoError + use<'_, 'c> {
+        move |message| RepoError::Read {
             path: self.path.clone(),
             commit: commit.to_owned(),
             message,
-        };
+        }
+    }
+
+    fn root_tree(&self, commit: &str) -> Result<gix::ObjectId, RepoError> {
+        let read_err = self.read_err(commit);
         let id = gix::ObjectId::from_hex(commit.as_bytes()).map_err(|e| read_err(e.to_string()))?;
         let mut buf = Vec::new();
         self.objects()

@@ -86,7 +86,7 @@ fn explain_recorded(
             let graph = built.graphs.pop();
             match (crate::model::load(&snapshot.files), graph) {
                 (Ok(repo), Some(graph)) => {
-                    let in_graph = graph.contains(&GuresId::from_recorded(guresid.clone()));
+                    let in_graph = graph.contains(guresid.as_str());
                     loaded = Some((repo, graph));
                     (!in_graph).then(|| {
                         format!(
@@ -139,7 +139,7 @@ fn explain_recorded(
     let operations = store.resource_operations(&guresid)?;
 
     let explainer = loaded.as_ref().and_then(|(repo, graph)| {
-        let node = graph.get(&GuresId::from_recorded(guresid.clone()))?;
+        let node = graph.get(guresid.as_str())?;
         Some(Explainer {
             repo,
             graph,
@@ -1176,12 +1176,12 @@ fn label_of(
     graph: Option<&ResourceGraph>,
     records: &HashMap<String, ResourceRecord>,
 ) -> String {
-    if let Some(n) = graph.and_then(|g| g.get(&GuresId::from_recorded(guresid.to_owned()))) {
+    if let Some(n) = graph.and_then(|g| g.get(guresid)) {
         return n.label();
     }
     records
         .get(guresid)
-        .map(crate::reconcile::record_label)
+        .map(crate::plan::record_label)
         .unwrap_or_else(|| guresid.to_owned())
 }
 
@@ -1358,7 +1358,7 @@ impl Explanation<'_> {
             out.push_str(s.trim_end());
             out.push('\n');
         };
-        line(crate::reconcile::record_label(rec));
+        line(crate::plan::record_label(rec));
         let (status, provisioned_from) = if self.planned {
             ("not provisioned yet".to_owned(), "-".to_owned())
         } else {
@@ -1563,7 +1563,7 @@ impl Explanation<'_> {
         };
         json!({
             "resource": {
-                "label": crate::reconcile::record_label(rec),
+                "label": crate::plan::record_label(rec),
                 "guresid": rec.guresid,
                 "env": rec.env,
                 "app": rec.app,

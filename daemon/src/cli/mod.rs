@@ -471,21 +471,10 @@ fn vacuum(
 
 /// `--keep 1000` (deployments per environment) or `--keep 90d`.
 fn parse_keep(text: &str) -> Result<gitplane_state::Retention, CliError> {
-    let err = |message: &str| CliError::Keep {
+    crate::config::parse_retention(text).map_err(|message| CliError::Keep {
         keep: text.to_owned(),
-        message: message.to_owned(),
-    };
-    if let Ok(n) = text.parse::<u64>() {
-        return match n {
-            0 => Err(err("keep at least 1 deployment")),
-            n => Ok(gitplane_state::Retention::Deployments(n)),
-        };
-    }
-    match crate::config::parse_duration(text) {
-        Ok(age) if !age.is_zero() => Ok(gitplane_state::Retention::Age(age)),
-        Ok(_) => Err(err("keep more than no time")),
-        Err(message) => Err(err(&message)),
-    }
+        message,
+    })
 }
 
 /// The commit and its graphs, or `None` once a rejected commit's errors are reported.
@@ -540,16 +529,11 @@ fn show_plan(
     } else {
         None
     };
-    let (commit, result) = targets(
-        ctx,
-        &Commit::resolve(ctx, rev)?,
-        store.as_ref(),
-        Reach::Changes,
-    )?;
-    let targets = match result {
+    let commit = Commit::resolve(ctx, rev)?;
+    let targets = match targets(ctx, &commit, store.as_ref(), Reach::Changes)? {
         Ok(targets) => targets,
         Err(rejected) => {
-            report_rejected(&commit, &rejected);
+            report_rejected(commit.id(), &rejected);
             return Ok(CommandResult::Failure);
         }
     };
@@ -561,8 +545,8 @@ fn show_plan(
         };
         let p = plan::plan(&t.graph, &recorded, &links);
         match format {
-            Format::Table => write!(stdout, "{}", output::plan_table(&p, &t.scope, &commit))?,
-            Format::Json => json.push(output::plan_json(&p, &t.scope, &commit)),
+            Format::Table => write!(stdout, "{}", output::plan_table(&p, &t.scope, commit.id()))?,
+            Format::Json => json.push(output::plan_json(&p, &t.scope, commit.id())),
         }
     }
     if format == Format::Json {
@@ -693,14 +677,13 @@ fn apply(
         .iter()
         .map(|env| ApplyLock::acquire(&ctx.state, env, false))
         .collect::<Result<Vec<_>, _>>()?;
-    let (id, result) = targets(ctx, &commit, Some(&store), Reach::Changes)?;
-    let targets = match result {
+    let targets = match targets(ctx, &commit, Some(&store), Reach::Changes)? {
         Ok(targets) => targets,
         Err(rejected) => {
-            report_rejected(&id, &rejected);
+            report_rejected(commit.id(), &rejected);
             let error = rejected.errors.join("\n");
             for env in &rejected.envs {
-                store.failed_deployment(env, Some(&id), &error)?;
+                store.failed_deployment(env, Some(commit.id()), &error)?;
             }
             return Ok(CommandResult::Failure);
         }
@@ -708,7 +691,7 @@ fn apply(
     apply_targets(
         ctx,
         &mut store,
-        &id,
+        commit.id(),
         &targets,
         &ApplyOptions::default(),
         stdout,
@@ -731,6 +714,11 @@ impl Commit {
         let envs = select_envs(&deploy::environments_in(&layout), &id, &ctx.envs)?;
         Ok(Commit { repo, layout, envs })
     }
+
+    /// The commit's id.
+    pub(crate) fn id(&self) -> &str {
+        &self.layout.commit
+    }
 }
 
 /// What a deployment of each of `commit`'s environments looks at, stored secrets read (see
@@ -740,7 +728,7 @@ pub(crate) fn targets(
     commit: &Commit,
     store: Option<&Store>,
     reach: Reach,
-) -> Result<(String, Result<Vec<Target>, Rejected>), CliError> {
+) -> Result<Result<Vec<Target>, Rejected>, CliError> {
     let mut result = deploy::targets(
         &commit.repo,
         &commit.layout,
@@ -754,7 +742,7 @@ pub(crate) fn targets(
     {
         result = Err(rejected);
     }
-    Ok((commit.layout.commit.clone(), result))
+    Ok(result)
 }
 
 /// Reconciles each target in turn, with progress on stderr and a summary line per environment.
@@ -857,22 +845,17 @@ fn approve(
         envs: vec![env],
         ..ctx.clone()
     };
-    let (id, result) = targets(
-        &held,
-        &Commit::resolve(&held, Some(&commit))?,
-        Some(&store),
-        Reach::Whole,
-    )?;
-    match result {
+    let resolved = Commit::resolve(&held, Some(&commit))?;
+    match targets(&held, &resolved, Some(&store), Reach::Whole)? {
         Ok(targets) => {
             let options = ApplyOptions {
                 approved: Some(deployment),
                 ..ApplyOptions::default()
             };
-            apply_targets(&held, &mut store, &id, &targets, &options, stdout)
+            apply_targets(&held, &mut store, resolved.id(), &targets, &options, stdout)
         }
         Err(rejected) => {
-            report_rejected(&id, &rejected);
+            report_rejected(resolved.id(), &rejected);
             let error = rejected.errors.join("\n");
             store.finish_deployment(
                 deployment,
@@ -910,7 +893,7 @@ pub(crate) fn find_resource(
     let mut found = Vec::new();
     for env in &envs {
         for r in store.resources(env)? {
-            if r.guresid == wanted || crate::reconcile::record_label(&r) == wanted {
+            if r.guresid == wanted || crate::plan::record_label(&r) == wanted {
                 found.push((r.guresid.clone(), env.clone()));
             }
         }
@@ -945,16 +928,11 @@ fn resolve(
         ..ctx.clone()
     };
     let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
-    let (id, result) = targets(
-        &scoped,
-        &Commit::resolve(&scoped, rev)?,
-        Some(&store),
-        Reach::Whole,
-    )?;
-    let targets = match result {
+    let commit = Commit::resolve(&scoped, rev)?;
+    let targets = match targets(&scoped, &commit, Some(&store), Reach::Whole)? {
         Ok(targets) => targets,
         Err(rejected) => {
-            report_rejected(&id, &rejected);
+            report_rejected(commit.id(), &rejected);
             return Ok(CommandResult::Failure);
         }
     };
@@ -962,7 +940,7 @@ fn resolve(
         resolve: [guresid].into(),
         ..ApplyOptions::default()
     };
-    apply_targets(&scoped, &mut store, &id, &targets, &options, stdout)
+    apply_targets(&scoped, &mut store, commit.id(), &targets, &options, stdout)
 }
 
 /// `gitplane history`: deployments per commit, newest first.

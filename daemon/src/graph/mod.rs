@@ -211,6 +211,25 @@ impl ResourceNode {
             &self.res_id,
         )
     }
+
+    /// Whether its secrets read a secret store, whose values may change with no commit.
+    pub fn reads_secret_store(&self) -> bool {
+        self.secrets
+            .placeholders("")
+            .iter()
+            .any(|p| matches!(p.expr, Binding::Stored { .. }))
+    }
+
+    /// Whether it reads a `<` selector: the resources that depend on another, which any app
+    /// may add to.
+    pub fn selects_dependents(&self) -> bool {
+        [&self.values, &self.secrets].iter().any(|t| {
+            t.placeholders("").iter().any(|p| {
+                matches!(p.expr, Binding::Selector { direction, .. }
+                    if *direction == SelectorDirection::Dependents)
+            })
+        })
+    }
 }
 
 /// `app/type.class#res_id` (`-` for no app), how people name a resource everywhere.
@@ -255,22 +274,22 @@ impl ResourceGraph {
         self.dag.raw_nodes().iter().map(|n| &n.weight)
     }
 
-    pub fn get(&self, id: &GuresId) -> Option<&ResourceNode> {
+    /// The node of `id`: a [`GuresId`], or the text of one read back from state.
+    pub fn get<Q>(&self, id: &Q) -> Option<&ResourceNode>
+    where
+        GuresId: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
         self.index.get(id).map(|&i| &self.dag[i])
     }
 
-    pub fn contains(&self, id: &GuresId) -> bool {
+    /// Whether the graph has `id` (a [`GuresId`], or the text of one).
+    pub fn contains<Q>(&self, id: &Q) -> bool
+    where
+        GuresId: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
         self.index.contains_key(id)
-    }
-
-    /// Whether the graph has the resource of a GUResID read back from state.
-    pub fn contains_id(&self, id: &str) -> bool {
-        self.index.contains_key(id)
-    }
-
-    /// The node of a GUResID read back from state.
-    pub fn get_id(&self, id: &str) -> Option<&ResourceNode> {
-        self.index.get(id).map(|&i| &self.dag[i])
     }
 
     /// Every edge, sorted for stable output.

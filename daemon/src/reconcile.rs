@@ -55,6 +55,9 @@ pub enum Event<'a> {
         action: Action,
         outcome: Outcome<'a>,
     },
+    /// Nothing more can start until a driver answers, which may take a while: what was
+    /// reported so far should be shown now.
+    Waiting,
 }
 
 #[derive(Debug, Clone)]
@@ -735,6 +738,7 @@ impl<'a> Run<'a, '_> {
                 break;
             }
             // Wait for one thing to happen, then take everything else that already has.
+            (self.on_event)(&Event::Waiting);
             let mut calls: Vec<CallEnded> = Vec::new();
             let mut results: Vec<JobResult> = Vec::new();
             tokio::select! {

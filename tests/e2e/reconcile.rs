@@ -554,3 +554,55 @@ fn deletion_policy_orphan_forgets_without_deleting() {
         ]
     );
 }
+
+#[test]
+fn progress_shows_what_finished_while_a_slow_driver_is_still_working() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    let slow = Duration::from_secs(3);
+    server.behave(
+        "postgres",
+        Behavior {
+            delay: slow,
+            ..Behavior::default()
+        },
+    );
+    http_platform(&sb, &server, 1);
+    sb.edit("host.yaml", "timeout: 2s", "timeout: 10s");
+    sb.commit("A slow database");
+    let config = sb.work.join("host.yaml");
+    // stderr is a pipe, as under systemd or CI: progress is plain lines.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gitplane"))
+        .args(["apply", "--config", config.to_str().unwrap(), "--repo"])
+        .arg(&sb.origin)
+        .arg("--state")
+        .arg(&sb.state)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env_remove("GITPLANE_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let stderr = child.stderr.take().unwrap();
+    let lines = std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stderr)
+            .lines()
+            .map(|l| (started.elapsed(), l.unwrap()))
+            .collect::<Vec<_>>()
+    });
+    assert!(child.wait().unwrap().success());
+    let exited = started.elapsed();
+    let lines = lines.join().unwrap();
+    let (at, _) = lines
+        .iter()
+        .find(|(_, l)| l.contains("create") && l.contains("base-env"))
+        .unwrap_or_else(|| panic!("no line for the base-env: {lines:?}"));
+    // The base-env is done at once; its line must not wait for the database's answer.
+    assert!(
+        exited.saturating_sub(*at) >= slow / 2,
+        "the base-env's line came {at:?} after the start, the apply ended after {exited:?}"
+    );
+}

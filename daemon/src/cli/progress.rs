@@ -17,8 +17,9 @@ pub struct Progress {
     /// Resources whose driver calls have started and not finished.
     running: HashSet<String>,
     failed: usize,
-    /// Lines not on a terminal, written out at most every [`FLUSH_EVERY`]: an apply of 50 000
-    /// resources would otherwise make 50 000 writes.
+    /// Lines not on a terminal, written out at most every [`FLUSH_EVERY`] while resources
+    /// keep finishing, and whenever the apply waits for a driver: an apply of 50 000 resources
+    /// would otherwise make 50 000 writes.
     lines: std::io::BufWriter<std::io::Stderr>,
     flushed: Instant,
 }
@@ -69,6 +70,7 @@ impl Progress {
             Event::Started { label, .. } => {
                 self.running.insert((*label).to_owned());
             }
+            Event::Waiting => self.flush(),
             Event::Finished {
                 label,
                 action,
@@ -100,8 +102,7 @@ impl Progress {
                         // Progress is best effort: a closed stderr must not stop an apply.
                         let _ = writeln!(self.lines, "  [{summary}] {line}");
                         if self.flushed.elapsed() >= FLUSH_EVERY {
-                            let _ = self.lines.flush();
-                            self.flushed = Instant::now();
+                            self.flush();
                         }
                     }
                 }
@@ -117,6 +118,12 @@ impl Progress {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+        self.flush();
+    }
+
+    /// Writes out the lines kept back.
+    fn flush(&mut self) {
         let _ = self.lines.flush();
+        self.flushed = Instant::now();
     }
 }

@@ -461,8 +461,8 @@ impl Drop for Daemon {
 // ---------------------------------------------------------------------------------------------
 // One size
 
-/// What one size measured; the child process hands it to the parent as `key=value` lines.
-#[derive(Default, Debug)]
+/// What one size measured; the child process hands it to the parent as JSON.
+#[derive(Default, Debug, serde::Serialize, serde::Deserialize)]
 struct Figures {
     apps: usize,
     resources: usize,
@@ -477,58 +477,6 @@ struct Figures {
     cli_rss_of: String,
     daemon_rss_kib: u64,
     noop_state_bytes: u64,
-}
-
-impl Figures {
-    fn encode(&self) -> String {
-        let mut s = String::new();
-        let mut put = |k: &str, v: String| {
-            let _ = writeln!(s, "{k}={v}");
-        };
-        put("apps", self.apps.to_string());
-        put("resources", self.resources.to_string());
-        put("first_apply_s", self.first_apply_s.to_string());
-        put("noop_plan_s", self.noop_plan_s.to_string());
-        put("noop_apply_s", self.noop_apply_s.to_string());
-        put("change_s", self.change_s.to_string());
-        put("push_median_ms", self.push_median_ms.to_string());
-        put("push_min_ms", self.push_min_ms.to_string());
-        put("push_max_ms", self.push_max_ms.to_string());
-        put("cli_rss_kib", self.cli_rss_kib.to_string());
-        put("cli_rss_of", self.cli_rss_of.clone());
-        put("daemon_rss_kib", self.daemon_rss_kib.to_string());
-        put("noop_state_bytes", self.noop_state_bytes.to_string());
-        s
-    }
-
-    fn decode(text: &str) -> Figures {
-        let map: BTreeMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
-        let get = |k: &str| -> &str {
-            map.get(k)
-                .copied()
-                .unwrap_or_else(|| panic!("the result of a size has no `{k}`:\n{text}"))
-        };
-        let num = |k: &str| -> f64 {
-            get(k)
-                .parse()
-                .unwrap_or_else(|e| panic!("`{k}` in the result of a size: {e}"))
-        };
-        Figures {
-            apps: num("apps") as usize,
-            resources: num("resources") as usize,
-            first_apply_s: num("first_apply_s"),
-            noop_plan_s: num("noop_plan_s"),
-            noop_apply_s: num("noop_apply_s"),
-            change_s: num("change_s"),
-            push_median_ms: num("push_median_ms"),
-            push_min_ms: num("push_min_ms"),
-            push_max_ms: num("push_max_ms"),
-            cli_rss_kib: num("cli_rss_kib") as u64,
-            cli_rss_of: get("cli_rss_of").to_owned(),
-            daemon_rss_kib: num("daemon_rss_kib") as u64,
-            noop_state_bytes: num("noop_state_bytes") as u64,
-        }
-    }
 }
 
 /// `median X of N (min A, max B)` of durations in seconds.
@@ -886,7 +834,8 @@ fn main() {
             .and_then(|j| args.get(j + 1))
             .expect("--one-size needs --result FILE");
         let figures = run_size(apps);
-        std::fs::write(result, figures.encode())
+        let json = serde_json::to_string(&figures).expect("figures serialise");
+        std::fs::write(result, json)
             .unwrap_or_else(|e| panic!("cannot write the result to {result}: {e}"));
         return;
     }
@@ -903,7 +852,7 @@ fn main() {
     let results = tempfile::tempdir().expect("a temp dir for the sizes' results");
     let mut all = Vec::new();
     for apps in sizes {
-        let result = results.path().join(format!("{apps}.txt"));
+        let result = results.path().join(format!("{apps}.json"));
         let status = Command::new(&exe)
             .arg("--one-size")
             .arg(apps.to_string())
@@ -914,7 +863,9 @@ fn main() {
         assert!(status.success(), "the run of {apps} apps failed ({status})");
         let text = std::fs::read_to_string(&result)
             .unwrap_or_else(|e| panic!("the run of {apps} apps left no result: {e}"));
-        all.push(Figures::decode(&text));
+        let figures = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("the result of {apps} apps: {e}:\n{text}"));
+        all.push(figures);
     }
     println!();
     for f in &all {

@@ -545,3 +545,55 @@ CREATE TABLE app_fingerprint (
     resources     INTEGER NOT NULL,        -- how many resources the app has
     PRIMARY KEY (env, app)
 );
+
+-- migration 4
+
+-- A held deployment that a newer commit overtook is closed as 'superseded' (approving it would
+-- put an old commit over a newer one). Each deployment of a commit records the deletion guard's
+-- threshold its commit sets: the next commit is judged by the threshold in force, never by one
+-- it raises itself. SQLite cannot widen a CHECK constraint in place, so the table is rebuilt
+-- (gitplane runs this with foreign keys off and checks them before it commits).
+CREATE TABLE deployment_v4 (
+    id          INTEGER PRIMARY KEY,
+    env         TEXT NOT NULL,
+    commit_id   TEXT,                      -- NULL when the revision itself could not be read
+    kind        TEXT NOT NULL DEFAULT 'commit' CHECK (kind IN ('commit', 'drift')),
+                                           -- 'drift': a scheduled re-apply of the last good commit
+    status      TEXT NOT NULL
+                CHECK (status IN ('running', 'succeeded', 'failed', 'held', 'superseded')),
+                                           -- 'superseded': held, then overtaken by a newer commit
+    started_at  TEXT NOT NULL,
+    finished_at TEXT,                      -- NULL while running
+    created     INTEGER NOT NULL DEFAULT 0,
+    updated     INTEGER NOT NULL DEFAULT 0,
+    deleted     INTEGER NOT NULL DEFAULT 0,
+    unchanged   INTEGER NOT NULL DEFAULT 0,
+    failed      INTEGER NOT NULL DEFAULT 0,
+    error       TEXT,                      -- why a failed deployment failed (load, build, drivers),
+                                           -- or which deployment superseded a held one
+    held        TEXT,                      -- while held by the deletion guard: JSON array of the
+                                           -- resources it would delete
+    deletion_threshold REAL                -- the commit's deletion guard threshold (percent);
+                                           -- NULL when the commit did not build
+);
+INSERT INTO deployment_v4 (id, env, commit_id, kind, status, started_at, finished_at, created,
+                           updated, deleted, unchanged, failed, error, held)
+SELECT id, env, commit_id, kind, status, started_at, finished_at, created, updated, deleted,
+       unchanged, failed, error, held
+FROM deployment;
+DROP TABLE deployment;
+ALTER TABLE deployment_v4 RENAME TO deployment;
+CREATE INDEX deployment_env ON deployment (env, id);
+
+-- Which process applies to which environment of this state file. The lock lives in the file
+-- itself, so every name of the file (a symlink, a hard link, a relative path) finds the same
+-- one. A holder renews `renewed_at` while it works; a lock whose holder process is gone (same
+-- host) or that was not renewed for 30 seconds is taken over.
+CREATE TABLE env_lock (
+    env         TEXT PRIMARY KEY,
+    holder      TEXT NOT NULL,             -- a token unique to the holding lock
+    pid         INTEGER NOT NULL,
+    host        TEXT NOT NULL,
+    acquired_at TEXT NOT NULL,
+    renewed_at  TEXT NOT NULL
+);

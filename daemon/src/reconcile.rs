@@ -150,9 +150,27 @@ pub async fn apply(
                 None => recorded.len(),
                 Some(_) => store.resource_count(&graph.env)? as usize,
             };
-            if let Some(held) = deletion_guard(&plan, total, graph.deletion_threshold) {
-                let id =
-                    store.held_deployment(&graph.env, commit, &held.deletions, &held.reason)?;
+            // A commit is judged by the threshold in force, or by its own where that is lower:
+            // a commit that raises the threshold must not let through its own mass deletion.
+            let threshold = match store.threshold_in_force(&graph.env)? {
+                Some(in_force) => in_force.min(graph.deletion_threshold),
+                None => graph.deletion_threshold,
+            };
+            if let Some(mut held) = deletion_guard(&plan, total, threshold) {
+                if threshold < graph.deletion_threshold {
+                    held.reason.push_str(&format!(
+                        " (this commit raises the threshold to {}%, which takes effect once it \
+                         is applied)",
+                        graph.deletion_threshold
+                    ));
+                }
+                let id = store.held_deployment(
+                    &graph.env,
+                    commit,
+                    &held.deletions,
+                    &held.reason,
+                    graph.deletion_threshold,
+                )?;
                 return Ok(ApplyReport {
                     env: graph.env.clone(),
                     deployment: id,
@@ -162,7 +180,12 @@ pub async fn apply(
                     failures: vec![held.reason],
                 });
             }
-            store.begin_or_resume_deployment(&graph.env, commit, options.drift)?
+            store.begin_or_resume_deployment(
+                &graph.env,
+                commit,
+                options.drift,
+                graph.deletion_threshold,
+            )?
         }
     };
     // Until this deployment ends, the apps it looks at are not as any fingerprint says: should
@@ -182,6 +205,11 @@ pub async fn apply(
     });
     let recorded_by_id: HashMap<&str, &ResourceRecord> =
         recorded.iter().map(|r| (r.guresid.as_str(), r)).collect();
+    let done_before = if resumed {
+        store.operated(deployment)?
+    } else {
+        HashSet::new()
+    };
     let mut run = Run {
         options,
         store,
@@ -199,6 +227,7 @@ pub async fn apply(
         broken: HashSet::new(),
         deleted: HashSet::new(),
         unchanged: 0,
+        done_before,
         failed: 0,
         failures: Vec::new(),
         bindings: Vec::new(),
@@ -338,6 +367,8 @@ struct Run<'a, 'e> {
     /// Orphans deleted (or forgotten) in this run.
     deleted: HashSet<GuresId>,
     unchanged: i64,
+    /// Resources an earlier run of a resumed deployment created, updated or deleted.
+    done_before: HashSet<String>,
     failed: i64,
     failures: Vec<String>,
     /// The bindings of resources resolved in this run not written yet (they go in batches);
@@ -503,8 +534,16 @@ impl<'a> Run<'a, '_> {
         self.schedule(&steps, &prerequisites, Operation::Put).await
     }
 
+    /// Counts `id` as unchanged, unless an earlier run of this same (resumed) deployment
+    /// already counted it as created or updated: then it is that, not unchanged.
+    fn count_unchanged(&mut self, id: &GuresId) {
+        if !self.done_before.contains(id.as_str()) {
+            self.unchanged += 1;
+        }
+    }
+
     fn unchanged_step(&mut self, step: &'a Step) {
-        self.unchanged += 1;
+        self.count_unchanged(&step.guresid);
         let (Some(node), Some(rec)) = (
             self.graph.get(&step.guresid),
             self.outputs.recorded.get(step.guresid.as_str()),
@@ -700,7 +739,7 @@ impl<'a> Run<'a, '_> {
                     if step.action != Action::Unchanged || self.options.drift {
                         self.skip(step, action, "stopped: gitplane is shutting down");
                     } else {
-                        self.unchanged += 1;
+                        self.count_unchanged(&step.guresid);
                     }
                     finished.push(i);
                     continue;
@@ -1037,7 +1076,7 @@ impl<'a> Run<'a, '_> {
             && !same_inputs(rec, &hash, &inputs)
             && !self.options.resolve.contains(node.guresid.as_str())
         {
-            self.unchanged += 1;
+            self.count_unchanged(&node.guresid);
             self.rebound.insert(&node.guresid);
             self.pinned.insert(&node.guresid);
             return Ok(Started::Settled);
@@ -1051,7 +1090,7 @@ impl<'a> Run<'a, '_> {
                 self.template_hashes
                     .push((rec.guresid.clone(), node.template_hash.clone()));
             }
-            self.unchanged += 1;
+            self.count_unchanged(&node.guresid);
             if step.action != Action::Unchanged {
                 (self.on_event)(&Event::Finished {
                     label: &step.label(),

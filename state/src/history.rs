@@ -389,9 +389,17 @@ pub(crate) fn binding_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BindingReco
         provided: r.get(2)?,
         provided_path: r.get(3)?,
         data_type: r.get(4)?,
-        value: r
-            .get::<_, Option<String>>(5)?
-            .and_then(|v| serde_json::from_str(&v).ok()),
+        value: match r.get::<_, Option<String>>(5)? {
+            None => None,
+            Some(text) => Some(serde_json::from_str(&text).map_err(|e| {
+                let row = format!(
+                    "{} <- {}",
+                    r.get::<_, String>(0).unwrap_or_default(),
+                    r.get::<_, String>(2).unwrap_or_default()
+                );
+                crate::damaged("binding", row, format!("column value is not JSON: {e}"))
+            })?),
+        },
         secret: r.get(6)?,
         inserted: r.get(7)?,
         interface: r.get(8)?,

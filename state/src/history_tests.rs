@@ -79,7 +79,7 @@ fn deploy(
         .map(|(g, b)| (*g, bound.contains(*g), b.clone()))
         .collect();
     let (d, _) = store
-        .begin_or_resume_deployment("dev", commit, false)
+        .begin_or_resume_deployment("dev", commit, false, 50.0)
         .unwrap();
     for r in records {
         let op = store
@@ -173,7 +173,7 @@ fn history_views_answer_what_each_deployment_looked_like_and_what_it_changed() {
     );
     // c3: b is deleted.
     let (d3, _) = store
-        .begin_or_resume_deployment("dev", "c3", false)
+        .begin_or_resume_deployment("dev", "c3", false, 50.0)
         .unwrap();
     let op = store
         .begin_operation(&OperationStart {

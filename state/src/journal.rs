@@ -84,10 +84,7 @@ impl Store {
         let tx = self
             .conn
             .transaction()
-            .map_err(|source| StateError::Sqlite {
-                path: self.path.clone(),
-                source,
-            })?;
+            .map_err(|source| crate::state_error(&self.path, source))?;
         Ok(Batch {
             tx,
             path: &self.path,
@@ -472,10 +469,7 @@ pub struct Batch<'s> {
 
 impl Batch<'_> {
     fn err(&self) -> impl Fn(rusqlite::Error) -> StateError + '_ {
-        |source| StateError::Sqlite {
-            path: self.path.to_owned(),
-            source,
-        }
+        |source| crate::state_error(self.path, source)
     }
 
     /// See [`Store::begin_operations`].
@@ -502,6 +496,6 @@ impl Batch<'_> {
         let path = self.path.to_owned();
         self.tx
             .commit()
-            .map_err(|source| StateError::Sqlite { path, source })
+            .map_err(|source| crate::state_error(&path, source))
     }
 }

@@ -7,6 +7,7 @@
 mod fingerprint;
 mod history;
 mod journal;
+mod lock;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,6 +18,7 @@ use serde_json::Value;
 pub use fingerprint::AppFingerprint;
 pub use history::{LinkChanges, Pruned, Retention};
 pub use journal::{Batch, Ended, JournalEntry};
+pub use lock::ApplyLock;
 
 const SCHEMA: &str = include_str!("../../schema.sql");
 
@@ -44,13 +46,40 @@ pub enum StateError {
         known: i64,
     },
     #[error(
-        "state {path}: another gitplane is applying to environment {env} (it holds {lock}); \
-         wait for it to finish"
+        "state {path}: the file has {links} names (hard links); SQLite keeps a separate log \
+         for each name, so writing through two of them would damage it. Keep one name (a \
+         symlink is fine) and remove the others"
+    )]
+    HardLinked { path: PathBuf, links: u64 },
+    #[error(
+        "state {path}: another gitplane ({holder}) is applying to environment {env}; wait for \
+         it to finish"
     )]
     Busy {
         path: PathBuf,
         env: String,
-        lock: PathBuf,
+        holder: String,
+    },
+    #[error(
+        "state {path}: table {table}{}: {reason}; restore the file from a backup or remove \
+         the row",
+        if row.is_empty() { String::new() } else { format!(", row {row}") }
+    )]
+    Damaged {
+        path: PathBuf,
+        table: String,
+        row: String,
+        reason: String,
+    },
+    #[error(
+        "state {path}: deployment {deployment} was superseded by deployment {newer} (commit \
+         {commit}): only the newest deployment of an environment can be approved"
+    )]
+    Superseded {
+        path: PathBuf,
+        deployment: i64,
+        newer: i64,
+        commit: String,
     },
     #[error("state {path}: column {column} of {guresid} holds invalid JSON: {source}")]
     Json {
@@ -183,6 +212,8 @@ pub enum DeploymentStatus {
     Failed,
     /// Stopped by the deletion guard before anything changed; `gitplane approve` releases it.
     Held,
+    /// Held, then overtaken by a newer commit's deployment: it can no longer be approved.
+    Superseded,
 }
 
 impl DeploymentStatus {
@@ -192,16 +223,19 @@ impl DeploymentStatus {
             DeploymentStatus::Succeeded => "succeeded",
             DeploymentStatus::Failed => "failed",
             DeploymentStatus::Held => "held",
+            DeploymentStatus::Superseded => "superseded",
         }
     }
 
-    fn parse(s: &str) -> Self {
-        match s {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
             "running" => DeploymentStatus::Running,
             "succeeded" => DeploymentStatus::Succeeded,
+            "failed" => DeploymentStatus::Failed,
             "held" => DeploymentStatus::Held,
-            _ => DeploymentStatus::Failed,
-        }
+            "superseded" => DeploymentStatus::Superseded,
+            _ => return None,
+        })
     }
 }
 
@@ -297,62 +331,44 @@ pub struct ResourceOperation {
     pub finished_at: Option<String>,
 }
 
-const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
-
-/// Held while one process applies to one environment of a state file; released on drop.
-///
-/// SQLite serialises single writes, but an apply is many writes that must not interleave with
-/// another apply's to the same environment, so each apply holds this advisory lock on
-/// `<state>.<env>.lock`. Environments are independent and can be applied in parallel.
-#[derive(Debug)]
-pub struct ApplyLock {
-    _file: std::fs::File,
+/// A value in a row that gitplane cannot have written: the file was damaged or edited.
+#[derive(Debug, thiserror::Error)]
+#[error("{reason}")]
+pub(crate) struct DamagedRow {
+    table: &'static str,
+    row: String,
+    reason: String,
 }
 
-impl ApplyLock {
-    /// Takes the lock of environment `env` of the state file `state`. With `wait`, blocks until
-    /// it is free; without, fails at once if another process has it.
-    pub fn acquire(state: &Path, env: &str, wait: bool) -> Result<ApplyLock> {
-        let mut name = state.as_os_str().to_owned();
-        name.push(format!(".{env}.lock"));
-        let lock = PathBuf::from(name);
-        if let Some(parent) = lock.parent()
-            && !parent.as_os_str().is_empty()
-        {
-            std::fs::create_dir_all(parent).map_err(|source| StateError::Create {
-                path: lock.clone(),
-                source,
-            })?;
-        }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock)
-            .map_err(|source| StateError::Create {
-                path: lock.clone(),
-                source,
-            })?;
-        if wait {
-            file.lock().map_err(|source| StateError::Create {
-                path: lock.clone(),
-                source,
-            })?;
-            return Ok(ApplyLock { _file: file });
-        }
-        match file.try_lock() {
-            Ok(()) => Ok(ApplyLock { _file: file }),
-            Err(std::fs::TryLockError::WouldBlock) => Err(StateError::Busy {
-                path: state.to_owned(),
-                env: env.to_owned(),
-                lock,
-            }),
-            Err(std::fs::TryLockError::Error(source)) => {
-                Err(StateError::Create { path: lock, source })
-            }
-        }
+/// The error a row mapper returns for a value it cannot read; [`state_error`] turns it into
+/// [`StateError::Damaged`], naming the table and row, instead of reading a default.
+pub(crate) fn damaged(table: &'static str, row: String, reason: String) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        0,
+        rusqlite::types::Type::Text,
+        Box::new(DamagedRow { table, row, reason }),
+    )
+}
+
+/// The error of a query on the state file at `path`.
+pub(crate) fn state_error(path: &Path, source: rusqlite::Error) -> StateError {
+    if let rusqlite::Error::FromSqlConversionFailure(_, _, inner) = &source
+        && let Some(row) = inner.downcast_ref::<DamagedRow>()
+    {
+        return StateError::Damaged {
+            path: path.to_owned(),
+            table: row.table.to_owned(),
+            row: row.row.clone(),
+            reason: row.reason.clone(),
+        };
+    }
+    StateError::Sqlite {
+        path: path.to_owned(),
+        source,
     }
 }
+
+pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 /// An open state file.
 pub struct Store {
@@ -369,10 +385,8 @@ impl Store {
                 source,
             })?;
         }
-        let conn = Connection::open(path).map_err(|source| StateError::Sqlite {
-            path: path.to_owned(),
-            source,
-        })?;
+        let real = real_file(path)?;
+        let conn = Connection::open(&real).map_err(|source| state_error(path, source))?;
         let mut store = Store {
             conn,
             path: path.to_owned(),
@@ -391,10 +405,7 @@ impl Store {
         &mut self,
         f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<T>,
     ) -> Result<T> {
-        let err = |source| StateError::Sqlite {
-            path: self.path.clone(),
-            source,
-        };
+        let err = |source| state_error(&self.path, source);
         let tx = self.conn.transaction().map_err(err)?;
         let out = f(&tx).map_err(err)?;
         tx.commit().map_err(err)?;
@@ -402,10 +413,7 @@ impl Store {
     }
 
     fn err(&self) -> impl Fn(rusqlite::Error) -> StateError + '_ {
-        |source| StateError::Sqlite {
-            path: self.path.clone(),
-            source,
-        }
+        |source| state_error(&self.path, source)
     }
 
     /// Runs a cached query and maps every row.
@@ -423,10 +431,7 @@ impl Store {
     }
 
     fn configure(&mut self) -> Result<()> {
-        let e = |source| StateError::Sqlite {
-            path: self.path.clone(),
-            source,
-        };
+        let e = |source| state_error(&self.path, source);
         self.conn
             .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))
             .map_err(e)?;
@@ -451,10 +456,7 @@ impl Store {
     }
 
     fn migrate(&mut self) -> Result<()> {
-        let e = |source| StateError::Sqlite {
-            path: self.path.clone(),
-            source,
-        };
+        let e = |source| state_error(&self.path, source);
         let migrations = migrations();
         let known = migrations.len() as i64;
         let current: i64 = self
@@ -475,16 +477,51 @@ impl Store {
                 .pragma_update(None, "auto_vacuum", "INCREMENTAL")
                 .map_err(e)?;
         }
+        if current == known {
+            return Ok(());
+        }
+        // A migration that rebuilds a table others refer to must run with foreign keys off
+        // (SQLite's documented procedure); each checks them itself before it commits. The
+        // pragma is a no-op inside a transaction, so it is set around them.
+        self.conn
+            .pragma_update(None, "foreign_keys", false)
+            .map_err(e)?;
+        // Renaming a rebuilt table back to its name must leave the views that read it alone:
+        // the modern rename checks every view while the old name is still missing.
+        self.conn
+            .pragma_update(None, "legacy_alter_table", true)
+            .map_err(e)?;
         for (i, sql) in migrations.iter().enumerate().skip(current as usize) {
             let tx = self
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(e)?;
             tx.execute_batch(sql).map_err(e)?;
+            let broken: Option<String> = tx
+                .query_row("PRAGMA foreign_key_check", [], |r| r.get(0))
+                .optional()
+                .map_err(e)?;
+            if let Some(table) = broken {
+                return Err(StateError::Damaged {
+                    path: self.path.clone(),
+                    table: table.clone(),
+                    row: String::new(),
+                    reason: format!(
+                        "migration {} left a row of {table} that refers to a missing one",
+                        i + 1
+                    ),
+                });
+            }
             tx.pragma_update(None, "user_version", (i + 1) as i64)
                 .map_err(e)?;
             tx.commit().map_err(e)?;
         }
+        self.conn
+            .pragma_update(None, "legacy_alter_table", false)
+            .map_err(e)?;
+        self.conn
+            .pragma_update(None, "foreign_keys", true)
+            .map_err(e)?;
         Ok(())
     }
 
@@ -547,10 +584,16 @@ impl Store {
                         res_id: r.get(5)?,
                         definition: r.get(6)?,
                         driver: r.get(7)?,
-                        status: if r.get_ref(8)?.as_str()? == "ready" {
-                            ResourceStatus::Ready
-                        } else {
-                            ResourceStatus::Failed
+                        status: match r.get_ref(8)?.as_str()? {
+                            "ready" => ResourceStatus::Ready,
+                            "failed" => ResourceStatus::Failed,
+                            other => {
+                                return Err(damaged(
+                                    "resource",
+                                    r.get(0)?,
+                                    format!("status '{other}' is neither 'ready' nor 'failed'"),
+                                ));
+                            }
                         },
                         inputs_hash: r.get(9)?,
                         outputs: Value::Null,
@@ -561,10 +604,19 @@ impl Store {
                                 .unwrap_or_else(|| journal::NO_SECRET_INPUTS.to_owned()),
                         ),
                         account: r.get(16)?,
-                        deletion_policy: if r.get_ref(17)?.as_str()? == "orphan" {
-                            DeletionPolicy::Orphan
-                        } else {
-                            DeletionPolicy::Delete
+                        deletion_policy: match r.get_ref(17)?.as_str()? {
+                            "delete" => DeletionPolicy::Delete,
+                            "orphan" => DeletionPolicy::Orphan,
+                            other => {
+                                return Err(damaged(
+                                    "resource",
+                                    r.get(0)?,
+                                    format!(
+                                        "deletion_policy '{other}' is neither 'delete' nor \
+                                         'orphan'"
+                                    ),
+                                ));
+                            }
                         },
                         template_hash: r.get(18)?,
                         error: r.get(12)?,
@@ -609,12 +661,31 @@ impl Store {
     /// Records a deployment that failed before any driver was called (the commit did not load
     /// or build): nothing else in state changes.
     pub fn failed_deployment(&self, env: &str, commit: Option<&str>, error: &str) -> Result<i64> {
-        self.conn
+        let id = self
+            .conn
             .prepare_cached(&format!(
                 "INSERT INTO deployment (env, commit_id, status, started_at, finished_at, error)
                  VALUES (?1, ?2, 'failed', {NOW}, {NOW}, ?3)"
             ))
             .and_then(|mut s| s.insert(params![env, commit, error]))
+            .map_err(self.err())?;
+        if let Some(commit) = commit {
+            supersede_held(&self.conn, env, id, commit).map_err(self.err())?;
+        }
+        Ok(id)
+    }
+
+    /// The deletion guard's threshold in force for `env`: the one the commit of its newest
+    /// deployment that ran (or is running) set. `None` before any did.
+    pub fn threshold_in_force(&self, env: &str) -> Result<Option<f64>> {
+        self.conn
+            .prepare_cached(
+                "SELECT deletion_threshold FROM deployment
+                 WHERE env = ?1 AND deletion_threshold IS NOT NULL
+                   AND status IN ('running', 'succeeded', 'failed')
+                 ORDER BY id DESC LIMIT 1",
+            )
+            .and_then(|mut s| s.query_row([env], |r| r.get(0)).optional())
             .map_err(self.err())
     }
 
@@ -656,11 +727,30 @@ impl Store {
                  FROM deployment WHERE ?1 IS NULL OR env = ?1 ORDER BY id DESC",
             [env],
             |r| {
+                let id: i64 = r.get(0)?;
+                let status: String = r.get(3)?;
+                let Some(status) = DeploymentStatus::parse(&status) else {
+                    return Err(damaged(
+                        "deployment",
+                        id.to_string(),
+                        format!("status '{status}' is not one gitplane writes"),
+                    ));
+                };
+                let held = match r.get::<_, Option<String>>(12)? {
+                    None => None,
+                    Some(text) => Some(serde_json::from_str(&text).map_err(|e| {
+                        damaged(
+                            "deployment",
+                            id.to_string(),
+                            format!("column held is not a JSON list of resources: {e}"),
+                        )
+                    })?),
+                };
                 Ok(DeploymentRecord {
-                    id: r.get(0)?,
+                    id,
                     env: r.get(1)?,
                     commit_id: r.get(2)?,
-                    status: DeploymentStatus::parse(&r.get::<_, String>(3)?),
+                    status,
                     started_at: r.get(4)?,
                     finished_at: r.get(5)?,
                     counts: Counts {
@@ -671,9 +761,7 @@ impl Store {
                         failed: r.get(10)?,
                     },
                     error: r.get(11)?,
-                    held: r
-                        .get::<_, Option<String>>(12)?
-                        .and_then(|h| serde_json::from_str(&h).ok()),
+                    held,
                 })
             },
         )
@@ -689,12 +777,10 @@ impl Store {
         env: &str,
         commit: &str,
         drift: bool,
+        threshold: f64,
     ) -> Result<(i64, bool)> {
         let path = self.path.clone();
-        let e = |source| StateError::Sqlite {
-            path: path.clone(),
-            source,
-        };
+        let e = |source| state_error(&path, source);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -738,13 +824,23 @@ impl Store {
             None => {
                 let id = tx
                     .prepare_cached(&format!(
-                        "INSERT INTO deployment (env, commit_id, kind, status, started_at)
-                         VALUES (?1, ?2, ?3, 'running', {NOW})"
+                        "INSERT INTO deployment
+                           (env, commit_id, kind, status, started_at, deletion_threshold)
+                         VALUES (?1, ?2, ?3, 'running', {NOW}, ?4)"
                     ))
                     .and_then(|mut s| {
-                        s.insert(params![env, commit, if drift { "drift" } else { "commit" }])
+                        s.insert(params![
+                            env,
+                            commit,
+                            if drift { "drift" } else { "commit" },
+                            threshold
+                        ])
                     })
                     .map_err(e)?;
+                // A drift run re-applies the commit already in force: a held newer one waits on.
+                if !drift {
+                    supersede_held(&tx, env, id, commit).map_err(e)?;
+                }
                 (id, false)
             }
         };
@@ -760,30 +856,66 @@ impl Store {
         commit: &str,
         deletions: &[String],
         why: &str,
+        threshold: f64,
     ) -> Result<i64> {
         let held = serde_json::to_string(deletions).expect("strings serialise");
-        self.conn
+        let id = self
+            .conn
             .prepare_cached(&format!(
-                "INSERT INTO deployment (env, commit_id, status, started_at, finished_at, error, held)
-                 VALUES (?1, ?2, 'held', {NOW}, {NOW}, ?3, ?4)"
+                "INSERT INTO deployment
+                   (env, commit_id, status, started_at, finished_at, error, held,
+                    deletion_threshold)
+                 VALUES (?1, ?2, 'held', {NOW}, {NOW}, ?3, ?4, ?5)"
             ))
-            .and_then(|mut s| s.insert(params![env, commit, why, held]))
-            .map_err(self.err())
+            .and_then(|mut s| s.insert(params![env, commit, why, held, threshold]))
+            .map_err(self.err())?;
+        supersede_held(&self.conn, env, id, commit).map_err(self.err())?;
+        Ok(id)
     }
 
     /// Releases a held deployment so it runs: it becomes `running` again. Returns its
     /// environment and commit, or `None` when `id` is not a held deployment.
+    ///
+    /// Only the newest deployment of its environment can be released: one that a newer commit
+    /// overtook is closed as superseded and refused with [`StateError::Superseded`], since
+    /// applying it would put an old commit over a newer one.
     pub fn release_held(&self, id: i64) -> Result<Option<(String, String)>> {
-        let row: Option<(String, Option<String>)> = self
+        let row: Option<(String, Option<String>, String)> = self
             .conn
             .prepare_cached(
-                "SELECT env, commit_id FROM deployment WHERE id = ?1 AND status = 'held'",
+                "SELECT env, commit_id, status FROM deployment
+                 WHERE id = ?1 AND status IN ('held', 'superseded')",
             )
-            .and_then(|mut s| s.query_row([id], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+            .and_then(|mut s| {
+                s.query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .optional()
+            })
             .map_err(self.err())?;
-        let Some((env, Some(commit))) = row else {
+        let Some((env, Some(commit), _)) = row else {
             return Ok(None);
         };
+        let newer: Option<(i64, String)> = self
+            .conn
+            .prepare_cached(
+                "SELECT id, commit_id FROM deployment
+                 WHERE env = ?1 AND id > ?2 AND kind = 'commit' AND commit_id IS NOT NULL
+                 ORDER BY id DESC LIMIT 1",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![env, id], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
+            .map_err(self.err())?;
+        if let Some((newer, newer_commit)) = newer {
+            // A state file from before superseding existed may still call it held.
+            supersede_held(&self.conn, &env, newer, &newer_commit).map_err(self.err())?;
+            return Err(StateError::Superseded {
+                path: self.path.clone(),
+                deployment: id,
+                newer,
+                commit: newer_commit,
+            });
+        }
         self.conn
             .prepare_cached(&format!(
                 "UPDATE deployment SET status = 'running', finished_at = NULL, error = NULL,
@@ -872,6 +1004,20 @@ impl Store {
                 })
             })
             .map_err(self.err())
+    }
+
+    /// The resources a deployment's operations created, updated or deleted so far.
+    pub fn operated(&self, deployment: i64) -> Result<std::collections::HashSet<String>> {
+        Ok(self
+            .query(
+                "SELECT DISTINCT guresid FROM operation
+                 WHERE deployment_id = ?1 AND status = 'succeeded'
+                   AND action IN ('create', 'update', 'delete')",
+                [deployment],
+                |r| r.get(0),
+            )?
+            .into_iter()
+            .collect())
     }
 
     /// The driver cookie kept for `guresid`.
@@ -1083,6 +1229,47 @@ pub struct Report {
     pub rows: Vec<Vec<ReportCell>>,
 }
 
+/// The one name the state file is opened by: its canonical path, so that SQLite's log and
+/// shared-memory files (named after it) are the same whatever symlink or relative path led to
+/// it. A file with several hard links is refused: each name would get its own log, and two
+/// processes writing through two names would damage it.
+fn real_file(path: &Path) -> Result<PathBuf> {
+    let unusable = |source| StateError::Create {
+        path: path.to_owned(),
+        source,
+    };
+    let real = std::fs::canonicalize(path).map_err(unusable)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let links = std::fs::metadata(&real).map_err(unusable)?.nlink();
+        if links > 1 {
+            return Err(StateError::HardLinked {
+                path: path.to_owned(),
+                links,
+            });
+        }
+    }
+    Ok(real)
+}
+
+/// Closes the held deployments of `env` older than deployment `newer` (of `commit`) as
+/// superseded: what they would have applied is no longer what the environment should run.
+fn supersede_held(
+    conn: &Connection,
+    env: &str,
+    newer: i64,
+    commit: &str,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "UPDATE deployment SET status = 'superseded',
+                error = 'superseded by deployment ' || ?2 || ' (commit ' || substr(?3, 1, 12) || ') before it \
+                         was approved'
+         WHERE env = ?1 AND status = 'held' AND id < ?2",
+    )?
+    .execute(params![env, newer, commit])
+}
+
 /// The migrations of `schema.sql`: the lines after each `-- migration N` marker.
 fn migrations() -> Vec<String> {
     let mut out = Vec::new();
@@ -1228,10 +1415,11 @@ pub(crate) mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 3);
+        assert_eq!(m.len(), 4);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
         assert!(m[1].contains("CREATE TABLE resource_version"));
+        assert!(m[3].contains("CREATE TABLE env_lock"));
     }
 
     #[test]
@@ -1274,11 +1462,87 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_lock_whose_holder_is_gone_is_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.db");
+        let store = Store::open(&state).unwrap();
+        let host = rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned();
+        // A process of this host that has ended (a child that was reaped), and a holder on
+        // another host that stopped renewing a minute ago.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        store
+            .conn
+            .execute_batch(&format!(
+                "INSERT INTO env_lock VALUES ('dev', 'x', {dead}, '{host}', {NOW}, {NOW});
+                 INSERT INTO env_lock VALUES ('prod', 'y', 1, 'elsewhere',
+                   strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-60 seconds'),
+                   strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-60 seconds'));
+                 INSERT INTO env_lock VALUES ('test', 'z', 1, 'elsewhere', {NOW}, {NOW});"
+            ))
+            .unwrap();
+        let _dev = ApplyLock::acquire(&state, "dev", false).unwrap();
+        let _prod = ApplyLock::acquire(&state, "prod", false).unwrap();
+        // A holder elsewhere that renews its lock keeps it.
+        let busy = ApplyLock::acquire(&state, "test", false).unwrap_err();
+        assert!(
+            busy.to_string().contains(
+                "another gitplane (process 1 on elsewhere) is applying to environment test"
+            ),
+            "{busy}"
+        );
+        let holders: Vec<i64> = store
+            .query(
+                "SELECT pid FROM env_lock WHERE env IN ('dev', 'prod')",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(holders, [std::process::id() as i64; 2]);
+    }
+
+    #[test]
+    fn a_damaged_row_is_an_error_naming_its_table_and_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.db");
+        let store = Store::open(&state).unwrap();
+        store
+            .conn
+            .execute_batch(&format!(
+                "INSERT INTO deployment (id, env, commit_id, status, started_at, held)
+                 VALUES (7, 'dev', 'c', 'held', {NOW}, '[oops')"
+            ))
+            .unwrap();
+        let e = store.deployments(None).unwrap_err().to_string();
+        assert!(
+            e.contains("table deployment, row 7: column held is not a JSON list"),
+            "{e}"
+        );
+        // SQLite checks statuses itself; a file edited with the checks off can still hold one.
+        store
+            .conn
+            .execute_batch(
+                "PRAGMA ignore_check_constraints = ON;
+             UPDATE deployment SET held = NULL, status = 'exploded' WHERE id = 7;",
+            )
+            .unwrap();
+        let e = store.deployments(None).unwrap_err().to_string();
+        assert!(
+            e.contains("table deployment, row 7: status 'exploded' is not one gitplane writes"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn an_interrupted_deployment_is_resumed_for_the_same_commit_only() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("state.db")).unwrap();
         let (first, resumed) = store
-            .begin_or_resume_deployment("dev", "c1", false)
+            .begin_or_resume_deployment("dev", "c1", false, 50.0)
             .unwrap();
         assert!(!resumed);
         let op = OperationStart {
@@ -1298,7 +1562,7 @@ pub(crate) mod tests {
         // gitplane is killed here; the next apply of the same commit picks the deployment up.
         assert_eq!(
             store
-                .begin_or_resume_deployment("dev", "c1", false)
+                .begin_or_resume_deployment("dev", "c1", false, 50.0)
                 .unwrap(),
             (first, true)
         );
@@ -1306,7 +1570,7 @@ pub(crate) mod tests {
         assert_eq!(store.cookie("g1").unwrap().as_deref(), Some("c=1"));
         // A different commit closes it as failed and starts anew.
         let (second, resumed) = store
-            .begin_or_resume_deployment("dev", "c2", false)
+            .begin_or_resume_deployment("dev", "c2", false, 50.0)
             .unwrap();
         assert!(!resumed && second != first);
         let old = store

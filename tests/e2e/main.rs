@@ -10,6 +10,7 @@ mod changes;
 mod choosing;
 mod daemon;
 mod explain;
+mod guard;
 mod history;
 mod hook;
 mod host_config;

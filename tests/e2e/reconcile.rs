@@ -510,6 +510,131 @@ fn a_crash_at_any_moment_resumes_without_duplicates() {
     );
 }
 
+/// Starts `gitplane apply` against `state` (any name of the state file) in the background.
+fn spawn_apply(sb: &Sandbox, state: &std::path::Path) -> std::process::Child {
+    let config = sb.work.join("host.yaml");
+    Command::new(env!("CARGO_BIN_EXE_gitplane"))
+        .args(["apply", "--config", config.to_str().unwrap()])
+        .arg("--repo")
+        .arg(&sb.origin)
+        .arg("--state")
+        .arg(state)
+        .env_remove("GITPLANE_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start gitplane")
+}
+
+#[test]
+fn an_apply_through_a_symlink_is_refused_while_one_through_the_real_name_runs() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    server.behave(
+        "workload",
+        Behavior {
+            delay: Duration::from_millis(300),
+            ..Behavior::default()
+        },
+    );
+    http_platform(&sb, &server, 2);
+    let link = sb.root.join("link.db");
+    std::os::unix::fs::symlink(&sb.state, &link).unwrap();
+    let first = spawn_apply(&sb, &sb.state);
+    assert!(
+        server.wait_for_requests(1, Duration::from_secs(10)),
+        "the first apply reached the driver"
+    );
+    let second = spawn_apply(&sb, &link).wait_with_output().unwrap();
+    let first = first.wait_with_output().unwrap();
+    assert!(first.status.success(), "{first:?}");
+    assert!(!second.status.success(), "{second:?}");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains("is applying to environment test; wait for it to finish"),
+        "{stderr}"
+    );
+    assert_eq!(
+        server
+            .received()
+            .iter()
+            .filter(|r| r.method == "PUT")
+            .count(),
+        5,
+        "each resource was put once"
+    );
+    assert_eq!(sb.count("SELECT COUNT(*) FROM deployment"), 1);
+    assert_eq!(
+        sb.count("SELECT COUNT(*) FROM env_lock"),
+        0,
+        "the lock went with its holder"
+    );
+}
+
+#[test]
+fn a_state_file_with_two_hard_links_is_refused() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    http_platform(&sb, &server, 1);
+    apply(&sb).ok();
+    let before = std::fs::read(&sb.state).unwrap();
+    let other = sb.root.join("other.db");
+    std::fs::hard_link(&sb.state, &other).unwrap();
+    let run = sb.gitplane_raw(
+        &[
+            "apply",
+            "--config",
+            sb.work.join("host.yaml").to_str().unwrap(),
+            "--repo",
+            sb.origin.to_str().unwrap(),
+            "--state",
+            other.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let run = run.fails();
+    run.stderr_has("the file has 2 names (hard links)")
+        .stderr_has("remove the others");
+    apply(&sb).fails().stderr_has("has 2 names");
+    assert_eq!(std::fs::read(&sb.state).unwrap(), before, "state unchanged");
+    assert_eq!(
+        server.received().len(),
+        3,
+        "no driver call after the first apply"
+    );
+}
+
+#[test]
+fn a_resumed_deployment_counts_each_resource_once() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    for t in ["base-env", "postgres", "workload"] {
+        server.behave(
+            t,
+            Behavior {
+                delay: Duration::from_millis(5),
+                ..Behavior::default()
+            },
+        );
+    }
+    http_platform(&sb, &server, 6);
+    let mut child = spawn_apply(&sb, &sb.state);
+    assert!(server.wait_for_requests(8, Duration::from_secs(10)));
+    let _ = child.kill();
+    let _ = child.wait();
+    let run = apply(&sb).ok();
+    run.stderr_has("resumed deployment 1");
+    let d = sb.last_deployment("test");
+    assert_eq!(d.id, 1, "{d:?}");
+    assert_eq!(d.status, "succeeded", "{d:?}");
+    assert_eq!(
+        d.counts,
+        [13, 0, 0, 0, 0],
+        "13 created, none unchanged: {d:?}"
+    );
+    run.stdout_has("13 created, 0 updated, 0 deleted, 0 unchanged, 0 failed");
+}
+
 #[test]
 fn deletion_policy_orphan_forgets_without_deleting() {
     let sb = Sandbox::new();

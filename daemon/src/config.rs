@@ -65,6 +65,8 @@ pub enum DriverConfig {
         command: Vec<String>,
         timeout: Duration,
         concurrency: Option<usize>,
+        /// Variables of gitplane's environment the program gets besides PATH, HOME and LANG.
+        env: Vec<String>,
     },
 }
 
@@ -101,6 +103,10 @@ impl Default for RetryPolicy {
     }
 }
 
+/// How long driver calls in flight may run on after SIGTERM: well inside systemd's default
+/// `TimeoutStopSec` (90 s).
+pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The host configuration, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostConfig {
@@ -113,6 +119,8 @@ pub struct HostConfig {
     pub retry: RetryPolicy,
     /// How often the daemon resolves the watched ref even without a file event.
     pub watch_interval: Option<Duration>,
+    /// How long the daemon lets driver calls in flight run on after SIGTERM.
+    pub stop_timeout: Duration,
     pub drivers: BTreeMap<String, DriverConfig>,
     pub accounts: BTreeMap<String, AccountSource>,
     /// Where `secret_refs: {store, ref}` values are read from, by store name.
@@ -131,6 +139,7 @@ impl Default for HostConfig {
             concurrency: DEFAULT_CONCURRENCY,
             retry: RetryPolicy::default(),
             watch_interval: None,
+            stop_timeout: DEFAULT_STOP_TIMEOUT,
             drivers: BTreeMap::new(),
             accounts: BTreeMap::new(),
             secret_stores: BTreeMap::new(),
@@ -149,6 +158,7 @@ struct HostConfigFile {
     concurrency: Option<usize>,
     retry: Option<RetryFile>,
     watch_interval: Option<String>,
+    stop_timeout: Option<String>,
     #[serde(default)]
     drivers: BTreeMap<String, DriverFile>,
     #[serde(default)]
@@ -233,6 +243,7 @@ struct ExecFile {
     command: Vec<String>,
     timeout: Option<String>,
     concurrency: Option<usize>,
+    env: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -384,6 +395,11 @@ impl HostConfig {
             .watch_interval
             .as_ref()
             .map(|w| duration("watch_interval", Some(w), Duration::from_secs(30)));
+        let stop_timeout = duration(
+            "stop_timeout",
+            raw.stop_timeout.as_ref(),
+            DEFAULT_STOP_TIMEOUT,
+        );
         let mut drivers = BTreeMap::new();
         let mut driver_errors = Vec::new();
         for (name, d) in raw.drivers {
@@ -397,6 +413,7 @@ impl HostConfig {
                     timeout: duration(&name, e.timeout.as_ref(), Duration::from_secs(120)),
                     command: e.command,
                     concurrency: e.concurrency,
+                    env: e.env.unwrap_or_default(),
                 },
                 _ => {
                     driver_errors.push((
@@ -418,6 +435,14 @@ impl HostConfig {
                 {
                     Some(format!(
                         "driver '{name}': url '{url}' must start with http:// or https://"
+                    ))
+                }
+                DriverConfig::Exec { env, .. }
+                    if env.iter().any(|v| v.is_empty() || v.contains(['=', '\0'])) =>
+                {
+                    Some(format!(
+                        "driver '{name}': env lists names of environment variables to pass \
+                         (such as AWS_REGION), not assignments"
                     ))
                 }
                 DriverConfig::Exec { command, .. } if command.is_empty() => {
@@ -553,6 +578,7 @@ impl HostConfig {
             concurrency,
             retry,
             watch_interval,
+            stop_timeout,
             drivers,
             accounts,
             secret_stores,
@@ -581,9 +607,10 @@ impl HostConfig {
                     command,
                     timeout,
                     concurrency,
+                    env,
                 } => registry.register(
                     name,
-                    Arc::new(ExecDriver::new(command.clone(), *timeout)),
+                    Arc::new(ExecDriver::new(command.clone(), *timeout, env.clone())),
                     *concurrency,
                 ),
             }

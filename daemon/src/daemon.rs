@@ -29,8 +29,8 @@ use crate::repo::{ConfigRepo, RepoError};
 use crate::stores::SecretStores;
 use crate::watch;
 
-/// How long in-flight driver calls may run on after SIGTERM.
-const DRAIN_DEADLINE: Duration = Duration::from_secs(60);
+/// How long one fetch of a remote may take before git is stopped.
+const FETCH_LIMIT: Duration = Duration::from_secs(120);
 /// How often the watched ref is resolved even without a file event.
 const DEFAULT_POLL: Duration = Duration::from_secs(30);
 
@@ -67,7 +67,11 @@ pub fn run(options: DaemonOptions) -> Result<(), DaemonError> {
         .enable_all()
         .build()
         .map_err(DaemonError::Runtime)?;
-    runtime.block_on(Daemon::start(options)?.run())
+    let result = runtime.block_on(Daemon::start(options)?.run());
+    // Driver calls still running past the stop timeout were recorded as interrupted: the
+    // process does not wait for them (a runtime waits for its blocking threads when dropped).
+    runtime.shutdown_timeout(Duration::from_millis(500));
+    result
 }
 
 /// Work for one environment's worker.
@@ -127,7 +131,7 @@ impl Daemon {
             RepoSource::Local(path) => path.clone(),
             RepoSource::Remote { url, .. } => {
                 let mirror = mirror_path(&options.state);
-                watch::fetch_mirror(url, &mirror)?;
+                watch::fetch_mirror(url, &mirror, FETCH_LIMIT)?;
                 mirror
             }
         };
@@ -166,6 +170,10 @@ impl Daemon {
         };
         let mut fetch_timer =
             tokio::time::interval(fetch.as_ref().map_or(Duration::from_secs(3600), |f| f.1));
+        // A fetch runs on a thread of its own and reports here, so a remote that stops
+        // answering never holds up signals, the heartbeat or the environments' work.
+        let (fetched_tx, mut fetched_rx) = mpsc::channel::<Result<(), watch::WatchError>>(1);
+        let mut fetching = false;
         let watchdog = sd_notify::watchdog_enabled();
         let mut heartbeat =
             tokio::time::interval(watchdog.map_or(Duration::from_secs(3600), |d| d / 2));
@@ -187,14 +195,20 @@ impl Daemon {
                 }
                 Some(()) = wake_rx.recv() => self.check().await,
                 _ = poll_timer.tick() => self.check().await,
-                _ = fetch_timer.tick(), if fetch.is_some() => {
+                _ = fetch_timer.tick(), if fetch.is_some() && !fetching => {
                     if let Some((url, _)) = &fetch {
                         let (url, mirror) = (url.clone(), self.repo_path.clone());
-                        match tokio::task::spawn_blocking(move || watch::fetch_mirror(&url, &mirror)).await {
-                            Ok(Ok(())) => {}
-                            Ok(Err(e)) => warn!(error = %e, "fetch failed; the last fetched commit stays in force"),
-                            Err(e) => warn!(error = %e, "fetch task failed"),
-                        }
+                        let report = fetched_tx.clone();
+                        fetching = true;
+                        tokio::task::spawn_blocking(move || {
+                            let _ = report.blocking_send(watch::fetch_mirror(&url, &mirror, FETCH_LIMIT));
+                        });
+                    }
+                }
+                Some(result) = fetched_rx.recv() => {
+                    fetching = false;
+                    if let Err(e) = result {
+                        warn!(error = %e, "fetch failed; the last fetched commit stays in force");
                     }
                     self.check().await;
                 }
@@ -218,8 +232,11 @@ impl Daemon {
         Ok(())
     }
 
-    /// SIGTERM: no new driver calls; in-flight ones finish for up to the drain deadline.
+    /// SIGTERM: no new driver calls; in-flight ones finish for up to the stop timeout, and
+    /// those still running then are cancelled (exec programs killed) and recorded as
+    /// interrupted, for the next start to resume.
     async fn shutdown(mut self) {
+        let limit = self.options.host.stop_timeout;
         info!("stopping: finishing driver calls in flight");
         let _ = sd_notify::notify(&[
             sd_notify::NotifyState::Stopping,
@@ -228,16 +245,26 @@ impl Daemon {
         self.shared.stop.store(true, Ordering::SeqCst);
         // Closing the job channels lets idle workers end.
         self.workers.clear();
-        let drained = tokio::time::timeout(DRAIN_DEADLINE, async {
+        let drained = tokio::time::timeout(limit, async {
             while self.tasks.join_next().await.is_some() {}
         })
         .await;
-        match drained {
-            Ok(()) => info!("stopped"),
-            Err(_) => warn!(
-                "stopped with driver calls still running after {}s; the next start resumes them",
-                DRAIN_DEADLINE.as_secs()
+        if drained.is_ok() {
+            info!("stopped");
+            return;
+        }
+        let killed = crate::drivers::kill_running();
+        match self.store.interrupt_own_operations(std::process::id()) {
+            Ok(n) => warn!(
+                operations = n,
+                programs_killed = killed,
+                "stopped with driver calls still running after {:?} (stop_timeout): they are \
+                 recorded as interrupted, and the next start resumes them",
+                limit
             ),
+            Err(e) => {
+                error!(error = %e, "cannot record the interrupted driver calls; the next start finds them")
+            }
         }
     }
 
@@ -537,16 +564,20 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         stop: Some(shared.stop.clone()),
         resolve: Default::default(),
     };
-    let report = reconcile::apply(
-        store,
-        &runtime.drivers,
-        &runtime.settings,
-        &target,
-        &job.commit,
-        &options,
-        &mut |_| {},
-    )
-    .await;
+    // The reconcile writes to SQLite, which may wait for another process's write: on a
+    // thread of its own, so the runtime's workers (the main loop's signals, the heartbeat,
+    // other environments) never wait with it.
+    let report = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(reconcile::apply(
+            store,
+            &runtime.drivers,
+            &runtime.settings,
+            &target,
+            &job.commit,
+            &options,
+            &mut |_| {},
+        ))
+    });
     drop(target);
     drop(lock);
     if let Some(keep) = runtime.history {

@@ -4,8 +4,11 @@
 //! Nothing here says *what* changed: every signal means "resolve the watched ref again"
 //! (level-triggered), so a lost or duplicated event costs nothing but a look.
 
+use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use notify::{EventKind, RecursiveMode, Watcher};
@@ -76,23 +79,42 @@ fn relevant(event: &notify::Event) -> bool {
 /// This uses the `git` program rather than gix: gix's network support would add a transport,
 /// TLS and credential stack to every build for a job `git` already does with the host's SSH
 /// keys, credential helpers and proxies, which a platform team has configured for `git` anyway.
-pub fn fetch_mirror(url: &str, mirror: &Path) -> Result<(), WatchError> {
-    if mirror.join("HEAD").exists() {
-        git(Some(mirror), &["fetch", "--prune", "--quiet", "origin"])
+pub fn fetch_mirror(url: &str, mirror: &Path, limit: Duration) -> Result<(), WatchError> {
+    // A token in the URL (`https://user:TOKEN@host/...`) must never reach a message or a log.
+    let hide = |text: String| redact_url_credentials(&text, url);
+    let result = if mirror.join("HEAD").exists() {
+        run_git_within(
+            Some(mirror),
+            &["fetch", "--prune", "--quiet", "origin"],
+            limit,
+        )
     } else {
         if let Some(parent) = mirror.parent() {
             std::fs::create_dir_all(parent).map_err(|e| WatchError::Git {
-                args: format!("clone --mirror {url}"),
+                args: hide(format!("clone --mirror {url}")),
                 message: e.to_string(),
             })?;
         }
         let target = mirror.to_string_lossy().into_owned();
-        git(None, &["clone", "--mirror", "--quiet", url, &target])
-    }
+        run_git_within(None, &["clone", "--mirror", "--quiet", url, &target], limit)
+    };
+    result.map_err(|GitFailed { args, message }| WatchError::Git {
+        args: hide(args),
+        message: hide(message),
+    })
 }
 
-fn git(dir: Option<&Path>, args: &[&str]) -> Result<(), WatchError> {
-    run_git(dir, args).map_err(|GitFailed { args, message }| WatchError::Git { args, message })
+/// `text` with the credentials of `url` (its user-info, `user:password@`) replaced by `***`,
+/// wherever they occur.
+pub fn redact_url_credentials(text: &str, url: &str) -> String {
+    let Some((_, rest)) = url.split_once("://") else {
+        return text.to_owned();
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    match authority.rsplit_once('@') {
+        Some((userinfo, _)) if !userinfo.is_empty() => text.replace(userinfo, "***"),
+        _ => text.to_owned(),
+    }
 }
 
 /// A `git` command that did not succeed: its arguments, and what it said.
@@ -102,8 +124,17 @@ pub struct GitFailed {
     pub message: String,
 }
 
+/// How long a local `git` command (init, commit) may take.
+const LOCAL_GIT_LIMIT: Duration = Duration::from_secs(120);
+
 /// Runs the `git` program (in `dir`, if given), never prompting for a password.
 pub fn run_git(dir: Option<&Path>, args: &[&str]) -> Result<(), GitFailed> {
+    run_git_within(dir, args, LOCAL_GIT_LIMIT)
+}
+
+/// Runs `git` for at most `limit`: a remote that stops answering must not stall the daemon,
+/// so past it git is killed with every process it started (ssh, remote helpers).
+pub fn run_git_within(dir: Option<&Path>, args: &[&str], limit: Duration) -> Result<(), GitFailed> {
     let failed = |message: String| GitFailed {
         args: args.join(" "),
         message,
@@ -113,15 +144,60 @@ pub fn run_git(dir: Option<&Path>, args: &[&str]) -> Result<(), GitFailed> {
         cmd.current_dir(dir);
     }
     // Never wait for a password on a terminal nobody reads.
-    cmd.args(args).env("GIT_TERMINAL_PROMPT", "0");
-    let out = cmd.output().map_err(|e| failed(e.to_string()))?;
-    if out.status.success() {
+    cmd.args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = cmd.spawn().map_err(|e| failed(e.to_string()))?;
+    let stderr = child.stderr.take().map(|mut pipe| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                kill_group(&mut child);
+                return Err(failed(format!(
+                    "no answer within {}s: git was stopped (a remote that does not respond?)",
+                    limit.as_secs()
+                )));
+            }
+            Err(e) => {
+                kill_group(&mut child);
+                return Err(failed(e.to_string()));
+            }
+        }
+    };
+    let text = stderr
+        .and_then(|t| t.join().ok())
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    if status.success() {
         Ok(())
     } else {
-        Err(failed(
-            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        ))
+        Err(failed(text))
     }
+}
+
+/// Kills `child`'s process group and reaps it.
+fn kill_group(child: &mut std::process::Child) {
+    if let Some(group) = i32::try_from(child.id())
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// When `schedule` next fires after `now`.
@@ -131,6 +207,24 @@ pub fn next_fire(schedule: &cron::Schedule, now: DateTime<Utc>) -> Option<DateTi
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn credentials_in_a_url_are_hidden() {
+        let url = "https://bot:ghp_T0KEN@git.example.com/platform.git";
+        assert_eq!(
+            redact_url_credentials(&format!("fatal: unable to access '{url}/': 403"), url),
+            "fatal: unable to access 'https://***@git.example.com/platform.git/': 403"
+        );
+        let token_only = "https://ghp_T0KEN@git.example.com/p.git";
+        assert_eq!(
+            redact_url_credentials(token_only, token_only),
+            "https://***@git.example.com/p.git"
+        );
+        // Nothing to hide: an @ in the path is not user-info.
+        let plain = "https://git.example.com/team@corp/p.git";
+        assert_eq!(redact_url_credentials(plain, plain), plain);
+        assert_eq!(redact_url_credentials("x", "/srv/git/p.git"), "x");
+    }
     use super::*;
     use std::time::Duration;
 

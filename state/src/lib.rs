@@ -1006,6 +1006,22 @@ impl Store {
             .map_err(self.err())
     }
 
+    /// Records the operations still running in the deployments of process `pid` (the
+    /// environments it holds the lock of) as interrupted: it is stopping without waiting for
+    /// them, and the next deployment of each environment resumes them. Returns how many.
+    pub fn interrupt_own_operations(&self, pid: u32) -> Result<usize> {
+        self.conn
+            .prepare_cached(&format!(
+                "UPDATE operation SET status = 'interrupted', finished_at = {NOW},
+                        error = 'gitplane stopped during this operation; it is retried'
+                 WHERE status = 'started' AND deployment_id IN (
+                   SELECT d.id FROM deployment d JOIN env_lock l ON l.env = d.env
+                   WHERE d.status = 'running' AND l.pid = ?1)"
+            ))
+            .and_then(|mut s| s.execute([pid]))
+            .map_err(self.err())
+    }
+
     /// The resources a deployment's operations created, updated or deleted so far.
     pub fn operated(&self, deployment: i64) -> Result<std::collections::HashSet<String>> {
         Ok(self

@@ -65,8 +65,16 @@ impl Daemon {
             .status()
             .expect("kill");
         assert!(status.success());
-        let status = self.child.wait().expect("wait for the daemon");
-        (status.code(), started.elapsed())
+        // Bounded: a daemon that does not stop fails the test instead of hanging it.
+        while started.elapsed() < Duration::from_secs(60) {
+            if let Some(status) = self.child.try_wait().expect("wait for the daemon") {
+                return (status.code(), started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        (None, started.elapsed())
     }
 }
 
@@ -325,6 +333,85 @@ fn a_remote_is_mirrored_and_fetched_on_an_interval() {
     mirrored(&next);
 }
 
+/// A remote that accepts connections and never answers: the fetch hangs, the daemon does not.
+#[test]
+fn a_hung_remote_does_not_hold_up_the_daemon() {
+    let sb = Sandbox::template();
+    let state = sb.root.join("remote-state/state.db");
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "repo: {{url: \"file://{}\", interval: 200ms}}\nstate: {}\n",
+            sb.origin.display(),
+            state.display()
+        ),
+    )
+    .unwrap();
+    let mut daemon = Daemon::start(&sb, &["--config", config.to_str().unwrap()]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(state.exists()
+        && crate::util::rows(
+            &crate::util::open_db(&state),
+            "SELECT COUNT(*) FROM deployment WHERE status = 'succeeded'",
+        )[0][0]
+            == "2")
+    {
+        assert!(Instant::now() < deadline, "{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The remote now hangs: every connection is accepted and left unanswered.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (accepted_tx, accepted) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+            let _ = accepted_tx.send(());
+        }
+    });
+    let mirror = state.parent().unwrap().join("mirror.git");
+    sb.git_in(
+        &mirror,
+        &[
+            "remote",
+            "set-url",
+            "origin",
+            &format!("http://127.0.0.1:{port}/platform.git"),
+        ],
+    );
+    accepted
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a fetch reached the hung remote");
+    std::thread::sleep(Duration::from_millis(500));
+    let (code, took) = daemon.terminate();
+    assert_eq!(code, Some(0), "{}", daemon.log());
+    assert!(
+        took < Duration::from_secs(5),
+        "SIGTERM was handled while the fetch hung: {took:?}"
+    );
+}
+
+#[test]
+fn a_token_in_the_remote_url_stays_out_of_messages() {
+    let sb = Sandbox::new();
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "repo: {{url: \"http://gituser:s3cr3t-token@127.0.0.1:1/platform.git\"}}\nstate: {}\n",
+            sb.root.join("state.db").display()
+        ),
+    )
+    .unwrap();
+    let run = sb
+        .gitplane_raw(&["daemon", "--config", config.to_str().unwrap()], &[])
+        .fails();
+    run.stderr_has("http://***@127.0.0.1:1/platform.git")
+        .hides(&["s3cr3t-token"]);
+}
+
 /// SIGTERM while a driver call takes two seconds: the call finishes, the rest is recorded as
 /// stopped, and the next start completes the deployment.
 #[test]
@@ -400,6 +487,79 @@ fn sigterm_lets_a_slow_driver_call_finish() {
         sb.count("SELECT COUNT(*) FROM resource WHERE status = 'ready'"),
         3
     );
+}
+
+/// SIGTERM while a driver call takes far longer than `stop_timeout`: the daemon does not wait
+/// for it; the call is recorded as interrupted and the next start resumes it.
+#[test]
+fn sigterm_does_not_wait_past_the_stop_timeout() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    server.behave(
+        "postgres",
+        Behavior {
+            delay: Duration::from_secs(30),
+            ..Behavior::default()
+        },
+    );
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "stop_timeout: 1s
+drivers:
+  test/http:
+    http: {{url: \"{}\", timeout: 60s}}
+",
+            server.url
+        ),
+    )
+    .unwrap();
+    write_http_platform(&sb);
+    let commit = sb.commit("A database that takes its time");
+    let mut args = repo_args(&sb);
+    args.extend(["--config".to_owned(), config.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut daemon = Daemon::start(&sb, &args);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while started_calls(&sb, "postgres") == 0 {
+        assert!(Instant::now() < deadline, "{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, took) = daemon.terminate();
+    assert_eq!(code, Some(0), "{}", daemon.log());
+    assert!(
+        took < Duration::from_secs(5),
+        "stopped after the stop timeout, not after the call: {took:?}"
+    );
+    assert!(
+        daemon.log().contains("recorded as interrupted"),
+        "{}",
+        daemon.log()
+    );
+    assert_eq!(
+        sb.rows("SELECT type, status FROM operation ORDER BY id"),
+        [["base-env", "succeeded"], ["postgres", "interrupted"]]
+    );
+    // The next start resumes the deployment; the driver is asked again, with the same GUResID.
+    server.behave("postgres", Behavior::default());
+    let _daemon = Daemon::start(&sb, &args);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sb.count(&format!(
+        "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
+    )) == 0
+    {
+        assert!(Instant::now() < deadline, "not finished after the restart");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        sb.count("SELECT COUNT(*) FROM deployment"),
+        1,
+        "the interrupted deployment was resumed"
+    );
+    for (guresid, n) in server.creations() {
+        assert_eq!(n, 1, "{guresid} created {n} times");
+    }
 }
 
 fn started_calls(sb: &Sandbox, res_type: &str) -> i64 {

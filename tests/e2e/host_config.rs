@@ -8,6 +8,7 @@ use crate::util::Sandbox;
 /// A driver script that records each request and answers `done` with outputs from its inputs.
 const SCRIPT: &str = r#"#!/bin/sh
 cat > "$0.request.$$.json"
+env > "$0.env.$$"
 printf '{"status": "done", "resource": {"values": {"zone": "example.test", "argv": "%s"}, "secrets": {"key": "from-exec"}}, "cookie": "seen"}' "$1"
 "#;
 
@@ -117,6 +118,51 @@ fn an_exec_driver_and_its_account_come_from_the_host_config() {
             );
         }
     }
+}
+
+#[test]
+fn an_exec_program_sees_only_the_environment_its_driver_names() {
+    let sb = Sandbox::new();
+    let config = platform(&sb);
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("timeout: 10s}", "timeout: 10s, env: [AWS_REGION]}"),
+    )
+    .unwrap();
+    sb.gitplane_env(
+        &["apply", "--config", config.to_str().unwrap()],
+        &[
+            ("AWS_REGION", "eu-west-1"),
+            ("OTHER_ACCOUNT_TOKEN", "other-s3cret"),
+            ("LANG", "C.UTF-8"),
+        ],
+    )
+    .ok();
+    let seen: Vec<String> = std::fs::read_dir(&sb.root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("dns-driver.env."))
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    assert_eq!(seen.len(), 1);
+    let names: std::collections::BTreeSet<&str> = seen[0]
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+        .collect();
+    // sh itself adds PWD (and may add SHLVL, _): nothing of gitplane's own environment.
+    let passed: std::collections::BTreeSet<&str> = names
+        .into_iter()
+        .filter(|n| !["PWD", "SHLVL", "_", "OLDPWD"].contains(n))
+        .collect();
+    assert_eq!(
+        passed,
+        ["AWS_REGION", "HOME", "LANG", "PATH"].into_iter().collect(),
+        "{}",
+        seen[0]
+    );
+    assert!(seen[0].contains("AWS_REGION=eu-west-1"));
+    assert!(!seen[0].contains("other-s3cret"));
 }
 
 #[test]

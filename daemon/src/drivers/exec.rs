@@ -5,6 +5,7 @@
 //! records the end of stderr (exit code 75, `EX_TEMPFAIL`, asks for a retry); a run that takes
 //! longer than the time limit is killed, with every process it started, and retried.
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -41,11 +42,32 @@ const KILL_GRACE: Duration = Duration::from_millis(200);
 pub struct ExecDriver {
     command: Vec<String>,
     timeout: Duration,
+    /// What the program may see of gitplane's environment: these names and [`BASE_ENV`].
+    env: Vec<String>,
 }
 
+/// What every program gets of gitplane's environment. Nothing else passes unless the driver's
+/// `env` names it: a credential gitplane reads from its environment for one definition's
+/// account must not reach the programs of every other definition.
+const BASE_ENV: [&str; 3] = ["PATH", "HOME", "LANG"];
+
 impl ExecDriver {
-    pub fn new(command: Vec<String>, timeout: Duration) -> Self {
-        ExecDriver { command, timeout }
+    pub fn new(command: Vec<String>, timeout: Duration, env: Vec<String>) -> Self {
+        ExecDriver {
+            command,
+            timeout,
+            env,
+        }
+    }
+
+    /// The environment the program runs with.
+    fn environment(&self) -> Vec<(String, std::ffi::OsString)> {
+        BASE_ENV
+            .iter()
+            .copied()
+            .chain(self.env.iter().map(String::as_str))
+            .filter_map(|name| Some((name.to_owned(), std::env::var_os(name)?)))
+            .collect()
     }
 
     /// Runs the program once for `operation` and returns its checked response.
@@ -67,6 +89,8 @@ impl ExecDriver {
         let deadline = started + self.timeout;
         let mut child = Command::new(program)
             .args(args)
+            .env_clear()
+            .envs(self.environment())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -74,6 +98,7 @@ impl ExecDriver {
             .process_group(0)
             .spawn()
             .map_err(|e| DriverError::final_error(format!("cannot start {program}: {e}")))?;
+        let _running = Running::register(child.id());
 
         // Every pipe on its own thread: a child that writes a lot before reading its stdin, or
         // fills stderr, must not block on us.
@@ -313,6 +338,42 @@ fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
 
+/// The process groups of the programs running now, for [`kill_running`].
+static RUNNING: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+/// A program's entry in [`RUNNING`], removed when its run ends (after it was reaped, so its
+/// group id cannot have been reused yet).
+struct Running(u32);
+
+impl Running {
+    fn register(group: u32) -> Running {
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(group);
+        Running(group)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.0);
+    }
+}
+
+/// Kills every program running now with its process group (gitplane is stopping and will not
+/// wait for them); returns how many there were.
+pub fn kill_running() -> usize {
+    let running = std::mem::take(&mut *RUNNING.lock().unwrap_or_else(|e| e.into_inner()));
+    for group in &running {
+        kill_group(*group);
+    }
+    running.len()
+}
+
 /// Kills the child and everything in its process group, and reaps it.
 fn kill(child: &mut Child) {
     // The group first: until the child is reaped its pid (the group's id) cannot be reused.
@@ -321,15 +382,14 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Sends SIGKILL to process group `pgid`, best effort. The standard library cannot signal a
-/// group, so this runs `kill(1)`.
+/// Sends SIGKILL to process group `pgid`, best effort (the group may be gone already).
 fn kill_group(pgid: u32) {
-    let _ = Command::new("kill")
-        .args(["-s", "KILL", "--", &format!("-{pgid}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    if let Some(pgid) = i32::try_from(pgid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+    }
 }
 
 /// Reads stdout to its end on a thread; the receiver gets it (at most `MAX_STDOUT_BYTES`).
@@ -466,7 +526,7 @@ mod tests {
     }
 
     fn driver(command: &Path, timeout: Duration) -> ExecDriver {
-        ExecDriver::new(vec![command.display().to_string()], timeout)
+        ExecDriver::new(vec![command.display().to_string()], timeout, Vec::new())
     }
 
     fn inputs() -> Inputs {
@@ -561,6 +621,7 @@ printf '{"status":"done","resource":{"values":{"args":"%s %s"}}}' "$1" "$2""#,
         let d = ExecDriver::new(
             vec![prog.display().to_string(), "--zone".into(), "a b".into()],
             LONG,
+            Vec::new(),
         );
         let mut inputs = inputs();
         inputs.secrets = Value::Null;
@@ -781,7 +842,7 @@ exit 3"#,
             "{}",
             err.message
         );
-        let empty = ExecDriver::new(vec![], LONG);
+        let empty = ExecDriver::new(vec![], LONG, Vec::new());
         assert_eq!(
             empty.put(&request(&inputs(), None)).unwrap_err().kind,
             ErrorKind::Final

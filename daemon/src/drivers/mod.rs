@@ -17,7 +17,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 pub use echo::EchoDriver;
-pub use exec::ExecDriver;
+pub use exec::{ExecDriver, kill_running};
 pub use http::HttpDriver;
 pub(crate) use http::{encode_path_segment, one_line};
 pub use template::TemplateDriver;

@@ -597,3 +597,16 @@ CREATE TABLE env_lock (
     acquired_at TEXT NOT NULL,
     renewed_at  TEXT NOT NULL
 );
+
+-- migration 5
+
+-- Secret outputs and inputs and driver cookies are sealed with the host's state key
+-- (XChaCha20-Poly1305; `gp1:<key id>:<nonce and ciphertext in hex>`), so a copy of the file
+-- without its key shows none of them. Values written before are sealed now. `gp_seal` is a
+-- function gitplane gives the connection; nothing else can read these columns.
+UPDATE resource_secret
+SET outputs = gp_seal(outputs, 'resource_secret.outputs:' || guresid),
+    inputs = gp_seal(inputs, 'resource_secret.inputs:' || guresid)
+WHERE outputs NOT LIKE 'gp1:%';
+UPDATE driver_cookie SET cookie = gp_seal(cookie, 'driver_cookie:' || guresid)
+WHERE cookie NOT LIKE 'gp1:%';

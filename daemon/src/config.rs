@@ -127,6 +127,8 @@ pub struct HostConfig {
     pub secret_stores: BTreeMap<String, StoreConfig>,
     /// `history.keep`: how much history state keeps; `None` keeps all of it.
     pub history: Option<gitplane_state::Retention>,
+    /// Where the key that seals secrets in the state file comes from; `None`: `<state>.key`.
+    pub state_key: Option<gitplane_state::KeySource>,
 }
 
 impl Default for HostConfig {
@@ -144,6 +146,7 @@ impl Default for HostConfig {
             accounts: BTreeMap::new(),
             secret_stores: BTreeMap::new(),
             history: None,
+            state_key: None,
         }
     }
 }
@@ -166,6 +169,16 @@ struct HostConfigFile {
     #[serde(default)]
     secret_stores: BTreeMap<String, SecretStoreFile>,
     history: Option<HistoryFile>,
+    state_key: Option<StateKeyFile>,
+}
+
+/// `state_key: {file: PATH}` (created if missing) or `{credential: NAME}` (systemd's
+/// `LoadCredential`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateKeyFile {
+    file: Option<PathBuf>,
+    credential: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -567,6 +580,28 @@ impl HostConfig {
                 .map_err(|message| err("keep", format!("history.keep: {message}")))
                 .ok()
         });
+        let state_key = match raw.state_key {
+            None => None,
+            Some(StateKeyFile {
+                file: Some(path),
+                credential: None,
+            }) => Some(gitplane_state::KeySource::File(path)),
+            Some(StateKeyFile {
+                file: None,
+                credential: Some(name),
+            }) if !name.is_empty() && !name.contains('/') => {
+                Some(gitplane_state::KeySource::Credential(name))
+            }
+            Some(_) => {
+                err(
+                    "state_key:",
+                    "state_key needs exactly one of file (a key file, created if missing) or \
+                     credential (the name of a systemd LoadCredential)"
+                        .to_owned(),
+                );
+                None
+            }
+        };
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -583,6 +618,7 @@ impl HostConfig {
             accounts,
             secret_stores,
             history,
+            state_key,
         })
     }
 

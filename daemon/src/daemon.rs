@@ -97,6 +97,8 @@ impl Shared {
 /// What workers share: the settings (replaced on SIGHUP) and the stop flag.
 struct Shared {
     state: PathBuf,
+    /// Where the key that seals the state's secrets comes from (`state_key`).
+    state_key: Option<gitplane_state::KeySource>,
     /// The local repository: the one people push to, or the mirror of a remote.
     repo: PathBuf,
     /// Parsed files of the last commit read: a new commit parses only what it changed.
@@ -126,7 +128,7 @@ struct Daemon {
 
 impl Daemon {
     fn start(options: DaemonOptions) -> Result<Daemon, DaemonError> {
-        let store = Store::open(&options.state)?;
+        let store = Store::open_keyed(&options.state, options.host.state_key.as_ref())?;
         let repo_path = match &options.source {
             RepoSource::Local(path) => path.clone(),
             RepoSource::Remote { url, .. } => {
@@ -137,6 +139,7 @@ impl Daemon {
         };
         let shared = Arc::new(Shared {
             state: options.state.clone(),
+            state_key: options.host.state_key.clone(),
             repo: repo_path.clone(),
             cache: Arc::default(),
             runtime: RwLock::new(Arc::new(runtime_of(&options.host))),
@@ -340,7 +343,7 @@ impl Daemon {
             } else {
                 envs
             };
-            let store = Store::open(&shared.state)?;
+            let store = Store::open_keyed(&shared.state, shared.state_key.as_ref())?;
             let mut cache = shared.cache.lock().unwrap_or_else(|e| e.into_inner());
             let built = deploy::targets(
                 &repo,
@@ -491,7 +494,7 @@ impl Daemon {
 
 /// One environment's reconciles, one at a time, always the newest job.
 async fn worker(env: String, mut jobs: latest::Receiver<Option<Job>>, shared: Arc<Shared>) {
-    let mut store = match Store::open(&shared.state) {
+    let mut store = match Store::open_keyed(&shared.state, shared.state_key.as_ref()) {
         Ok(s) => s,
         Err(e) => {
             error!(env, error = %e, "cannot open the state");
@@ -531,6 +534,10 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         }
     };
     let runtime = shared.current();
+    if let Err(e) = store.refresh_key() {
+        error!(env, error = %e, "cannot read the state");
+        return;
+    }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
         "reconciling {env}"
     ))]);

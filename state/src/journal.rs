@@ -183,7 +183,8 @@ fn record_call(
         None => {}
         Some(Some(c)) => {
             tx.prepare_cached(&format!(
-                "INSERT INTO driver_cookie (guresid, cookie, updated_at) VALUES (?1, ?2, {NOW})
+                "INSERT INTO driver_cookie (guresid, cookie, updated_at)
+                 VALUES (?1, gp_seal(?2, 'driver_cookie:' || ?1), {NOW})
                  ON CONFLICT (guresid) DO UPDATE SET cookie = excluded.cookie,
                      updated_at = excluded.updated_at"
             ))?
@@ -270,7 +271,9 @@ fn finish_put(
         }
     } else {
         tx.prepare_cached(
-            "INSERT INTO resource_secret (guresid, outputs, inputs) VALUES (?1, ?2, ?3)
+            "INSERT INTO resource_secret (guresid, outputs, inputs)
+             VALUES (?1, gp_seal(?2, 'resource_secret.outputs:' || ?1),
+                     gp_seal(?3, 'resource_secret.inputs:' || ?1))
              ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs,
                  inputs = excluded.inputs",
         )?

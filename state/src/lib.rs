@@ -8,6 +8,7 @@ mod fingerprint;
 mod history;
 mod journal;
 mod lock;
+mod seal;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,16 +20,19 @@ pub use fingerprint::AppFingerprint;
 pub use history::{LinkChanges, Pruned, Retention};
 pub use journal::{Batch, Ended, JournalEntry};
 pub use lock::ApplyLock;
+pub use seal::{KeySource, SealError, StateKey, pending_key_path};
 
 const SCHEMA: &str = include_str!("../../schema.sql");
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error("state {path}: {source}")]
+    // The cause is part of the message and deliberately not a `source`: printed as a chain,
+    // SQLite's own wording would repeat it ("...: unable to open database file: unable to
+    // open database file").
+    #[error("state {path}: {cause}")]
     Sqlite {
         path: PathBuf,
-        #[source]
-        source: rusqlite::Error,
+        cause: rusqlite::Error,
     },
     #[error("state {path}: cannot create the file: {source}")]
     Create {
@@ -80,6 +84,12 @@ pub enum StateError {
         deployment: i64,
         newer: i64,
         commit: String,
+    },
+    #[error("state {path}: {source}")]
+    Seal {
+        path: PathBuf,
+        #[source]
+        source: SealError,
     },
     #[error("state {path}: column {column} of {guresid} holds invalid JSON: {source}")]
     Json {
@@ -364,7 +374,7 @@ pub(crate) fn state_error(path: &Path, source: rusqlite::Error) -> StateError {
     }
     StateError::Sqlite {
         path: path.to_owned(),
-        source,
+        cause: source,
     }
 }
 
@@ -374,11 +384,19 @@ pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 pub struct Store {
     conn: Connection,
     path: PathBuf,
+    keyring: seal::SharedKeyring,
 }
 
 impl Store {
-    /// Opens (creating if needed, readable by its owner alone) and migrates the state file.
+    /// Opens (creating if needed, readable by its owner alone) and migrates the state file,
+    /// with its key beside it (`<state>.key`).
     pub fn open(path: &Path) -> Result<Store> {
+        Store::open_keyed(path, None)
+    }
+
+    /// Opens the state file like [`Store::open`], with secrets sealed by the key from `key`
+    /// (`None`: `<state>.key` beside the file, by its real name).
+    pub fn open_keyed(path: &Path, key: Option<&KeySource>) -> Result<Store> {
         if !path.exists() {
             create_private(path).map_err(|source| StateError::Create {
                 path: path.to_owned(),
@@ -387,12 +405,22 @@ impl Store {
         }
         let real = real_file(path)?;
         let conn = Connection::open(&real).map_err(|source| state_error(path, source))?;
+        let source = key.cloned().unwrap_or_else(|| KeySource::beside(&real));
+        let keyring = seal::Keyring::new(source, None);
+        seal::register(&conn, &keyring).map_err(|source| state_error(path, source))?;
         let mut store = Store {
             conn,
             path: path.to_owned(),
+            keyring,
         };
         store.configure()?;
         store.migrate()?;
+        let sealed_with = store.sealed_with()?;
+        store
+            .keyring
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .sealed_with = sealed_with;
         Ok(store)
     }
 
@@ -452,6 +480,10 @@ impl Store {
             .pragma_update_and_check(None, "wal_autocheckpoint", 8_192, |r| r.get::<_, i64>(0))
             .map_err(e)?;
         self.conn.busy_timeout(Duration::from_secs(10)).map_err(e)?;
+        // A rotated secret's old (sealed) value leaves no trace in the file's free pages.
+        self.conn
+            .pragma_update(None, "secure_delete", true)
+            .map_err(e)?;
         Ok(())
     }
 
@@ -536,7 +568,13 @@ impl Store {
 
     /// The resources recorded for `env`, secret outputs included, ordered by GUResID.
     pub fn resources(&self, env: &str) -> Result<Vec<ResourceRecord>> {
-        self.resources_where("r.env = ?1", params![env])
+        self.resources_where("r.env = ?1", params![env], true)
+    }
+
+    /// The resources recorded for `env` with their secret outputs and inputs left out (read
+    /// as none), ordered by GUResID: what reports need, without the state key.
+    pub fn resources_without_secrets(&self, env: &str) -> Result<Vec<ResourceRecord>> {
+        self.resources_where("r.env = ?1", params![env], false)
     }
 
     /// The resources recorded for the apps `apps` of `env`, and its global ones (no app) when
@@ -551,9 +589,14 @@ impl Store {
         let mut records = self.resources_where(
             "r.env = ?1 AND r.app IN (SELECT value FROM json_each(?2))",
             params![env, apps],
+            true,
         )?;
         if globals {
-            records.extend(self.resources_where("r.env = ?1 AND r.app IS NULL", params![env])?);
+            records.extend(self.resources_where(
+                "r.env = ?1 AND r.app IS NULL",
+                params![env],
+                true,
+            )?);
             records.sort_by(|a, b| a.guresid.cmp(&b.guresid));
         }
         Ok(records)
@@ -563,12 +606,22 @@ impl Store {
         &self,
         condition: &str,
         params: P,
+        secrets: bool,
     ) -> Result<Vec<ResourceRecord>> {
+        let (secret_outputs, secret_inputs) = if secrets {
+            (
+                "gp_open(s.outputs, 'resource_secret.outputs:' || s.guresid)",
+                "gp_open(s.inputs, 'resource_secret.inputs:' || s.guresid)",
+            )
+        } else {
+            ("NULL", "NULL")
+        };
         let rows = self.query(
             &format!(
                 "SELECT r.guresid, r.env, r.app, r.type, r.class, r.res_id, r.definition, r.driver,
-                        r.status, r.inputs_hash, r.outputs, s.outputs, r.error, r.commit_id,
-                        r.inputs, s.inputs, r.account, r.deletion_policy, r.template_hash
+                        r.status, r.inputs_hash, r.outputs, {secret_outputs}, r.error,
+                        r.commit_id, r.inputs, {secret_inputs}, r.account, r.deletion_policy,
+                        r.template_hash
                  FROM resource r LEFT JOIN resource_secret s ON s.guresid = r.guresid
                  WHERE {condition} ORDER BY r.guresid"
             ),
@@ -1022,6 +1075,97 @@ impl Store {
             .map_err(self.err())
     }
 
+    /// The key id the state file's sealed secrets carry, if it has any.
+    fn sealed_with(&self) -> Result<Option<String>> {
+        let sample: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT v FROM (
+                   SELECT outputs AS v FROM resource_secret WHERE outputs LIKE 'gp1:%'
+                   UNION ALL
+                   SELECT cookie FROM driver_cookie WHERE cookie LIKE 'gp1:%')
+                 LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(self.err())?;
+        Ok(sample.and_then(|v| seal::sealed_with(&v).map(str::to_owned)))
+    }
+
+    /// Looks again at which key the state file's secrets are sealed with, and forgets the key
+    /// in memory if another process rekeyed them since (the new one is read when next needed).
+    /// Call it holding an environment's apply lock, before a deployment.
+    pub fn refresh_key(&self) -> Result<()> {
+        let sealed_with = self.sealed_with()?;
+        let mut ring = self.keyring.lock().unwrap_or_else(|e| e.into_inner());
+        if ring.sealed_with != sealed_with {
+            ring.forget_key(sealed_with);
+        }
+        Ok(())
+    }
+
+    /// Where the state key comes from.
+    pub fn key_source(&self) -> KeySource {
+        self.keyring
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .source()
+            .clone()
+    }
+
+    /// Seals every secret again with `new`, in one transaction; from then on `new` is the key.
+    /// The caller puts `new` where the key source reads it once this returns. Returns how many
+    /// values were sealed again.
+    pub fn rekey(&mut self, new: &StateKey) -> Result<usize> {
+        let old = self
+            .keyring
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .key()
+            .map_err(|e| StateError::Seal {
+                path: self.path.clone(),
+                source: e,
+            })?;
+        let fresh = new.clone();
+        self.conn
+            .create_scalar_function(
+                "gp_reseal",
+                2,
+                rusqlite::functions::FunctionFlags::SQLITE_UTF8,
+                move |ctx| {
+                    let value: String = ctx.get(0)?;
+                    let aad: String = ctx.get(1)?;
+                    let plain = if seal::sealed_with(&value).is_some() {
+                        old.open(&value, &aad)
+                            .map_err(|e| rusqlite::Error::UserFunctionError(Box::new(e)))?
+                    } else {
+                        value
+                    };
+                    Ok(fresh.seal(&plain, &aad))
+                },
+            )
+            .map_err(self.err())?;
+        let resealed = self.in_transaction(|tx| {
+            let secrets = tx.execute(
+                "UPDATE resource_secret
+                 SET outputs = gp_reseal(outputs, 'resource_secret.outputs:' || guresid),
+                     inputs = gp_reseal(inputs, 'resource_secret.inputs:' || guresid)",
+                [],
+            )?;
+            let cookies = tx.execute(
+                "UPDATE driver_cookie SET cookie = gp_reseal(cookie, 'driver_cookie:' || guresid)",
+                [],
+            )?;
+            Ok(secrets * 2 + cookies)
+        });
+        let _ = self.conn.remove_function("gp_reseal", 2);
+        let resealed = resealed?;
+        let mut ring = self.keyring.lock().unwrap_or_else(|e| e.into_inner());
+        ring.set_key(new.clone());
+        Ok(resealed)
+    }
+
     /// The resources a deployment's operations created, updated or deleted so far.
     pub fn operated(&self, deployment: i64) -> Result<std::collections::HashSet<String>> {
         Ok(self
@@ -1039,7 +1183,10 @@ impl Store {
     /// The driver cookie kept for `guresid`.
     pub fn cookie(&self, guresid: &str) -> Result<Option<String>> {
         self.conn
-            .prepare_cached("SELECT cookie FROM driver_cookie WHERE guresid = ?1")
+            .prepare_cached(
+                "SELECT gp_open(cookie, 'driver_cookie:' || guresid) FROM driver_cookie
+                 WHERE guresid = ?1",
+            )
             .and_then(|mut s| s.query_row([guresid], |r| r.get(0)).optional())
             .map_err(self.err())
     }
@@ -1431,11 +1578,12 @@ pub(crate) mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 4);
+        assert_eq!(m.len(), 5);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
         assert!(m[1].contains("CREATE TABLE resource_version"));
         assert!(m[3].contains("CREATE TABLE env_lock"));
+        assert!(m[4].contains("gp_seal"));
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub struct Received {
     pub body: Value,
     pub cookie: Option<String>,
     pub status: u16,
+    /// The cookie the answer set (`Set-Humanitec-Driver-Cookie`), if any.
+    pub set_cookie: Option<String>,
     /// When the request arrived and when the answer was sent, from the server's clock.
     pub arrived: Instant,
     pub answered: Instant,
@@ -154,7 +156,7 @@ fn handle(mut request: tiny_http::Request, shared: &(Mutex<Inner>, Condvar)) {
                 .parse::<tiny_http::Header>()
                 .expect("a valid header"),
         );
-    if let Some(c) = set_cookie {
+    if let Some(c) = &set_cookie {
         let header = tiny_http::Header::from_bytes("Set-Humanitec-Driver-Cookie", c.as_bytes())
             .expect("a valid header");
         response = response.with_header(header);
@@ -171,6 +173,7 @@ fn handle(mut request: tiny_http::Request, shared: &(Mutex<Inner>, Condvar)) {
         body,
         cookie,
         status,
+        set_cookie,
         arrived,
         answered,
     });

@@ -269,7 +269,13 @@ fn a_state_file_from_before_the_change_migrates_and_keeps_its_history() {
     // Reading commands migrate it and show every deployment.
     let history = sb.gitplane(&["history", "--format", "json"]).ok().json();
     assert_eq!(history.as_array().unwrap().len(), 5);
-    assert_eq!(sb.count("PRAGMA user_version"), 4);
+    assert_eq!(sb.count("PRAGMA user_version"), 5);
+    // Its secrets, plain text before, are sealed now.
+    assert!(sb.count("SELECT COUNT(*) FROM resource_secret") > 0);
+    assert_eq!(
+        sb.count("SELECT COUNT(*) FROM resource_secret WHERE outputs NOT LIKE 'gp1:%'"),
+        0
+    );
 
     // Deployment 1 had the frontend and port 5432, 3 port 6432, 5 no frontend.
     assert!(postgres_bindings_at(&sb, 1).contains(&"values.port=5432".to_owned()));

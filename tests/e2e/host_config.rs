@@ -104,7 +104,10 @@ fn an_exec_driver_and_its_account_come_from_the_host_config() {
         sb.outputs("dev", "modules.web.externals.cfg"),
         json!({"url": "https://example.test/modules.web.externals.cfg"})
     );
-    assert_eq!(sb.column("SELECT cookie FROM driver_cookie"), ["seen"]);
+    assert_eq!(
+        sb.unsealed("SELECT cookie, 'driver_cookie:' || guresid FROM driver_cookie"),
+        ["seen"]
+    );
     assert_eq!(
         sb.column("SELECT account FROM resource WHERE type = 'dns'"),
         ["dns-account"]

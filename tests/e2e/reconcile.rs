@@ -142,14 +142,15 @@ fn the_driver_sees_the_interface_and_state_records_the_outcome() {
         })
     );
     assert_eq!(
-        sb.column(&format!(
-            "SELECT outputs FROM resource_secret WHERE guresid = '{db}'"
+        sb.unsealed(&format!(
+            "SELECT outputs, 'resource_secret.outputs:' || guresid FROM resource_secret \
+             WHERE guresid = '{db}'"
         )),
         [format!("{{\"token\":\"tok-{db_instance}\"}}")]
     );
     assert_eq!(
-        sb.column(&format!(
-            "SELECT cookie FROM driver_cookie WHERE guresid = '{db}'"
+        sb.unsealed(&format!(
+            "SELECT cookie, 'driver_cookie:' || guresid FROM driver_cookie WHERE guresid = '{db}'"
         )),
         [format!("instance={db_instance}")]
     );
@@ -321,10 +322,9 @@ fn an_oversized_cookie_is_refused_and_the_limit_itself_is_fine() {
         sb.rows("SELECT type, status FROM resource ORDER BY type"),
         [["base-env", "ready"], ["postgres", "failed"]]
     );
-    assert_eq!(
-        sb.column("SELECT length(cookie) FROM driver_cookie"),
-        ["10240"]
-    );
+    let cookies = sb.unsealed("SELECT cookie, 'driver_cookie:' || guresid FROM driver_cookie");
+    assert_eq!(cookies.len(), 1);
+    assert_eq!(cookies[0].len(), 10240);
 }
 
 #[test]
@@ -421,12 +421,45 @@ fn resources_start_after_their_dependencies_and_independent_ones_overlap() {
     );
 }
 
+/// Every PUT the driver received for each GUResID, in order, carried the cookie it was last
+/// given: that of the PUT before it, or the one the answer to it set (gitplane may have died
+/// before recording that answer). Returns how many PUTs after `killed_at` (the requests
+/// received when gitplane was killed) carried a cookie over the kill.
+#[track_caller]
+fn assert_cookies_carried(received: &[Received], killed_at: usize, k: usize) -> usize {
+    let mut last: HashMap<&str, (usize, &Received)> = HashMap::new();
+    let mut carried = 0;
+    for (i, r) in received.iter().enumerate() {
+        if r.method != "PUT" {
+            last.remove(r.guresid.as_str());
+            continue;
+        }
+        if let Some((j, before)) = last.get(r.guresid.as_str()) {
+            assert!(
+                r.cookie == before.cookie || r.cookie == before.set_cookie,
+                "k={k}: PUT {i} of {} carried {:?}; the PUT before it carried {:?} and was \
+                 answered with {:?}",
+                r.guresid,
+                r.cookie,
+                before.cookie,
+                before.set_cookie
+            );
+            if *j < killed_at && i >= killed_at && r.cookie.is_some() {
+                carried += 1;
+            }
+        }
+        last.insert(&r.guresid, (i, r));
+    }
+    carried
+}
+
 /// Kills `gitplane apply` with SIGKILL once the driver has received `k` requests, for many
-/// values of `k`, then applies again: the server must hold exactly one instance per GUResID,
-/// state must match it, and the state file must be intact.
+/// values of `k`, then applies again: every GUResID is created once, every resumed call carries
+/// the cookie of the interrupted one, state matches the driver, and the file is intact.
 #[test]
 fn a_crash_at_any_moment_resumes_without_duplicates() {
     let mut kill_points = 0;
+    let mut carried_over_a_kill = 0;
     for k in 1..=24 {
         let sb = Sandbox::new();
         let server = DriverServer::start();
@@ -461,6 +494,7 @@ fn a_crash_at_any_moment_resumes_without_duplicates() {
         if reached {
             kill_points += 1;
         }
+        let killed_at = server.received().len();
         let run = apply(&sb);
         assert_eq!(
             run.code,
@@ -476,6 +510,7 @@ fn a_crash_at_any_moment_resumes_without_duplicates() {
         for (guresid, n) in server.creations() {
             assert_eq!(n, 1, "k={k}: {guresid} was created {n} times");
         }
+        carried_over_a_kill += assert_cookies_carried(&server.received(), killed_at, k);
         // Outputs recorded are the server's instance for each resource.
         for (name, guresid) in &recorded {
             let outputs: Value = serde_json::from_str(
@@ -507,6 +542,12 @@ fn a_crash_at_any_moment_resumes_without_duplicates() {
     assert!(
         kill_points >= 20,
         "only {kill_points} kill points were reached"
+    );
+    // Killed between a 202 and its poll, a resource's next call must carry the 202's cookie:
+    // some kill points land there, so the check above did look at resumed calls.
+    assert!(
+        carried_over_a_kill >= 5,
+        "only {carried_over_a_kill} calls carried a cookie over a kill"
     );
 }
 

@@ -199,6 +199,8 @@ fn stored_secrets_reach_the_driver_and_no_output_or_report() {
             }
         }
     }
+    // Sealed, the secrets are nowhere in the file's bytes (nor its log) either.
+    p.sb.assert_state_bytes_hide(&SECRETS);
     // A stored secret is no link between resources: the bindings are the workload's only.
     assert_eq!(
         p.sb.column("SELECT DISTINCT provided_path FROM binding WHERE needed_path LIKE 'secrets%'"),
@@ -232,6 +234,8 @@ fn a_rotated_secret_updates_the_resource_and_a_pinned_version_stays() {
     std::fs::write(p.sb.root.join("secrets/db/admin"), "file-rotated\n").unwrap();
     p.run(&["apply"]).ok().stdout_has("1 updated");
     assert_eq!(p.database_secrets()[2]["admin"], "file-rotated");
+    // No version of a rotated secret is left in the file, in a live row or a free page.
+    p.sb.assert_state_bytes_hide(&[VAULT_V1, VAULT_V2, FILE_SECRET, "file-rotated"]);
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Secret values never leave `resource_secret`: not in any command's output, not in logs, not
-//! in any other table or view, and the state file is readable by its owner alone.
+//! in any other table or view; there they are sealed with the state key, and the state file is
+//! readable by its owner alone.
 
 use crate::util::{Run, Sandbox, rows};
 
@@ -102,8 +103,18 @@ fn assert_state_clean(sb: &Sandbox) {
             }
         }
     }
-    let secrets = rows(&conn, "SELECT outputs FROM resource_secret")
+    // Sealed in the file: only the state key opens them.
+    let sealed = rows(&conn, "SELECT outputs, inputs FROM resource_secret")
         .concat()
+        .join("\n");
+    for secret in SECRETS {
+        assert!(
+            !sealed.contains(secret),
+            "{secret:?} in resource_secret: {sealed}"
+        );
+    }
+    let secrets = sb
+        .unsealed("SELECT outputs, 'resource_secret.outputs:' || guresid FROM resource_secret")
         .join("\n");
     assert!(
         secrets.contains("s3cr3t-XYZZY"),
@@ -178,7 +189,9 @@ fn secrets_stay_out_of_every_command_output() {
     );
     assert_eq!(sb.last_deployment("production").counts, [0, 0, 0, 6, 0]);
     assert_state_clean(&sb);
-    let stored = sb.column("SELECT outputs FROM resource_secret").join("\n");
+    let stored = sb
+        .unsealed("SELECT outputs, 'resource_secret.outputs:' || guresid FROM resource_secret")
+        .join("\n");
     assert!(stored.contains("s3cr3t-XYZZY-rotated"), "{stored}");
     check_commands(&sb, READ_COMMANDS);
     #[cfg(unix)]
@@ -280,4 +293,111 @@ fn state_file_is_private_even_when_the_first_apply_fails() {
         sb.count("SELECT COUNT(*) FROM deployment WHERE status = 'failed'"),
         2
     );
+}
+
+#[test]
+fn a_state_file_copied_without_its_key_shows_no_secret() {
+    let sb = with_secrets();
+    sb.gitplane(&["apply"]).ok();
+    sb.assert_state_bytes_hide(&SECRETS);
+    let key = std::fs::read_to_string(sb.root.join("state.db.key")).unwrap();
+    assert_eq!(key.trim().len(), 64, "{key}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(sb.root.join("state.db.key"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+
+    // The copy (a backup, say) without the key: reports work, nothing reads a secret.
+    let copy = sb.root.join("copy/state.db");
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    sb.db()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    std::fs::copy(&sb.state, &copy).unwrap();
+    let args = |cmd: &'static str| {
+        vec![
+            cmd,
+            "--repo",
+            sb.origin.to_str().unwrap(),
+            "--state",
+            copy.to_str().unwrap(),
+        ]
+    };
+    sb.gitplane_raw(&args("status"), &[]).ok();
+    sb.gitplane_raw(&args("history"), &[]).ok();
+    // A change that needs the secrets (what the redis reads changes).
+    sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
+    sb.commit("A new port");
+    let deployments = crate::util::rows(
+        &crate::util::open_db(&copy),
+        "SELECT COUNT(*) FROM deployment",
+    );
+    let run = sb.gitplane_raw(&args("apply"), &[]).fails();
+    run.stderr_has("state.db.key: no such file, and the state file's secrets are sealed with key")
+        .stderr_has("restore that key file");
+    assert_no_secret(&run);
+    assert!(
+        !copy.with_extension("db.key").exists(),
+        "no stray key was made"
+    );
+    assert_eq!(
+        crate::util::rows(
+            &crate::util::open_db(&copy),
+            "SELECT COUNT(*) FROM deployment"
+        ),
+        deployments,
+        "no deployment was recorded"
+    );
+
+    // With another key: refused, and said so.
+    std::fs::write(
+        copy.with_extension("db.key"),
+        format!("{}\n", "ab".repeat(32)),
+    )
+    .unwrap();
+    sb.gitplane_raw(&args("apply"), &[])
+        .fails()
+        .stderr_has("is not the key this state file's secrets were sealed with");
+}
+
+#[test]
+fn rekey_seals_every_secret_with_a_new_key() {
+    let sb = with_secrets();
+    sb.gitplane(&["apply"]).ok();
+    let key_file = sb.root.join("state.db.key");
+    let old_key = std::fs::read_to_string(&key_file).unwrap();
+    let sealed = |sb: &Sandbox| {
+        sb.unsealed("SELECT outputs, 'resource_secret.outputs:' || guresid FROM resource_secret")
+    };
+    let before = sealed(&sb);
+    let raw_before = sb.column("SELECT outputs FROM resource_secret");
+
+    let run = sb.gitplane(&["state", "rekey"]).ok();
+    run.stdout_has("sealed with the new key");
+    let new_key = std::fs::read_to_string(&key_file).unwrap();
+    assert_ne!(old_key, new_key);
+    assert!(!sb.root.join("state.db.key.new").exists());
+    // The same secrets, sealed anew: every stored value changed, and opens with the new key.
+    assert_eq!(sealed(&sb), before);
+    let raw_after = sb.column("SELECT outputs FROM resource_secret");
+    assert!(raw_before.iter().all(|v| !raw_after.contains(v)));
+    sb.assert_state_bytes_hide(&SECRETS);
+
+    // Deployments go on with the new key.
+    sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
+    sb.commit("A new port");
+    sb.gitplane(&["apply"]).ok().stdout_has("updated");
+    // The old key opens nothing any more.
+    std::fs::write(&key_file, &old_key).unwrap();
+    sb.edit("definitions/redis.yaml", "port: 6380", "port: 6381");
+    sb.commit("Another port");
+    sb.gitplane(&["apply"])
+        .fails()
+        .stderr_has("is not the key this state file's secrets were sealed with");
 }

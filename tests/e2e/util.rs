@@ -323,6 +323,47 @@ impl Sandbox {
         Run::from_command(cmd)
     }
 
+    /// Secret values opened with the state key beside the state file: `sql` selects each
+    /// sealed value with the place it was sealed for (`'resource_secret.outputs:' || guresid`).
+    #[track_caller]
+    pub fn unsealed(&self, sql: &str) -> Vec<String> {
+        let real = self.state.canonicalize().unwrap();
+        let gitplane_state::KeySource::File(path) = gitplane_state::KeySource::beside(&real) else {
+            unreachable!("the default key is a file")
+        };
+        let key =
+            gitplane_state::StateKey::load_or_create(&gitplane_state::KeySource::Provided(path))
+                .expect("the state key beside the state file");
+        self.rows(sql)
+            .into_iter()
+            .map(|r| {
+                assert!(r[0].starts_with("gp1:"), "not sealed: {r:?}");
+                key.open(&r[0], &r[1])
+                    .unwrap_or_else(|e| panic!("{r:?}: {e}"))
+            })
+            .collect()
+    }
+
+    /// Asserts that no value of `secrets` is anywhere in the bytes of the state file, its
+    /// write-ahead log or its shared memory: not in a live row, not in a free page.
+    #[track_caller]
+    pub fn assert_state_bytes_hide(&self, secrets: &[&str]) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = self.state.as_os_str().to_owned();
+            name.push(suffix);
+            let Ok(bytes) = std::fs::read(&name) else {
+                continue;
+            };
+            for secret in secrets {
+                assert!(
+                    !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                    "{secret:?} in the bytes of {}",
+                    std::path::Path::new(&name).display()
+                );
+            }
+        }
+    }
+
     /// A new connection to the state file.
     pub fn db(&self) -> Connection {
         open_db(&self.state)

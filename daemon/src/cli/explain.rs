@@ -34,7 +34,7 @@ pub fn explain(
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let store = if ctx.state.exists() {
-        Some(Store::open(&ctx.state)?)
+        Some(ctx.open_store()?)
     } else {
         None
     };

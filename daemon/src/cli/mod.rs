@@ -78,7 +78,9 @@ impl Common {
             (Some(repo), _) => repo.clone(),
             (None, Some(RepoSource::Local(path))) => path.clone(),
             (None, Some(RepoSource::Remote { url, .. })) => {
-                return Err(CliError::RemoteRepo { url: url.clone() });
+                return Err(CliError::RemoteRepo {
+                    url: crate::watch::redact_url_credentials(url, url),
+                });
             }
             (None, None) => PathBuf::from("."),
         };
@@ -100,6 +102,14 @@ impl Common {
 }
 
 impl Context {
+    /// Opens (creating if needed) the state file, with the state key the host config names.
+    pub(crate) fn open_store(&self) -> Result<Store, CliError> {
+        Ok(Store::open_keyed(
+            &self.state,
+            self.host.state_key.as_ref(),
+        )?)
+    }
+
     pub(crate) fn host(&self) -> deploy::Host<'_> {
         deploy::Host {
             drivers: &self.drivers,
@@ -260,6 +270,13 @@ pub enum StateCommand {
         #[arg(long)]
         keep: Option<String>,
     },
+    /// Seal every secret of the state file with a new key, and put the new key in place of
+    /// the old one (a key file: the host config's state_key, else <state>.key). Deployments
+    /// wait meanwhile; a running daemon picks the new key up before its next deployment.
+    Rekey {
+        #[command(flatten)]
+        common: Common,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -304,6 +321,17 @@ pub enum CliError {
          local repository to run this command"
     )]
     RemoteRepo { url: String },
+    #[error(
+        "the state key comes from a systemd credential or a file gitplane does not write: \
+         rekey needs a key file (state_key: {{file: PATH}})"
+    )]
+    KeyNotAFile,
+    #[error("{path}: cannot write the new state key: {source}")]
+    KeyFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Daemon(crate::daemon::DaemonError),
     #[error(transparent)]
@@ -430,7 +458,49 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
         Command::State {
             action: StateCommand::Vacuum { common, keep },
         } => vacuum(&common.context()?, keep.as_deref(), stdout),
+        Command::State {
+            action: StateCommand::Rekey { common },
+        } => rekey(&common.context()?, stdout),
     }
+}
+
+/// `gitplane state rekey`: seals every secret with a new key, then puts that key in place.
+///
+/// The new key is written to `<key>.new` first and renamed over the old key only after the
+/// secrets are sealed with it: stopped in between, the next open finds `<key>.new` matching
+/// the secrets and finishes the rename.
+fn rekey(ctx: &Context, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
+    let mut store = existing_store(ctx)?;
+    let gitplane_state::KeySource::File(key_file) = store.key_source() else {
+        return Err(CliError::KeyNotAFile);
+    };
+    // No deployment may seal with the old key while the secrets move to the new one.
+    let _locks = store
+        .environments()?
+        .iter()
+        .map(|env| ApplyLock::acquire(&ctx.state, env, true))
+        .collect::<Result<Vec<_>, _>>()?;
+    let key = gitplane_state::StateKey::generate();
+    let pending = gitplane_state::pending_key_path(&key_file);
+    let _ = std::fs::remove_file(&pending);
+    key.write_new(&pending)
+        .map_err(|source| CliError::KeyFile {
+            path: pending.clone(),
+            source,
+        })?;
+    let resealed = store.rekey(&key)?;
+    std::fs::rename(&pending, &key_file).map_err(|source| CliError::KeyFile {
+        path: key_file.clone(),
+        source,
+    })?;
+    writeln!(
+        stdout,
+        "{}: {resealed} secret value(s) sealed with the new key {} ({})",
+        ctx.state.display(),
+        key.id,
+        key_file.display()
+    )?;
+    Ok(CommandResult::Success)
 }
 
 /// `gitplane state vacuum`: prunes by retention, then rebuilds the file.
@@ -525,7 +595,7 @@ fn show_plan(
 ) -> Result<CommandResult, CliError> {
     // Planning never creates a state file.
     let store = if ctx.state.exists() {
-        Some(Store::open(&ctx.state)?)
+        Some(ctx.open_store()?)
     } else {
         None
     };
@@ -669,7 +739,7 @@ fn apply(
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let commit = Commit::resolve(ctx, rev)?;
-    let mut store = Store::open(&ctx.state)?;
+    let mut store = ctx.open_store()?;
     // Locked before anything is read from the state: which apps changed is judged against the
     // fingerprints another apply could be writing.
     let _locks = commit
@@ -875,7 +945,7 @@ pub(crate) fn existing_store(ctx: &Context) -> Result<Store, CliError> {
             path: ctx.state.clone(),
         });
     }
-    Ok(Store::open(&ctx.state)?)
+    ctx.open_store()
 }
 
 /// Finds a recorded resource by GUResID or `app/type.class#id` (in the `--env` environments, or
@@ -892,7 +962,7 @@ pub(crate) fn find_resource(
     };
     let mut found = Vec::new();
     for env in &envs {
-        for r in store.resources(env)? {
+        for r in store.resources_without_secrets(env)? {
             if r.guresid == wanted || crate::plan::record_label(&r) == wanted {
                 found.push((r.guresid.clone(), env.clone()));
             }
@@ -993,7 +1063,7 @@ fn status(
     };
     let mut json = Vec::new();
     for env in &envs {
-        let resources = store.resources(env)?;
+        let resources = store.resources_without_secrets(env)?;
         let deployments = store.deployments(Some(env))?;
         let commit = output::state_commit(&deployments);
         match format {

@@ -338,12 +338,14 @@ impl Daemon {
                 return Ok(None);
             }
             let layout = repo.layout(&commit)?;
+            let store = Store::open_keyed(&shared.state, shared.state_key.as_ref())?;
             let envs: Vec<String> = if envs.is_empty() {
-                deploy::environments_in(&layout).into_iter().collect()
+                deploy::environments_to_deploy(&layout, Some(&store))?
+                    .into_iter()
+                    .collect()
             } else {
                 envs
             };
-            let store = Store::open_keyed(&shared.state, shared.state_key.as_ref())?;
             let mut cache = shared.cache.lock().unwrap_or_else(|e| e.into_inner());
             let built = deploy::targets(
                 &repo,

@@ -64,6 +64,20 @@ pub fn environments_in(layout: &Layout) -> BTreeSet<String> {
         .collect()
 }
 
+/// The environments a deployment of a commit covers: those it declares, and those `store`
+/// has resources of that it no longer declares (their file was removed: their resources are to
+/// be deleted, through the deletion guard).
+pub fn environments_to_deploy(
+    layout: &Layout,
+    store: Option<&Store>,
+) -> Result<BTreeSet<String>, StateError> {
+    let mut envs = environments_in(layout);
+    if let Some(store) = store {
+        envs.extend(store.environments_with_resources()?);
+    }
+    Ok(envs)
+}
+
 /// Loads the model and builds every environment of `envs`.
 pub fn build(snapshot: &Snapshot, envs: &[String], host: Host<'_>) -> Result<Built, Rejected> {
     let reject = |errors: Vec<String>| Rejected {
@@ -349,6 +363,24 @@ pub fn target(
     host: Host<'_>,
     cache: &mut LoadCache,
 ) -> Result<Result<Target, Rejected>, DeployError> {
+    if !layout
+        .shared
+        .contains_key(&format!("environments/{env}.yaml"))
+        && !layout
+            .shared
+            .contains_key(&format!("environments/{env}.yml"))
+        && let Some(store) = store
+        && store.resource_count(env)? > 0
+    {
+        tracing::warn!(
+            env,
+            "the commit has no file for this environment: its resources go"
+        );
+        return Ok(Ok(Target {
+            graph: ResourceGraph::removed(env),
+            scope: Scope::whole(BTreeMap::new()),
+        }));
+    }
     let fingerprints = fingerprints(layout, env, &host_print(host));
     let scope = match (store, reach) {
         // A global orphan kept after its delete failed is retried by a whole deployment.

@@ -157,6 +157,12 @@ pub async fn apply(
                 None => graph.deletion_threshold,
             };
             if let Some(mut held) = deletion_guard(&plan, total, threshold) {
+                if graph.is_empty() {
+                    held.reason.push_str(&format!(
+                        " (the commit has no environments/{}.yaml: the environment was removed)",
+                        graph.env
+                    ));
+                }
                 if threshold < graph.deletion_threshold {
                     held.reason.push_str(&format!(
                         " (this commit raises the threshold to {}%, which takes effect once it \

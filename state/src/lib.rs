@@ -557,6 +557,13 @@ impl Store {
         Ok(())
     }
 
+    /// Every environment that has resources recorded.
+    pub fn environments_with_resources(&self) -> Result<Vec<String>> {
+        self.query("SELECT DISTINCT env FROM resource ORDER BY env", [], |r| {
+            r.get(0)
+        })
+    }
+
     /// Every environment that has resources or deployments recorded.
     pub fn environments(&self) -> Result<Vec<String>> {
         self.query(

@@ -128,3 +128,42 @@ fn a_commit_cannot_raise_its_own_deletion_threshold() {
     assert_eq!(d.status, "succeeded", "{d:?}");
     assert_eq!(d.counts[2], 2, "its two resources were replaced: {d:?}");
 }
+
+#[test]
+fn removing_an_environment_file_deletes_its_resources_through_the_guard() {
+    let sb = Sandbox::applied();
+    let production = sb.res_ids("production");
+    assert_eq!(production.len(), 6);
+    sb.remove("environments/production.yaml");
+    sb.commit("Retire production");
+    let run = sb.gitplane(&["apply"]).fails();
+    run.stdout_has("production: deployment")
+        .stdout_has(
+            "held by the deletion guard: it would delete all 6 resources of environment production",
+        )
+        .stdout_has("the commit has no environments/production.yaml");
+    assert_eq!(sb.res_ids("production"), production, "nothing deleted yet");
+    assert_eq!(sb.last_deployment("development").status, "succeeded");
+
+    // Approved, every resource goes, the base-env last.
+    let held = sb.last_deployment("production");
+    assert_eq!(held.status, "held");
+    sb.gitplane(&["approve", &held.id.to_string()]).ok();
+    let d = sb.last_deployment("production");
+    assert_eq!(d.status, "succeeded", "{d:?}");
+    assert_eq!(d.counts, [0, 0, 6, 0, 0], "{d:?}");
+    let ops = sb.operations(d.id);
+    assert_eq!(
+        ops.last().map(|(_, r, _)| r.as_str()),
+        Some("base-env"),
+        "{ops:?}"
+    );
+    assert!(sb.res_ids("production").is_empty());
+    assert_eq!(sb.res_ids("development").len(), 6);
+
+    // Gone for good: the next apply does not look at it.
+    let before = sb.max_id("deployment");
+    sb.gitplane(&["apply"]).ok();
+    let new = sb.deployments_after(before);
+    assert!(new.iter().all(|d| d.env == "development"), "{new:?}");
+}

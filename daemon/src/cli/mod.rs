@@ -599,7 +599,7 @@ fn show_plan(
     } else {
         None
     };
-    let commit = Commit::resolve(ctx, rev)?;
+    let commit = Commit::resolve(ctx, rev, store.as_ref())?;
     let targets = match targets(ctx, &commit, store.as_ref(), Reach::Changes)? {
         Ok(targets) => targets,
         Err(rejected) => {
@@ -738,8 +738,8 @@ fn apply(
     rev: Option<&str>,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let commit = Commit::resolve(ctx, rev)?;
     let mut store = ctx.open_store()?;
+    let commit = Commit::resolve(ctx, rev, Some(&store))?;
     // Locked before anything is read from the state: which apps changed is judged against the
     // fingerprints another apply could be writing.
     let _locks = commit
@@ -777,11 +777,18 @@ pub(crate) struct Commit {
 }
 
 impl Commit {
-    pub(crate) fn resolve(ctx: &Context, rev: Option<&str>) -> Result<Commit, CliError> {
+    /// The commit `rev` names; with `store`, its environments include those removed since
+    /// (recorded resources, no file), whose resources a deployment deletes.
+    pub(crate) fn resolve(
+        ctx: &Context,
+        rev: Option<&str>,
+        store: Option<&Store>,
+    ) -> Result<Commit, CliError> {
         let repo = ConfigRepo::open(&ctx.repo)?;
         let id = repo.resolve(rev)?;
         let layout = repo.layout(&id)?;
-        let envs = select_envs(&deploy::environments_in(&layout), &id, &ctx.envs)?;
+        let known = deploy::environments_to_deploy(&layout, store)?;
+        let envs = select_envs(&known, &id, &ctx.envs)?;
         Ok(Commit { repo, layout, envs })
     }
 
@@ -915,7 +922,7 @@ fn approve(
         envs: vec![env],
         ..ctx.clone()
     };
-    let resolved = Commit::resolve(&held, Some(&commit))?;
+    let resolved = Commit::resolve(&held, Some(&commit), Some(&store))?;
     match targets(&held, &resolved, Some(&store), Reach::Whole)? {
         Ok(targets) => {
             let options = ApplyOptions {
@@ -998,7 +1005,7 @@ fn resolve(
         ..ctx.clone()
     };
     let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
-    let commit = Commit::resolve(&scoped, rev)?;
+    let commit = Commit::resolve(&scoped, rev, Some(&store))?;
     let targets = match targets(&scoped, &commit, Some(&store), Reach::Whole)? {
         Ok(targets) => targets,
         Err(rejected) => {

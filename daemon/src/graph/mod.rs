@@ -262,6 +262,20 @@ pub struct Edge {
 }
 
 impl ResourceGraph {
+    /// The graph of an environment whose file the commit no longer has: nothing, so every
+    /// resource recorded for it is an orphan (and the deletion guard holds their deletion).
+    pub fn removed(env: &str) -> ResourceGraph {
+        ResourceGraph {
+            env: env.to_owned(),
+            env_type: String::new(),
+            deletion_threshold: 0.0,
+            schedule: None,
+            dag: Dag::new(),
+            index: HashMap::new(),
+            order: Vec::new(),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.dag.node_count()
     }

@@ -24,6 +24,8 @@ pub struct Behavior {
     /// Report an output that changes on every provisioning (`observed`: how many 200s this
     /// GUResID got), like a resource something outside gitplane keeps changing.
     pub drifting: bool,
+    /// Answer 503 to about this percent of calls, at random (a fixed sequence per server).
+    pub flaky_percent: u32,
 }
 
 /// One request the driver received.
@@ -54,6 +56,8 @@ struct Inner {
     /// 200s answered per GUResID.
     provisioned: HashMap<String, u32>,
     received: Vec<Received>,
+    /// Calls answered, for the flaky sequence.
+    calls: u64,
 }
 
 pub struct DriverServer {
@@ -188,6 +192,14 @@ fn answer(
     body: &Value,
     behavior: &Behavior,
 ) -> (u16, Value, Option<String>) {
+    inner.calls += 1;
+    if behavior.flaky_percent > 0 {
+        // A multiplicative hash of the call's number: spread, and the same for every run.
+        let roll = inner.calls.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+        if roll % 100 < u64::from(behavior.flaky_percent) {
+            return (503, json!({"message": "flaky: try again"}), None);
+        }
+    }
     if let Some((status, times)) = behavior.fail {
         let failed = inner.failures.entry(guresid.to_owned()).or_insert(0);
         if *failed < times {

@@ -20,4 +20,5 @@ mod reconcile;
 mod reports;
 mod secret_stores;
 mod secrets;
+mod soak;
 mod systemd;

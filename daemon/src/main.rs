@@ -33,9 +33,23 @@ fn main() -> ExitCode {
         Ok(CommandResult::Success) => ExitCode::SUCCESS,
         Ok(CommandResult::Failure) => ExitCode::FAILURE,
         Err(e) => {
-            let e = anyhow::Error::from(e);
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&anyhow::Error::from(e)));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, each cause said once: most errors already quote
+/// their cause, and a library's error often repeats its own ("unable to open database file:
+/// unable to open database file").
+fn message(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }

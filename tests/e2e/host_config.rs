@@ -248,3 +248,29 @@ fn the_host_config_names_the_repository_and_the_state() {
     .ok();
     assert!(other.exists());
 }
+
+#[test]
+fn a_state_file_that_cannot_be_created_is_reported_once() {
+    let sb = Sandbox::template();
+    let run = sb
+        .gitplane_raw(
+            &[
+                "apply",
+                "--repo",
+                sb.origin.to_str().unwrap(),
+                "--state",
+                "/proc/no-such-dir/state.db",
+            ],
+            &[],
+        )
+        .fails();
+    let errors = run.error_lines();
+    assert_eq!(
+        errors,
+        [
+            "error: state /proc/no-such-dir/state.db: cannot create the file: No such file or \
+          directory (os error 2)"
+        ],
+        "{run}"
+    );
+}

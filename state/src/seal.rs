@@ -316,6 +316,12 @@ impl Keyring {
 /// Registers `gp_seal(plaintext, aad)` and `gp_open(sealed, aad)` on `conn`. A value that is
 /// not sealed yet (written before sealing existed) opens as itself.
 pub(crate) fn register(conn: &Connection, keyring: &SharedKeyring) -> rusqlite::Result<()> {
+    fn key_of(ring: &SharedKeyring) -> rusqlite::Result<StateKey> {
+        ring.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .key()
+            .map_err(|e| rusqlite::Error::UserFunctionError(Box::new(e)))
+    }
     let flags = FunctionFlags::SQLITE_UTF8;
     let ring = keyring.clone();
     conn.create_scalar_function("gp_seal", 2, flags, move |ctx| {
@@ -323,12 +329,7 @@ pub(crate) fn register(conn: &Connection, keyring: &SharedKeyring) -> rusqlite::
             return Ok(None);
         };
         let aad: String = ctx.get(1)?;
-        let key = ring
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .key()
-            .map_err(|e| rusqlite::Error::UserFunctionError(Box::new(e)))?;
-        Ok(Some(key.seal(&plain, &aad)))
+        Ok(Some(key_of(&ring)?.seal(&plain, &aad)))
     })?;
     let ring = keyring.clone();
     conn.create_scalar_function(
@@ -343,12 +344,8 @@ pub(crate) fn register(conn: &Connection, keyring: &SharedKeyring) -> rusqlite::
                 return Ok(Some(sealed));
             }
             let aad: String = ctx.get(1)?;
-            let key = ring
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .key()
-                .map_err(|e| rusqlite::Error::UserFunctionError(Box::new(e)))?;
-            key.open(&sealed, &aad)
+            key_of(&ring)?
+                .open(&sealed, &aad)
                 .map(Some)
                 .map_err(|e| rusqlite::Error::UserFunctionError(Box::new(e)))
         },

@@ -418,26 +418,7 @@ fn a_token_in_the_remote_url_stays_out_of_messages() {
 fn sigterm_lets_a_slow_driver_call_finish() {
     let sb = Sandbox::new();
     let server = DriverServer::start();
-    server.behave(
-        "postgres",
-        Behavior {
-            delay: Duration::from_secs(2),
-            ..Behavior::default()
-        },
-    );
-    let config = sb.root.join("host.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 10s}}\n",
-            server.url
-        ),
-    )
-    .unwrap();
-    write_http_platform(&sb);
-    let commit = sb.commit("A slow database");
-    let mut args = repo_args(&sb);
-    args.extend(["--config".to_owned(), config.display().to_string()]);
+    let (args, commit) = slow_database(&sb, &server, Duration::from_secs(2), "timeout: 10s", "");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut daemon = Daemon::start(&sb, &args);
     // Wait until the slow call is in flight: base-env answered, postgres asked.
@@ -495,30 +476,13 @@ fn sigterm_lets_a_slow_driver_call_finish() {
 fn sigterm_does_not_wait_past_the_stop_timeout() {
     let sb = Sandbox::new();
     let server = DriverServer::start();
-    server.behave(
-        "postgres",
-        Behavior {
-            delay: Duration::from_secs(30),
-            ..Behavior::default()
-        },
+    let (args, commit) = slow_database(
+        &sb,
+        &server,
+        Duration::from_secs(30),
+        "timeout: 60s",
+        "stop_timeout: 1s\n",
     );
-    let config = sb.root.join("host.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "stop_timeout: 1s
-drivers:
-  test/http:
-    http: {{url: \"{}\", timeout: 60s}}
-",
-            server.url
-        ),
-    )
-    .unwrap();
-    write_http_platform(&sb);
-    let commit = sb.commit("A database that takes its time");
-    let mut args = repo_args(&sb);
-    args.extend(["--config".to_owned(), config.display().to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut daemon = Daemon::start(&sb, &args);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -560,6 +524,39 @@ drivers:
     for (guresid, n) in server.creations() {
         assert_eq!(n, 1, "{guresid} created {n} times");
     }
+}
+
+/// The HTTP platform with a postgres that takes `delay` at `server`, committed: the daemon's
+/// arguments (a host config with the driver's `http_timeout` and the `host` lines) and the
+/// commit.
+fn slow_database(
+    sb: &Sandbox,
+    server: &DriverServer,
+    delay: Duration,
+    http_timeout: &str,
+    host: &str,
+) -> (Vec<String>, String) {
+    server.behave(
+        "postgres",
+        Behavior {
+            delay,
+            ..Behavior::default()
+        },
+    );
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "{host}drivers:\n  test/http:\n    http: {{url: \"{}\", {http_timeout}}}\n",
+            server.url
+        ),
+    )
+    .unwrap();
+    write_http_platform(sb);
+    let commit = sb.commit("A slow database");
+    let mut args = repo_args(sb);
+    args.extend(["--config".to_owned(), config.display().to_string()]);
+    (args, commit)
 }
 
 fn started_calls(sb: &Sandbox, res_type: &str) -> i64 {

@@ -34,7 +34,9 @@ fn main() -> ExitCode {
         Ok(CommandResult::Failure) => ExitCode::FAILURE,
         Err(e) => {
             let e = anyhow::Error::from(e);
-            eprintln!("error: {e:#}");
+            // Every error already quotes its source in its own message: printing the chain
+            // as well would say each cause two or three times.
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }

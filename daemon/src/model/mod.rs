@@ -54,7 +54,8 @@ impl Schedule {
         for (position, (field, unit)) in fields.iter().zip(units).enumerate() {
             if let Err(reason) = unit.check(field) {
                 return Err(format!(
-                    "schedule '{text}': the {} (field {}) {reason}; a schedule is                      {CRON_SHAPE}",
+                    "schedule '{text}': the {} (field {}) {reason}; a schedule is \
+                     {CRON_SHAPE}",
                     unit.name,
                     position + 1
                 ));
@@ -76,7 +77,8 @@ impl Schedule {
                 let message = e.to_string();
                 let reason = message.lines().last().unwrap_or("").trim();
                 format!(
-                    "schedule '{text}' is not a cron expression gitplane understands ({reason}); a schedule is {CRON_SHAPE}"
+                    "schedule '{text}' is not a cron expression gitplane understands \
+                     ({reason}); a schedule is {CRON_SHAPE}"
                 )
             })
     }
@@ -255,7 +257,7 @@ pub struct LoadError {
 pub enum LoadErrorKind {
     #[error("{0}")]
     Yaml(String),
-    #[error("file is not UTF-8")]
+    #[error("the file is not UTF-8 text: save it as UTF-8")]
     NotUtf8,
     #[error("{0}")]
     Invalid(String),

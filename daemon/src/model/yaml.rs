@@ -83,6 +83,16 @@ pub fn show_size(bytes: u64) -> String {
     }
 }
 
+/// `100 KiB (102400 bytes)`, or `65 bytes`: a measured size, exact where rounded.
+fn show_size_exactly(bytes: u64) -> String {
+    let shown = show_size(bytes);
+    if shown.ends_with(" bytes") {
+        shown
+    } else {
+        format!("{shown} ({bytes} bytes)")
+    }
+}
+
 impl Limits {
     /// Checks limits a file asks for: each at least 1 byte, no more than [`CEILING_BYTES`],
     /// and a value no longer than a file.
@@ -137,10 +147,9 @@ impl Limits {
             line: Some(line),
             column: None,
             message: format!(
-                "the file is {} ({len} bytes), more than the limit of {}: it passes the \
-                 limit on this line. Keep large data out of the repository, split the file, \
-                 or raise {setting}",
-                show_size(len),
+                "the file is {}, more than the limit of {}: it passes the limit on this line. \
+                 Keep large data out of the repository, split the file, or raise {setting}",
+                show_size_exactly(len),
                 show_size(self.max_file_bytes)
             ),
         })
@@ -196,11 +205,9 @@ fn scan(text: &str, limits: &Limits, doc: Doc<'_>) -> Option<YamlError> {
         };
         if value.len() as u64 > limits.max_value_bytes {
             return Some(at(format!(
-                "this string is {} ({} bytes), longer than the limit of {}: keep large data \
-                 out of the repository (a value is copied into every resource that reads it), \
-                 or raise {}",
-                show_size(value.len() as u64),
-                value.len(),
+                "this string is {}, longer than the limit of {}: keep large data out of the \
+                 repository (a value is copied into every resource that reads it), or raise {}",
+                show_size_exactly(value.len() as u64),
                 show_size(limits.max_value_bytes),
                 doc.setting
             )));
@@ -265,6 +272,10 @@ fn explain(e: &serde_saphyr::Error, text: &str, doc: Doc<'_>) -> YamlError {
     let message = match e {
         E::AliasError { error, .. } => return explain(error, text, doc),
         E::WithSnippet { error, .. } => return explain(error, text, doc),
+        E::Eof { .. } => format!(
+            "the document ends before it has a value: {} cannot be empty",
+            doc.kind
+        ),
         E::MultipleDocuments { .. } => format!(
             "a second YAML document starts here (after a `---` line), but {} holds one \
              document: remove the `---` line, or move what follows to a file of its own",
@@ -492,6 +503,15 @@ impl<'t> Context<'t> {
     /// For "expected mapping start" and the like.
     fn wrong_shape(&self, expected: &str) -> String {
         let found = self.found();
+        if self.key().is_none() && self.line == Some(0) && self.column == 0 {
+            // The document itself.
+            let what = if expected.contains("mapping start") {
+                "a mapping (`key: value` lines)"
+            } else {
+                "something else"
+            };
+            return format!("the document must be {what}, not {found}");
+        }
         let subject = self.subject();
         let (what, how) = if expected == "string scalar" || expected == "scalar" {
             let what = if expected == "scalar" {

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::drivers::{ExecDriver, HttpDriver, Registry};
+use crate::model::yaml::{self, Doc, Limits};
 use crate::model::{SourceLocation, line_of};
 use crate::stores::{SecretStores, StoreConfig};
 
@@ -310,6 +311,41 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
+/// What keeps `program` from being started, found without starting it: it does not exist, is
+/// not a file, or nobody may execute it. `None` when it looks runnable, and when this user may
+/// not look: only the service can tell then, when it runs the program.
+fn program_problem(program: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(program) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("does not exist"),
+        Err(_) => None,
+        Ok(m) if !m.is_file() => Some("is not a file"),
+        Ok(m) if m.permissions().mode() & 0o111 == 0 => Some("is not executable (chmod +x)"),
+        Ok(_) => None,
+    }
+}
+
+/// `duration` unless it is zero, which no time limit or interval may be.
+fn nonzero(text: &str, duration: Duration, what: &str) -> Result<Duration, String> {
+    if !duration.is_zero() {
+        return Ok(duration);
+    }
+    let what = what.trim_end_matches(':');
+    let example = if what.contains("interval") {
+        "30s"
+    } else {
+        "30s, 2m or 500ms"
+    };
+    Err(format!(
+        "'{text}' is no time at all: {} must be longer than zero, e.g. {example}",
+        if what.contains("interval") {
+            "an interval"
+        } else {
+            "a time limit"
+        }
+    ))
+}
+
 impl HostConfig {
     /// Reads `path`; or, when `path` is `None`, [`DEFAULT_PATH`] if it exists, else defaults.
     pub fn load(path: Option<&Path>) -> Result<HostConfig, Vec<ConfigError>> {
@@ -326,29 +362,87 @@ impl HostConfig {
             }]
         })?;
         let mut config = HostConfig::parse(&file, &text)?;
+        let missing = config.missing_paths(&file, &text);
+        if !missing.is_empty() {
+            return Err(missing);
+        }
         config.path = Some(path);
         Ok(config)
     }
 
+    /// The programs and account files this config names that are not there, found without
+    /// reading an account or running a program, so that `validate` (and every other command)
+    /// says so instead of the first driver call. Only what this user can see is judged: the
+    /// pre-receive hook runs as the pushing user, who need not see into the service's folders.
+    fn missing_paths(&self, file: &str, text: &str) -> Vec<ConfigError> {
+        let at = |name: &str, message: String| ConfigError {
+            location: SourceLocation {
+                file: file.to_owned(),
+                line: line_of(text, &format!("{name}:")),
+                column: None,
+            },
+            message,
+        };
+        let mut errors = Vec::new();
+        for (name, driver) in &self.drivers {
+            if let DriverConfig::Exec { command, .. } = driver
+                && let Some(program) = command.first()
+                && let Some(problem) = program_problem(Path::new(program))
+            {
+                errors.push(at(
+                    name,
+                    format!(
+                        "driver '{name}': the program {program} {problem}: install it there, or \
+                         correct the command"
+                    ),
+                ));
+            }
+        }
+        for (name, source) in &self.accounts {
+            let AccountSource::File(path) = source else {
+                continue;
+            };
+            let problem = match std::fs::metadata(path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("does not exist"),
+                Ok(m) if m.is_dir() => Some("is a folder, not a file"),
+                _ => None,
+            };
+            if let Some(problem) = problem {
+                errors.push(at(
+                    name,
+                    format!(
+                        "account '{name}': the file {} {problem}: put the account's \
+                         credentials there, or correct the path",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        errors
+    }
+
     /// Parses and validates the text of a host config file named `file`.
     pub fn parse(file: &str, text: &str) -> Result<HostConfig, Vec<ConfigError>> {
-        let options = serde_saphyr::options! { strict_booleans: true };
-        let raw: HostConfigFile = match serde_saphyr::from_str_with_options(text, options) {
+        let limits = Limits::default();
+        let doc = Doc {
+            kind: "the host config",
+            setting: "nothing: the host config is held to the default limits",
+        };
+        let too_large = limits.check_file(
+            text.as_bytes(),
+            "nothing: the host config is held to the default limits",
+        );
+        let raw: HostConfigFile = match too_large.and_then(|()| yaml::from_str(text, &limits, doc))
+        {
             Ok(raw) => raw,
             Err(e) => {
-                let loc = e.location();
-                let message = e.without_snippet().to_string();
-                let message = message.lines().next().unwrap_or("invalid YAML");
-                let message = message
-                    .rfind(" at line ")
-                    .map_or(message, |p| &message[..p]);
                 return Err(vec![ConfigError {
                     location: SourceLocation {
                         file: file.to_owned(),
-                        line: loc.map(|l| l.line() as usize),
-                        column: loc.map(|l| l.column() as usize),
+                        line: e.line,
+                        column: e.line.and(e.column),
                     },
-                    message: message.to_owned(),
+                    message: e.message,
                 }]);
             }
         };
@@ -363,9 +457,10 @@ impl HostConfig {
                 message,
             });
         };
+        // A time limit or an interval of zero would fail every call at once, or spin.
         let mut duration = |needle: &str, value: Option<&String>, default: Duration| match value {
             None => default,
-            Some(v) => match parse_duration(v) {
+            Some(v) => match parse_duration(v).and_then(|d| nonzero(v, d, needle)) {
                 Ok(d) => d,
                 Err(message) => {
                     err(needle, message);
@@ -382,16 +477,26 @@ impl HostConfig {
             }),
         };
         let defaults = RetryPolicy::default();
+        // Waits between retries may be zero: retrying at once is a choice, not a mistake.
+        let mut delay_errors = Vec::new();
+        let mut delay =
+            |needle: &'static str, value: Option<&String>, default: Duration| match value {
+                None => default,
+                Some(v) => parse_duration(v).unwrap_or_else(|message| {
+                    delay_errors.push((needle, message));
+                    default
+                }),
+            };
         let retry = match raw.retry {
             None => defaults,
             Some(r) => RetryPolicy {
                 attempts: r.attempts.unwrap_or(defaults.attempts),
-                initial_delay: duration(
+                initial_delay: delay(
                     "initial_delay",
                     r.initial_delay.as_ref(),
                     defaults.initial_delay,
                 ),
-                max_delay: duration("max_delay", r.max_delay.as_ref(), defaults.max_delay),
+                max_delay: delay("max_delay", r.max_delay.as_ref(), defaults.max_delay),
                 poll_interval: duration(
                     "poll_interval",
                     r.poll_interval.as_ref(),
@@ -440,6 +545,9 @@ impl HostConfig {
         }
         for (name, message) in driver_errors {
             err(&format!("{name}:"), message);
+        }
+        for (needle, message) in delay_errors {
+            err(needle, message);
         }
         for (name, config) in &drivers {
             let problem = match config {
@@ -539,7 +647,11 @@ impl HostConfig {
                             ),
                         );
                     }
-                    let timeout = match v.timeout.as_deref().map(parse_duration) {
+                    let timeout = match v
+                        .timeout
+                        .as_deref()
+                        .map(|t| parse_duration(t).and_then(|d| nonzero(t, d, "timeout")))
+                    {
                         None => Duration::from_secs(10),
                         Some(Ok(t)) => t,
                         Some(Err(message)) => {
@@ -791,6 +903,89 @@ accounts:
             ]
         );
         assert!(errors("history: {keep: 10, days: 3}\n")[0].contains("unknown field `days`"));
+    }
+
+    #[test]
+    fn a_time_limit_of_zero_is_refused() {
+        let errors = |text: &str| -> Vec<String> {
+            HostConfig::parse("host.yaml", text)
+                .unwrap_err()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert_eq!(
+            errors("drivers:\n  a/b:\n    http: {url: \"http://h\", timeout: 0s}\n"),
+            [
+                "host.yaml:2: '0s' is no time at all: a time limit must be longer than zero, e.g. \
+              30s, 2m or 500ms"
+            ]
+        );
+        assert_eq!(
+            errors("retry:\n  poll_timeout: 0ms\n")[0],
+            "host.yaml:2: '0ms' is no time at all: a time limit must be longer than zero, e.g. \
+             30s, 2m or 500ms"
+        );
+        assert_eq!(
+            errors("watch_interval: 0\n")[0],
+            "host.yaml:1: '0' is no time at all: an interval must be longer than zero, e.g. 30s"
+        );
+        assert!(
+            errors(
+                "secret_stores:\n  v: {vault: {url: \"http://v\", token_file: /t, timeout: 0s}}\n"
+            )[0]
+            .starts_with("host.yaml:2: secret store 'v': timeout '0s' is no time at all")
+        );
+        // A retry may wait no time at all.
+        let c =
+            HostConfig::parse("host.yaml", "retry: {initial_delay: 0s, max_delay: 0s}\n").unwrap();
+        assert!(c.retry.initial_delay.is_zero());
+    }
+
+    #[test]
+    fn missing_programs_and_account_files_are_found_before_any_call() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let runnable = dir.path().join("driver");
+        std::fs::write(&runnable, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&runnable, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "").unwrap();
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let account = dir.path().join("account.json");
+        std::fs::write(&account, "{}").unwrap();
+        let d = dir.path().display();
+        let text = format!(
+            "drivers:\n  ok/x:\n    exec: {{command: [{d}/driver]}}\n  gone/x:\n    exec: \
+             {{command: [{d}/nowhere]}}\n  plain/x:\n    exec: {{command: [{d}/plain]}}\n  \
+             folder/x:\n    exec: {{command: [{d}]}}\naccounts:\n  here: {{file: {d}/account.json}}\n  \
+             gone: {{file: {d}/missing.json}}\n  env: {{env: SOME_VAR}}\n"
+        );
+        let path = dir.path().join("host.yaml");
+        std::fs::write(&path, &text).unwrap();
+        let errors: Vec<String> = HostConfig::load(Some(&path))
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let p = path.display();
+        assert_eq!(
+            errors,
+            [
+                format!(
+                    "{p}:8: driver 'folder/x': the program {d} is not a file: install it there, or correct the command"
+                ),
+                format!(
+                    "{p}:4: driver 'gone/x': the program {d}/nowhere does not exist: install it there, or correct the command"
+                ),
+                format!(
+                    "{p}:6: driver 'plain/x': the program {d}/plain is not executable (chmod +x): install it there, or correct the command"
+                ),
+                format!(
+                    "{p}:12: account 'gone': the file {d}/missing.json does not exist: put the account's credentials there, or correct the path"
+                ),
+            ]
+        );
     }
 
     #[test]

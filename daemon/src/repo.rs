@@ -12,7 +12,33 @@ use gix::objs::{Exists, Find, FindExt};
 pub struct Snapshot {
     /// The full commit id (40 hex characters).
     pub commit: String,
-    pub files: BTreeMap<String, Vec<u8>>,
+    pub files: Files,
+}
+
+/// The contents of the files gitplane reads (what it dereferences to), and the symbolic links
+/// found among them, which the loader reports rather than skipping in silence.
+#[derive(Debug, Clone, Default)]
+pub struct Files {
+    contents: BTreeMap<String, Vec<u8>>,
+    links: BTreeMap<String, String>,
+}
+
+impl std::ops::Deref for Files {
+    type Target = BTreeMap<String, Vec<u8>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.contents
+    }
+}
+
+impl crate::model::Sources for Files {
+    fn contents(&self) -> &BTreeMap<String, Vec<u8>> {
+        &self.contents
+    }
+
+    fn links(&self) -> &BTreeMap<String, String> {
+        &self.links
+    }
 }
 
 /// What a commit's trees say, without reading a file: the object id (hex) of each app's folder
@@ -218,26 +244,52 @@ impl ConfigRepo {
             Some(rev) => self
                 .repo
                 .rev_parse_single(rev)
-                .map_err(|e| RepoError::Revision {
+                .map_err(|_| RepoError::Revision {
                     path: self.path.clone(),
                     rev: rev.to_owned(),
-                    message: format!(
-                        "no branch, tag or commit of that name ({})",
-                        e.to_string().trim()
-                    ),
+                    message: self.why_unresolved(rev),
                 })?
                 .detach(),
         };
-        let commit = self
-            .repo
-            .find_object(id)
-            .and_then(|o| o.peel_to_commit())
-            .map_err(|e| RepoError::Revision {
-                path: self.path.clone(),
-                rev: rev.unwrap_or("HEAD").to_owned(),
-                message: e.to_string(),
-            })?;
+        let object = self.repo.find_object(id).map_err(|e| RepoError::Revision {
+            path: self.path.clone(),
+            rev: rev.unwrap_or("HEAD").to_owned(),
+            message: format!("its object cannot be read ({e})"),
+        })?;
+        let kind = object.kind;
+        let commit = object.peel_to_commit().map_err(|_| RepoError::Revision {
+            path: self.path.clone(),
+            rev: rev.unwrap_or("HEAD").to_owned(),
+            message: format!(
+                "it names a {kind}, not a commit: give a branch, a tag or a commit id"
+            ),
+        })?;
         Ok(commit.id.to_string())
+    }
+
+    /// Why `rev` does not resolve, in the terms of `--rev` rather than gix's parser: the
+    /// parser's own message names its delegates and internal states.
+    fn why_unresolved(&self, rev: &str) -> String {
+        const WHAT: &str = "give a branch (main), a tag, or a commit id (at least 4 hex digits)";
+        if rev.trim().is_empty() {
+            return format!("the revision is empty: {WHAT}");
+        }
+        if rev.contains("..") {
+            return format!("'{rev}' is a range of commits; gitplane needs one commit: {WHAT}");
+        }
+        // `main~3`, `v1^2`: when the name before the steps resolves, the steps go too far.
+        if let Some(at) = rev.find(['~', '^', '@', ':'])
+            && at > 0
+            && self.repo.rev_parse_single(&rev[..at]).is_ok()
+        {
+            return format!(
+                "'{}' exists, but '{}' does not lead to a commit from it (the history may be \
+                 shorter than that): {WHAT}",
+                &rev[..at],
+                &rev[at..]
+            );
+        }
+        format!("no branch, tag or commit is named '{rev}': {WHAT}")
     }
 
     /// `rev` peeled to a commit when it is the full id of an object of an extra object database
@@ -290,6 +342,7 @@ impl ConfigRepo {
         let mut buf = Vec::new();
         let tree = self.root_tree(commit)?;
         let mut files = BTreeMap::new();
+        let mut links = BTreeMap::new();
         // Folders still to read, with their path ("" for the root); only folders that can hold
         // a wanted file are read.
         let mut folders = vec![(String::new(), tree)];
@@ -321,12 +374,21 @@ impl ConfigRepo {
                         .find_blob(entry.oid, &mut buf)
                         .map_err(|e| read_err(format!("{path}: {e}")))?;
                     files.insert(path, blob.data.to_vec());
+                } else if entry.mode.is_link() && (wanted(&path) || wanted_dir(&path)) {
+                    // A link's blob is the path it names.
+                    let blob = objects
+                        .find_blob(entry.oid, &mut buf)
+                        .map_err(|e| read_err(format!("{path}: {e}")))?;
+                    links.insert(path, blob.data.to_str_lossy().into_owned());
                 }
             }
         }
         Ok(Snapshot {
             commit: commit.to_owned(),
-            files,
+            files: Files {
+                contents: files,
+                links,
+            },
         })
     }
 

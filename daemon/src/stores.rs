@@ -104,7 +104,10 @@ impl SecretStores {
         version: Option<&str>,
     ) -> Result<(), StoreError> {
         match self.open(store)? {
-            Store::Dir(dir) => check_dir_ref(store, dir, reference, version),
+            Store::Dir(dir) => {
+                check_dir_ref(store, dir, reference, version)?;
+                check_dir_on_disk(store, dir, reference)
+            }
             Store::Vault(vault) => vault.check(reference, version).map(drop),
         }
     }
@@ -459,6 +462,56 @@ fn check_dir_ref(
         });
     }
 
+    Ok(())
+}
+
+/// What the file system says about a dir store's ref, without opening the secret: the store's
+/// directory exists, and the ref does not lead (through a symlink) out of it or to a folder. A
+/// secret file that is not there yet is left to the read, as is whatever this user may not look
+/// at (the pre-receive hook runs as the pushing user, not as the service).
+fn check_dir_on_disk(store: &str, dir: &Path, reference: &str) -> Result<(), StoreError> {
+    let canonical_dir = match dir.canonicalize() {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(StoreError::Misconfigured {
+                store: store.to_owned(),
+                reason: format!(
+                    "its directory {} does not exist: create it, or correct \
+                     secret_stores.{store}.dir",
+                    dir.display()
+                ),
+            });
+        }
+        Err(_) => return Ok(()),
+    };
+    if !canonical_dir.is_dir() {
+        return Err(StoreError::Misconfigured {
+            store: store.to_owned(),
+            reason: format!(
+                "{} is not a directory: secret_stores.{store}.dir names the folder that holds \
+                 the secret files",
+                dir.display()
+            ),
+        });
+    }
+    let Ok(target) = dir.join(reference).canonicalize() else {
+        return Ok(());
+    };
+    if !target.starts_with(&canonical_dir) {
+        return Err(StoreError::Escapes {
+            store: store.to_owned(),
+            reference: reference.to_owned(),
+            resolved: target,
+            dir: canonical_dir,
+        });
+    }
+    if target.is_dir() {
+        return Err(StoreError::Unusable {
+            store: store.to_owned(),
+            reference: reference.to_owned(),
+            reason: format!("{} is a directory, not a file", target.display()),
+        });
+    }
     Ok(())
 }
 
@@ -1151,6 +1204,51 @@ mod tests {
     }
 
     #[cfg(unix)]
+    #[test]
+    fn check_finds_on_disk_what_apply_would_fail_on_without_reading_a_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "s3cret").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), dir.path().join("link")).unwrap();
+        std::fs::create_dir(dir.path().join("folder")).unwrap();
+        let stores = SecretStores::new(BTreeMap::from([
+            (
+                "files".to_owned(),
+                StoreConfig::Dir {
+                    path: dir.path().to_owned(),
+                },
+            ),
+            (
+                "gone".to_owned(),
+                StoreConfig::Dir {
+                    path: dir.path().join("nowhere"),
+                },
+            ),
+        ]));
+        let err = stores.check("files", "link", None).unwrap_err().to_string();
+        assert!(
+            err.starts_with("secret store 'files' refuses ref 'link': it resolves to"),
+            "{err}"
+        );
+        assert!(!err.contains("s3cret"));
+        let err = stores
+            .check("files", "folder", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.ends_with("is a directory, not a file"), "{err}");
+        let err = stores.check("gone", "x", None).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "secret store 'gone' is misconfigured in the host config: its directory {} \
+                 does not exist: create it, or correct secret_stores.gone.dir",
+                dir.path().join("nowhere").display()
+            )
+        );
+        // A secret not written yet is the read's business: the store may get it later.
+        stores.check("files", "not-yet", None).unwrap();
+    }
+
     #[test]
     fn dir_store_refuses_a_symlink_that_points_outside() {
         let outside = tempfile::tempdir().unwrap();

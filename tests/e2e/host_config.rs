@@ -172,7 +172,14 @@ fn an_exec_program_sees_only_the_environment_its_driver_names() {
 fn a_missing_account_fails_only_its_resource() {
     let sb = Sandbox::new();
     let config = platform(&sb);
+    // A missing account file is found when the host config is read, before any state exists.
     std::fs::remove_file(sb.root.join("account.json")).unwrap();
+    sb.gitplane(&["validate", "--config", config.to_str().unwrap()])
+        .fails()
+        .stderr_has("account 'dns-account': the file");
+    assert!(!sb.state.exists());
+    // One that is there but cannot be read when the driver needs it fails only its resource.
+    std::fs::write(sb.root.join("account.json"), [0xff, 0xfe, 0xfd]).unwrap();
     let run = sb
         .gitplane(&["apply", "--config", config.to_str().unwrap()])
         .fails();

@@ -6,6 +6,7 @@ mod util;
 mod vault_server;
 
 mod bad_input;
+mod bad_input_corpus;
 mod changes;
 mod choosing;
 mod daemon;

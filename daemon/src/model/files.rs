@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::placeholder::{Dialect, Expr, ParsedString, StoreRef, parse_string};
+use super::yaml::{self, Doc, Limits};
 use super::{
     App, Criterion, DEFAULT_CLASS, Definition, Environment, LoadError, LoadErrorKind, Provision,
     Repository, ScoreResource, SourceLocation, Template, Workload, line_of, parse_template,
@@ -15,6 +16,9 @@ use super::{
 
 const SCORE_API_VERSION: &str = "score.dev/v1b1";
 const DEFINITION_API_VERSION: &str = "entity.humanitec.io/v1b1";
+const SCORE_KIND: &str = "a Score workload file";
+/// `gitplane.yaml` is read with the default limits: it is where they are changed.
+const SETTINGS_KIND: &str = "gitplane.yaml";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,7 +69,28 @@ where
 #[serde(deny_unknown_fields)]
 struct SettingsFile {
     environment_defaults: Option<EnvironmentDefaultsFile>,
+    limits: Option<LimitsFile>,
 }
+
+/// `limits:` in `gitplane.yaml`: how large a file, and a string in one, may be.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsFile {
+    file_size: Option<SizeFile>,
+    value_size: Option<SizeFile>,
+}
+
+/// `65536` or `64KiB`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SizeFile {
+    Bytes(u64),
+    Text(String),
+}
+
+/// Where the limits are set, for messages.
+const FILE_SIZE_SETTING: &str = "limits.file_size in gitplane.yaml";
+const VALUE_SIZE_SETTING: &str = "limits.value_size in gitplane.yaml";
 
 /// What every environment file gets unless it says otherwise.
 #[derive(Debug, Deserialize)]
@@ -217,6 +242,8 @@ pub struct CriterionFile {
 /// Accumulates files and errors; see [`super::load`].
 #[derive(Default)]
 pub(super) struct Loader {
+    /// What every file but `gitplane.yaml` is held to (that one is read with the defaults).
+    limits: Limits,
     repo: Repository,
     /// One per `repo.environments`, in the same order.
     explicit: Vec<Explicit>,
@@ -236,9 +263,35 @@ pub(super) struct ParsedFile {
     errors: Vec<LoadError>,
 }
 
-/// Parses one file, with no knowledge of the others.
-pub(super) fn parse_file(path: &str, bytes: &[u8]) -> ParsedFile {
-    let mut single = Loader::default();
+/// The limits `gitplane.yaml` (or `gitplane.yml`) sets for the other files; the defaults when it
+/// sets none or does not load (its errors are reported when it is parsed as a file).
+pub(super) fn limits_of(files: &BTreeMap<String, Vec<u8>>) -> Limits {
+    let Some((path, bytes)) = ["gitplane.yaml", "gitplane.yml"]
+        .iter()
+        .find_map(|p| files.get_key_value(*p))
+    else {
+        return Limits::default();
+    };
+    let mut probe = Loader::default();
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Limits::default();
+    };
+    if Limits::default()
+        .check_file(bytes, FILE_SIZE_SETTING)
+        .is_err()
+    {
+        return Limits::default();
+    }
+    probe.settings(path, text);
+    probe.limits
+}
+
+/// Parses one file, with no knowledge of the others but the limits `gitplane.yaml` sets.
+pub(super) fn parse_file(path: &str, bytes: &[u8], limits: Limits) -> ParsedFile {
+    let mut single = Loader {
+        limits,
+        ..Loader::default()
+    };
     single.file(path, bytes);
     let workloads = single
         .repo
@@ -315,6 +368,36 @@ impl Loader {
         }
     }
 
+    /// Reports the symbolic links of the folders gitplane reads. None is followed: a link out
+    /// of the repository names a file the commit does not hold, and a link inside it would let
+    /// a file change without its own path changing, which the work-follows-the-change
+    /// fingerprints cannot see.
+    pub(super) fn absorb_links(&mut self, links: &BTreeMap<String, String>) {
+        for (path, target) in links {
+            let name = path.rsplit('/').next().unwrap_or(path);
+            // A link named like a document, or like a folder; `README.md -> ...` is not read.
+            let read = name.ends_with(".yaml") || name.ends_with(".yml") || !name.contains('.');
+            if !read {
+                continue;
+            }
+            let shown: String = target.chars().take(200).collect();
+            let reason = if link_leaves_repository(path, target) {
+                format!(
+                    "a symbolic link to '{shown}', which is outside the repository: gitplane \
+                     reads files from the commit and cannot follow it; commit the file itself \
+                     at this path"
+                )
+            } else {
+                format!(
+                    "a symbolic link to '{shown}': gitplane does not follow links (a change to \
+                     the target would not be seen as a change here); commit the file itself at \
+                     this path, or remove the link"
+                )
+            };
+            self.error(SourceLocation::file(path), LoadErrorKind::Invalid(reason));
+        }
+    }
+
     fn file(&mut self, path: &str, bytes: &[u8]) {
         if !(path.ends_with(".yaml") || path.ends_with(".yml")) {
             return;
@@ -338,6 +421,22 @@ impl Loader {
             }
             _ => return,
         };
+        // The settings set the limits; they are read with the defaults.
+        let limits = match kind {
+            FileKind::Settings => Limits::default(),
+            _ => self.limits,
+        };
+        if let Err(e) = limits.check_file(bytes, FILE_SIZE_SETTING) {
+            self.error(
+                SourceLocation {
+                    file: path.to_owned(),
+                    line: e.line,
+                    column: None,
+                },
+                LoadErrorKind::Yaml(e.message),
+            );
+            return;
+        }
         let Ok(text) = std::str::from_utf8(bytes) else {
             self.error(SourceLocation::file(path), LoadErrorKind::NotUtf8);
             return;
@@ -381,16 +480,53 @@ impl Loader {
 
     /// `gitplane.yaml`: repository-wide settings. Unknown keys are errors, never ignored.
     fn settings(&mut self, path: &str, text: &str) {
-        let Some(file): Option<Option<SettingsFile>> = self.parse_yaml(path, text, 0) else {
+        let Some(file): Option<Option<SettingsFile>> =
+            self.parse_yaml(path, text, 0, SETTINGS_KIND)
+        else {
             return;
         };
-        let Some(defaults) = file.and_then(|f| f.environment_defaults) else {
+        let Some(file) = file else {
             return;
         };
         let at = |needle: &str| SourceLocation {
             file: path.into(),
             line: line_of(text, needle),
             column: None,
+        };
+        if let Some(limits) = file.limits {
+            let defaults = Limits::default();
+            let mut size = |key: &str, given: Option<SizeFile>, default: u64| match given {
+                None => Some(default),
+                Some(SizeFile::Bytes(n)) => Some(n),
+                Some(SizeFile::Text(text)) => match yaml::parse_size(&text) {
+                    Ok(n) => Some(n),
+                    Err(reason) => {
+                        self.error(
+                            at(&format!("{key}:")),
+                            LoadErrorKind::Invalid(format!("limits.{key}: {reason}")),
+                        );
+                        None
+                    }
+                },
+            };
+            let file_size = size("file_size", limits.file_size, defaults.max_file_bytes);
+            let value_size = size("value_size", limits.value_size, defaults.max_value_bytes);
+            if let (Some(file_size), Some(value_size)) = (file_size, value_size) {
+                match Limits::checked(file_size, value_size) {
+                    Ok(limits) => self.limits = limits,
+                    Err(reason) => {
+                        let key = if reason.starts_with("limits.file_size") {
+                            "file_size:"
+                        } else {
+                            "value_size:"
+                        };
+                        self.error(at(key), LoadErrorKind::Invalid(reason));
+                    }
+                }
+            }
+        }
+        let Some(defaults) = file.environment_defaults else {
+            return;
         };
         let before = self.errors.len();
         let threshold = match defaults.deletion_guard.and_then(|g| g.threshold) {
@@ -424,7 +560,9 @@ impl Loader {
     }
 
     fn environment(&mut self, path: &str, text: &str) {
-        let Some(file): Option<EnvironmentFile> = self.parse_yaml(path, text, 0) else {
+        let Some(file): Option<EnvironmentFile> =
+            self.parse_yaml(path, text, 0, "an environment file")
+        else {
             return;
         };
         let stem = file_stem(path);
@@ -562,10 +700,10 @@ impl Loader {
             );
             return;
         }
-        let Some(file): Option<ScoreFile> = self.parse_yaml(path, text, 0) else {
+        let Some(file): Option<ScoreFile> = self.parse_yaml(path, text, 0, SCORE_KIND) else {
             return;
         };
-        let Some(raw): Option<Value> = self.parse_yaml(path, text, 0) else {
+        let Some(raw): Option<Value> = self.parse_yaml(path, text, 0, SCORE_KIND) else {
             return;
         };
         if file.api_version != SCORE_API_VERSION {
@@ -674,7 +812,9 @@ impl Loader {
     }
 
     fn definition(&mut self, path: &str, doc: &str, line_offset: usize) {
-        let Some(file): Option<DefinitionFile> = self.parse_yaml(path, doc, line_offset) else {
+        let Some(file): Option<DefinitionFile> =
+            self.parse_yaml(path, doc, line_offset, "a definition")
+        else {
             return;
         };
         let at = |needle: &str| SourceLocation {
@@ -875,30 +1015,34 @@ impl Loader {
         self.errors.extend(twice);
     }
 
+    /// Parses one YAML document of `path` (which starts after `line_offset` lines of the
+    /// file); `kind` names the file in messages ("an environment file").
     fn parse_yaml<T: serde::de::DeserializeOwned>(
         &mut self,
         path: &str,
         text: &str,
         line_offset: usize,
+        kind: &str,
     ) -> Option<T> {
-        let options = serde_saphyr::options! { strict_booleans: true };
-        match serde_saphyr::from_str_with_options::<T>(text, options) {
+        let limits = if kind == SETTINGS_KIND {
+            Limits::default()
+        } else {
+            self.limits
+        };
+        let doc = Doc {
+            kind,
+            setting: VALUE_SIZE_SETTING,
+        };
+        match yaml::from_str::<T>(text, &limits, doc) {
             Ok(v) => Some(v),
             Err(e) => {
-                let (line, column) = match e.location() {
-                    Some(l) => (
-                        Some(l.line() as usize + line_offset),
-                        Some(l.column() as usize),
-                    ),
-                    None => (None, None),
-                };
                 self.error(
                     SourceLocation {
                         file: path.to_owned(),
-                        line,
-                        column,
+                        line: e.line.map(|l| l + line_offset),
+                        column: e.line.and(e.column),
                     },
-                    LoadErrorKind::Yaml(yaml_message(&e)),
+                    LoadErrorKind::Yaml(e.message),
                 );
                 None
             }
@@ -913,16 +1057,26 @@ enum FileKind {
     Definitions,
 }
 
-/// The error's message alone: the location is reported separately, and a snippet of the file
-/// could show a secret.
-fn yaml_message(e: &serde_saphyr::Error) -> String {
-    let text = e.without_snippet().to_string();
-    let first = text.lines().next().unwrap_or("invalid YAML").trim();
-    // The crate appends " at line L column C"; the location is printed by our caller.
-    match first.rfind(" at line ") {
-        Some(pos) => first[..pos].to_owned(),
-        None => first.to_owned(),
+/// Whether a link at repository path `link` pointing to `target` resolves outside the
+/// repository: an absolute target, or more `..` than the link has folders above it.
+fn link_leaves_repository(link: &str, target: &str) -> bool {
+    if target.starts_with('/') {
+        return true;
     }
+    let mut folders: Vec<&str> = link.split('/').collect();
+    folders.pop();
+    for part in target.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if folders.pop().is_none() {
+                    return true;
+                }
+            }
+            name => folders.push(name),
+        }
+    }
+    false
 }
 
 /// Splits a multi-document YAML file; yields each document with the number of lines before it.
@@ -1295,7 +1449,7 @@ mod tests {
     }
 
     fn load_errors(entries: &[(&str, &str)]) -> Vec<String> {
-        let files = entries
+        let files: BTreeMap<String, Vec<u8>> = entries
             .iter()
             .map(|(p, t)| (p.to_string(), t.as_bytes().to_vec()))
             .collect();
@@ -1382,7 +1536,7 @@ mod tests {
     }
 
     fn load_ok(entries: &[(&str, &str)]) -> crate::model::Repository {
-        let files = entries
+        let files: BTreeMap<String, Vec<u8>> = entries
             .iter()
             .map(|(p, t)| (p.to_string(), t.as_bytes().to_vec()))
             .collect();
@@ -1505,7 +1659,7 @@ mod tests {
                     \x20 driver_account: aws\n  driver_inputs:\n    values: {a: 1}\n    \
                     secret_refs:\n      password: {value: x}\n  criteria:\n    - id: abc\n      \
                     app_id: shop\n";
-        let files = [ENV, ("definitions/pg.yaml", text)]
+        let files: BTreeMap<String, Vec<u8>> = [ENV, ("definitions/pg.yaml", text)]
             .iter()
             .map(|(p, t)| (p.to_string(), t.as_bytes().to_vec()))
             .collect();
@@ -1517,6 +1671,156 @@ mod tests {
             d.secrets.literal(),
             Some(serde_json::json!({"password": "x"}))
         );
+    }
+
+    struct WithLinks(BTreeMap<String, Vec<u8>>, BTreeMap<String, String>);
+
+    impl crate::model::Sources for WithLinks {
+        fn contents(&self) -> &BTreeMap<String, Vec<u8>> {
+            &self.0
+        }
+        fn links(&self) -> &BTreeMap<String, String> {
+            &self.1
+        }
+    }
+
+    #[test]
+    fn symbolic_links_are_reported_not_followed() {
+        let files = BTreeMap::from([(ENV.0.to_owned(), ENV.1.as_bytes().to_vec())]);
+        let links = BTreeMap::from(
+            [
+                ("definitions/evil.yaml", "/etc/passwd"),
+                ("definitions/up.yaml", "../../outside.yaml"),
+                ("workloads/shop2", "shop"),
+                ("definitions/README.md", "/anywhere"),
+            ]
+            .map(|(a, b)| (a.to_owned(), b.to_owned())),
+        );
+        let errors: Vec<String> = crate::model::load(&WithLinks(files, links))
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(errors.len(), 3, "{errors:#?}");
+        assert!(errors[0].starts_with(
+            "definitions/evil.yaml: a symbolic link to '/etc/passwd', which is outside the \
+             repository"
+        ));
+        assert!(errors[1].starts_with(
+            "definitions/up.yaml: a symbolic link to '../../outside.yaml', which is outside"
+        ));
+        assert!(errors[2].starts_with(
+            "workloads/shop2: a symbolic link to 'shop': gitplane does not follow links"
+        ));
+        assert!(!link_leaves_repository("definitions/a/b.yaml", "../c.yaml"));
+        assert!(!link_leaves_repository(
+            "definitions/b.yaml",
+            "../environments/x.yaml"
+        ));
+        assert!(link_leaves_repository("definitions/b.yaml", "../../x.yaml"));
+        assert!(link_leaves_repository("gitplane.yaml", "../x"));
+    }
+
+    #[test]
+    fn schedules_speak_of_the_expression_as_written() {
+        for (schedule, want) in [
+            (
+                "60 * * * *",
+                "schedule '60 * * * *': the minute (field 1) is 60, but it runs from 0 to 59",
+            ),
+            (
+                "0 25 * * *",
+                "schedule '0 25 * * *': the hour (field 2) is 25, but it runs from 0 to 23",
+            ),
+            (
+                "0 3 * * 0",
+                "the day of the week (field 5) is 0, but it runs from 1 to 7 (1 is Sunday) or \
+                 SUN-SAT",
+            ),
+            (
+                "0 3 * 13 *",
+                "the month (field 4) is 13, but it runs from 1 to 12 or JAN-DEC",
+            ),
+            ("*/0 * * * *", "the minute (field 1) has the step '/0'"),
+            (
+                "0 x * * *",
+                "the hour (field 2) is 'x', which is not a number from 0 to 23",
+            ),
+            ("every day", "schedule 'every day' has 2 field(s): write 5"),
+            ("61 0 3 * * *", "the second (field 1) is 61"),
+        ] {
+            let err = crate::model::Schedule::parse(schedule).unwrap_err();
+            assert!(err.contains(want), "{schedule}: {err}");
+            assert!(!err.contains("must be less than"), "{err}");
+        }
+        for ok in [
+            "0 3 * * *",
+            "*/15 1-5 * JAN-MAR MON-FRI",
+            "0 0 3 * * *",
+            "0 3 * * 1,7",
+        ] {
+            crate::model::Schedule::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+    }
+
+    #[test]
+    fn limits_come_from_the_settings() {
+        let big = format!("type: development\nextra_note: {}\n", "x".repeat(70 * 1024));
+        let errors = load_errors(&[("environments/dev.yaml", &big)]);
+        assert!(
+            errors[0].starts_with("environments/dev.yaml:2:13: this string is 70 KiB"),
+            "{errors:?}"
+        );
+        assert!(errors[0].contains("limits.value_size in gitplane.yaml"));
+        // Raised in gitplane.yaml, the value loads (and the unknown key is the only error).
+        let errors = load_errors(&[
+            ("gitplane.yaml", "limits:\n  value_size: 128KiB\n"),
+            ("environments/dev.yaml", &big),
+        ]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("unknown field `extra_note`"),
+            "{errors:?}"
+        );
+        let small = "limits: {file_size: 1KiB, value_size: 16}\n";
+        let errors = load_errors(&[
+            ("gitplane.yaml", small),
+            ("environments/dev.yaml", "type: developmentdevelopment\n"),
+            ("definitions/big.yaml", &format!("# {}\n", "x".repeat(2000))),
+        ]);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].starts_with("definitions/big.yaml:1: the file is 2.0 KiB"));
+        assert!(errors[1].starts_with("environments/dev.yaml:1:7: this string is 22 bytes"));
+        for (settings, want) in [
+            (
+                "limits: {file_size: 0}\n",
+                "gitplane.yaml:1: limits.file_size must be more than 0",
+            ),
+            (
+                "limits:\n  value_size: 2MiB\n",
+                "gitplane.yaml:2: limits.value_size 2 MiB is larger than limits.file_size 1 MiB",
+            ),
+            (
+                "limits:\n  file_size: lots\n",
+                "gitplane.yaml:2: limits.file_size: 'lots' is not a size",
+            ),
+            (
+                "limits:\n  file_size: 1GiB\n",
+                "gitplane.yaml:2: limits.file_size: '1GiB' is not a size",
+            ),
+            (
+                "limits:\n  file_size: 128MiB\n",
+                "gitplane.yaml:2: limits.file_size 128 MiB is more than gitplane reads (64 MiB)",
+            ),
+            (
+                "limits: {max: 1}\n",
+                "gitplane.yaml:1:10: unknown field `max`",
+            ),
+        ] {
+            let errors = load_errors(&[("gitplane.yaml", settings), ENV]);
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(errors[0].starts_with(want), "{errors:?}");
+        }
     }
 
     #[test]

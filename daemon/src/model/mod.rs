@@ -6,6 +6,7 @@
 
 pub mod placeholder;
 pub mod template;
+pub mod yaml;
 
 mod files;
 
@@ -35,9 +36,32 @@ pub struct Schedule {
 impl Schedule {
     /// Parses the usual 5-field crontab form (a seconds field of `0` is prepended) or the
     /// 6/7-field form with seconds.
+    ///
+    /// Each field is checked here first, so that an error speaks of the expression as written:
+    /// the cron crate sees the rewritten one and words its ranges its own way.
     pub fn parse(text: &str) -> Result<Schedule, String> {
-        let fields = text.split_whitespace().count();
-        let full = if fields == 5 {
+        let fields: Vec<&str> = text.split_whitespace().collect();
+        let units: &[CronField] = match fields.len() {
+            5 => &CRON_FIELDS[1..],
+            6 | 7 => &CRON_FIELDS[..],
+            n => {
+                return Err(format!(
+                    "schedule '{text}' has {n} field(s): write 5 ({CRON_SHAPE}), or 6 with \
+                     seconds first"
+                ));
+            }
+        };
+        for (position, (field, unit)) in fields.iter().zip(units).enumerate() {
+            if let Err(reason) = unit.check(field) {
+                return Err(format!(
+                    "schedule '{text}': the {} (field {}) {reason}; a schedule is \
+                     {CRON_SHAPE}",
+                    unit.name,
+                    position + 1
+                ));
+            }
+        }
+        let full = if fields.len() == 5 {
             format!("0 {text}")
         } else {
             text.to_owned()
@@ -47,7 +71,138 @@ impl Schedule {
                 text: text.to_owned(),
                 cron,
             })
-            .map_err(|e| format!("schedule '{text}' is not a cron expression: {e}"))
+            .map_err(|e| {
+                // The crate's message quotes the rewritten expression with a caret line; its
+                // last line is the reason.
+                let message = e.to_string();
+                let reason = message.lines().last().unwrap_or("").trim();
+                format!(
+                    "schedule '{text}' is not a cron expression gitplane understands \
+                     ({reason}); a schedule is {CRON_SHAPE}"
+                )
+            })
+    }
+}
+
+const CRON_SHAPE: &str = "minute hour day-of-month month day-of-week, such as \"0 3 * * *\" \
+                          (every day at 03:00)";
+
+/// One field of a cron expression, as the scheduler (the cron crate) counts it.
+struct CronField {
+    name: &'static str,
+    min: u32,
+    max: u32,
+    /// Names allowed instead of numbers (`JAN`, `MON`), lower-cased, from `min` on.
+    names: &'static [&'static str],
+}
+
+const CRON_FIELDS: [CronField; 7] = [
+    CronField {
+        name: "second",
+        min: 0,
+        max: 59,
+        names: &[],
+    },
+    CronField {
+        name: "minute",
+        min: 0,
+        max: 59,
+        names: &[],
+    },
+    CronField {
+        name: "hour",
+        min: 0,
+        max: 23,
+        names: &[],
+    },
+    CronField {
+        name: "day of the month",
+        min: 1,
+        max: 31,
+        names: &[],
+    },
+    CronField {
+        name: "month",
+        min: 1,
+        max: 12,
+        names: &[
+            "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+        ],
+    },
+    CronField {
+        name: "day of the week",
+        min: 1,
+        max: 7,
+        names: &["sun", "mon", "tue", "wed", "thu", "fri", "sat"],
+    },
+    CronField {
+        name: "year",
+        min: 1970,
+        max: 2099,
+        names: &[],
+    },
+];
+
+impl CronField {
+    /// `*`, `?`, `N`, `N-M`, each optionally `/STEP`, separated by commas.
+    fn check(&self, field: &str) -> Result<(), String> {
+        for item in field.split(',') {
+            let (base, step) = match item.split_once('/') {
+                Some((base, step)) => (base, Some(step)),
+                None => (item, None),
+            };
+            if let Some(step) = step {
+                match step.parse::<u32>() {
+                    Ok(s) if s >= 1 => {}
+                    _ => {
+                        return Err(format!(
+                            "has the step '/{step}': a step is a whole number of 1 or more, as in */15"
+                        ));
+                    }
+                }
+            }
+            if base == "*" || base == "?" {
+                continue;
+            }
+            let (from, to) = base.split_once('-').unwrap_or((base, base));
+            for value in [from, to] {
+                self.value(value)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn value(&self, value: &str) -> Result<u32, String> {
+        let range = || {
+            let names = match self.names.first().zip(self.names.last()) {
+                Some((first, last)) => {
+                    format!(" or {}-{}", first.to_uppercase(), last.to_uppercase())
+                }
+                None => String::new(),
+            };
+            let sunday = if self.name == "day of the week" {
+                " (1 is Sunday)"
+            } else {
+                ""
+            };
+            format!("from {} to {}{sunday}{names}", self.min, self.max)
+        };
+        if let Some(i) = self
+            .names
+            .iter()
+            .position(|n| n.eq_ignore_ascii_case(value))
+        {
+            return Ok(self.min + i as u32);
+        }
+        match value.parse::<u32>() {
+            Ok(n) if (self.min..=self.max).contains(&n) => Ok(n),
+            Ok(n) => Err(format!("is {n}, but it runs {}", range())),
+            Err(_) => Err(format!(
+                "is '{value}', which is not a number {}, a range (1-5), a step (*/15) or a \
+                 list (1,15)",
+                range()
+            )),
+        }
     }
 }
 
@@ -102,7 +257,7 @@ pub struct LoadError {
 pub enum LoadErrorKind {
     #[error("{0}")]
     Yaml(String),
-    #[error("file is not UTF-8")]
+    #[error("the file is not UTF-8 text: save it as UTF-8")]
     NotUtf8,
     #[error("{0}")]
     Invalid(String),
@@ -403,12 +558,35 @@ pub fn line_of_key_value(source: &str, key: &str, value: &str) -> Option<usize> 
         .map(|i| i + 1)
 }
 
-/// Loads every file of a commit. `files` maps repository paths to file contents.
-pub fn load(files: &BTreeMap<String, Vec<u8>>) -> Result<Repository, Vec<LoadError>> {
-    let mut loader = files::Loader::default();
-    for (path, bytes) in files {
-        loader.absorb(files::parse_file(path, bytes));
+/// A commit's files as [`load`] reads them: contents by repository path, and the symbolic links
+/// found where gitplane reads files (which it does not follow, and reports).
+pub trait Sources {
+    fn contents(&self) -> &BTreeMap<String, Vec<u8>>;
+    /// Repository path of each symbolic link to the target it names.
+    fn links(&self) -> &BTreeMap<String, String>;
+}
+
+/// Files without links, as tests and benchmarks build them.
+impl Sources for BTreeMap<String, Vec<u8>> {
+    fn contents(&self) -> &BTreeMap<String, Vec<u8>> {
+        self
     }
+
+    fn links(&self) -> &BTreeMap<String, String> {
+        static NONE: BTreeMap<String, String> = BTreeMap::new();
+        &NONE
+    }
+}
+
+/// Loads every file of a commit.
+pub fn load<S: Sources + ?Sized>(files: &S) -> Result<Repository, Vec<LoadError>> {
+    let contents = files.contents();
+    let limits = files::limits_of(contents);
+    let mut loader = files::Loader::default();
+    for (path, bytes) in contents {
+        loader.absorb(files::parse_file(path, bytes, limits));
+    }
+    loader.absorb_links(files.links());
     loader.finish()
 }
 
@@ -416,10 +594,11 @@ pub fn load(files: &BTreeMap<String, Vec<u8>>) -> Result<Repository, Vec<LoadErr
 ///
 /// Each file parses on its own (what spans files, such as unique definition ids, is checked
 /// after), so a file whose contents did not change parses to the same thing: the environments
-/// of one commit, and the next commit, parse each definition once.
+/// of one commit, and the next commit, parse each definition once. The limits of
+/// `gitplane.yaml` are part of the key: a file that fit the old ones may not fit new ones.
 #[derive(Debug, Default)]
 pub struct LoadCache {
-    files: std::collections::HashMap<String, (Vec<u8>, files::ParsedFile)>,
+    files: std::collections::HashMap<String, (Vec<u8>, yaml::Limits, files::ParsedFile)>,
 }
 
 impl LoadCache {
@@ -432,39 +611,47 @@ impl LoadCache {
 }
 
 /// [`load`], reusing and refreshing `cache`.
-pub fn load_cached(
-    files: &BTreeMap<String, Vec<u8>>,
+pub fn load_cached<S: Sources + ?Sized>(
+    files: &S,
     cache: &mut LoadCache,
 ) -> Result<Repository, Vec<LoadError>> {
+    let contents = files.contents();
+    let limits = files::limits_of(contents);
     let mut loader = files::Loader::default();
-    let mut next = std::collections::HashMap::with_capacity(files.len());
-    let mut known = Vec::with_capacity(files.len());
+    let mut next = std::collections::HashMap::with_capacity(contents.len());
+    let mut known = Vec::with_capacity(contents.len());
     let mut unknown = Vec::new();
-    for (path, bytes) in files {
+    for (path, bytes) in contents {
         match cache.files.remove(path) {
-            Some((old, parsed)) if old == *bytes => known.push((path, parsed)),
+            Some((old, old_limits, parsed)) if old == *bytes && old_limits == limits => {
+                known.push((path, parsed))
+            }
             _ => unknown.push((path, bytes)),
         }
     }
-    let parsed = parse_all(&unknown);
+    let parsed = parse_all(&unknown, limits);
     // Files are absorbed in path order, whichever were parsed now.
     let mut all: Vec<(&String, files::ParsedFile)> = known.into_iter().chain(parsed).collect();
     all.sort_by(|a, b| a.0.cmp(b.0));
     for (path, parsed) in all {
         loader.absorb(parsed.clone());
-        next.insert(path.clone(), (files[path].clone(), parsed));
+        next.insert(path.clone(), (contents[path].clone(), limits, parsed));
     }
     cache.files = next;
+    loader.absorb_links(files.links());
     loader.finish()
 }
 
 /// Parses files, on every core when there are many: files parse independently.
-fn parse_all<'p>(unknown: &[(&'p String, &Vec<u8>)]) -> Vec<(&'p String, files::ParsedFile)> {
+fn parse_all<'p>(
+    unknown: &[(&'p String, &Vec<u8>)],
+    limits: yaml::Limits,
+) -> Vec<(&'p String, files::ParsedFile)> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     if threads < 2 || unknown.len() < 64 {
         return unknown
             .iter()
-            .map(|(path, bytes)| (*path, files::parse_file(path, bytes)))
+            .map(|(path, bytes)| (*path, files::parse_file(path, bytes, limits)))
             .collect();
     }
     let chunk = unknown.len().div_ceil(threads);
@@ -474,7 +661,7 @@ fn parse_all<'p>(unknown: &[(&'p String, &Vec<u8>)]) -> Vec<(&'p String, files::
             .map(|part| {
                 scope.spawn(move || {
                     part.iter()
-                        .map(|(path, bytes)| (*path, files::parse_file(path, bytes)))
+                        .map(|(path, bytes)| (*path, files::parse_file(path, bytes, limits)))
                         .collect::<Vec<_>>()
                 })
             })

@@ -1621,6 +1621,7 @@ pub(crate) mod tests {
     fn one_apply_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state.db");
+        let _store = Store::open(&state).unwrap();
         let held = ApplyLock::acquire(&state, "dev", false).unwrap();
         assert!(matches!(
             ApplyLock::acquire(&state, "dev", false),

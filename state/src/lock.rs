@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use crate::{NOW, Result, StateError, Store, state_error};
+use crate::{NOW, Result, StateError, real_file, state_error};
 
 /// A lock not renewed for this long belongs to a holder that froze or died elsewhere.
 const STALE_AFTER: Duration = Duration::from_secs(30);
@@ -40,10 +40,15 @@ struct Holder {
 }
 
 impl ApplyLock {
-    /// Takes the lock of environment `env` of the state file `state` (which must exist). With
-    /// `wait`, blocks until it is free; without, fails at once if another process has it.
+    /// Takes the lock of environment `env` of the state file `state`, which a [`Store`] has
+    /// opened (and so migrated) already. With `wait`, blocks until it is free; without, fails
+    /// at once if another process has it.
     pub fn acquire(state: &Path, env: &str, wait: bool) -> Result<ApplyLock> {
-        let mut conn = Store::open(state)?.conn;
+        // A connection of its own (the renewer thread keeps it), with no key: the lock never
+        // touches a secret.
+        let mut conn = Connection::open(real_file(state)?).map_err(|e| state_error(state, e))?;
+        conn.busy_timeout(Duration::from_secs(10))
+            .map_err(|e| state_error(state, e))?;
         let token = token();
         let host = host_name();
         loop {

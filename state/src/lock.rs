@@ -49,6 +49,9 @@ impl ApplyLock {
         let mut conn = Connection::open(real_file(state)?).map_err(|e| state_error(state, e))?;
         conn.busy_timeout(Duration::from_secs(10))
             .map_err(|e| state_error(state, e))?;
+        // As the store's own connection: in WAL mode a commit need not wait for the disk.
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(|e| state_error(state, e))?;
         let token = token();
         let host = host_name();
         loop {

@@ -204,10 +204,36 @@ fn scan(text: &str, limits: &Limits, doc: Doc<'_>) -> Option<YamlError> {
     if !long && !has_digit_run(text, 19) {
         return None;
     }
+    // For each open collection: a list (`None`), or a mapping and whether its next node is a
+    // key. Keys are text wherever gitplane reads them, so a key of digits is never rounded.
+    let mut open: Vec<Option<bool>> = Vec::new();
     for item in Parser::new_from_str(text) {
         let Ok((event, span)) = item else {
             return None;
         };
+        let is_node = matches!(
+            event,
+            Event::Scalar(..)
+                | Event::Alias(..)
+                | Event::SequenceStart(..)
+                | Event::MappingStart(..)
+        );
+        let is_key = match open.last_mut() {
+            Some(Some(next_is_key)) if is_node => {
+                let key = *next_is_key;
+                *next_is_key = !key;
+                key
+            }
+            _ => false,
+        };
+        match &event {
+            Event::SequenceStart(..) => open.push(None),
+            Event::MappingStart(..) => open.push(Some(true)),
+            Event::SequenceEnd | Event::MappingEnd => {
+                open.pop();
+            }
+            _ => {}
+        }
         let Event::Scalar(value, style, _, tag) = event else {
             continue;
         };
@@ -227,7 +253,7 @@ fn scan(text: &str, limits: &Limits, doc: Doc<'_>) -> Option<YamlError> {
                     .map_or_else(String::new, |s| format!(", or raise {s}"))
             )));
         }
-        if style == ScalarStyle::Plain && tag.is_none() && !fits_exactly(&value) {
+        if !is_key && style == ScalarStyle::Plain && tag.is_none() && !fits_exactly(&value) {
             let digits = value.trim();
             return Some(at(format!(
                 "the integer {digits} does not fit in 64 bits and would be stored rounded (as \
@@ -754,6 +780,18 @@ mod tests {
             );
         }
         assert!(error("type: a\nextra: [-99999999999999999999]\n").contains("does not fit"));
+        // A key of digits stays text; values after it are still checked.
+        let keys = "type: a\nextra:\n  123456789012345678901234567890: ok\n  list: [1, {b: 2}]\n";
+        let parsed = from_str::<Env>(keys, &Limits::default(), DOC);
+        assert!(parsed.is_ok(), "{parsed:?}");
+        let got = error(
+            "type: a\nextra:\n  123456789012345678901234567890: [{x: 1}]\n  \
+             y: 99999999999999999999\n",
+        );
+        assert!(
+            got.starts_with("4:6: the integer 99999999999999999999"),
+            "{got}"
+        );
     }
 
     #[test]

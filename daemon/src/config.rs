@@ -426,12 +426,9 @@ impl HostConfig {
         let limits = Limits::default();
         let doc = Doc {
             kind: "the host config",
-            setting: "nothing: the host config is held to the default limits",
+            setting: None,
         };
-        let too_large = limits.check_file(
-            text.as_bytes(),
-            "nothing: the host config is held to the default limits",
-        );
+        let too_large = limits.check_file(text.as_bytes(), None);
         let raw: HostConfigFile = match too_large.and_then(|()| yaml::from_str(text, &limits, doc))
         {
             Ok(raw) => raw,

@@ -493,7 +493,10 @@ corpus! {
                 definition("def-b", "b", "  driver_inputs:\n    values:\n      y: ${resources.a.outputs.x}\n")));
             append(sb, PG, "  thing:\n    type: a\n");
         },
-        &["dependency loop", "shop/a.default#modules.backend.externals.thing", "def-b"]);
+        &["dependency loop: shop/b.default#modules.backend.externals.thing (definition 'def-b' in \
+           definitions/loop.yaml:17) -> shop/a.default#modules.backend.externals.thing",
+          "a resource cannot depend on itself, directly or through others; remove one of these \
+           references"]);
     graph_duplicate_definition_id: Case::commit(
         |sb| sb.write("definitions/more/redis.yaml", &definition("redis", "memcached", "")),
         &["definitions/redis.yaml:4: definition id 'redis' is already used in \

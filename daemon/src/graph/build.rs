@@ -45,7 +45,11 @@ pub enum BuildError {
         workload: String,
         path: String,
     },
-    #[error("dependency loop: {}", members.join(" -> "))]
+    #[error(
+        "dependency loop: {}: a resource cannot depend on itself, directly or through others; \
+         remove one of these references",
+        members.join(" -> ")
+    )]
     Loop {
         /// Each resource on the loop with the definition that made the edge, ending where it
         /// started.

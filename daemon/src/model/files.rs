@@ -277,7 +277,7 @@ pub(super) fn limits_of(files: &BTreeMap<String, Vec<u8>>) -> Limits {
         return Limits::default();
     };
     if Limits::default()
-        .check_file(bytes, FILE_SIZE_SETTING)
+        .check_file(bytes, Some(FILE_SIZE_SETTING))
         .is_err()
     {
         return Limits::default();
@@ -426,7 +426,7 @@ impl Loader {
             FileKind::Settings => Limits::default(),
             _ => self.limits,
         };
-        if let Err(e) = limits.check_file(bytes, FILE_SIZE_SETTING) {
+        if let Err(e) = limits.check_file(bytes, Some(FILE_SIZE_SETTING)) {
             self.error(
                 SourceLocation {
                     file: path.to_owned(),
@@ -1031,7 +1031,7 @@ impl Loader {
         };
         let doc = Doc {
             kind,
-            setting: VALUE_SIZE_SETTING,
+            setting: Some(VALUE_SIZE_SETTING),
         };
         match yaml::from_str::<T>(text, &limits, doc) {
             Ok(v) => Some(v),

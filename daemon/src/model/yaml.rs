@@ -132,7 +132,7 @@ impl Limits {
 
     /// Whether `bytes` fit in a file; else an error at the line where the limit is crossed,
     /// which is where the oversized part is more often than not.
-    pub fn check_file(&self, bytes: &[u8], setting: &str) -> Result<(), YamlError> {
+    pub fn check_file(&self, bytes: &[u8], setting: Option<&str>) -> Result<(), YamlError> {
         let len = bytes.len() as u64;
         if len <= self.max_file_bytes {
             return Ok(());
@@ -148,9 +148,10 @@ impl Limits {
             column: None,
             message: format!(
                 "the file is {}, more than the limit of {}: it passes the limit on this line. \
-                 Keep large data out of the repository, split the file, or raise {setting}",
+                 Keep large data out of it{}",
                 show_size_exactly(len),
-                show_size(self.max_file_bytes)
+                show_size(self.max_file_bytes),
+                setting.map_or_else(String::new, |s| format!(", split it, or raise {s}"))
             ),
         })
     }
@@ -160,8 +161,9 @@ impl Limits {
 #[derive(Debug, Clone, Copy)]
 pub struct Doc<'a> {
     pub kind: &'a str,
-    /// Where the limits are set, for messages: "limits.value_size in gitplane.yaml".
-    pub setting: &'a str,
+    /// Where the value limit is set, for messages: "limits.value_size in gitplane.yaml";
+    /// `None` where it is fixed.
+    pub setting: Option<&'a str>,
 }
 
 /// Parses one YAML document of `text` into `T`. `text` must already fit `limits.max_file_bytes`
@@ -172,11 +174,22 @@ pub fn from_str<T: DeserializeOwned>(
     limits: &Limits,
     doc: Doc<'_>,
 ) -> Result<T, YamlError> {
-    if let Some(e) = scan(text, limits, doc) {
-        return Err(e);
-    }
     let options = serde_saphyr::options! { strict_booleans: true };
-    serde_saphyr::from_str_with_options::<T>(text, options).map_err(|e| explain(&e, text, doc))
+    let result = match scan(text, limits, doc) {
+        Some(e) => Err(e),
+        None => serde_saphyr::from_str_with_options::<T>(text, options)
+            .map_err(|e| explain(&e, text, doc)),
+    };
+    result.map_err(|mut e| {
+        // YAML also breaks lines at a lone `\r`, which editors and `git diff` may not show as
+        // a line: a location past the last line gitplane counts (at `\n`) points at the last.
+        let lines = text.split('\n').count();
+        if e.line.is_some_and(|l| l > lines) {
+            e.line = Some(lines);
+            e.column = None;
+        }
+        e
+    })
 }
 
 /// Finds what the typed parse would accept but must not: a string over the value limit, and an
@@ -191,10 +204,36 @@ fn scan(text: &str, limits: &Limits, doc: Doc<'_>) -> Option<YamlError> {
     if !long && !has_digit_run(text, 19) {
         return None;
     }
+    // For each open collection: a list (`None`), or a mapping and whether its next node is a
+    // key. Keys are text wherever gitplane reads them, so a key of digits is never rounded.
+    let mut open: Vec<Option<bool>> = Vec::new();
     for item in Parser::new_from_str(text) {
         let Ok((event, span)) = item else {
             return None;
         };
+        let is_node = matches!(
+            event,
+            Event::Scalar(..)
+                | Event::Alias(..)
+                | Event::SequenceStart(..)
+                | Event::MappingStart(..)
+        );
+        let is_key = match open.last_mut() {
+            Some(Some(next_is_key)) if is_node => {
+                let key = *next_is_key;
+                *next_is_key = !key;
+                key
+            }
+            _ => false,
+        };
+        match &event {
+            Event::SequenceStart(..) => open.push(None),
+            Event::MappingStart(..) => open.push(Some(true)),
+            Event::SequenceEnd | Event::MappingEnd => {
+                open.pop();
+            }
+            _ => {}
+        }
         let Event::Scalar(value, style, _, tag) = event else {
             continue;
         };
@@ -205,14 +244,16 @@ fn scan(text: &str, limits: &Limits, doc: Doc<'_>) -> Option<YamlError> {
         };
         if value.len() as u64 > limits.max_value_bytes {
             return Some(at(format!(
-                "this string is {}, longer than the limit of {}: keep large data out of the \
-                 repository (a value is copied into every resource that reads it), or raise {}",
+                "this string is {}, longer than the limit of {}: keep large data out of {} (a \
+                 value is copied into every resource that reads it){}",
                 show_size_exactly(value.len() as u64),
                 show_size(limits.max_value_bytes),
+                doc.kind,
                 doc.setting
+                    .map_or_else(String::new, |s| format!(", or raise {s}"))
             )));
         }
-        if style == ScalarStyle::Plain && tag.is_none() && !fits_exactly(&value) {
+        if !is_key && style == ScalarStyle::Plain && tag.is_none() && !fits_exactly(&value) {
             let digits = value.trim();
             return Some(at(format!(
                 "the integer {digits} does not fit in 64 bits and would be stored rounded (as \
@@ -614,7 +655,7 @@ mod tests {
 
     const DOC: Doc<'static> = Doc {
         kind: "an environment file",
-        setting: "limits.value_size in gitplane.yaml",
+        setting: Some("limits.value_size in gitplane.yaml"),
     };
 
     #[derive(Debug, Deserialize)]
@@ -739,6 +780,18 @@ mod tests {
             );
         }
         assert!(error("type: a\nextra: [-99999999999999999999]\n").contains("does not fit"));
+        // A key of digits stays text; values after it are still checked.
+        let keys = "type: a\nextra:\n  123456789012345678901234567890: ok\n  list: [1, {b: 2}]\n";
+        let parsed = from_str::<Env>(keys, &Limits::default(), DOC);
+        assert!(parsed.is_ok(), "{parsed:?}");
+        let got = error(
+            "type: a\nextra:\n  123456789012345678901234567890: [{x: 1}]\n  \
+             y: 99999999999999999999\n",
+        );
+        assert!(
+            got.starts_with("4:6: the integer 99999999999999999999"),
+            "{got}"
+        );
     }
 
     #[test]
@@ -754,7 +807,7 @@ mod tests {
         );
         assert!(e.message.contains("limits.value_size in gitplane.yaml"));
         let text = format!("type: a\n{}", "# comment\n".repeat(200));
-        let e = limits.check_file(text.as_bytes(), "x").unwrap_err();
+        let e = limits.check_file(text.as_bytes(), None).unwrap_err();
         assert_eq!(e.line, Some(103));
         assert!(
             e.message
@@ -763,6 +816,17 @@ mod tests {
         assert!(Limits::checked(0, 0).is_err());
         assert!(Limits::checked(10, 20).is_err());
         assert!(Limits::checked(CEILING_BYTES + 1, 10).is_err());
+    }
+
+    /// Found by fuzzing (`load`): a file whose only line ends in a lone `\r` gave an error at
+    /// line 2 of a 1-line file.
+    #[test]
+    fn a_location_stays_within_the_lines_gitplane_counts() {
+        let e = from_str::<Env>("# a comment\r", &Limits::default(), DOC).unwrap_err();
+        assert_eq!(e.line, Some(1), "{e:?}");
+        assert!(e.message.contains("cannot be empty"), "{e:?}");
+        let e = from_str::<Env>("type: a\r\rtype: b", &Limits::default(), DOC).unwrap_err();
+        assert_eq!(e.line, Some(1), "{e:?}");
     }
 
     #[test]

@@ -547,10 +547,10 @@ corpus! {
         |sb| sb.write(DEV, "type: development\nschedule: \"60 * * * *\"\n"),
         &["environments/development.yaml:2: schedule '60 * * * *': the minute (field 1) is 60, \
            but it runs from 0 to 59; a schedule is minute hour day-of-month month day-of-week"]);
-    schedule_sunday_as_zero: Case::commit(
-        |sb| sb.write(DEV, "type: development\nschedule: \"0 3 * * 0\"\n"),
-        &["environments/development.yaml:2: schedule '0 3 * * 0': the day of the week (field 5) \
-           is 0, but it runs from 1 to 7 (1 is Sunday) or SUN-SAT"]);
+    schedule_day_of_week_past_sunday: Case::commit(
+        |sb| sb.write(DEV, "type: development\nschedule: \"0 3 * * 8\"\n"),
+        &["environments/development.yaml:2: schedule '0 3 * * 8': the day of the week (field 5) \
+           is 8, but it runs from 0 to 7 (0 and 7 are Sunday) or SUN-SAT"]);
     schedule_in_words: Case::commit(
         |sb| sb.write(DEV, "type: development\nschedule: every night\n"),
         &["environments/development.yaml:2: schedule 'every night' has 2 field(s): write 5"]);

@@ -1733,9 +1733,13 @@ mod tests {
                 "schedule '0 25 * * *': the hour (field 2) is 25, but it runs from 0 to 23",
             ),
             (
-                "0 3 * * 0",
-                "the day of the week (field 5) is 0, but it runs from 1 to 7 (1 is Sunday) or \
-                 SUN-SAT",
+                "0 3 * * 8",
+                "the day of the week (field 5) is 8, but it runs from 0 to 7 (0 and 7 are \
+                 Sunday) or SUN-SAT",
+            ),
+            (
+                "0 0 3 * * 0",
+                "the day of the week (field 6) is 0, but it runs from 1 to 7 (1 is Sunday)",
             ),
             (
                 "0 3 * 13 *",
@@ -1761,6 +1765,35 @@ mod tests {
         ] {
             crate::model::Schedule::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
+    }
+
+    #[test]
+    fn crontab_days_of_the_week_count_from_sunday_as_0() {
+        use chrono::{Datelike, TimeZone, Weekday};
+        // A Sunday.
+        let start = chrono::Utc
+            .with_ymd_and_hms(2026, 11, 22, 12, 0, 0)
+            .unwrap();
+        let days = |text: &str| -> Vec<Weekday> {
+            let schedule = crate::model::Schedule::parse(text).unwrap();
+            let mut days: Vec<Weekday> = schedule
+                .cron
+                .after(&start)
+                .take(7)
+                .map(|t| t.weekday())
+                .collect();
+            days.sort_by_key(Weekday::num_days_from_sunday);
+            days.dedup();
+            days
+        };
+        use Weekday::*;
+        assert_eq!(days("0 3 * * 1-5"), [Mon, Tue, Wed, Thu, Fri]);
+        assert_eq!(days("0 3 * * 0"), [Sun]);
+        assert_eq!(days("0 3 * * 7"), [Sun]);
+        assert_eq!(days("0 3 * * 5-7"), [Sun, Fri, Sat]);
+        assert_eq!(days("0 3 * * 0-6/2"), [Sun, Tue, Thu, Sat]);
+        assert_eq!(days("0 3 * * MON,wed"), [Mon, Wed]);
+        assert_eq!(days("0 3 * * *").len(), 7);
     }
 
     #[test]

@@ -39,11 +39,23 @@ impl Schedule {
     ///
     /// Each field is checked here first, so that an error speaks of the expression as written:
     /// the cron crate sees the rewritten one and words its ranges its own way.
+    ///
+    /// The 5-field form counts the days of the week as crontab does (0 to 7, 0 and 7 both
+    /// Sunday, so `1-5` is Monday to Friday); the cron crate counts 1 to 7 from Sunday, so
+    /// those numbers are handed to it as day names. The 6/7-field form is the crate's own.
     pub fn parse(text: &str) -> Result<Schedule, String> {
         let fields: Vec<&str> = text.split_whitespace().collect();
-        let units: &[CronField] = match fields.len() {
-            5 => &CRON_FIELDS[1..],
-            6 | 7 => &CRON_FIELDS[..],
+        let crontab = [
+            &CRON_FIELDS[1],
+            &CRON_FIELDS[2],
+            &CRON_FIELDS[3],
+            &CRON_FIELDS[4],
+            &CRONTAB_WEEKDAY,
+        ];
+        let own: Vec<&CronField> = CRON_FIELDS.iter().collect();
+        let units: &[&CronField] = match fields.len() {
+            5 => &crontab,
+            6 | 7 => &own,
             n => {
                 return Err(format!(
                     "schedule '{text}' has {n} field(s): write 5 ({CRON_SHAPE}), or 6 with \
@@ -62,7 +74,14 @@ impl Schedule {
             }
         }
         let full = if fields.len() == 5 {
-            format!("0 {text}")
+            format!(
+                "0 {} {} {} {} {}",
+                fields[0],
+                fields[1],
+                fields[2],
+                fields[3],
+                crontab_weekdays(fields[4])
+            )
         } else {
             text.to_owned()
         };
@@ -86,6 +105,44 @@ impl Schedule {
 
 const CRON_SHAPE: &str = "minute hour day-of-month month day-of-week, such as \"0 3 * * *\" \
                           (every day at 03:00)";
+
+const WEEKDAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+
+/// A crontab day-of-week field (checked already) as the cron crate reads it: every number,
+/// range and step written out as day names, which both count alike.
+fn crontab_weekdays(field: &str) -> String {
+    let items: Vec<String> = field
+        .split(',')
+        .map(|item| {
+            let (base, step) = match item.split_once('/') {
+                Some((base, step)) => (base, step.parse::<usize>().unwrap_or(1).max(1)),
+                None => (item, 1),
+            };
+            if base == "*" || base == "?" {
+                return item.to_owned();
+            }
+            let (from, to) = base.split_once('-').unwrap_or((base, base));
+            match (CRONTAB_WEEKDAY.value(from), CRONTAB_WEEKDAY.value(to)) {
+                (Ok(from), Ok(to)) if from <= to => (from..=to)
+                    .step_by(step)
+                    .map(|day| WEEKDAYS[day as usize % 7])
+                    .collect::<Vec<_>>()
+                    .join(","),
+                // Left as written: the crate says what is wrong with it.
+                _ => item.to_owned(),
+            }
+        })
+        .collect();
+    items.join(",")
+}
+
+/// The day of the week as crontab counts it: 0 to 7, 0 and 7 both Sunday.
+const CRONTAB_WEEKDAY: CronField = CronField {
+    name: "day of the week",
+    min: 0,
+    max: 7,
+    names: &["sun", "mon", "tue", "wed", "thu", "fri", "sat"],
+};
 
 /// One field of a cron expression, as the scheduler (the cron crate) counts it.
 struct CronField {
@@ -180,10 +237,10 @@ impl CronField {
                 }
                 None => String::new(),
             };
-            let sunday = if self.name == "day of the week" {
-                " (1 is Sunday)"
-            } else {
-                ""
+            let sunday = match (self.name, self.min) {
+                ("day of the week", 0) => " (0 and 7 are Sunday)",
+                ("day of the week", _) => " (1 is Sunday)",
+                _ => "",
             };
             format!("from {} to {}{sunday}{names}", self.min, self.max)
         };

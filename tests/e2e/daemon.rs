@@ -456,14 +456,7 @@ fn sigterm_lets_a_slow_driver_call_finish() {
     );
     // The next start picks the commit up again and finishes it.
     let _daemon = Daemon::start(&sb, &args);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while sb.count(&format!(
-        "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
-    )) == 0
-    {
-        assert!(Instant::now() < deadline, "not finished after the restart");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_succeeded(&sb, &commit);
     assert_eq!(
         sb.count("SELECT COUNT(*) FROM resource WHERE status = 'ready'"),
         3
@@ -508,14 +501,7 @@ fn sigterm_does_not_wait_past_the_stop_timeout() {
     // The next start resumes the deployment; the driver is asked again, with the same GUResID.
     server.behave("postgres", Behavior::default());
     let _daemon = Daemon::start(&sb, &args);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while sb.count(&format!(
-        "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
-    )) == 0
-    {
-        assert!(Instant::now() < deadline, "not finished after the restart");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_succeeded(&sb, &commit);
     assert_eq!(
         sb.count("SELECT COUNT(*) FROM deployment"),
         1,
@@ -557,6 +543,19 @@ fn slow_database(
     let mut args = repo_args(sb);
     args.extend(["--config".to_owned(), config.display().to_string()]);
     (args, commit)
+}
+
+/// Waits (up to 20 s) for a succeeded deployment of `commit`.
+#[track_caller]
+fn wait_succeeded(sb: &Sandbox, commit: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sb.count(&format!(
+        "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
+    )) == 0
+    {
+        assert!(Instant::now() < deadline, "not finished after the restart");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn started_calls(sb: &Sandbox, res_type: &str) -> i64 {

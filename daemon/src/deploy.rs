@@ -363,13 +363,8 @@ pub fn target(
     host: Host<'_>,
     cache: &mut LoadCache,
 ) -> Result<Result<Target, Rejected>, DeployError> {
-    if !layout
-        .shared
-        .contains_key(&format!("environments/{env}.yaml"))
-        && !layout
-            .shared
-            .contains_key(&format!("environments/{env}.yml"))
-        && let Some(store) = store
+    if let Some(store) = store
+        && !environments_in(layout).contains(env)
         && store.resource_count(env)? > 0
     {
         tracing::warn!(

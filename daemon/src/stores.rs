@@ -497,14 +497,7 @@ fn check_dir_on_disk(store: &str, dir: &Path, reference: &str) -> Result<(), Sto
     let Ok(target) = dir.join(reference).canonicalize() else {
         return Ok(());
     };
-    if !target.starts_with(&canonical_dir) {
-        return Err(StoreError::Escapes {
-            store: store.to_owned(),
-            reference: reference.to_owned(),
-            resolved: target,
-            dir: canonical_dir,
-        });
-    }
+    let target = inside_store(store, reference, target, canonical_dir)?;
     if target.is_dir() {
         return Err(StoreError::Unusable {
             store: store.to_owned(),
@@ -513,6 +506,26 @@ fn check_dir_on_disk(store: &str, dir: &Path, reference: &str) -> Result<(), Sto
         });
     }
     Ok(())
+}
+
+/// `target` (a ref's canonical path), if it lies inside the store's `canonical_dir`: a symlink
+/// in the directory must not hand out a file the host never put there.
+fn inside_store(
+    store: &str,
+    reference: &str,
+    target: PathBuf,
+    canonical_dir: PathBuf,
+) -> Result<PathBuf, StoreError> {
+    if target.starts_with(&canonical_dir) {
+        Ok(target)
+    } else {
+        Err(StoreError::Escapes {
+            store: store.to_owned(),
+            reference: reference.to_owned(),
+            resolved: target,
+            dir: canonical_dir,
+        })
+    }
 }
 
 /// A dir store's secret: the file's text as a JSON string, one trailing newline removed.
@@ -556,14 +569,7 @@ fn read_dir_secret(
             reason: "it names the store directory itself, not a file".to_owned(),
         });
     }
-    if !target.starts_with(&canonical_dir) {
-        return Err(StoreError::Escapes {
-            store: store.to_owned(),
-            reference: reference.to_owned(),
-            resolved: target,
-            dir: canonical_dir,
-        });
-    }
+    let target = inside_store(store, reference, target, canonical_dir)?;
     let unusable = |reason: String| StoreError::Unusable {
         store: store.to_owned(),
         reference: reference.to_owned(),

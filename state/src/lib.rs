@@ -1112,6 +1112,23 @@ impl Store {
         Ok(())
     }
 
+    /// The id of the state key, read now (finishing a rekey that stopped before it put its new
+    /// key in place).
+    pub fn key_id(&self) -> Result<String> {
+        Ok(self.key()?.id)
+    }
+
+    fn key(&self) -> Result<StateKey> {
+        self.keyring
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .key()
+            .map_err(|source| StateError::Seal {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
     /// Where the state key comes from.
     pub fn key_source(&self) -> KeySource {
         self.keyring
@@ -1125,15 +1142,7 @@ impl Store {
     /// The caller puts `new` where the key source reads it once this returns. Returns how many
     /// values were sealed again.
     pub fn rekey(&mut self, new: &StateKey) -> Result<usize> {
-        let old = self
-            .keyring
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .key()
-            .map_err(|e| StateError::Seal {
-                path: self.path.clone(),
-                source: e,
-            })?;
+        let old = self.key()?;
         let fresh = new.clone();
         self.conn
             .create_scalar_function(

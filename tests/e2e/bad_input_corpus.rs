@@ -420,8 +420,8 @@ corpus! {
            repository: gitplane reads files from the commit and cannot follow it; commit the file \
            itself at this path"]);
     link_climbing_out: Case::commit(
-        |sb| link(sb, "../../../shared/dns.yaml", "definitions/shared/dns.yaml"),
-        &["definitions/shared/dns.yaml: a symbolic link to '../../../shared/dns.yaml', which is \
+        |sb| link(sb, "../../../outside/dns.yaml", "definitions/shared/dns.yaml"),
+        &["definitions/shared/dns.yaml: a symbolic link to '../../../outside/dns.yaml', which is \
            outside the repository"]);
     link_folder_outside: Case::commit(
         |sb| link(sb, "/srv/apps/billing", "workloads/billing"),

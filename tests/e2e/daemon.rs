@@ -291,20 +291,27 @@ fn a_mass_deletion_is_held_until_approved() {
     );
 }
 
-#[test]
-fn a_remote_is_mirrored_and_fetched_on_an_interval() {
-    let sb = Sandbox::template();
+/// A host config that mirrors the sandbox's origin as a remote (`file://`), fetched every
+/// `interval`, with its state in a folder of its own: the config file and the state path.
+fn remote_config(sb: &Sandbox, interval: &str) -> (PathBuf, PathBuf) {
     let state = sb.root.join("remote-state/state.db");
     let config = sb.root.join("host.yaml");
     std::fs::write(
         &config,
         format!(
-            "repo: {{url: \"file://{}\", interval: 300ms}}\nstate: {}\n",
+            "repo: {{url: \"file://{}\", interval: {interval}}}\nstate: {}\n",
             sb.origin.display(),
             state.display()
         ),
     )
     .unwrap();
+    (config, state)
+}
+
+#[test]
+fn a_remote_is_mirrored_and_fetched_on_an_interval() {
+    let sb = Sandbox::template();
+    let (config, state) = remote_config(&sb, "300ms");
     let _daemon = Daemon::start(&sb, &["--config", config.to_str().unwrap()]);
     let mirrored = |commit: &str| {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -337,17 +344,7 @@ fn a_remote_is_mirrored_and_fetched_on_an_interval() {
 #[test]
 fn a_hung_remote_does_not_hold_up_the_daemon() {
     let sb = Sandbox::template();
-    let state = sb.root.join("remote-state/state.db");
-    let config = sb.root.join("host.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "repo: {{url: \"file://{}\", interval: 200ms}}\nstate: {}\n",
-            sb.origin.display(),
-            state.display()
-        ),
-    )
-    .unwrap();
+    let (config, state) = remote_config(&sb, "200ms");
     let mut daemon = Daemon::start(&sb, &["--config", config.to_str().unwrap()]);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !(state.exists()

@@ -389,6 +389,15 @@ fn rekey_seals_every_secret_with_a_new_key() {
     assert!(raw_before.iter().all(|v| !raw_after.contains(v)));
     sb.assert_state_bytes_hide(&SECRETS);
 
+    // A rekey cut off after it sealed with its new key but before it put the key in place
+    // (the new key still `.new`, the old one in place): the next rekey finishes it first.
+    let pending = sb.root.join("state.db.key.new");
+    std::fs::rename(&key_file, &pending).unwrap();
+    std::fs::write(&key_file, &old_key).unwrap();
+    sb.gitplane(&["state", "rekey"]).ok();
+    assert!(!pending.exists());
+    assert_eq!(sealed(&sb), before);
+
     // Deployments go on with the new key.
     sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
     sb.commit("A new port");

@@ -480,6 +480,9 @@ fn rekey(ctx: &Context, stdout: &mut impl Write) -> Result<CommandResult, CliErr
         .iter()
         .map(|env| ApplyLock::acquire(&ctx.state, env, true))
         .collect::<Result<Vec<_>, _>>()?;
+    // The key in force first: should an earlier rekey have stopped before putting its key in
+    // place, that key is still `<key>.new`, and this finishes it before the name is reused.
+    store.key_id()?;
     let key = gitplane_state::StateKey::generate();
     let pending = gitplane_state::pending_key_path(&key_file);
     let _ = std::fs::remove_file(&pending);

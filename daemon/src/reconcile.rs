@@ -1606,6 +1606,7 @@ async fn call_until_done(
                             outputs,
                             secret_outputs,
                             cookie,
+                            manifests: _,
                         } => (Some((outputs, secret_outputs)), cookie),
                         PutOutcome::InProgress { cookie } => (None, cookie),
                     }),
@@ -1752,6 +1753,7 @@ fn answer_in_process(driver: &dyn Driver, job: &Job) -> Option<CallOutcome> {
                 outputs,
                 secret_outputs,
                 cookie: Cookie::Unchanged,
+                manifests: _,
             }) => Some(Ok((outputs, secret_outputs))),
             Err(DriverError {
                 kind: ErrorKind::Final,

@@ -21,6 +21,7 @@ impl Driver for EchoDriver {
             outputs: object_or_empty(request.values),
             secret_outputs: object_or_empty(request.secrets),
             cookie: Cookie::Unchanged,
+            manifests: Vec::new(),
         })
     }
 

@@ -194,6 +194,7 @@ impl Driver for ExecDriver {
                 outputs: response.values,
                 secret_outputs: response.secrets,
                 cookie: response.cookie,
+                manifests: Vec::new(),
             },
         })
     }
@@ -584,6 +585,7 @@ printf '%s\n' '{{"status":"done","resource":{{"values":{{"host":"db.local","port
                 outputs: json!({"host": "db.local", "port": 5432}),
                 secret_outputs: json!({"password": "p4ss"}),
                 cookie: Cookie::Set("c1".into()),
+                manifests: Vec::new(),
             }
         );
         let text = std::fs::read_to_string(&seen).unwrap();
@@ -633,6 +635,7 @@ printf '{"status":"done","resource":{"values":{"args":"%s %s"}}}' "$1" "$2""#,
                 outputs: json!({"args": "--zone a b"}),
                 secret_outputs: json!({}),
                 cookie: Cookie::Unchanged,
+                manifests: Vec::new(),
             }
         );
     }
@@ -666,6 +669,7 @@ esac"#,
                 outputs: json!({"ready": true}),
                 secret_outputs: json!({}),
                 cookie: Cookie::Cleared,
+                manifests: Vec::new(),
             }
         );
     }

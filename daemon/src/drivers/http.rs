@@ -121,6 +121,7 @@ impl Driver for HttpDriver {
                     outputs,
                     secret_outputs,
                     cookie,
+                    manifests: Vec::new(),
                 })
             }
             202 => Ok(PutOutcome::InProgress {
@@ -668,6 +669,7 @@ mod tests {
                 outputs: json!({"url": "amqp://queue.internal/jobs"}),
                 secret_outputs: json!({"token": "t0ken"}),
                 cookie: Cookie::Unchanged,
+                manifests: Vec::new(),
             }
         );
         assert_eq!(
@@ -688,6 +690,7 @@ mod tests {
                 outputs: json!({}),
                 secret_outputs: json!({}),
                 cookie: Cookie::Unchanged,
+                manifests: Vec::new(),
             }
         );
         assert_eq!(server.join().unwrap().len(), 1);
@@ -769,6 +772,7 @@ mod tests {
                 outputs: json!({"url": "amqp://queue.internal/jobs"}),
                 secret_outputs: json!({"token": "t0ken"}),
                 cookie: Cookie::Set("c2Vzc2lvbj0y".to_owned()),
+                manifests: Vec::new(),
             }
         );
         assert_eq!(

@@ -59,6 +59,35 @@ pub enum Cookie {
     Cleared,
 }
 
+/// Where a Kubernetes manifest goes in the deployment of the workloads that use a resource
+/// (the Humanitec manifest locations).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ManifestLocation {
+    /// An object in the workload's namespace.
+    Namespace,
+    /// A cluster-wide object.
+    Cluster,
+    /// A container added to the workload's pods.
+    Containers,
+    /// A volume added to the workload's pods.
+    Volumes,
+}
+
+/// A Kubernetes manifest a driver produced with a resource: applied with the deployment of
+/// every workload that uses the resource.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Manifest {
+    /// Its key in the driver's `manifests` map (`deployment.yaml`), or `manifest-N` for the
+    /// N-th of a list.
+    pub name: String,
+    pub location: ManifestLocation,
+    /// The Kubernetes object (or container, or volume) itself.
+    pub data: Value,
+}
+
 /// The answer to a put (create or update).
 #[derive(Debug, Clone, PartialEq)]
 pub enum PutOutcome {
@@ -67,6 +96,8 @@ pub enum PutOutcome {
         outputs: Value,
         secret_outputs: Value,
         cookie: Cookie,
+        /// Kubernetes manifests for the deployments of the workloads that use the resource.
+        manifests: Vec<Manifest>,
     },
     /// Still working: call again with the same request (and the cookie) later.
     InProgress { cookie: Cookie },

@@ -91,6 +91,7 @@ impl Driver for TemplateDriver {
             outputs,
             secret_outputs,
             cookie,
+            manifests: Vec::new(),
         })
     }
 
@@ -275,6 +276,7 @@ mod tests {
                 outputs,
                 secret_outputs,
                 cookie,
+                ..
             } => (outputs, secret_outputs, cookie),
             other => panic!("not done: {other:?}"),
         }
@@ -327,6 +329,7 @@ mod tests {
                 outputs: json!({}),
                 secret_outputs: json!({}),
                 cookie: Cookie::Unchanged,
+                manifests: Vec::new(),
             }
         );
         let blank = with_values(

@@ -610,3 +610,15 @@ SET outputs = gp_seal(outputs, 'resource_secret.outputs:' || guresid),
 WHERE outputs NOT LIKE 'gp1:%';
 UPDATE driver_cookie SET cookie = gp_seal(cookie, 'driver_cookie:' || guresid)
 WHERE cookie NOT LIKE 'gp1:%';
+
+-- migration 6
+
+-- The Kubernetes manifests each resource's driver produced when it was last provisioned, applied
+-- with the deployment of the workloads that use it (`gitplane manifests`). `manifests` is a JSON
+-- list of `{"name", "location", "data"}` with every secret value replaced by `(secret)`; `sealed`
+-- is the same list with them, sealed like the secrets (NULL when nothing was hidden).
+CREATE TABLE resource_manifest (
+    guresid   TEXT PRIMARY KEY REFERENCES resource (guresid) ON DELETE CASCADE,
+    manifests TEXT NOT NULL,
+    sealed    TEXT
+);

@@ -585,10 +585,7 @@ impl HostConfig {
             if let Some(message) = problem {
                 err(&format!("{name}:"), message);
             }
-            if matches!(
-                name.as_str(),
-                "echo" | "humanitec/echo" | "template" | "humanitec/template"
-            ) {
+            if crate::drivers::Registry::builtin().get(name).is_some() {
                 err(
                     &format!("{name}:"),
                     format!("driver '{name}' is built in and cannot be replaced"),

@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod deploy;
 pub mod drivers;
 pub mod graph;
+pub mod manifests;
 pub mod model;
 pub mod plan;
 pub mod reconcile;

@@ -107,6 +107,8 @@ pub struct ResolvedInputs {
     pub resource_is_secret: bool,
     pub values: Value,
     pub secrets: Value,
+    /// The secret values that flowed into `resource`, to hide wherever it is shown.
+    pub resource_secrets: Vec<Value>,
 }
 
 /// Why a resource's inputs cannot be resolved.
@@ -227,12 +229,20 @@ pub fn resolve_inputs(
         });
     }
     let secrets = node.secrets.resolve(&mut lookup)?;
-    let resource = node.params.resolve(&mut lookup)?;
+    let mut resource_secrets = Vec::new();
+    let resource = node.params.resolve(&mut |b: &Binding| {
+        let r = lookup(b)?;
+        if r.secret {
+            resource_secrets.push(r.value.clone());
+        }
+        Ok::<_, ResolveError>(r)
+    })?;
     Ok(ResolvedInputs {
         resource: resource.value,
         resource_is_secret: resource.secret,
         values: values.value,
         secrets: secrets.value,
+        resource_secrets,
     })
 }
 
@@ -986,6 +996,7 @@ mod tests {
                 resource_is_secret,
                 values: serde_json::json!({"port": 5432, "host": "db"}),
                 secrets: serde_json::json!({"password": "p"}),
+                resource_secrets: Vec::new(),
             };
             let (public, secret) = if resource_is_secret {
                 (

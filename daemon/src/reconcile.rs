@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use gitplane_state::{
     BindingRecord, Counts, DeploymentStatus, Ended, JournalEntry, LinkChanges, LinkRecord,
-    OperationStart, ResourceRecord, ResourceStatus, StateError, Store,
+    ManifestsRecord, OperationStart, ResourceRecord, ResourceStatus, StateError, Store,
 };
 use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc};
@@ -34,9 +34,11 @@ use tokio::task::JoinSet;
 use crate::config::{HostConfig, RetryPolicy};
 use crate::deploy::{Scope, Target};
 use crate::drivers::{
-    Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, ErrorKind, PutOutcome, Registry,
+    Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, ErrorKind, Manifest, PutOutcome,
+    Registry,
 };
 use crate::graph::{EdgeKind, GuresId, ResourceGraph, ResourceNode};
+use crate::manifests;
 use crate::plan::{
     Action, Outputs, Plan, ResolvedInputs, Step, bindings_of, deletion_guard, inputs_hash, plan,
     record_label, resolve_inputs, same_inputs, split_inputs,
@@ -460,8 +462,27 @@ struct Ready {
     inputs: Option<ResolvedInputs>,
 }
 
-/// What a resource's calls came to: its outputs and secret outputs, or why not.
-type CallOutcome = Result<(Value, Value), String>;
+/// What a resource's calls came to, or why not.
+type CallOutcome = Result<Answer, String>;
+
+/// What a driver gave for a resource: its outputs, secret outputs and manifests.
+#[derive(Debug)]
+struct Answer {
+    outputs: Value,
+    secret_outputs: Value,
+    manifests: Vec<Manifest>,
+}
+
+impl Answer {
+    /// A delete's answer: nothing.
+    fn none() -> Answer {
+        Answer {
+            outputs: empty(),
+            secret_outputs: empty(),
+            manifests: Vec::new(),
+        }
+    }
+}
 
 /// Bindings to write, each resource's with whether it had bindings to look up.
 type BindingsToWrite<'a> = Vec<(&'a str, bool, Vec<BindingRecord>)>;
@@ -495,6 +516,8 @@ enum Finished {
         outputs_changed: Option<bool>,
         /// Not recorded when the apply began.
         new: bool,
+        /// For a succeeded put: the manifests to record.
+        manifests: Option<ManifestsRecord>,
     },
     Delete {
         step: usize,
@@ -1161,12 +1184,17 @@ impl<'a> Run<'a, '_> {
             .expect("only steps of graph nodes are put");
         let previous = self.outputs.recorded.get(node.guresid.as_str()).copied();
         match &result.outcome {
-            Ok((outputs, secret_outputs)) => {
+            Ok(Answer {
+                outputs,
+                secret_outputs,
+                manifests,
+            }) => {
                 let inputs = result.inputs.clone().unwrap_or(ResolvedInputs {
                     resource: Value::Null,
                     resource_is_secret: false,
                     values: Value::Null,
                     secrets: Value::Null,
+                    resource_secrets: Vec::new(),
                 });
                 // What a delete will need again; anything a secret flowed into stays secret.
                 let (public, secret) = split_inputs(&inputs);
@@ -1183,12 +1211,31 @@ impl<'a> Run<'a, '_> {
                 let changed = previous.is_none_or(|rec| {
                     rec.outputs != record.outputs || rec.secret_outputs != record.secret_outputs
                 });
+                let mut manifests = manifests.clone();
+                // A workload whose driver gives no pod template gets the Deployment (and
+                // Service) Humanitec would generate from its Score file.
+                if node.res_type == manifests::WORKLOAD_TYPE
+                    && !manifests::has_pod_template(&manifests)
+                {
+                    let name = node.res_id.strip_prefix("modules.").unwrap_or(&node.res_id);
+                    manifests.extend(manifests::workload_objects(
+                        node.app.as_deref(),
+                        name,
+                        &inputs.resource,
+                    ));
+                }
+                // Secret values reach manifests through the driver's secret inputs, its secret
+                // outputs, or (in a workload's Score file) the secret outputs it reads.
+                let mut secrets = vec![&inputs.secrets, secret_outputs];
+                secrets.extend(&inputs.resource_secrets);
+                let manifests = manifests::to_record(manifests, &secrets);
                 Finished::Put {
                     step: result.step,
                     result,
                     record: Box::new(record),
                     outputs_changed: Some(changed),
                     new: previous.is_none(),
+                    manifests: Some(manifests),
                 }
             }
             Err(error) => {
@@ -1207,6 +1254,7 @@ impl<'a> Run<'a, '_> {
                     record: Box::new(record),
                     outputs_changed: None,
                     new: previous.is_none(),
+                    manifests: None,
                 }
             }
         }
@@ -1584,7 +1632,7 @@ async fn call_until_done(
     retry: RetryPolicy,
     calls: mpsc::UnboundedSender<CallEnded>,
     stop: Option<Arc<AtomicBool>>,
-) -> (i64, Result<(Value, Value), String>) {
+) -> (i64, CallOutcome) {
     let stopping = || stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
     let started = Instant::now();
     let mut attempts: i64 = 0;
@@ -1606,12 +1654,19 @@ async fn call_until_done(
                             outputs,
                             secret_outputs,
                             cookie,
-                            manifests: _,
-                        } => (Some((outputs, secret_outputs)), cookie),
+                            manifests,
+                        } => (
+                            Some(Answer {
+                                outputs,
+                                secret_outputs,
+                                manifests,
+                            }),
+                            cookie,
+                        ),
                         PutOutcome::InProgress { cookie } => (None, cookie),
                     }),
                     Operation::Delete => driver.delete(&job.request()).map(|o| match o {
-                        DeleteOutcome::Done => (Some((empty(), empty())), Cookie::Cleared),
+                        DeleteOutcome::Done => (Some(Answer::none()), Cookie::Cleared),
                         DeleteOutcome::InProgress { cookie } => (None, cookie),
                     }),
                 };
@@ -1720,6 +1775,7 @@ fn journal_entries<'f>(
                 record,
                 outputs_changed,
                 new,
+                manifests,
                 ..
             } => JournalEntry::Put {
                 operation: operation(result),
@@ -1728,6 +1784,7 @@ fn journal_entries<'f>(
                 record,
                 outputs_changed: *outputs_changed,
                 new: *new,
+                manifests: manifests.as_ref(),
             },
             Finished::Delete { step, result } => JournalEntry::Delete {
                 operation: operation(result),
@@ -1753,8 +1810,12 @@ fn answer_in_process(driver: &dyn Driver, job: &Job) -> Option<CallOutcome> {
                 outputs,
                 secret_outputs,
                 cookie: Cookie::Unchanged,
-                manifests: _,
-            }) => Some(Ok((outputs, secret_outputs))),
+                manifests,
+            }) => Some(Ok(Answer {
+                outputs,
+                secret_outputs,
+                manifests,
+            })),
             Err(DriverError {
                 kind: ErrorKind::Final,
                 message,
@@ -1762,7 +1823,7 @@ fn answer_in_process(driver: &dyn Driver, job: &Job) -> Option<CallOutcome> {
             _ => None,
         },
         Operation::Delete => match driver.delete(&request) {
-            Ok(DeleteOutcome::Done) => Some(Ok((empty(), empty()))),
+            Ok(DeleteOutcome::Done) => Some(Ok(Answer::none())),
             Err(DriverError {
                 kind: ErrorKind::Final,
                 message,

@@ -54,6 +54,9 @@ pub enum JournalEntry<'a> {
         /// The resource had no row when the apply began (nor can it have one since: one apply
         /// at a time puts each resource once), so there is no current version to look up.
         new: bool,
+        /// For a succeeded put: the Kubernetes manifests its driver produced (none is an empty
+        /// list); `None` leaves those recorded as they are.
+        manifests: Option<&'a ManifestsRecord>,
     },
     /// A delete (or forget) ended. On success the resource, its secrets, cookie, links and
     /// bindings end with `deployment`.
@@ -286,6 +289,46 @@ fn finish_put(
     Ok(())
 }
 
+/// The Kubernetes manifests a put produced, as `resource_manifest` keeps them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ManifestsRecord {
+    /// A JSON list of `{"name", "location", "data"}`, every secret value replaced.
+    pub shown: String,
+    /// The same list with its secret values, when any was replaced; sealed when written.
+    pub full: Option<String>,
+}
+
+impl ManifestsRecord {
+    /// No manifest at all: what most resources produce, and what no row stands for.
+    pub fn is_empty(&self) -> bool {
+        self.shown == "[]" || self.shown.is_empty()
+    }
+}
+
+fn record_manifests(
+    tx: &Transaction<'_>,
+    new: bool,
+    guresid: &str,
+    manifests: &ManifestsRecord,
+) -> rusqlite::Result<()> {
+    if manifests.is_empty() {
+        if !new {
+            tx.prepare_cached("DELETE FROM resource_manifest WHERE guresid = ?1")?
+                .execute([guresid])?;
+        }
+        return Ok(());
+    }
+    tx.prepare_cached(
+        "INSERT INTO resource_manifest (guresid, manifests, sealed)
+         VALUES (?1, ?2, CASE WHEN ?3 IS NULL THEN NULL
+                              ELSE gp_seal(?3, 'resource_manifest.sealed:' || ?1) END)
+         ON CONFLICT (guresid) DO UPDATE SET manifests = excluded.manifests,
+             sealed = excluded.sealed",
+    )?
+    .execute(params![guresid, manifests.shown, manifests.full])?;
+    Ok(())
+}
+
 /// Since which deployment the resource's version holds once `record` is written: the current
 /// one's when nothing of what the resource is changed (a drift run that found nothing, say),
 /// else `deployment`, and the version that ends joins `resource_version`. A version that began
@@ -426,15 +469,21 @@ fn write_journal(tx: &Transaction<'_>, entries: &[JournalEntry<'_>]) -> rusqlite
                 record,
                 outputs_changed,
                 new,
-            } => finish_put(
-                tx,
-                *new,
-                *operation,
-                *attempts,
-                *deployment,
-                record,
-                *outputs_changed,
-            )?,
+                manifests,
+            } => {
+                finish_put(
+                    tx,
+                    *new,
+                    *operation,
+                    *attempts,
+                    *deployment,
+                    record,
+                    *outputs_changed,
+                )?;
+                if let Some(manifests) = manifests {
+                    record_manifests(tx, *new, &record.guresid, manifests)?;
+                }
+            }
             JournalEntry::Delete {
                 operation,
                 attempts,

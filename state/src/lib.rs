@@ -18,7 +18,7 @@ use serde_json::Value;
 
 pub use fingerprint::AppFingerprint;
 pub use history::{LinkChanges, Pruned, Retention};
-pub use journal::{Batch, Ended, JournalEntry};
+pub use journal::{Batch, Ended, JournalEntry, ManifestsRecord};
 pub use lock::ApplyLock;
 pub use seal::{KeySource, SealError, StateKey, pending_key_path};
 
@@ -698,6 +698,41 @@ impl Store {
             .collect()
     }
 
+    /// The Kubernetes manifests recorded for the resources of `env`, by GUResID: each a JSON
+    /// list of `{"name", "location", "data"}`, secret values replaced unless `with_secrets` (which
+    /// needs the state key).
+    pub fn manifests(&self, env: &str, with_secrets: bool) -> Result<Vec<(String, Value)>> {
+        let sealed = if with_secrets {
+            "gp_open(m.sealed, 'resource_manifest.sealed:' || m.guresid)"
+        } else {
+            "NULL"
+        };
+        let rows = self.query(
+            &format!(
+                "SELECT m.guresid, m.manifests, {sealed}
+                 FROM resource_manifest m JOIN resource r ON r.guresid = m.guresid
+                 WHERE r.env = ?1 ORDER BY m.guresid"
+            ),
+            [env],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                ))
+            },
+        )?;
+        rows.into_iter()
+            .map(|(guresid, shown, full)| {
+                let value = match full {
+                    Some(text) => self.json(&guresid, "resource_manifest.sealed", &text)?,
+                    None => self.json(&guresid, "resource_manifest.manifests", &shown)?,
+                };
+                Ok((guresid, value))
+            })
+            .collect()
+    }
+
     fn json(&self, guresid: &str, column: &'static str, text: &str) -> Result<Value> {
         serde_json::from_str(text).map_err(|source| StateError::Json {
             path: self.path.clone(),
@@ -1173,7 +1208,13 @@ impl Store {
                 "UPDATE driver_cookie SET cookie = gp_reseal(cookie, 'driver_cookie:' || guresid)",
                 [],
             )?;
-            Ok(secrets * 2 + cookies)
+            let manifests = tx.execute(
+                "UPDATE resource_manifest
+                 SET sealed = gp_reseal(sealed, 'resource_manifest.sealed:' || guresid)
+                 WHERE sealed IS NOT NULL",
+                [],
+            )?;
+            Ok(secrets * 2 + cookies + manifests)
         });
         let _ = self.conn.remove_function("gp_reseal", 2);
         let resealed = resealed?;
@@ -1516,6 +1557,7 @@ pub(crate) mod tests {
                 record,
                 outputs_changed,
                 new: false,
+                manifests: None,
             }])
         }
 
@@ -1594,12 +1636,13 @@ pub(crate) mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 5);
+        assert_eq!(m.len(), 6);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
         assert!(m[1].contains("CREATE TABLE resource_version"));
         assert!(m[3].contains("CREATE TABLE env_lock"));
         assert!(m[4].contains("gp_seal"));
+        assert!(m[5].contains("CREATE TABLE resource_manifest"));
     }
 
     #[test]

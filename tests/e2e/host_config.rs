@@ -51,7 +51,7 @@ fn platform(sb: &Sandbox) -> std::path::PathBuf {
     sb.write(
         "definitions/config.yaml",
         "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: config\nentity:\n  \
-         type: config\n  driver_type: humanitec/template\n  driver_inputs:\n    values:\n      \
+         type: config\n  driver_type: template\n  driver_inputs:\n    values:\n      \
          zone: ${resources.dns#modules.web.externals.dns.outputs.zone}\n      templates:\n        outputs: |\n          \
          url: https://{{ values.zone }}/{{ res.id }}\n  criteria:\n    - {}\n",
     );

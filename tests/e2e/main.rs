@@ -17,6 +17,7 @@ mod hook;
 mod host_config;
 mod lifecycle;
 mod links;
+mod manifests;
 mod reconcile;
 mod reports;
 mod secret_stores;

@@ -377,6 +377,11 @@ fn rekey_seals_every_secret_with_a_new_key() {
     };
     let before = sealed(&sb);
     let raw_before = sb.column("SELECT outputs FROM resource_secret");
+    let show = ["manifests", "--env", "development", "--show-secrets"];
+    let manifests_before = sb.gitplane(&show).ok().stdout;
+    assert!(manifests_before.contains("dev-password-change-me"));
+    let raw_manifests = sb.column("SELECT sealed FROM resource_manifest WHERE sealed IS NOT NULL");
+    assert!(!raw_manifests.is_empty());
 
     let run = sb.gitplane(&["state", "rekey"]).ok();
     run.stdout_has("sealed with the new key");
@@ -387,6 +392,10 @@ fn rekey_seals_every_secret_with_a_new_key() {
     assert_eq!(sealed(&sb), before);
     let raw_after = sb.column("SELECT outputs FROM resource_secret");
     assert!(raw_before.iter().all(|v| !raw_after.contains(v)));
+    // Manifests that hold secrets are sealed anew too.
+    assert_eq!(sb.gitplane(&show).ok().stdout, manifests_before);
+    let raw_after = sb.column("SELECT sealed FROM resource_manifest WHERE sealed IS NOT NULL");
+    assert!(raw_manifests.iter().all(|v| !raw_after.contains(v)));
     sb.assert_state_bytes_hide(&SECRETS);
 
     // A rekey cut off after it sealed with its new key but before it put the key in place

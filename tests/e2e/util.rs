@@ -539,3 +539,32 @@ pub fn keys(v: &Value) -> BTreeSet<&str> {
 pub fn set<const N: usize>(items: [&str; N]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
+
+/// Compares `actual` with the golden file `tests/e2e/golden/<name>`; with `GITPLANE_BLESS=1`
+/// writes it instead (review the diff before committing it).
+#[track_caller]
+pub fn assert_golden(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/e2e/golden").join(name);
+    if std::env::var_os("GITPLANE_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (GITPLANE_BLESS=1 writes it)", path.display()));
+    if expected != actual {
+        let first = expected
+            .lines()
+            .zip(actual.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or_else(|| expected.lines().count().min(actual.lines().count()));
+        panic!(
+            "{} differs from the output at line {} (GITPLANE_BLESS=1 rewrites it):\n\
+             --- expected\n{}\n--- actual\n{}",
+            path.display(),
+            first + 1,
+            expected.lines().skip(first).take(5).collect::<Vec<_>>().join("\n"),
+            actual.lines().skip(first).take(5).collect::<Vec<_>>().join("\n"),
+        );
+    }
+}

@@ -3,6 +3,7 @@
 mod explain;
 mod hook;
 mod init;
+mod manifests;
 mod output;
 mod progress;
 mod report;
@@ -247,6 +248,20 @@ pub enum Command {
         #[command(subcommand)]
         action: StateCommand,
     },
+    /// Print the Kubernetes manifests an environment's deployment applies (what the last
+    /// apply recorded), as a stream `kubectl apply -f -` takes. Secret values are hidden.
+    Manifests {
+        #[command(flatten)]
+        common: Common,
+        /// Only this app's deployment (repeat for several); default: every app.
+        #[arg(long = "app", value_name = "APP")]
+        apps: Vec<String>,
+        #[arg(long, value_enum, default_value_t = manifests::ManifestFormat::Yaml)]
+        format: manifests::ManifestFormat,
+        /// Show secret values (needs the state key) instead of `(secret)`.
+        #[arg(long)]
+        show_secrets: bool,
+    },
     /// Show the resource graph of a commit.
     Graph {
         #[command(flatten)]
@@ -297,6 +312,14 @@ pub enum CliError {
     UnknownStateEnv {
         env: String,
         state: PathBuf,
+        known: String,
+    },
+    #[error("{0}: pass exactly one --env (`gitplane status` lists the environments)")]
+    OneEnv(String),
+    #[error("no app '{app}' is recorded in environment '{env}' (recorded: {known})")]
+    UnknownApp {
+        app: String,
+        env: String,
         known: String,
     },
     #[error("no recorded resource is {resource}: `gitplane status` lists them")]
@@ -455,6 +478,12 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             let ctx = common.context()?;
             show_graph(&ctx, ctx.rev(&rev), format, stdout)
         }
+        Command::Manifests {
+            common,
+            apps,
+            format,
+            show_secrets,
+        } => manifests::manifests(&common.context()?, &apps, format, show_secrets, stdout),
         Command::State {
             action: StateCommand::Vacuum { common, keep },
         } => vacuum(&common.context()?, keep.as_deref(), stdout),

@@ -19,7 +19,8 @@ use serde_json::{Map, Value, json};
 use crate::model::template::kind_of;
 
 use super::{
-    Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, MAX_COOKIE_BYTES, PutOutcome,
+    Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, MAX_COOKIE_BYTES, Manifest,
+    PutOutcome,
 };
 
 /// The exit code that asks for a retry (`EX_TEMPFAIL` from `sysexits.h`).
@@ -194,7 +195,7 @@ impl Driver for ExecDriver {
                 outputs: response.values,
                 secret_outputs: response.secrets,
                 cookie: response.cookie,
-                manifests: Vec::new(),
+                manifests: response.manifests,
             },
         })
     }
@@ -248,6 +249,7 @@ struct Response {
     values: Value,
     secrets: Value,
     cookie: Cookie,
+    manifests: Vec<Manifest>,
 }
 
 /// Checks the program's stdout. Messages say what is wrong and never quote it: it may hold
@@ -313,11 +315,17 @@ fn parse_response(stdout: &[u8]) -> Result<Response, DriverError> {
     };
     let values = object("values")?;
     let secrets = object("secrets")?;
+    let manifests = Manifest::list_from(
+        response.remove("manifests").unwrap_or(Value::Null),
+        "manifests",
+    )
+    .map_err(bad)?;
     Ok(Response {
         status,
         values,
         secrets,
         cookie,
+        manifests,
     })
 }
 

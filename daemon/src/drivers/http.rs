@@ -23,7 +23,7 @@ use ureq::{Agent, Body};
 
 use super::{
     Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, ErrorKind, MAX_COOKIE_BYTES,
-    PutOutcome,
+    Manifest, PutOutcome,
 };
 
 /// The request header that gives the cookie back to the remote driver.
@@ -108,20 +108,21 @@ impl Driver for HttpDriver {
             200 => {
                 let cookie = call.cookie(&response)?;
                 let bytes = call.read_body(&mut response)?;
-                let (outputs, secret_outputs) = parse_put_response(&bytes).map_err(|why| {
-                    call.error(
-                        ErrorKind::Final,
-                        format!(
-                            "{}: the response is not {RESPONSE_SHAPE}: {why}",
-                            status_text(status)
-                        ),
-                    )
-                })?;
+                let (outputs, secret_outputs, manifests) =
+                    parse_put_response(&bytes).map_err(|why| {
+                        call.error(
+                            ErrorKind::Final,
+                            format!(
+                                "{}: the response is not {RESPONSE_SHAPE}: {why}",
+                                status_text(status)
+                            ),
+                        )
+                    })?;
                 Ok(PutOutcome::Done {
                     outputs,
                     secret_outputs,
                     cookie,
-                    manifests: Vec::new(),
+                    manifests,
                 })
             }
             202 => Ok(PutOutcome::InProgress {
@@ -335,7 +336,7 @@ fn put_body(request: &DriverRequest<'_>) -> Result<Value, String> {
 
 /// `(resource.values, resource.secrets)` of a `200` answer, each `{}` when missing or null.
 /// The reason it is not that shape never quotes the body: it may hold secret outputs.
-fn parse_put_response(bytes: &[u8]) -> Result<(Value, Value), String> {
+fn parse_put_response(bytes: &[u8]) -> Result<(Value, Value, Vec<Manifest>), String> {
     let body: Value = serde_json::from_slice(bytes).map_err(|e| {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             "the body is empty".to_owned()
@@ -369,7 +370,9 @@ fn parse_put_response(bytes: &[u8]) -> Result<(Value, Value), String> {
     };
     let values = object_at("values")?;
     let secrets = object_at("secrets")?;
-    Ok((values, secrets))
+    let manifests =
+        Manifest::list_from(body.remove("manifests").unwrap_or(Value::Null), "manifests")?;
+    Ok((values, secrets, manifests))
 }
 
 /// `400 Bad Request`, or just `599` for a status without a standard reason.

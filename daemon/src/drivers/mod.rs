@@ -88,6 +88,76 @@ pub struct Manifest {
     pub data: Value,
 }
 
+impl Manifest {
+    /// Reads a driver's manifests: a map of name to `{location, data}` (as `templates.manifests`
+    /// renders them) or a list of `{location, data}` (as drivers answer). `at` names the place
+    /// in messages, which never quote a value.
+    pub fn list_from(value: Value, at: &str) -> Result<Vec<Manifest>, String> {
+        let entries: Vec<(String, Value)> = match value {
+            Value::Null => return Ok(Vec::new()),
+            Value::Object(map) => map.into_iter().collect(),
+            Value::Array(items) => items
+                .into_iter()
+                .enumerate()
+                .map(|(i, item)| (format!("manifest-{}", i + 1), item))
+                .collect(),
+            _ => {
+                return Err(format!(
+                    "{at} must be a map of manifest names to {{location, data}}, or a list of \
+                     {{location, data}}"
+                ));
+            }
+        };
+        entries
+            .into_iter()
+            .map(|(name, entry)| {
+                let Value::Object(mut entry) = entry else {
+                    return Err(format!("{at}.{name} must be {{location, data}}"));
+                };
+                let location = match entry.remove("location") {
+                    Some(Value::String(l)) => match l.as_str() {
+                        "namespace" => ManifestLocation::Namespace,
+                        "cluster" => ManifestLocation::Cluster,
+                        "containers" => ManifestLocation::Containers,
+                        "volumes" => ManifestLocation::Volumes,
+                        _ => {
+                            return Err(format!(
+                                "{at}.{name}.location is not one of namespace, cluster, \
+                                 containers, volumes"
+                            ));
+                        }
+                    },
+                    _ => {
+                        return Err(format!(
+                            "{at}.{name}.location is missing: write one of namespace, cluster, \
+                             containers, volumes"
+                        ));
+                    }
+                };
+                let data = match entry.remove("data") {
+                    Some(data @ Value::Object(_)) => data,
+                    Some(Value::String(_)) => {
+                        return Err(format!(
+                            "{at}.{name}.data is a string: write the Kubernetes object itself as \
+                             YAML, not a string holding YAML"
+                        ));
+                    }
+                    _ => return Err(format!("{at}.{name}.data must be a Kubernetes object")),
+                };
+                let name = match entry.remove("name") {
+                    Some(Value::String(n)) if !n.is_empty() => n,
+                    _ => name,
+                };
+                Ok(Manifest {
+                    name,
+                    location,
+                    data,
+                })
+            })
+            .collect()
+    }
+}
+
 /// The answer to a put (create or update).
 #[derive(Debug, Clone, PartialEq)]
 pub enum PutOutcome {

@@ -102,7 +102,7 @@ impl Driver for TemplateDriver {
 
 /// Splits driver inputs into the inputs without `templates` and the templates, checking that
 /// each template is a string and known.
-fn split_templates(
+pub(super) fn split_templates(
     inputs: &Value,
     section: &str,
     known: &[&str],
@@ -182,11 +182,16 @@ fn render_yaml(
     let text = env
         .render_named_str(name, source, TemplateValue::from(Serde(scope)))
         .map_err(|e| DriverError::final_error(template_message(name, &e)))?;
+    parse_rendered(name, &text)
+}
+
+/// Parses the rendered text of template `name` as YAML; an empty text is `{}`.
+pub(super) fn parse_rendered(name: &str, text: &str) -> Result<Value, DriverError> {
     if text.trim().is_empty() {
         return Ok(Value::Object(Map::new()));
     }
     let options = serde_saphyr::options! { strict_booleans: true };
-    serde_saphyr::from_str_with_options::<Value>(&text, options)
+    serde_saphyr::from_str_with_options::<Value>(text, options)
         .map_err(|e| DriverError::final_error(yaml_message(name, &e)))
 }
 
@@ -244,7 +249,7 @@ fn yaml_message(name: &str, e: &serde_saphyr::Error) -> String {
 }
 
 /// A JSON value's kind, for messages that must not quote it.
-fn kind(value: &Value) -> &'static str {
+pub(super) fn kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -243,14 +243,15 @@ fn answer(
             if behavior.drifting {
                 values["observed"] = json!(*provisioned);
             }
-            (
-                200,
-                json!({"id": guresid, "type": body["type"], "resource": {
-                    "values": values,
-                    "secrets": {"token": format!("tok-{instance}")},
-                }}),
-                Some(cookie),
-            )
+            let mut answer = json!({"id": guresid, "type": body["type"], "resource": {
+                "values": values,
+                "secrets": {"token": format!("tok-{instance}")},
+            }});
+            // Manifests a definition asks for come back as the driver's own.
+            if let Some(manifests) = body["driver"]["values"].get("manifests") {
+                answer["manifests"] = manifests.clone();
+            }
+            (200, answer, Some(cookie))
         }
         "DELETE" => {
             inner.instances.remove(guresid);

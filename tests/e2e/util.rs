@@ -544,7 +544,9 @@ pub fn set<const N: usize>(items: [&str; N]) -> BTreeSet<String> {
 /// writes it instead (review the diff before committing it).
 #[track_caller]
 pub fn assert_golden(name: &str, actual: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/e2e/golden").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/e2e/golden")
+        .join(name);
     if std::env::var_os("GITPLANE_BLESS").is_some() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, actual).unwrap();
@@ -563,8 +565,18 @@ pub fn assert_golden(name: &str, actual: &str) {
              --- expected\n{}\n--- actual\n{}",
             path.display(),
             first + 1,
-            expected.lines().skip(first).take(5).collect::<Vec<_>>().join("\n"),
-            actual.lines().skip(first).take(5).collect::<Vec<_>>().join("\n"),
+            expected
+                .lines()
+                .skip(first)
+                .take(5)
+                .collect::<Vec<_>>()
+                .join("\n"),
+            actual
+                .lines()
+                .skip(first)
+                .take(5)
+                .collect::<Vec<_>>()
+                .join("\n"),
         );
     }
 }

@@ -8,6 +8,7 @@
 mod echo;
 mod exec;
 mod http;
+mod k8s;
 mod template;
 
 use std::collections::BTreeMap;
@@ -273,18 +274,33 @@ pub struct Registry {
 
 impl Registry {
     /// The built-in drivers: `echo` and `template` (also as `humanitec/echo` and
-    /// `humanitec/template`).
+    /// `humanitec/template`), `humanitec/static` (an echo), and Humanitec's Kubernetes
+    /// drivers (`humanitec/ingress`, `volume-pvc`, `volume-nfs`, `hpa`, `dns-wildcard` and the
+    /// `k8s-cluster` ones).
     pub fn builtin() -> Self {
         let mut registry = Registry {
             drivers: BTreeMap::new(),
         };
         let echo: Arc<dyn Driver> = Arc::new(EchoDriver);
         registry.register("echo", echo.clone(), None);
-        registry.register("humanitec/echo", echo, None);
+        registry.register("humanitec/echo", echo.clone(), None);
+        registry.register("humanitec/static", echo, None);
         let template: Arc<dyn Driver> = Arc::new(TemplateDriver);
         registry.register("template", template.clone(), None);
         registry.register("humanitec/template", template, None);
         registry.register(PROVIDED_DRIVER, Arc::new(ProvidedDriver), None);
+        registry.register("humanitec/ingress", Arc::new(k8s::IngressDriver), None);
+        registry.register("humanitec/volume-pvc", Arc::new(k8s::VolumePvcDriver), None);
+        registry.register("humanitec/volume-nfs", Arc::new(k8s::VolumeNfsDriver), None);
+        registry.register("humanitec/hpa", Arc::new(k8s::HpaDriver), None);
+        registry.register(
+            "humanitec/dns-wildcard",
+            Arc::new(k8s::DnsWildcardDriver),
+            None,
+        );
+        for (driver_type, flavor) in k8s::ClusterFlavor::ALL {
+            registry.register(driver_type, Arc::new(k8s::ClusterDriver(flavor)), None);
+        }
         registry
     }
 

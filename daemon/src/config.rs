@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::drivers::{ExecDriver, HttpDriver, Registry};
+use crate::drivers::{ExecDriver, HttpDriver, Registry, TerraformConfig};
 use crate::model::yaml::{self, Doc, Limits};
 use crate::model::{SourceLocation, line_of};
 use crate::stores::{SecretStores, StoreConfig};
@@ -130,6 +130,8 @@ pub struct HostConfig {
     pub history: Option<gitplane_state::Retention>,
     /// Where the key that seals secrets in the state file comes from; `None`: `<state>.key`.
     pub state_key: Option<gitplane_state::KeySource>,
+    /// How the built-in Terraform driver runs Terraform.
+    pub terraform: TerraformConfig,
 }
 
 impl Default for HostConfig {
@@ -148,6 +150,7 @@ impl Default for HostConfig {
             secret_stores: BTreeMap::new(),
             history: None,
             state_key: None,
+            terraform: TerraformConfig::default(),
         }
     }
 }
@@ -171,6 +174,18 @@ struct HostConfigFile {
     secret_stores: BTreeMap<String, SecretStoreFile>,
     history: Option<HistoryFile>,
     state_key: Option<StateKeyFile>,
+    terraform: Option<TerraformFile>,
+}
+
+/// `terraform:`: how the built-in Terraform driver runs.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TerraformFile {
+    program: Option<PathBuf>,
+    timeout: Option<String>,
+    concurrency: Option<usize>,
+    env: Option<Vec<String>>,
+    home: Option<PathBuf>,
 }
 
 /// `state_key: {file: PATH}` (created if missing) or `{credential: NAME}` (systemd's
@@ -398,6 +413,18 @@ impl HostConfig {
                 ));
             }
         }
+        if let Some(program) = &self.terraform.program
+            && let Some(problem) = program_problem(program)
+        {
+            errors.push(at(
+                "terraform",
+                format!(
+                    "terraform.program {} {problem}: install Terraform or OpenTofu there, or \
+                     correct the path",
+                    program.display()
+                ),
+            ));
+        }
         for (name, source) in &self.accounts {
             let AccountSource::File(path) = source else {
                 continue;
@@ -515,6 +542,11 @@ impl HostConfig {
             raw.stop_timeout.as_ref(),
             DEFAULT_STOP_TIMEOUT,
         );
+        let terraform_timeout = duration(
+            "terraform:",
+            raw.terraform.as_ref().and_then(|t| t.timeout.as_ref()),
+            TerraformConfig::default().timeout,
+        );
         let mut drivers = BTreeMap::new();
         let mut driver_errors = Vec::new();
         for (name, d) in raw.drivers {
@@ -593,6 +625,53 @@ impl HostConfig {
                     &format!("{name}:"),
                     format!("driver '{name}' is built in and cannot be replaced"),
                 );
+            }
+        }
+        let mut terraform = TerraformConfig::default();
+        if let Some(t) = raw.terraform {
+            terraform.timeout = terraform_timeout;
+            if let Some(program) = &t.program
+                && !program.is_absolute()
+            {
+                err(
+                    "program:",
+                    format!(
+                        "terraform.program '{}' must be an absolute path",
+                        program.display()
+                    ),
+                );
+            }
+            if let Some(home) = &t.home
+                && !home.is_absolute()
+            {
+                err(
+                    "home:",
+                    format!(
+                        "terraform.home '{}' must be an absolute path",
+                        home.display()
+                    ),
+                );
+            }
+            if t.concurrency == Some(0) {
+                err(
+                    "terraform:",
+                    "terraform.concurrency must be at least 1".to_owned(),
+                );
+            }
+            let env = t.env.unwrap_or_default();
+            if env.iter().any(|v| v.is_empty() || v.contains(['=', '\0'])) {
+                err(
+                    "terraform:",
+                    "terraform.env lists names of environment variables to pass (such as \
+                     TF_PLUGIN_CACHE_DIR), not assignments"
+                        .to_owned(),
+                );
+            }
+            terraform.program = t.program;
+            terraform.home = t.home;
+            terraform.env = env;
+            if let Some(n) = t.concurrency {
+                terraform.concurrency = Some(n);
             }
         }
         let mut accounts = BTreeMap::new();
@@ -728,6 +807,7 @@ impl HostConfig {
             secret_stores,
             history,
             state_key,
+            terraform,
         })
     }
 
@@ -739,6 +819,8 @@ impl HostConfig {
     /// The built-in drivers plus every driver this config registers.
     pub fn registry(&self) -> Registry {
         let mut registry = Registry::builtin();
+        // Before the configured drivers: one of them may take a Terraform driver's name.
+        registry.register_terraform(&self.terraform);
         for (name, config) in &self.drivers {
             match config {
                 DriverConfig::Http {

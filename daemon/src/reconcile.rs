@@ -1628,7 +1628,7 @@ async fn call_until_done(
         job = returned;
         let cookie = match &answer {
             Ok((_, cookie)) => cookie.clone(),
-            Err(_) => Cookie::Unchanged,
+            Err(error) => error.cookie.clone(),
         };
         match &cookie {
             Cookie::Unchanged => {}
@@ -1665,6 +1665,7 @@ async fn call_until_done(
             Err(DriverError {
                 kind: ErrorKind::Transient,
                 message,
+                ..
             }) => {
                 transient_failures += 1;
                 if transient_failures >= retry.attempts {
@@ -1684,6 +1685,7 @@ async fn call_until_done(
             Err(DriverError {
                 kind: ErrorKind::Final,
                 message,
+                ..
             }) => return (attempts, Err(message)),
         }
     }
@@ -1758,6 +1760,7 @@ fn answer_in_process(driver: &dyn Driver, job: &Job) -> Option<CallOutcome> {
             Err(DriverError {
                 kind: ErrorKind::Final,
                 message,
+                ..
             }) => Some(Err(message)),
             _ => None,
         },
@@ -1766,6 +1769,7 @@ fn answer_in_process(driver: &dyn Driver, job: &Job) -> Option<CallOutcome> {
             Err(DriverError {
                 kind: ErrorKind::Final,
                 message,
+                ..
             }) => Some(Err(message)),
             _ => None,
         },

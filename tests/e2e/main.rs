@@ -23,3 +23,4 @@ mod secret_stores;
 mod secrets;
 mod soak;
 mod systemd;
+mod terraform;

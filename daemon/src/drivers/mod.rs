@@ -9,6 +9,7 @@ mod echo;
 mod exec;
 mod http;
 mod template;
+mod terraform;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,6 +22,10 @@ pub use exec::{ExecDriver, kill_running};
 pub use http::HttpDriver;
 pub(crate) use http::{encode_path_segment, one_line};
 pub use template::TemplateDriver;
+pub use terraform::{
+    DRIVER_TYPES as TERRAFORM_DRIVER_TYPES, Flavour as TerraformFlavour, TerraformConfig,
+    TerraformDriver,
+};
 
 /// The driver of user-provided resources: outputs as registered, no call, never a deletion.
 pub const PROVIDED_DRIVER: &str = "gitplane/provided";
@@ -127,6 +132,9 @@ pub enum ErrorKind {
 pub struct DriverError {
     pub kind: ErrorKind,
     pub message: String,
+    /// What to do with the cookie even so: a call that failed half way may have made things
+    /// the next call must know of (a failed `terraform apply` leaves state).
+    pub cookie: Cookie,
 }
 
 impl DriverError {
@@ -134,6 +142,7 @@ impl DriverError {
         DriverError {
             kind: ErrorKind::Final,
             message: message.into(),
+            cookie: Cookie::Unchanged,
         }
     }
 
@@ -141,7 +150,13 @@ impl DriverError {
         DriverError {
             kind: ErrorKind::Transient,
             message: message.into(),
+            cookie: Cookie::Unchanged,
         }
+    }
+
+    /// The same error, with the cookie to keep for the next call.
+    pub fn with_cookie(self, cookie: Cookie) -> Self {
+        DriverError { cookie, ..self }
     }
 }
 
@@ -203,7 +218,7 @@ pub struct Registry {
 
 impl Registry {
     /// The built-in drivers: `echo` and `template` (also as `humanitec/echo` and
-    /// `humanitec/template`).
+    /// `humanitec/template`), and `terraform` under Humanitec's names with the default settings.
     pub fn builtin() -> Self {
         let mut registry = Registry {
             drivers: BTreeMap::new(),
@@ -215,7 +230,16 @@ impl Registry {
         registry.register("template", template.clone(), None);
         registry.register("humanitec/template", template, None);
         registry.register(PROVIDED_DRIVER, Arc::new(ProvidedDriver), None);
+        registry.register_terraform(&TerraformConfig::default());
         registry
+    }
+
+    /// Registers the Terraform driver with `config` under each of its `driver_type`s.
+    pub fn register_terraform(&mut self, config: &TerraformConfig) {
+        for (name, flavour) in TERRAFORM_DRIVER_TYPES {
+            let driver = TerraformDriver::new(config.clone(), flavour);
+            self.register(name, Arc::new(driver), config.concurrency);
+        }
     }
 
     /// Adds or replaces the driver for `driver_type`.

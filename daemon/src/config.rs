@@ -1068,6 +1068,75 @@ accounts:
     }
 
     #[test]
+    fn the_terraform_section_sets_the_built_in_driver() {
+        use crate::drivers::TerraformConfig;
+        let c = HostConfig::parse("host.yaml", "concurrency: 2\n").unwrap();
+        assert_eq!(c.terraform, TerraformConfig::default());
+        assert!(c.registry().get("humanitec/terraform").is_some());
+        let text = "terraform:\n  program: /usr/bin/tofu\n  timeout: 45m\n  concurrency: 2\n  \
+                    env: [TF_PLUGIN_CACHE_DIR, HTTPS_PROXY]\n  home: /var/lib/gitplane/tf\n\
+                    drivers:\n  humanitec/terraform-runner:\n    http: {url: \"http://127.0.0.1:9/\"}\n";
+        let c = HostConfig::parse("host.yaml", text).unwrap();
+        assert_eq!(
+            c.terraform,
+            TerraformConfig {
+                program: Some("/usr/bin/tofu".into()),
+                timeout: Duration::from_secs(45 * 60),
+                concurrency: Some(2),
+                env: vec!["TF_PLUGIN_CACHE_DIR".into(), "HTTPS_PROXY".into()],
+                home: Some("/var/lib/gitplane/tf".into()),
+            }
+        );
+        let registry = c.registry();
+        assert_eq!(
+            registry
+                .get("humanitec/terraform")
+                .and_then(|r| r.concurrency),
+            Some(2)
+        );
+        // A driver the host config registers under a Terraform name takes its place.
+        assert_eq!(
+            registry
+                .get("humanitec/terraform-runner")
+                .and_then(|r| r.concurrency),
+            None
+        );
+        let errors: Vec<String> = HostConfig::parse(
+            "host.yaml",
+            "terraform:\n  program: tofu\n  timeout: 0s\n  concurrency: 0\n  env: [A=b]\n  \
+             home: relative\n",
+        )
+        .unwrap_err()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        assert_eq!(
+            errors,
+            [
+                "host.yaml:1: '0s' is no time at all: a time limit must be longer than zero, \
+                 e.g. 30s, 2m or 500ms",
+                "host.yaml:2: terraform.program 'tofu' must be an absolute path",
+                "host.yaml:6: terraform.home 'relative' must be an absolute path",
+                "host.yaml:1: terraform.concurrency must be at least 1",
+                "host.yaml:1: terraform.env lists names of environment variables to pass (such \
+                 as TF_PLUGIN_CACHE_DIR), not assignments",
+            ]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.yaml");
+        std::fs::write(&path, "terraform:\n  program: /nonexistent/terraform\n").unwrap();
+        let errors = HostConfig::load(Some(&path)).unwrap_err();
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0]
+                .message
+                .starts_with("terraform.program /nonexistent/terraform does not exist"),
+            "{}",
+            errors[0]
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_errors() {
         let err = HostConfig::parse("host.yaml", "concurency: 4\n").unwrap_err();
         assert_eq!(err[0].location.line, Some(1));

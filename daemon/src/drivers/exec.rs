@@ -4,6 +4,9 @@
 //! line of JSON, and its stdout must hold one JSON response. A non-zero exit is a failure that
 //! records the end of stderr (exit code 75, `EX_TEMPFAIL`, asks for a retry); a run that takes
 //! longer than the time limit is killed, with every process it started, and retried.
+//!
+//! How a program is run ([`run_program`]: a clean environment, its own process group, bounded
+//! output, a deadline, [`kill_running`]) serves the `terraform` driver too.
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

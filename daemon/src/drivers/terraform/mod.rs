@@ -385,8 +385,8 @@ impl Call<'_> {
             RunFailure::Wait(e) => format!("cannot wait for {what}: {e}"),
             RunFailure::TimedOut { stderr, .. } => with_tail(
                 format!(
-                    "{what} did not finish within {limit}: it was interrupted, then killed with \
-                     every process it started"
+                    "{what} did not finish within {limit}: it was interrupted (so that it could \
+                     save its state), then stopped with every process it started"
                 ),
                 &render_tail(&stderr, &self.redact),
             ),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::drivers::{ExecDriver, HttpDriver, Registry};
+use crate::drivers::{ExecDriver, HttpDriver, Registry, TerraformConfig};
 use crate::model::yaml::{self, Doc, Limits};
 use crate::model::{SourceLocation, line_of};
 use crate::stores::{SecretStores, StoreConfig};
@@ -130,6 +130,8 @@ pub struct HostConfig {
     pub history: Option<gitplane_state::Retention>,
     /// Where the key that seals secrets in the state file comes from; `None`: `<state>.key`.
     pub state_key: Option<gitplane_state::KeySource>,
+    /// How the built-in Terraform driver runs Terraform.
+    pub terraform: TerraformConfig,
 }
 
 impl Default for HostConfig {
@@ -148,6 +150,7 @@ impl Default for HostConfig {
             secret_stores: BTreeMap::new(),
             history: None,
             state_key: None,
+            terraform: TerraformConfig::default(),
         }
     }
 }
@@ -171,6 +174,18 @@ struct HostConfigFile {
     secret_stores: BTreeMap<String, SecretStoreFile>,
     history: Option<HistoryFile>,
     state_key: Option<StateKeyFile>,
+    terraform: Option<TerraformFile>,
+}
+
+/// `terraform:`: how the built-in Terraform driver runs.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TerraformFile {
+    program: Option<PathBuf>,
+    timeout: Option<String>,
+    concurrency: Option<usize>,
+    env: Option<Vec<String>>,
+    home: Option<PathBuf>,
 }
 
 /// `state_key: {file: PATH}` (created if missing) or `{credential: NAME}` (systemd's
@@ -398,6 +413,18 @@ impl HostConfig {
                 ));
             }
         }
+        if let Some(program) = &self.terraform.program
+            && let Some(problem) = program_problem(program)
+        {
+            errors.push(at(
+                "terraform",
+                format!(
+                    "terraform.program {} {problem}: install Terraform or OpenTofu there, or \
+                     correct the path",
+                    program.display()
+                ),
+            ));
+        }
         for (name, source) in &self.accounts {
             let AccountSource::File(path) = source else {
                 continue;
@@ -515,6 +542,11 @@ impl HostConfig {
             raw.stop_timeout.as_ref(),
             DEFAULT_STOP_TIMEOUT,
         );
+        let terraform_timeout = duration(
+            "terraform:",
+            raw.terraform.as_ref().and_then(|t| t.timeout.as_ref()),
+            TerraformConfig::default().timeout,
+        );
         let mut drivers = BTreeMap::new();
         let mut driver_errors = Vec::new();
         for (name, d) in raw.drivers {
@@ -590,6 +622,53 @@ impl HostConfig {
                     &format!("{name}:"),
                     format!("driver '{name}' is built in and cannot be replaced"),
                 );
+            }
+        }
+        let mut terraform = TerraformConfig::default();
+        if let Some(t) = raw.terraform {
+            terraform.timeout = terraform_timeout;
+            if let Some(program) = &t.program
+                && !program.is_absolute()
+            {
+                err(
+                    "program:",
+                    format!(
+                        "terraform.program '{}' must be an absolute path",
+                        program.display()
+                    ),
+                );
+            }
+            if let Some(home) = &t.home
+                && !home.is_absolute()
+            {
+                err(
+                    "home:",
+                    format!(
+                        "terraform.home '{}' must be an absolute path",
+                        home.display()
+                    ),
+                );
+            }
+            if t.concurrency == Some(0) {
+                err(
+                    "terraform:",
+                    "terraform.concurrency must be at least 1".to_owned(),
+                );
+            }
+            let env = t.env.unwrap_or_default();
+            if env.iter().any(|v| v.is_empty() || v.contains(['=', '\0'])) {
+                err(
+                    "terraform:",
+                    "terraform.env lists names of environment variables to pass (such as \
+                     TF_PLUGIN_CACHE_DIR), not assignments"
+                        .to_owned(),
+                );
+            }
+            terraform.program = t.program;
+            terraform.home = t.home;
+            terraform.env = env;
+            if let Some(n) = t.concurrency {
+                terraform.concurrency = Some(n);
             }
         }
         let mut accounts = BTreeMap::new();
@@ -725,6 +804,7 @@ impl HostConfig {
             secret_stores,
             history,
             state_key,
+            terraform,
         })
     }
 
@@ -736,6 +816,8 @@ impl HostConfig {
     /// The built-in drivers plus every driver this config registers.
     pub fn registry(&self) -> Registry {
         let mut registry = Registry::builtin();
+        // Before the configured drivers: one of them may take a Terraform driver's name.
+        registry.register_terraform(&self.terraform);
         for (name, config) in &self.drivers {
             match config {
                 DriverConfig::Http {
@@ -979,6 +1061,75 @@ accounts:
                     "{p}:12: account 'gone': the file {d}/missing.json does not exist: put the account's credentials there, or correct the path"
                 ),
             ]
+        );
+    }
+
+    #[test]
+    fn the_terraform_section_sets_the_built_in_driver() {
+        use crate::drivers::TerraformConfig;
+        let c = HostConfig::parse("host.yaml", "concurrency: 2\n").unwrap();
+        assert_eq!(c.terraform, TerraformConfig::default());
+        assert!(c.registry().get("humanitec/terraform").is_some());
+        let text = "terraform:\n  program: /usr/bin/tofu\n  timeout: 45m\n  concurrency: 2\n  \
+                    env: [TF_PLUGIN_CACHE_DIR, HTTPS_PROXY]\n  home: /var/lib/gitplane/tf\n\
+                    drivers:\n  humanitec/terraform-runner:\n    http: {url: \"http://127.0.0.1:9/\"}\n";
+        let c = HostConfig::parse("host.yaml", text).unwrap();
+        assert_eq!(
+            c.terraform,
+            TerraformConfig {
+                program: Some("/usr/bin/tofu".into()),
+                timeout: Duration::from_secs(45 * 60),
+                concurrency: Some(2),
+                env: vec!["TF_PLUGIN_CACHE_DIR".into(), "HTTPS_PROXY".into()],
+                home: Some("/var/lib/gitplane/tf".into()),
+            }
+        );
+        let registry = c.registry();
+        assert_eq!(
+            registry
+                .get("humanitec/terraform")
+                .and_then(|r| r.concurrency),
+            Some(2)
+        );
+        // A driver the host config registers under a Terraform name takes its place.
+        assert_eq!(
+            registry
+                .get("humanitec/terraform-runner")
+                .and_then(|r| r.concurrency),
+            None
+        );
+        let errors: Vec<String> = HostConfig::parse(
+            "host.yaml",
+            "terraform:\n  program: tofu\n  timeout: 0s\n  concurrency: 0\n  env: [A=b]\n  \
+             home: relative\n",
+        )
+        .unwrap_err()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        assert_eq!(
+            errors,
+            [
+                "host.yaml:1: '0s' is no time at all: a time limit must be longer than zero, \
+                 e.g. 30s, 2m or 500ms",
+                "host.yaml:2: terraform.program 'tofu' must be an absolute path",
+                "host.yaml:6: terraform.home 'relative' must be an absolute path",
+                "host.yaml:1: terraform.concurrency must be at least 1",
+                "host.yaml:1: terraform.env lists names of environment variables to pass (such \
+                 as TF_PLUGIN_CACHE_DIR), not assignments",
+            ]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.yaml");
+        std::fs::write(&path, "terraform:\n  program: /nonexistent/terraform\n").unwrap();
+        let errors = HostConfig::load(Some(&path)).unwrap_err();
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0]
+                .message
+                .starts_with("terraform.program /nonexistent/terraform does not exist"),
+            "{}",
+            errors[0]
         );
     }
 

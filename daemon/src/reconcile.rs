@@ -1683,7 +1683,7 @@ async fn call_until_done(
         job = returned;
         let cookie = match &answer {
             Ok((_, cookie)) => cookie.clone(),
-            Err(_) => Cookie::Unchanged,
+            Err(error) => error.cookie.clone(),
         };
         match &cookie {
             Cookie::Unchanged => {}
@@ -1720,6 +1720,7 @@ async fn call_until_done(
             Err(DriverError {
                 kind: ErrorKind::Transient,
                 message,
+                ..
             }) => {
                 transient_failures += 1;
                 if transient_failures >= retry.attempts {
@@ -1739,6 +1740,7 @@ async fn call_until_done(
             Err(DriverError {
                 kind: ErrorKind::Final,
                 message,
+                ..
             }) => return (attempts, Err(message)),
         }
     }
@@ -1819,6 +1821,7 @@ fn answer_in_process(driver: &dyn Driver, job: &Job) -> Option<CallOutcome> {
             Err(DriverError {
                 kind: ErrorKind::Final,
                 message,
+                ..
             }) => Some(Err(message)),
             _ => None,
         },
@@ -1827,6 +1830,7 @@ fn answer_in_process(driver: &dyn Driver, job: &Job) -> Option<CallOutcome> {
             Err(DriverError {
                 kind: ErrorKind::Final,
                 message,
+                ..
             }) => Some(Err(message)),
             _ => None,
         },

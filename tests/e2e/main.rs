@@ -24,3 +24,4 @@ mod secret_stores;
 mod secrets;
 mod soak;
 mod systemd;
+mod terraform;

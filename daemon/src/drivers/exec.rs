@@ -4,6 +4,9 @@
 //! line of JSON, and its stdout must hold one JSON response. A non-zero exit is a failure that
 //! records the end of stderr (exit code 75, `EX_TEMPFAIL`, asks for a retry); a run that takes
 //! longer than the time limit is killed, with every process it started, and retried.
+//!
+//! How a program is run ([`run_program`]: a clean environment, its own process group, bounded
+//! output, a deadline, [`kill_running`]) serves the `terraform` driver too.
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -86,102 +89,214 @@ impl ExecDriver {
         let Some((program, args)) = self.command.split_first() else {
             return Err(DriverError::final_error("the exec driver has no command"));
         };
-        let started = Instant::now();
-        let deadline = started + self.timeout;
-        let mut child = Command::new(program)
-            .args(args)
-            .env_clear()
-            .envs(self.environment())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own process group, so that a time-out kills whatever it started too.
-            .process_group(0)
-            .spawn()
-            .map_err(|e| DriverError::final_error(format!("cannot start {program}: {e}")))?;
-        let _running = Running::register(child.id());
-
-        // Every pipe on its own thread: a child that writes a lot before reading its stdin, or
-        // fills stderr, must not block on us.
-        if let Some(mut pipe) = child.stdin.take() {
-            thread::spawn(move || {
-                // A program that does not read its request closes the pipe: not our failure.
-                let _ = pipe.write_all(&stdin);
-            });
-        }
-        let stdout = child.stdout.take().map(read_stdout);
-        let tail = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child
-            .stderr
-            .take()
-            .map(|pipe| read_stderr(pipe, tail.clone()));
-        let stderr_tail = || render_tail(&tail.lock().unwrap_or_else(|e| e.into_inner()), redact);
-
-        let status = match wait_until(&mut child, deadline) {
-            Ok(Some(status)) => status,
-            Ok(None) => {
-                kill(&mut child);
-                if let Some(done) = &stderr {
-                    let _ = done.recv_timeout(KILL_GRACE);
-                }
+        let run = run_program(Program {
+            program: program.as_ref(),
+            args,
+            env: self.environment(),
+            dir: None,
+            stdin: Some(stdin),
+            deadline: Instant::now() + self.timeout,
+            stdout: Keep::Whole,
+            interrupt: None,
+        });
+        let exited = match run {
+            Ok(exited) => exited,
+            Err(RunFailure::Start(e)) => {
+                return Err(DriverError::final_error(format!(
+                    "cannot start {program}: {e}"
+                )));
+            }
+            Err(RunFailure::Wait(e)) => {
+                return Err(DriverError::transient(format!(
+                    "cannot wait for {program}: {e}"
+                )));
+            }
+            Err(RunFailure::TimedOut { stderr, .. }) => {
                 return Err(DriverError::transient(with_tail(
                     format!(
                         "{program} timed out after {:?} and was killed",
                         self.timeout
                     ),
-                    &stderr_tail(),
+                    &render_tail(&stderr, redact),
                 )));
             }
-            Err(e) => {
-                kill(&mut child);
-                return Err(DriverError::transient(format!(
-                    "cannot wait for {program}: {e}"
+            Err(RunFailure::HeldOpen { stderr }) => {
+                return Err(DriverError::transient(with_tail(
+                    format!(
+                        "{program} timed out after {:?}: it exited, but a process it started kept \
+                         its stdout or stderr open and was killed",
+                        self.timeout
+                    ),
+                    &render_tail(&stderr, redact),
                 )));
             }
         };
-
-        // The program is gone; its pipes close once every process it started is gone too.
-        let stdout = match stdout.map(|rx| rx.recv_timeout(remaining(deadline))) {
-            None => Ok(Ok(Vec::new())),
-            Some(Ok(read)) => Ok(read),
-            Some(Err(e)) => Err(e),
-        };
-        let stderr_done = match &stderr {
-            None => Ok(()),
-            Some(rx) => rx.recv_timeout(remaining(deadline)),
-        };
-        if matches!(stdout, Err(RecvTimeoutError::Timeout))
-            || matches!(stderr_done, Err(RecvTimeoutError::Timeout))
-        {
-            kill_group(child.id());
-            return Err(DriverError::transient(with_tail(
-                format!(
-                    "{program} timed out after {:?}: it exited, but a process it started kept \
-                     its stdout or stderr open and was killed",
-                    self.timeout
-                ),
-                &stderr_tail(),
-            )));
-        }
-
-        if !status.success() {
-            let message = with_tail(describe_exit(program, status), &stderr_tail());
-            return Err(if status.code() == Some(EXIT_TEMPFAIL) {
+        if !exited.status.success() {
+            let message = with_tail(
+                describe_exit(program, exited.status),
+                &render_tail(&exited.stderr, redact),
+            );
+            return Err(if exited.status.code() == Some(EXIT_TEMPFAIL) {
                 DriverError::transient(message)
             } else {
                 DriverError::final_error(message)
             });
         }
-        match stdout {
-            Ok(Ok(bytes)) => Ok(bytes),
-            Ok(Err(e)) => Err(DriverError::final_error(format!(
-                "cannot read the stdout of {program}: {e}"
-            ))),
-            Err(_) => Err(DriverError::final_error(format!(
-                "cannot read the stdout of {program}"
-            ))),
-        }
+        exited.stdout.map_err(|e| {
+            DriverError::final_error(format!("cannot read the stdout of {program}: {e}"))
+        })
     }
+}
+
+/// One run of a program as drivers run them: started directly (no shell) with exactly `env`, in
+/// a process group of its own, killed with that whole group at `deadline`.
+pub(crate) struct Program<'a> {
+    pub program: &'a std::ffi::OsStr,
+    pub args: &'a [String],
+    pub env: Vec<(String, std::ffi::OsString)>,
+    /// The working directory; `None`: gitplane's.
+    pub dir: Option<&'a std::path::Path>,
+    /// Written to stdin, which is then closed; `None`: stdin is `/dev/null`.
+    pub stdin: Option<Vec<u8>>,
+    pub deadline: Instant,
+    /// What is kept of stdout.
+    pub stdout: Keep,
+    /// At the deadline, first SIGINT to the group and this long to exit on its own: a program
+    /// that saves its work when interrupted (Terraform writes its state) gets to.
+    pub interrupt: Option<Duration>,
+}
+
+/// What is kept of a program's stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// All of it, up to `MAX_STDOUT_BYTES`; more is an error.
+    Whole,
+    /// Its last `STDERR_KEEP_BYTES`, like stderr.
+    Tail,
+}
+
+/// A program that ran to its end.
+pub(crate) struct Exited {
+    pub status: ExitStatus,
+    pub stdout: std::io::Result<Vec<u8>>,
+    /// The last `STDERR_KEEP_BYTES` of stderr.
+    pub stderr: Vec<u8>,
+}
+
+/// A program that did not run to its end.
+pub(crate) enum RunFailure {
+    Start(std::io::Error),
+    Wait(std::io::Error),
+    /// Killed with its group at the deadline; what it wrote so far.
+    TimedOut {
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+    },
+    /// It exited, but something it started kept stdout or stderr open past the deadline.
+    HeldOpen {
+        stderr: Vec<u8>,
+    },
+}
+
+/// Runs `p` to its end or its deadline; its group is in [`kill_running`]'s reach meanwhile.
+pub(crate) fn run_program(p: Program<'_>) -> Result<Exited, RunFailure> {
+    let mut command = Command::new(p.program);
+    command
+        .args(p.args)
+        .env_clear()
+        .envs(p.env)
+        .stdin(if p.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group, so that a time-out kills whatever it started too.
+        .process_group(0);
+    if let Some(dir) = p.dir {
+        command.current_dir(dir);
+    }
+    let mut child = command.spawn().map_err(RunFailure::Start)?;
+    let _running = Running::register(child.id());
+    let deadline = p.deadline;
+
+    // Every pipe on its own thread: a child that writes a lot before reading its stdin, or
+    // fills stderr, must not block on us.
+    if let (Some(mut pipe), Some(stdin)) = (child.stdin.take(), p.stdin) {
+        thread::spawn(move || {
+            // A program that does not read its input closes the pipe: not our failure.
+            let _ = pipe.write_all(&stdin);
+        });
+    }
+    let out_tail = Arc::new(Mutex::new(Vec::new()));
+    let stdout = child.stdout.take().map(|pipe| match p.stdout {
+        Keep::Whole => Stdout::Whole(read_stdout(pipe)),
+        Keep::Tail => Stdout::Tail(read_tail(pipe, out_tail.clone())),
+    });
+    let tail = Arc::new(Mutex::new(Vec::new()));
+    let stderr = child
+        .stderr
+        .take()
+        .map(|pipe| read_tail(pipe, tail.clone()));
+    let kept = |t: &Arc<Mutex<Vec<u8>>>| t.lock().unwrap_or_else(|e| e.into_inner()).clone();
+
+    let status = match wait_until(&mut child, deadline) {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            if let Some(grace) = p.interrupt {
+                interrupt_group(child.id());
+                let _ = wait_until(&mut child, Instant::now() + grace);
+            }
+            kill(&mut child);
+            if let Some(done) = &stderr {
+                let _ = done.recv_timeout(KILL_GRACE);
+            }
+            if let Some(Stdout::Tail(done)) = &stdout {
+                let _ = done.recv_timeout(KILL_GRACE);
+            }
+            return Err(RunFailure::TimedOut {
+                stdout: kept(&out_tail),
+                stderr: kept(&tail),
+            });
+        }
+        Err(e) => {
+            kill(&mut child);
+            return Err(RunFailure::Wait(e));
+        }
+    };
+
+    // The program is gone; its pipes close once every process it started is gone too.
+    let stdout = match stdout {
+        None => Ok(Ok(Vec::new())),
+        Some(Stdout::Whole(rx)) => rx.recv_timeout(remaining(deadline)),
+        Some(Stdout::Tail(rx)) => rx
+            .recv_timeout(remaining(deadline))
+            .map(|()| Ok(kept(&out_tail))),
+    };
+    let stderr_done = match &stderr {
+        None => Ok(()),
+        Some(rx) => rx.recv_timeout(remaining(deadline)),
+    };
+    if matches!(stdout, Err(RecvTimeoutError::Timeout))
+        || matches!(stderr_done, Err(RecvTimeoutError::Timeout))
+    {
+        kill_group(child.id());
+        return Err(RunFailure::HeldOpen {
+            stderr: kept(&tail),
+        });
+    }
+    Ok(Exited {
+        status,
+        stdout: stdout.unwrap_or_else(|_| Err(std::io::Error::other("its reader stopped"))),
+        stderr: kept(&tail),
+    })
+}
+
+/// The reader of a program's stdout.
+enum Stdout {
+    Whole(Receiver<std::io::Result<Vec<u8>>>),
+    Tail(Receiver<()>),
 }
 
 impl Driver for ExecDriver {
@@ -391,6 +506,16 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// Sends SIGINT to process group `pgid`, as Ctrl-C at a terminal would, best effort.
+fn interrupt_group(pgid: u32) {
+    if let Some(pgid) = i32::try_from(pgid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::INT);
+    }
+}
+
 /// Sends SIGKILL to process group `pgid`, best effort (the group may be gone already).
 fn kill_group(pgid: u32) {
     if let Some(pgid) = i32::try_from(pgid)
@@ -430,8 +555,8 @@ fn read_stdout(mut pipe: impl Read + Send + 'static) -> Receiver<std::io::Result
     rx
 }
 
-/// Keeps the end of stderr in `tail` on a thread; the receiver hears when stderr is closed.
-fn read_stderr(mut pipe: impl Read + Send + 'static, tail: Arc<Mutex<Vec<u8>>>) -> Receiver<()> {
+/// Keeps the end of a pipe (stderr) in `tail` on a thread; the receiver hears when it is closed.
+fn read_tail(mut pipe: impl Read + Send + 'static, tail: Arc<Mutex<Vec<u8>>>) -> Receiver<()> {
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         let mut chunk = [0u8; 8192];
@@ -456,23 +581,28 @@ fn read_stderr(mut pipe: impl Read + Send + 'static, tail: Arc<Mutex<Vec<u8>>>) 
 }
 
 /// The last `STDERR_TAIL_BYTES` of stderr as text, with the request's secrets redacted.
-fn render_tail(kept: &[u8], redact: &[String]) -> String {
+pub(crate) fn render_tail(kept: &[u8], redact: &[String]) -> String {
+    redacted_tail(kept, redact, STDERR_TAIL_BYTES)
+}
+
+/// The last `max` bytes of `kept` as text, every string of `redact` in it replaced first.
+pub(crate) fn redacted_tail(kept: &[u8], redact: &[String], max: usize) -> String {
     let mut text = String::from_utf8_lossy(kept).into_owned();
     for secret in redact {
         text = text.replace(secret.as_str(), "[redacted]");
     }
     let text = text.trim();
-    if text.len() <= STDERR_TAIL_BYTES {
+    if text.len() <= max {
         return text.to_owned();
     }
-    let mut start = text.len() - STDERR_TAIL_BYTES;
+    let mut start = text.len() - max;
     while !text.is_char_boundary(start) {
         start += 1;
     }
     format!("…{}", &text[start..])
 }
 
-fn with_tail(message: String, tail: &str) -> String {
+pub(crate) fn with_tail(message: String, tail: &str) -> String {
     if tail.is_empty() {
         format!("{message} (stderr is empty)")
     } else {
@@ -480,7 +610,7 @@ fn with_tail(message: String, tail: &str) -> String {
     }
 }
 
-fn describe_exit(program: &str, status: ExitStatus) -> String {
+pub(crate) fn describe_exit(program: &str, status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("{program} exited with code {code}"),
         (None, Some(signal)) => format!("{program} was killed by signal {signal}"),
@@ -491,6 +621,25 @@ fn describe_exit(program: &str, status: ExitStatus) -> String {
 /// The strings a message must never show: every secret leaf, the account and the cookie,
 /// longest first so that a secret holding another is redacted whole.
 fn secret_strings(request: &DriverRequest<'_>) -> Vec<String> {
+    let cookie = request.cookie.map(|c| Value::String(c.to_owned()));
+    let parsed = request
+        .cookie
+        .and_then(|c| serde_json::from_str::<Value>(c).ok());
+    redaction_list(
+        [
+            Some(request.secrets),
+            request.account,
+            cookie.as_ref(),
+            parsed.as_ref(),
+        ]
+        .into_iter()
+        .flatten(),
+    )
+}
+
+/// Every string and number in `values`, at least `MIN_REDACTED_LEN` long, longest first so that
+/// a secret holding another is redacted whole.
+pub(crate) fn redaction_list<'v>(values: impl IntoIterator<Item = &'v Value>) -> Vec<String> {
     fn leaves(value: &Value, out: &mut Vec<String>) {
         match value {
             Value::String(s) => out.push(s.clone()),
@@ -501,15 +650,8 @@ fn secret_strings(request: &DriverRequest<'_>) -> Vec<String> {
         }
     }
     let mut out = Vec::new();
-    leaves(request.secrets, &mut out);
-    if let Some(account) = request.account {
-        leaves(account, &mut out);
-    }
-    if let Some(cookie) = request.cookie {
-        out.push(cookie.to_owned());
-        if let Ok(parsed) = serde_json::from_str::<Value>(cookie) {
-            leaves(&parsed, &mut out);
-        }
+    for value in values {
+        leaves(value, &mut out);
     }
     out.retain(|s| s.len() >= MIN_REDACTED_LEN);
     out.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));

@@ -165,6 +165,7 @@ impl Call<'_> {
         DriverError {
             kind,
             message: format!("{} {}: {message}", self.method, self.shown_url),
+            cookie: Cookie::Unchanged,
         }
     }
 
@@ -913,6 +914,7 @@ mod tests {
             DriverError {
                 kind: ErrorKind::Final,
                 message: format!("PUT {url}/{GURESID}: 400 Bad Request: bad input \"x\""),
+                cookie: Cookie::Unchanged,
             }
         );
         assert_eq!(
@@ -949,6 +951,7 @@ mod tests {
                 DriverError {
                     kind,
                     message: format!("PUT {url}/{GURESID}: {text}: why {status}"),
+                    cookie: Cookie::Unchanged,
                 }
             );
         }

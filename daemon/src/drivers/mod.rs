@@ -10,6 +10,7 @@ mod exec;
 mod http;
 mod k8s;
 mod template;
+mod terraform;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -22,6 +23,10 @@ pub use exec::{ExecDriver, kill_running};
 pub use http::HttpDriver;
 pub(crate) use http::{encode_path_segment, one_line};
 pub use template::TemplateDriver;
+pub use terraform::{
+    DRIVER_TYPES as TERRAFORM_DRIVER_TYPES, Flavour as TerraformFlavour, TerraformConfig,
+    TerraformDriver,
+};
 
 /// The driver of user-provided resources: outputs as registered, no call, never a deletion.
 pub const PROVIDED_DRIVER: &str = "gitplane/provided";
@@ -198,6 +203,9 @@ pub enum ErrorKind {
 pub struct DriverError {
     pub kind: ErrorKind,
     pub message: String,
+    /// What to do with the cookie even so: a call that failed half way may have made things
+    /// the next call must know of (a failed `terraform apply` leaves state).
+    pub cookie: Cookie,
 }
 
 impl DriverError {
@@ -205,6 +213,7 @@ impl DriverError {
         DriverError {
             kind: ErrorKind::Final,
             message: message.into(),
+            cookie: Cookie::Unchanged,
         }
     }
 
@@ -212,7 +221,13 @@ impl DriverError {
         DriverError {
             kind: ErrorKind::Transient,
             message: message.into(),
+            cookie: Cookie::Unchanged,
         }
+    }
+
+    /// The same error, with the cookie to keep for the next call.
+    pub fn with_cookie(self, cookie: Cookie) -> Self {
+        DriverError { cookie, ..self }
     }
 }
 
@@ -274,9 +289,9 @@ pub struct Registry {
 
 impl Registry {
     /// The built-in drivers: `echo` and `template` (also as `humanitec/echo` and
-    /// `humanitec/template`), `humanitec/static` (an echo), and Humanitec's Kubernetes
-    /// drivers (`humanitec/ingress`, `volume-pvc`, `volume-nfs`, `hpa`, `dns-wildcard` and the
-    /// `k8s-cluster` ones).
+    /// `humanitec/template`), `humanitec/static` (an echo), Humanitec's Kubernetes drivers
+    /// (`humanitec/ingress`, `volume-pvc`, `volume-nfs`, `hpa`, `dns-wildcard` and the
+    /// `k8s-cluster` ones), and `terraform` under Humanitec's names with the default settings.
     pub fn builtin() -> Self {
         let mut registry = Registry {
             drivers: BTreeMap::new(),
@@ -301,7 +316,16 @@ impl Registry {
         for (driver_type, flavor) in k8s::ClusterFlavor::ALL {
             registry.register(driver_type, Arc::new(k8s::ClusterDriver(flavor)), None);
         }
+        registry.register_terraform(&TerraformConfig::default());
         registry
+    }
+
+    /// Registers the Terraform driver with `config` under each of its `driver_type`s.
+    pub fn register_terraform(&mut self, config: &TerraformConfig) {
+        for (name, flavour) in TERRAFORM_DRIVER_TYPES {
+            let driver = TerraformDriver::new(config.clone(), flavour);
+            self.register(name, Arc::new(driver), config.concurrency);
+        }
     }
 
     /// Adds or replaces the driver for `driver_type`.

@@ -617,7 +617,13 @@ impl HostConfig {
             if let Some(message) = problem {
                 err(&format!("{name}:"), message);
             }
-            if crate::drivers::Registry::builtin().get(name).is_some() {
+            // Humanitec's Kubernetes and Terraform drivers may be replaced by a host's own
+            // (an HTTP driver that really applies Ingresses, say); these may not.
+            if matches!(
+                name.as_str(),
+                "echo" | "humanitec/echo" | "template" | "humanitec/template"
+            ) || name == crate::drivers::PROVIDED_DRIVER
+            {
                 err(
                     &format!("{name}:"),
                     format!("driver '{name}' is built in and cannot be replaced"),

@@ -634,6 +634,9 @@ corpus! {
     host_two_documents: Case::host("concurrency: 4\n---\nconcurrency: 8\n",
         &["host.yaml:2:1: a second YAML document starts at this `---` line, but the host config \
            holds one document"]);
+    host_history_keep_as_a_list: Case::host("history:\n  keep: [1000]\n",
+        &["host.yaml:2:9: `keep` must be a number of deployments, such as 1000, or an age, such \
+           as 90d, not a list"]);
     host_concurrency_in_words: Case::host("concurrency: many\n",
         &["host.yaml:1:14: `concurrency` must be a whole number, 0 or more, not `many`"]);
     host_concurrency_zero: Case::host("concurrency: 0\n",

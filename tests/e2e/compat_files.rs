@@ -488,6 +488,37 @@ fn older_score_and_hpo_forms_validate_plan_and_apply() {
     .collect();
     assert_eq!(bindings, expected);
 
+    // `explain` says where each comes from: the GUResID itself, and the default store.
+    let explain = |resource: &str| {
+        run(&["explain", resource, "--format", "json"]).ok().json()["inputs"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let input = |inputs: &[Value], path: &str| -> Value {
+        inputs
+            .iter()
+            .find(|i| i["path"] == path)
+            .unwrap_or_else(|| panic!("no input {path} in {inputs:#?}"))["from"][0]
+            .clone()
+    };
+    let tls = input(
+        &explain("legacy/ingress.default#modules.api.externals.dns"),
+        "values.tls_secret_name",
+    );
+    assert_eq!(
+        (&tls["output"], &tls["provider"], &tls["value"]),
+        (&json!("guresid"), &json!(dns), &json!(dns))
+    );
+    let password = input(
+        &explain("legacy/postgres.default#modules.api.externals.db"),
+        "secrets.password",
+    );
+    assert_eq!(
+        (&password["store"], &password["ref"], &password["value"]),
+        (&Value::Null, &json!("postgres/password"), &Value::Null)
+    );
+
     // Nothing moves on a second apply: the new forms resolve to the same values.
     run(&["apply"])
         .ok()
@@ -535,4 +566,48 @@ fn refs_without_a_store_need_a_default_store() {
         .hides(&[DB_PASSWORD]);
     assert_eq!(sb.count("SELECT COUNT(*) FROM resource"), 0);
     assert_eq!(sb.count("SELECT COUNT(*) FROM operation"), 0);
+}
+
+/// Older Score's `secret: true` on a property: what reads it is kept as a secret, though the
+/// database gives the output as a plain value.
+#[test]
+fn a_property_declared_secret_is_kept_secret() {
+    let (sb, config) = platform(&["files: {dir: {dir}}"]);
+    sb.write(
+        "workloads/legacy/worker.yaml",
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: worker\ncontainers:\n  worker:\n    \
+         image: registry.example.com/legacy/worker:2.3.1\n    variables:\n      \
+         DB_HOST: ${externals.db.host}\nresources:\n  db:\n    type: postgres\n    \
+         properties:\n      host:\n        secret: true\n",
+    );
+    sb.commit("A worker that keeps its database's host to itself");
+    sb.gitplane(&["apply", "--config", config.to_str().unwrap()])
+        .ok();
+    let worker = sb
+        .column("SELECT guresid FROM resource WHERE res_id = 'modules.worker'")
+        .pop()
+        .unwrap();
+    let public: Value = serde_json::from_str(
+        &sb.column(&format!(
+            "SELECT inputs FROM resource WHERE guresid = '{worker}'"
+        ))[0],
+    )
+    .unwrap();
+    assert!(public.get("resource").is_none(), "{public}");
+    assert_eq!(
+        sb.rows(&format!(
+            "SELECT provided_path, value, secret FROM binding \
+             WHERE needed_guresid = '{worker}' AND needed_path LIKE 'resource.%'"
+        )),
+        [["outputs.host", "NULL", "1"]]
+    );
+    let sealed = sb.unsealed(&format!(
+        "SELECT inputs, 'resource_secret.inputs:' || guresid FROM resource_secret \
+         WHERE guresid = '{worker}'"
+    ));
+    let sealed: Value = serde_json::from_str(&sealed[0]).unwrap();
+    assert_eq!(
+        sealed["resource"]["containers"]["worker"]["variables"]["DB_HOST"],
+        "db.development.internal"
+    );
 }

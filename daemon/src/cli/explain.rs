@@ -1791,7 +1791,9 @@ fn trace_json(t: &Trace) -> Value {
         }
         Trace::Stored { secret, value } => {
             let mut obj = serde_json::Map::new();
-            obj.insert("store".into(), json!(secret.store));
+            // `null`: the ref names no store, and the host's default store serves it.
+            let store = (!secret.in_default_store()).then_some(&secret.store);
+            obj.insert("store".into(), json!(store));
             obj.insert("ref".into(), json!(secret.reference));
             obj.insert("version".into(), json!(secret.version));
             value.json_into(&mut obj);

@@ -780,7 +780,7 @@ impl Loader {
                     LoadErrorKind::Yaml(format!(
                         "`{key}` is empty, which Score does not allow (score-compose and \
                          score-k8s refuse it too): write {}, or remove the key",
-                        empty_section_advice(key)
+                        empty_section_advice(&keys)
                     )),
                 );
             }
@@ -1248,9 +1248,12 @@ fn empty_score_sections(raw: &Value) -> Vec<Vec<String>> {
     out
 }
 
-/// What to write instead of an empty Score section.
-fn empty_section_advice(key: &str) -> &'static str {
-    match key {
+/// What to write instead of the empty Score section at `path`.
+fn empty_section_advice(path: &[&str]) -> &'static str {
+    if let ["containers", _] = path {
+        return "`image: ...` and the container's other settings indented under it";
+    }
+    match path.last().copied().unwrap_or_default() {
         "variables" => "`NAME: value` lines indented under it, or `{}` for none",
         "command" | "args" => "`- item` lines indented under it, or `[]` for none",
         "files" | "volumes" => "`TARGET-PATH:` entries indented under it, or `{}` for none",
@@ -2070,6 +2073,11 @@ mod tests {
                 "limits: {max: 1}\n",
                 "gitplane.yaml:1:10: unknown field `max`",
             ),
+            (
+                "limits:\n  file_size: [1]\n",
+                "gitplane.yaml:2:14: `file_size` must be a size, such as 65536, 64KiB or 1MiB, \
+                 not a list",
+            ),
         ] {
             let errors = load_errors(&[("gitplane.yaml", settings), ENV]);
             assert_eq!(errors.len(), 1, "{errors:?}");
@@ -2198,6 +2206,15 @@ mod tests {
         );
         let errors = load_errors(&[ENV, ("workloads/shop/web.yaml", &web)]);
         assert_eq!(errors.len(), 2, "{errors:?}");
+        let bare = format!("{SCORE_HEAD}containers:\n  main:\n");
+        assert_eq!(
+            load_errors(&[ENV, ("workloads/shop/web.yaml", &bare)]),
+            [
+                "workloads/shop/web.yaml:5:3: `main` is empty, which Score does not allow \
+              (score-compose and score-k8s refuse it too): write `image: ...` and the \
+              container's other settings indented under it, or remove the key"
+            ]
+        );
         assert!(
             errors[0].starts_with(
                 "workloads/shop/web.yaml:10:5: `variables` is empty, which Score does not allow \

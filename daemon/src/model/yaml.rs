@@ -359,6 +359,9 @@ fn explain(e: &serde_saphyr::Error, text: &str, doc: Doc<'_>) -> YamlError {
             at.subject()
         ),
         E::Budget { breach, .. } => budget_message(breach),
+        E::SerdeMissingField { field, .. } => {
+            format!("missing field `{field}`: add `{field}: ...` to this mapping")
+        }
         E::AliasReplayLimitExceeded { .. }
         | E::AliasExpansionLimitExceeded { .. }
         | E::AliasReplayStackDepthExceeded { .. }
@@ -380,6 +383,14 @@ fn explain(e: &serde_saphyr::Error, text: &str, doc: Doc<'_>) -> YamlError {
             let generic = generic_message(e);
             if generic == "recursion limit exceeded" {
                 nesting_message()
+            } else if let Some(form) = generic.strip_prefix(UNTAGGED) {
+                // serde names the Rust type that holds the alternatives; say what they are.
+                format!(
+                    "{} must be {}, not {}",
+                    at.subject(),
+                    untagged_forms(form),
+                    at.found()
+                )
             } else {
                 with_advice(generic)
             }
@@ -389,6 +400,19 @@ fn explain(e: &serde_saphyr::Error, text: &str, doc: Doc<'_>) -> YamlError {
         line,
         column,
         message,
+    }
+}
+
+/// serde's words for a value that fits none of a field's alternative forms, before the type name.
+const UNTAGGED: &str = "data did not match any variant of untagged enum ";
+
+/// What the alternatives of each field with several forms are, by the type serde names.
+fn untagged_forms(type_name: &str) -> &'static str {
+    match type_name.trim() {
+        "SizeFile" => "a size, such as 65536, 64KiB or 1MiB",
+        "KeepFile" => "a number of deployments, such as 1000, or an age, such as 90d",
+        "RepoFile" => "a path, or `{url: ..., interval: ...}` for a remote",
+        _ => "one of the forms this key takes (see docs/repository.md)",
     }
 }
 
@@ -886,6 +910,10 @@ mod tests {
                 "3:7: `on` must be true or false, not `yes`",
             ),
             ("type: [a]\n", "1:7: `type` must be text, not a list"),
+            (
+                "shared: {}\n",
+                "1:1: missing field `type`: add `type: ...` to this mapping",
+            ),
         ] {
             let got = error(text);
             assert!(got.starts_with(want), "{text:?}\n got: {got}\nwant: {want}");

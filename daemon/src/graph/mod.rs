@@ -18,11 +18,10 @@ use daggy::{Dag, NodeIndex};
 use serde_json::Value;
 
 use crate::model::placeholder::{Segment, SelectorDirection, StoreRef};
+use crate::model::template::Template;
 use crate::model::{Property, SourceLocation};
 
 pub use crate::model::placeholder::Read;
-use crate::model::template::Template;
-
 pub use build::{BuildError, build, build_apps};
 pub use choose::{candidates as choice_candidates, choose};
 pub use guresid::{GuresId, hex};

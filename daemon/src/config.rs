@@ -126,6 +126,8 @@ pub struct HostConfig {
     pub accounts: BTreeMap<String, AccountSource>,
     /// Where `secret_refs: {store, ref}` values are read from, by store name.
     pub secret_stores: BTreeMap<String, StoreConfig>,
+    /// The store marked `primary: true`: it serves `secret_refs: {ref}` that name no store.
+    pub primary_secret_store: Option<String>,
     /// `history.keep`: how much history state keeps; `None` keeps all of it.
     pub history: Option<gitplane_state::Retention>,
     /// Where the key that seals secrets in the state file comes from; `None`: `<state>.key`.
@@ -148,6 +150,7 @@ impl Default for HostConfig {
             drivers: BTreeMap::new(),
             accounts: BTreeMap::new(),
             secret_stores: BTreeMap::new(),
+            primary_secret_store: None,
             history: None,
             state_key: None,
             terraform: TerraformConfig::default(),
@@ -216,6 +219,9 @@ enum KeepFile {
 struct SecretStoreFile {
     dir: Option<PathBuf>,
     vault: Option<VaultFile>,
+    /// Serves refs that name no store, as HPO's primary secret store does.
+    #[serde(default)]
+    primary: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -693,8 +699,21 @@ impl HostConfig {
             }
         }
         let mut secret_stores = BTreeMap::new();
+        let mut primary_secret_store: Option<String> = None;
         for (name, store) in raw.secret_stores {
             let needle = format!("{name}:");
+            if store.primary {
+                match &primary_secret_store {
+                    Some(first) => err(
+                        &needle,
+                        format!(
+                            "secret stores '{first}' and '{name}' are both marked primary: keep \
+                             `primary: true` on one (it serves refs that name no store)"
+                        ),
+                    ),
+                    None => primary_secret_store = Some(name.clone()),
+                }
+            }
             let config = match (store.dir, store.vault) {
                 (Some(path), None) if path.is_absolute() => StoreConfig::Dir { path },
                 (Some(path), None) => {
@@ -808,6 +827,7 @@ impl HostConfig {
             drivers,
             accounts,
             secret_stores,
+            primary_secret_store,
             history,
             state_key,
             terraform,
@@ -817,6 +837,7 @@ impl HostConfig {
     /// The secret stores this config names.
     pub fn secret_stores(&self) -> SecretStores {
         SecretStores::new(self.secret_stores.clone())
+            .with_primary(self.primary_secret_store.clone())
     }
 
     /// The built-in drivers plus every driver this config registers.
@@ -949,6 +970,34 @@ accounts:
                 "host.yaml:5: driver 'c/d': url 'ftp://x' must start with http:// or https://",
                 "host.yaml:9: account 'acct' needs exactly one of file or env",
                 "host.yaml:1: concurrency must be at least 1",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_primary_store_serves_refs_that_name_none() {
+        let text = "secret_stores:\n  files: {dir: /run/credentials/gitplane}\n  vault:\n    \
+                    vault: {url: \"http://v:8200\", token_file: /t}\n    primary: true\n";
+        let c = HostConfig::parse("host.yaml", text).unwrap();
+        assert_eq!(c.primary_secret_store.as_deref(), Some("vault"));
+        assert_eq!(c.secret_stores().default_store(), Ok("vault"));
+        let c = HostConfig::parse("host.yaml", &text.replace("    primary: true\n", "")).unwrap();
+        assert_eq!(c.primary_secret_store, None);
+        assert!(c.secret_stores().default_store().is_err());
+        let both = text.replace(
+            "{dir: /run/credentials/gitplane}",
+            "{dir: /r, primary: true}",
+        );
+        let errors: Vec<String> = HostConfig::parse("host.yaml", &both)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            errors,
+            [
+                "host.yaml:3: secret stores 'files' and 'vault' are both marked primary: keep \
+              `primary: true` on one (it serves refs that name no store)"
             ]
         );
     }

@@ -12,7 +12,8 @@ use gitplane_state::{BindingRecord, LinkRecord, ResourceRecord, ResourceStatus, 
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use crate::graph::{Binding, GuresId, ResourceGraph, ResourceNode};
+use crate::graph::{Binding, GuresId, Read, ResourceGraph, ResourceNode};
+use crate::model::Property;
 use crate::model::placeholder::path_to_string;
 use crate::model::template::{Resolved, lookup_path};
 
@@ -214,7 +215,7 @@ pub fn resolve_inputs(
         let r = lookup(b)?;
         if r.secret && first_secret.is_none() {
             first_secret = match b {
-                Binding::Output { target, path } => Some((target, path)),
+                Binding::Output { target, path, .. } => Some((target, path)),
                 Binding::Selector { base, path, .. } => Some((base, path)),
                 // Only `secret_refs` reads stores, and those join `secrets`.
                 Binding::Stored { .. } => None,
@@ -261,12 +262,17 @@ fn resolve_binding(upstream: &impl Outputs, b: &Binding) -> Result<Resolved, Res
         } => Err(ResolveError::NotRead {
             secret: secret.to_string(),
         }),
-        Binding::Output { target, path } => output_of(upstream, target, path),
+        Binding::Output {
+            target,
+            read,
+            path,
+            property,
+        } => output_of(upstream, target, *read, path, property.as_deref()),
         Binding::Selector { targets, path, .. } => {
             let mut values = Vec::with_capacity(targets.len());
             let mut secret = false;
             for target in targets {
-                let r = output_of(upstream, target, path)?;
+                let r = output_of(upstream, target, Read::Outputs, path, None)?;
                 secret |= r.secret;
                 values.push(r.value);
             }
@@ -278,39 +284,64 @@ fn resolve_binding(upstream: &impl Outputs, b: &Binding) -> Result<Resolved, Res
     }
 }
 
-/// One output (or a value inside it) of `target`, and whether it is secret.
+/// What `read` names of `target`: one output (or a value inside it) or a whole part of its
+/// outputs, and whether it is secret; or its GUResID, known before it is provisioned. A Score
+/// `property` fills a missing output with its default and makes the value secret if it says so.
 fn output_of(
     upstream: &impl Outputs,
     target: &GuresId,
+    read: Read,
     path: &[crate::model::placeholder::Segment],
+    property: Option<&Property>,
 ) -> Result<Resolved, ResolveError> {
+    if read == Read::Guresid {
+        return Ok(Resolved {
+            value: Value::String(target.to_string()),
+            secret: false,
+        });
+    }
     let Some((outputs, secrets)) = upstream.outputs(target) else {
         return Err(ResolveError::KnownAfterApply {
             target: target.to_string(),
         });
     };
-    if let Some(v) = lookup_path(outputs, path) {
+    let declared_secret = property.is_some_and(|p| p.secret);
+    let found = match read {
+        Read::Values => lookup_path(outputs, path).map(|v| (v, false)),
+        Read::Secrets => lookup_path(secrets, path).map(|v| (v, true)),
+        _ => lookup_path(outputs, path)
+            .map(|v| (v, false))
+            .or_else(|| lookup_path(secrets, path).map(|v| (v, true))),
+    };
+    if let Some((v, secret)) = found {
         return Ok(Resolved {
             value: v.clone(),
-            secret: false,
+            secret: secret || declared_secret,
         });
     }
-    if let Some(v) = lookup_path(secrets, path) {
+    if let Some(default) = property.and_then(|p| p.default.as_ref()) {
         return Ok(Resolved {
-            value: v.clone(),
-            secret: true,
+            value: default.clone(),
+            secret: declared_secret,
         });
     }
-    let mut available: Vec<&String> = outputs
-        .as_object()
+    let parts = match read {
+        Read::Values => vec![outputs],
+        Read::Secrets => vec![secrets],
+        _ => vec![outputs, secrets],
+    };
+    let mut available: Vec<&String> = parts
         .into_iter()
-        .chain(secrets.as_object())
+        .filter_map(Value::as_object)
         .flat_map(|m| m.keys())
         .collect();
     available.sort();
     Err(ResolveError::MissingOutput {
         target: upstream.label(target),
-        path: path_to_string(path),
+        path: match read {
+            Read::Outputs => path_to_string(path),
+            _ => crate::graph::read_path(read, path),
+        },
         available: if available.is_empty() {
             "none".to_owned()
         } else {
@@ -638,6 +669,7 @@ pub fn bindings_of(node: &ResourceNode, upstream: &impl Outputs) -> Vec<BindingR
                 Binding::Output {
                     target,
                     path: output,
+                    ..
                 } => node
                     .interfaces
                     .iter()
@@ -733,12 +765,14 @@ fn pending_inputs(
             match placed.expr {
                 Binding::Output {
                     target,
+                    read,
                     path: output,
-                } if stable.outputs(target).is_none() => {
+                    ..
+                } if *read != Read::Guresid && stable.outputs(target).is_none() => {
                     out.push(format!(
-                        "{path} <- {} outputs.{}",
+                        "{path} <- {} {}",
                         label(target),
-                        path_to_string(output)
+                        crate::graph::read_path(*read, output)
                     ));
                 }
                 Binding::Selector {

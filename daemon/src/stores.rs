@@ -5,6 +5,10 @@
 //! the host chose. Each read goes to the store (there is no cache), so a rotated secret is seen
 //! by the next plan.
 //!
+//! A ref that names no store (`secret_refs: {ref: REF}`, HPO's "the organisation's primary
+//! store") is read from the host's default store: the one marked `primary: true`, or the only
+//! store when just one is configured.
+//!
 //! Error messages name the store, the ref and what to fix. A [`StoreError`] never holds a secret
 //! value or the Vault token, so neither its `Display` nor its `Debug` can leak one.
 
@@ -51,23 +55,61 @@ pub enum StoreConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SecretStores {
     stores: BTreeMap<String, StoreConfig>,
+    /// The store marked `primary: true`, which serves refs that name no store.
+    primary: Option<String>,
 }
 
 impl SecretStores {
     pub fn new(stores: BTreeMap<String, StoreConfig>) -> Self {
-        SecretStores { stores }
+        SecretStores {
+            stores,
+            primary: None,
+        }
     }
 
-    /// Each store's name and kind, one line each, sorted: what decides which refs a commit
-    /// may name.
+    /// Makes `primary` (a configured store) the one that serves refs naming no store.
+    pub fn with_primary(mut self, primary: Option<String>) -> Self {
+        self.primary = primary;
+        self
+    }
+
+    /// Each store's name and kind, one line each, sorted, and which store serves refs that
+    /// name none: what decides which refs a commit may name.
     pub fn describe(&self) -> Vec<String> {
-        self.stores
+        let mut lines: Vec<String> = self
+            .stores
             .iter()
             .map(|(name, config)| match config {
                 StoreConfig::Dir { .. } => format!("store\0{name}\0dir"),
                 StoreConfig::Vault { .. } => format!("store\0{name}\0vault"),
             })
-            .collect()
+            .collect();
+        if let Ok(default) = self.default_store() {
+            lines.push(format!("default-store\0{default}"));
+        }
+        lines
+    }
+
+    /// The store that serves refs naming none: the one marked `primary`, else the only one.
+    pub fn default_store(&self) -> Result<&str, StoreError> {
+        if let Some(primary) = &self.primary {
+            return Ok(primary);
+        }
+        match (self.stores.len(), self.stores.keys().next()) {
+            (1, Some(only)) => Ok(only),
+            _ => Err(StoreError::NoDefaultStore {
+                configured: self.names().map(str::to_owned).collect(),
+            }),
+        }
+    }
+
+    /// The store a ref is read from: the one it names, or the default for an empty name.
+    fn resolve<'a>(&'a self, store: &'a str) -> Result<&'a str, StoreError> {
+        if store.is_empty() {
+            self.default_store()
+        } else {
+            Ok(store)
+        }
     }
 
     /// Configured store names, sorted.
@@ -89,6 +131,7 @@ impl SecretStores {
         reference: &str,
         version: Option<&str>,
     ) -> Result<Value, StoreError> {
+        let store = self.resolve(store)?;
         match self.open(store)? {
             Store::Dir(dir) => read_dir_secret(store, dir, reference, version),
             Store::Vault(vault) => vault.read(reference, version),
@@ -103,6 +146,7 @@ impl SecretStores {
         reference: &str,
         version: Option<&str>,
     ) -> Result<(), StoreError> {
+        let store = self.resolve(store)?;
         match self.open(store)? {
             Store::Dir(dir) => {
                 check_dir_ref(store, dir, reference, version)?;
@@ -118,14 +162,15 @@ impl SecretStores {
     /// belong to the same version even while it is being rotated. Once a store cannot be
     /// reached, its other reads fail at once with that error rather than each waiting out its
     /// time-out.
-    pub fn read_all(
-        &self,
-        wanted: &[(&str, &str, Option<&str>)],
+    pub fn read_all<'a>(
+        &'a self,
+        wanted: &[(&'a str, &'a str, Option<&'a str>)],
     ) -> Vec<Result<Value, StoreError>> {
         // What to fetch for each wanted secret: a Vault secret's path without its field.
-        let plans: Vec<Result<(Fetch<'_>, Option<&str>), StoreError>> = wanted
+        let plans: Vec<Result<(Fetch<'a>, Option<&'a str>), StoreError>> = wanted
             .iter()
             .map(|&(store, reference, version)| {
+                let store = self.resolve(store)?;
                 let field = match self.get(store)? {
                     StoreConfig::Vault { .. } => {
                         self.check(store, reference, version)?;
@@ -244,6 +289,22 @@ impl SecretStores {
     }
 }
 
+/// Why no store is the default, and what to configure.
+fn no_default_advice(configured: &[String]) -> String {
+    if configured.is_empty() {
+        "the host config has no secret stores: add one under secret_stores in the host \
+         config, or name the store with `store: NAME`"
+            .to_owned()
+    } else {
+        format!(
+            "the host config marks none of its stores ({}) as the default: add \
+             `primary: true` to one of them under secret_stores in the host config, or name the \
+             store with `store: NAME`",
+            configured.join(", ")
+        )
+    }
+}
+
 /// A configured store, ready to check or read a reference.
 enum Store<'a> {
     Dir(&'a Path),
@@ -285,6 +346,12 @@ pub enum StoreError {
         store: String,
         configured: Vec<String>,
     },
+    /// A ref names no store, and the host config says no store serves such refs.
+    #[error(
+        "this ref names no store, so it is read from the host's default secret store, but {}",
+        no_default_advice(.configured)
+    )]
+    NoDefaultStore { configured: Vec<String> },
     /// The host config gives the store something it cannot work with.
     #[error("secret store '{store}' is misconfigured in the host config: {reason}")]
     Misconfigured { store: String, reason: String },
@@ -1785,6 +1852,60 @@ mod tests {
                 .unwrap_err()
                 .to_string(),
             "secret store 'x' is not configured in the host config (none configured)"
+        );
+    }
+
+    #[test]
+    fn refs_naming_no_store_read_the_default_store() {
+        let (dir, stores) = dir_store();
+        std::fs::write(dir.path().join("token"), "dir-secret\n").unwrap();
+        // The only store serves them.
+        assert_eq!(stores.default_store(), Ok("creds"));
+        assert_eq!(stores.read("", "token", None), Ok(json!("dir-secret")));
+        assert_eq!(stores.check("", "token", None), Ok(()));
+        let both = stores.read_all(&[("", "token", None), ("creds", "token", None)]);
+        assert_eq!(both, [Ok(json!("dir-secret")), Ok(json!("dir-secret"))]);
+        assert!(
+            stores
+                .describe()
+                .contains(&"default-store\0creds".to_owned())
+        );
+        // Among several, the one marked primary; with none marked, an error that says what to
+        // configure.
+        let mut configs: BTreeMap<String, StoreConfig> = BTreeMap::new();
+        for name in ["creds", "other"] {
+            configs.insert(
+                name.to_owned(),
+                StoreConfig::Dir {
+                    path: dir.path().to_owned(),
+                },
+            );
+        }
+        let several = SecretStores::new(configs.clone());
+        let error = several.read("", "token", None).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "this ref names no store, so it is read from the host's default secret store, but \
+             the host config marks none of its stores (creds, other) as the default: add \
+             `primary: true` to one of them under secret_stores in the host config, or name \
+             the store with `store: NAME`"
+        );
+        assert!(several.check("", "token", None).is_err());
+        assert!(
+            !several
+                .describe()
+                .iter()
+                .any(|l| l.starts_with("default-store"))
+        );
+        let primary = SecretStores::new(configs).with_primary(Some("other".to_owned()));
+        assert_eq!(primary.default_store(), Ok("other"));
+        assert_eq!(primary.read("", "token", None), Ok(json!("dir-secret")));
+        let none = SecretStores::default();
+        assert!(
+            none.read("", "token", None)
+                .unwrap_err()
+                .to_string()
+                .contains("the host config has no secret stores: add one under secret_stores")
         );
     }
 }

@@ -299,12 +299,13 @@ corpus! {
         &["environments/development.yaml:2:21: unclosed bracket '['"]);
     yaml_two_documents_in_an_environment: Case::commit(
         |sb| sb.write(DEV, "type: development\n---\ntype: production\n"),
-        &["environments/development.yaml:3:1: a second YAML document starts here (after a \
-           `---` line), but an environment file holds one document: remove the `---` line"]);
+        &["environments/development.yaml:2:1: a second YAML document starts at this `---` \
+           line, but an environment file holds one document: remove the `---` line"]);
     yaml_two_documents_in_a_workload: Case::commit(
         |sb| append(sb, PG, "---\napiVersion: score.dev/v1b1\n"),
-        &["workloads/shop/backend.yaml:28:1: a second YAML document starts here", "a Score \
-           workload file holds one document"]);
+        &["workloads/shop/backend.yaml:27:1: a second YAML document starts at this `---` line, \
+           but gitplane reads one workload per Score file: move what follows to a file of its \
+           own in workloads/shop/"]);
     yaml_duplicate_key: Case::commit(
         |sb| sb.write(DEV, "type: development\nimplicit_resources: []\ntype: production\n"),
         &["environments/development.yaml:3:1: `type` is set twice in the same mapping (also on \
@@ -335,9 +336,9 @@ corpus! {
            mapping: write `key: value` lines indented under it, or `{}` for none, or remove the \
            key"]);
     shape_criteria_as_a_mapping: Case::commit(
-        |sb| edit(sb, REDIS, "  criteria:\n    - {}\n", "  criteria: {}\n"),
-        &["definitions/redis.yaml:14:13: `criteria` must be a list (`- item` lines indented \
-           under it, or `[]` for none), not a mapping"]);
+        |sb| edit(sb, REDIS, "  criteria:\n    - {}\n", "  criteria: {app_id: shop}\n"),
+        &["definitions/redis.yaml:14:13: `criteria` is a list of rules, and this is one rule \
+           written as a mapping: put `- ` before it"]);
     shape_empty_provision: Case::commit(
         |sb| edit(sb, REDIS, "  criteria:\n", "  provision:\n  criteria:\n"),
         &["definitions/redis.yaml:14:12: `provision` is empty but must be a mapping"]);
@@ -355,6 +356,38 @@ corpus! {
     shape_boolean_as_yes: Case::commit(
         |sb| edit(sb, REDIS, "  criteria:\n", "  auto_update: yes\n  criteria:\n"),
         &["definitions/redis.yaml:14:16: `auto_update` must be true or false, not `yes`"]);
+    shape_empty_score_variables: Case::commit(
+        |sb| edit(sb, PG, "    variables:\n", "    variables:\n    env:\n"),
+        &["workloads/shop/backend.yaml:8:5: `variables` is empty, which Score does not allow \
+           (score-compose and score-k8s refuse it too): write `NAME: value` lines indented \
+           under it, or `{}` for none, or remove the key"]);
+    shape_empty_criteria: Case::commit(
+        |sb| edit(sb, REDIS, "  criteria:\n    - {}\n", "  criteria:\n"),
+        &["definitions/redis.yaml:14:11: `criteria` is empty: write rules as \
+           `- {env_type: production}` lines indented under it"]);
+    shape_legacy_property_typo: Case::commit(
+        |sb| edit(sb, PG, "    type: postgres\n",
+                  "    type: postgres\n    properties:\n      port: {defualt: 5432}\n"),
+        &["workloads/shop/backend.yaml:24:14: unknown field `defualt`", "check the spelling"]);
+    setting_org_not_an_id: Case::commit(
+        |sb| sb.write("gitplane.yaml", "# who we are\norg: Acme Corp\n"),
+        &["gitplane.yaml:2: org: 'Acme Corp' is not a valid id: use letters, digits, '-' and \
+           '_'"]);
+    placeholder_guresid_with_a_path: Case::commit(
+        |sb| edit(sb, REDIS, "outputs.redis_host}", "guresid.host}"),
+        &["definitions/redis.yaml:11:13: bad placeholder in 'driver_inputs.values.host'",
+          "'.guresid' is the resource's GUResID: nothing may follow it"]);
+    placeholder_selector_reading_values: Case::commit(
+        |sb| edit(sb, REDIS, "${resources.base-env#base-env.outputs.redis_host}",
+                  "${resources.redis>base-env.values.redis_host}"),
+        &["definitions/redis.yaml:11:13:", "a selector reads outputs: write '.outputs.NAME', \
+           not '.values'"]);
+    secret_ref_without_store_and_no_stores: Case::commit(
+        |sb| edit(sb, REDIS, "  criteria:\n",
+                  "    secret_refs:\n      password:\n        ref: redis/password\n  criteria:\n"),
+        &["definitions/redis.yaml:16: secret_refs: this ref names no store, so it is read from \
+           the host's default secret store, but the host config has no secret stores: add one \
+           under secret_stores in the host config, or name the store with `store: NAME`"]);
     shape_weight_not_a_whole_number: Case::commit(
         |sb| edit(sb, REDIS, "  criteria:\n", "  weight: heavy\n  criteria:\n"),
         &["definitions/redis.yaml:14:11: `weight` must be a whole number, not `heavy`"]);
@@ -599,8 +632,11 @@ corpus! {
     host_duplicate_key: Case::host("concurrency: 4\nconcurrency: 8\n",
         &["host.yaml:2:1: `concurrency` is set twice in the same mapping (also on line 1): keep one"]);
     host_two_documents: Case::host("concurrency: 4\n---\nconcurrency: 8\n",
-        &["host.yaml:3:1: a second YAML document starts here (after a `---` line), but the host \
-           config holds one document"]);
+        &["host.yaml:2:1: a second YAML document starts at this `---` line, but the host config \
+           holds one document"]);
+    host_history_keep_as_a_list: Case::host("history:\n  keep: [1000]\n",
+        &["host.yaml:2:9: `keep` must be a number of deployments, such as 1000, or an age, such \
+           as 90d, not a list"]);
     host_concurrency_in_words: Case::host("concurrency: many\n",
         &["host.yaml:1:14: `concurrency` must be a whole number, 0 or more, not `many`"]);
     host_concurrency_zero: Case::host("concurrency: 0\n",

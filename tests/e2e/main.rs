@@ -9,6 +9,7 @@ mod bad_input;
 mod bad_input_corpus;
 mod changes;
 mod choosing;
+mod compat_files;
 mod daemon;
 mod explain;
 mod guard;

@@ -345,7 +345,7 @@ fn a_malformed_store_reference_names_its_file_and_line() {
     );
     p.sb.commit("a store reference without a ref");
     p.run(&["validate"]).fails().stderr_has(&format!(
-        "{DB_DEFINITION}:{}: secret_refs.admin: a store reference needs both store and ref",
+        "{DB_DEFINITION}:{}: secret_refs.admin: a store reference needs a ref",
         p.line_of("secret_refs:")
     ));
 }

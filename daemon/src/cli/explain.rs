@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::output::{Table, short};
 use super::{CliError, CommandResult, Context, Format};
 use crate::graph::{
-    self, Binding, GuresId, MatchContext, Origin, ResourceGraph, ResourceNode, Verdict,
+    self, Binding, GuresId, MatchContext, Origin, Read, ResourceGraph, ResourceNode, Verdict,
 };
 use crate::model::placeholder::{Part, Segment, StoreRef, path_to_string};
 use crate::model::template::{Template, insert_as_text, lookup_path};
@@ -966,7 +966,30 @@ impl<'a> Explainer<'a> {
                 secret: secret.clone(),
                 value: Shown::Secret,
             },
-            Binding::Output { target, path } => {
+            // What is read is not one output: say what it is instead of following it.
+            Binding::Output {
+                target, read, path, ..
+            } if *read == Read::Guresid || (*read != Read::Outputs && path.is_empty()) => {
+                Trace::Output {
+                    provider: target.to_string(),
+                    label: self.label(target),
+                    output: graph::read_path(*read, path),
+                    value: value.unwrap_or(match read {
+                        Read::Guresid => Shown::Value(Value::String(target.to_string())),
+                        Read::Secrets => Shown::Secret,
+                        _ => Shown::Unknown,
+                    }),
+                    then: Next::Stop(
+                        match read {
+                            Read::Guresid => "its GUResID, known before it is provisioned",
+                            Read::Secrets => "all of its secret outputs",
+                            _ => "all of its non-secret outputs",
+                        }
+                        .to_owned(),
+                    ),
+                }
+            }
+            Binding::Output { target, path, .. } => {
                 self.trace_output(target, path, value, &mut visited, 0)
             }
             Binding::Selector {
@@ -1100,6 +1123,7 @@ impl<'a> Explainer<'a> {
                         Binding::Output {
                             target: next,
                             path: p,
+                            ..
                         } => {
                             let mut full = p.clone();
                             full.extend(rest);
@@ -1767,7 +1791,9 @@ fn trace_json(t: &Trace) -> Value {
         }
         Trace::Stored { secret, value } => {
             let mut obj = serde_json::Map::new();
-            obj.insert("store".into(), json!(secret.store));
+            // `null`: the ref names no store, and the host's default store serves it.
+            let store = (!secret.in_default_store()).then_some(&secret.store);
+            obj.insert("store".into(), json!(store));
             obj.insert("ref".into(), json!(secret.reference));
             obj.insert("version".into(), json!(secret.version));
             value.json_into(&mut obj);

@@ -9,7 +9,9 @@ use serde_json::Value;
 use super::choose::choose;
 use super::matching::MatchContext;
 use super::{Binding, EdgeKind, GuresId, InterfaceUse, Origin, ResourceGraph, ResourceNode};
-use crate::model::placeholder::{ContextKey, Expr, Segment, SelectorDirection, path_to_string};
+use crate::model::placeholder::{
+    ContextKey, Expr, Read, Segment, SelectorDirection, path_to_string,
+};
 use crate::model::template::{Mapped, Template, lookup_path};
 use crate::model::{
     Choice, DEFAULT_CLASS, Definition, Environment, Repository, SharedResource, SourceLocation,
@@ -209,6 +211,8 @@ const BY_CRITERIA: &Choice = &Choice::Criteria;
 
 struct Builder<'r> {
     env: &'r Environment,
+    /// What `${context.org.id}` reads.
+    org: &'r str,
     definitions: HashMap<&'r str, Vec<&'r Definition>>,
     /// Every definition by id, user-provided resources' included: class-refs name them.
     by_id: BTreeMap<&'r str, &'r Definition>,
@@ -248,6 +252,7 @@ impl<'r> Builder<'r> {
             .collect();
         Builder {
             env,
+            org: &repo.org,
             definitions,
             by_id,
             dag: Dag::new(),
@@ -554,6 +559,14 @@ impl<'r> Builder<'r> {
                 Expr::ScoreResource { name, path } => match by_name.get(name.as_str()) {
                     Some(&t) => {
                         self.edge(w, t, EdgeKind::Reference);
+                        let property = match path.first() {
+                            Some(Segment::Key(first)) => workload
+                                .resources
+                                .get(name)
+                                .and_then(|r| r.properties.get(first))
+                                .map(|p| Box::new(p.clone())),
+                            _ => None,
+                        };
                         let mut path = path.clone();
                         // Through an interface, the workload's name for an output is mapped to
                         // the provider's.
@@ -562,9 +575,18 @@ impl<'r> Builder<'r> {
                         {
                             path[0] = Segment::Key(output.clone());
                         }
+                        // `${resources.NAME}` is the whole resource: its non-secret outputs,
+                        // what score-compose and score-k8s look up for a volume's `source`.
+                        let read = if path.is_empty() {
+                            Read::Values
+                        } else {
+                            Read::Outputs
+                        };
                         Mapped::Expr(Binding::Output {
                             target: self.dag[t].guresid.clone(),
+                            read,
                             path,
+                            property,
                         })
                     }
                     None => {
@@ -753,7 +775,7 @@ impl<'r> Builder<'r> {
         let mapped = template.try_map(&mut |expr: &Expr| {
             Ok::<_, Infallible>(match expr {
                 Expr::Context(key) => Mapped::Value(Value::String(self.context_value(n, *key))),
-                Expr::Resource { desc, path } => {
+                Expr::Resource { desc, read, path } => {
                     let node = &self.dag[n];
                     if let Some((direction, selected_type)) = &desc.selector {
                         // Selectors add edges, never nodes: the base must exist once the graph
@@ -798,7 +820,9 @@ impl<'r> Builder<'r> {
                             self.edge(n, t, EdgeKind::Reference);
                             Mapped::Expr(Binding::Output {
                                 target: self.dag[t].guresid.clone(),
+                                read: *read,
                                 path: path.clone(),
+                                property: None,
                             })
                         }
                         None => Mapped::Value(Value::Null),
@@ -824,6 +848,7 @@ impl<'r> Builder<'r> {
             ContextKey::AppId => node.app.clone().unwrap_or_default(),
             ContextKey::EnvId => self.env.id.clone(),
             ContextKey::EnvType => self.env.env_type.clone(),
+            ContextKey::OrgId => self.org.to_owned(),
             ContextKey::ResId => node.res_id.clone(),
             ContextKey::ResType => node.res_type.clone(),
             ContextKey::ResClass => node.class.clone(),

@@ -17,10 +17,11 @@ use daggy::petgraph::visit::EdgeRef;
 use daggy::{Dag, NodeIndex};
 use serde_json::Value;
 
-use crate::model::SourceLocation;
 use crate::model::placeholder::{Segment, SelectorDirection, StoreRef};
 use crate::model::template::Template;
+use crate::model::{Property, SourceLocation};
 
+pub use crate::model::placeholder::Read;
 pub use build::{BuildError, build, build_apps};
 pub use choose::{candidates as choice_candidates, choose};
 pub use guresid::{GuresId, hex};
@@ -65,11 +66,17 @@ impl fmt::Display for EdgeKind {
 /// A placeholder after graph building: which resources' outputs it reads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Binding {
-    /// `${resources.DESC.outputs.PATH}`: one output of one resource.
+    /// `${resources.DESC.outputs.PATH}` (or `.values`, `.secrets`, `.guresid`) in a definition,
+    /// `${resources.NAME...}` in a Score file: what one resource provides.
     Output {
         target: GuresId,
-        /// Starts with the output name.
+        /// Which part of the resource: any output, its non-secret or its secret outputs, or its
+        /// GUResID.
+        read: Read,
+        /// Starts with the output name; empty for a whole part (`.values`) and for `.guresid`.
         path: Vec<Segment>,
+        /// Older Score's `properties` entry for the output read: its default and secrecy.
+        property: Option<Box<Property>>,
     },
     /// `${resources.DESC>TYPE.outputs.PATH}` or `<TYPE`: the output of every selected resource,
     /// as an array ordered by res_id, then class, then GUResID.
@@ -125,13 +132,9 @@ impl Binding {
     pub fn provided(&self) -> Option<(&GuresId, String)> {
         Some(match self {
             Binding::Stored { .. } => return None,
-            Binding::Output { target, path } => (
-                target,
-                format!(
-                    "outputs.{}",
-                    crate::model::placeholder::path_to_string(path)
-                ),
-            ),
+            Binding::Output {
+                target, read, path, ..
+            } => (target, read_path(*read, path)),
             Binding::Selector {
                 written,
                 base,
@@ -145,6 +148,20 @@ impl Binding {
                 ),
             ),
         })
+    }
+}
+
+/// `outputs.pghost`, `values`, `secrets.password`, `guresid`: what a binding reads of its
+/// resource, as a `binding` row records it.
+pub fn read_path(read: Read, path: &[Segment]) -> String {
+    if path.is_empty() {
+        read.as_str().to_owned()
+    } else {
+        format!(
+            "{}.{}",
+            read.as_str(),
+            crate::model::placeholder::path_to_string(path)
+        )
     }
 }
 

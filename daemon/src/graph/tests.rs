@@ -493,3 +493,348 @@ fn graph_json_has_the_documented_shape() {
     keys.sort();
     assert_eq!(keys, ["from", "kind", "to"]);
 }
+
+/// Outputs by label (`type#res_id`), for resolving a graph's placeholders without state.
+fn upstream(
+    g: &ResourceGraph,
+    outputs: &[(&str, serde_json::Value, serde_json::Value)],
+) -> std::collections::HashMap<GuresId, (serde_json::Value, serde_json::Value, String)> {
+    outputs
+        .iter()
+        .map(|(name, values, secrets)| {
+            let node = g
+                .nodes()
+                .find(|n| format!("{}#{}", n.res_type, n.res_id) == *name)
+                .unwrap_or_else(|| panic!("no node {name}"));
+            (
+                node.guresid.clone(),
+                (values.clone(), secrets.clone(), node.label()),
+            )
+        })
+        .collect()
+}
+
+fn node<'g>(g: &'g ResourceGraph, name: &str) -> &'g ResourceNode {
+    g.nodes()
+        .find(|n| format!("{}#{}", n.res_type, n.res_id) == name)
+        .unwrap_or_else(|| panic!("no node {name}"))
+}
+
+/// `${resources.X.guresid}`, `.values[.NAME]` and `.secrets.NAME`, as Humanitec's example
+/// library writes them: the same resources and reference edges as `.outputs`, bindings named
+/// after what they read, and the meaning HPO gives each.
+#[test]
+fn hpo_reads_without_outputs_reference_their_resources() {
+    let ingress = "      tls_secret_name: tls-cert-${resources.dns.guresid}\n      \
+                   host: ${resources['dns.default#modules.web.externals.dns'].values.host}\n      \
+                   cluster: ${resources[\"k8s-cluster.default#k8s-cluster\"].values}\n    \
+                   secrets:\n      token: ${resources.dns.secrets.token}\n";
+    let files = files(&[
+        ("environments/development.yaml", ENV),
+        (
+            "workloads/app/web.yaml",
+            &workload("web", "  dns:\n    type: dns\n"),
+        ),
+        (
+            "definitions/wl.yaml",
+            &definition("wl", "workload", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/base.yaml",
+            &definition("base", "base-env", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/dns.yaml",
+            &definition(
+                "dns",
+                "dns",
+                "      host: x\n",
+                "  provision:\n    ingress: {}\n",
+            ),
+        ),
+        (
+            "definitions/ingress.yaml",
+            &definition("ingress", "ingress", ingress, ""),
+        ),
+        (
+            "definitions/k8s.yaml",
+            &definition("k8s", "k8s-cluster", "      name: c1\n", ""),
+        ),
+    ]);
+    let g = build_env(&files, "development").unwrap();
+    let (_, edges) = shape(&g);
+    for edge in [
+        "ingress#modules.web.externals.dns -> dns#modules.web.externals.dns (reference)",
+        "ingress#modules.web.externals.dns -> k8s-cluster#k8s-cluster (reference)",
+    ] {
+        assert!(edges.contains(edge), "{edge} not in {edges:#?}");
+    }
+    let dns = node(&g, "dns#modules.web.externals.dns").guresid.clone();
+    let ingress = node(&g, "ingress#modules.web.externals.dns");
+    let outputs = upstream(
+        &g,
+        &[
+            (
+                "dns#modules.web.externals.dns",
+                serde_json::json!({"host": "web.example.com", "token": "not-the-secret"}),
+                serde_json::json!({"token": "t0k3n", "host": "not-the-value"}),
+            ),
+            (
+                "k8s-cluster#k8s-cluster",
+                serde_json::json!({"name": "c1", "region": "eu"}),
+                serde_json::json!({"credentials": "hidden"}),
+            ),
+        ],
+    );
+    let inputs = crate::plan::resolve_inputs(ingress, &outputs).unwrap();
+    assert_eq!(
+        inputs.values,
+        serde_json::json!({
+            "tls_secret_name": format!("tls-cert-{dns}"),
+            "host": "web.example.com",
+            "cluster": {"name": "c1", "region": "eu"},
+        })
+    );
+    assert_eq!(inputs.secrets, serde_json::json!({"token": "t0k3n"}));
+    let bindings: BTreeSet<(String, String, Option<String>, bool)> =
+        crate::plan::bindings_of(ingress, &outputs)
+            .into_iter()
+            .map(|b| {
+                (
+                    b.needed_path,
+                    b.provided_path,
+                    b.value.map(|v| v.to_string()),
+                    b.secret,
+                )
+            })
+            .collect();
+    let expected: BTreeSet<(String, String, Option<String>, bool)> = [
+        (
+            "values.tls_secret_name",
+            "guresid",
+            Some(format!("\"{dns}\"")),
+            false,
+        ),
+        (
+            "values.host",
+            "values.host",
+            Some("\"web.example.com\"".into()),
+            false,
+        ),
+        (
+            "values.cluster",
+            "values",
+            Some(r#"{"name":"c1","region":"eu"}"#.into()),
+            false,
+        ),
+        ("secrets.token", "secrets.token", None, true),
+    ]
+    .into_iter()
+    .map(|(a, b, c, d)| (a.to_owned(), b.to_owned(), c, d))
+    .collect();
+    assert_eq!(bindings, expected);
+
+    // The GUResID is known before anything is provisioned: nothing to wait for.
+    let nothing = std::collections::HashMap::new();
+    assert!(matches!(
+        crate::plan::resolve_inputs(ingress, &nothing),
+        Err(crate::plan::ResolveError::KnownAfterApply { .. })
+    ));
+    let only_guresid = files_with_ingress_values("      name: ${resources.dns.guresid}\n");
+    let g = build_env(&only_guresid, "development").unwrap();
+    let ingress = node(&g, "ingress#modules.web.externals.dns");
+    let dns = node(&g, "dns#modules.web.externals.dns")
+        .guresid
+        .to_string();
+    assert_eq!(
+        crate::plan::resolve_inputs(ingress, &nothing)
+            .unwrap()
+            .values,
+        serde_json::json!({"name": dns})
+    );
+
+    // `.values.NAME` reads no secret output, `.secrets.NAME` no plain one.
+    let missing = files_with_ingress_values("      x: ${resources.dns.values.token}\n");
+    let g = build_env(&missing, "development").unwrap();
+    let only_secret = upstream(
+        &g,
+        &[(
+            "dns#modules.web.externals.dns",
+            serde_json::json!({"host": "h"}),
+            serde_json::json!({"token": "t0k3n"}),
+        )],
+    );
+    let err =
+        crate::plan::resolve_inputs(node(&g, "ingress#modules.web.externals.dns"), &only_secret)
+            .unwrap_err()
+            .to_string();
+    assert!(
+        err.contains("'values.token'") && err.contains("(its outputs: host)"),
+        "{err}"
+    );
+    assert!(!err.contains("t0k3n"), "{err}");
+}
+
+fn files_with_ingress_values(values: &str) -> BTreeMap<String, Vec<u8>> {
+    files(&[
+        ("environments/development.yaml", ENV),
+        (
+            "workloads/app/web.yaml",
+            &workload("web", "  dns:\n    type: dns\n"),
+        ),
+        (
+            "definitions/wl.yaml",
+            &definition("wl", "workload", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/base.yaml",
+            &definition("base", "base-env", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/dns.yaml",
+            &definition(
+                "dns",
+                "dns",
+                "      host: x\n",
+                "  provision:\n    ingress: {}\n",
+            ),
+        ),
+        (
+            "definitions/ingress.yaml",
+            &definition("ingress", "ingress", values, ""),
+        ),
+    ])
+}
+
+/// A Score file of score-humanitec's day: `${externals.NAME.OUTPUT}`, `properties` with
+/// defaults and secrets, and a volume `source` that names the whole resource.
+#[test]
+fn older_score_forms_read_their_resources() {
+    let web = "apiVersion: score.dev/v1b1\nmetadata:\n  name: web\ncontainers:\n  main:\n    \
+               image: x\n    variables:\n      HOST: ${externals.db.host}\n      \
+               NAME: ${resources.db.name}\n      USER: ${resources.db.user}\n    volumes:\n    \
+               - source: ${resources.data}\n      target: /data\nresources:\n  db:\n    \
+               type: postgres\n    properties:\n      host:\n      name:\n        default: web\n      \
+               user:\n        secret: true\n  data:\n    type: volume\n";
+    let files = files(&[
+        ("environments/development.yaml", ENV),
+        ("workloads/app/web.yaml", web),
+        (
+            "definitions/wl.yaml",
+            &definition("wl", "workload", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/base.yaml",
+            &definition("base", "base-env", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/pg.yaml",
+            &definition("pg", "postgres", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/vol.yaml",
+            &definition("vol", "volume", "      a: 1\n", ""),
+        ),
+    ]);
+    let g = build_env(&files, "development").unwrap();
+    let (_, edges) = shape(&g);
+    for edge in [
+        "workload#modules.web -> postgres#modules.web.externals.db (reference)",
+        "workload#modules.web -> volume#modules.web.externals.data (reference)",
+    ] {
+        assert!(edges.contains(edge), "{edge} not in {edges:#?}");
+    }
+    let outputs = upstream(
+        &g,
+        &[
+            (
+                "postgres#modules.web.externals.db",
+                serde_json::json!({"host": "db1", "user": "app"}),
+                serde_json::json!({"password": "pw"}),
+            ),
+            (
+                "volume#modules.web.externals.data",
+                serde_json::json!({"type": "volume", "source": "web-data"}),
+                serde_json::json!({"key": "hidden"}),
+            ),
+        ],
+    );
+    let w = node(&g, "workload#modules.web");
+    let inputs = crate::plan::resolve_inputs(w, &outputs).unwrap();
+    let main = &inputs.resource["containers"]["main"];
+    assert_eq!(main["variables"]["HOST"], "db1");
+    // The default fills the output the resource does not provide.
+    assert_eq!(main["variables"]["NAME"], "web");
+    assert_eq!(main["variables"]["USER"], "app");
+    // The whole resource: its non-secret outputs, the secret ones left out.
+    assert_eq!(
+        main["volumes"][0]["source"],
+        serde_json::json!({"type": "volume", "source": "web-data"})
+    );
+    // `secret: true` makes what reads it secret, though the resource gave a plain value.
+    assert!(inputs.resource_is_secret);
+    let bindings = crate::plan::bindings_of(w, &outputs);
+    let user = bindings
+        .iter()
+        .find(|b| b.needed_path == "resource.containers.main.variables.USER")
+        .unwrap();
+    assert!(user.secret && user.value.is_none(), "{user:?}");
+    let source = bindings
+        .iter()
+        .find(|b| b.needed_path == "resource.containers.main.volumes[0].source")
+        .unwrap();
+    assert_eq!(
+        (source.provided_path.as_str(), source.data_type.as_str()),
+        ("values", "json")
+    );
+    // Without a default, a missing output is an error, `required` or not.
+    let no_host = upstream(
+        &g,
+        &[
+            (
+                "postgres#modules.web.externals.db",
+                serde_json::json!({}),
+                serde_json::json!({}),
+            ),
+            (
+                "volume#modules.web.externals.data",
+                serde_json::json!({}),
+                serde_json::json!({}),
+            ),
+        ],
+    );
+    let err = crate::plan::resolve_inputs(w, &no_host)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("reads output 'host'"), "{err}");
+}
+
+#[test]
+fn context_org_id_is_the_repository_org() {
+    let base = definition(
+        "base",
+        "base-env",
+        "      ns: ${context.org.id}-${context.app.id}\n",
+        "",
+    );
+    let mut files = files(&[
+        ("environments/development.yaml", ENV),
+        ("workloads/app/web.yaml", &workload("web", "  {}\n")),
+        (
+            "definitions/wl.yaml",
+            &definition("wl", "workload", "      a: 1\n", ""),
+        ),
+        ("definitions/base.yaml", &base),
+    ]);
+    let ns = |files: &BTreeMap<String, Vec<u8>>| {
+        let g = build_env(files, "development").unwrap();
+        let base = node(&g, "base-env#base-env");
+        crate::plan::resolve_inputs(base, &std::collections::HashMap::new())
+            .unwrap()
+            .values["ns"]
+            .clone()
+    };
+    assert_eq!(ns(&files), "gitplane-app");
+    files.insert("gitplane.yaml".into(), b"org: acme\n".to_vec());
+    assert_eq!(ns(&files), "acme-app");
+}

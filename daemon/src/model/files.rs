@@ -68,6 +68,8 @@ where
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SettingsFile {
+    /// What `${context.org.id}` reads (gitplane has no organisations).
+    org: Option<String>,
     environment_defaults: Option<EnvironmentDefaultsFile>,
     limits: Option<LimitsFile>,
 }
@@ -152,6 +154,28 @@ struct ScoreResourceFile {
     metadata: Option<Value>,
     #[serde(default)]
     params: Option<Value>,
+    /// Older Score: the outputs the workload reads, each with its default and secrecy.
+    #[serde(default)]
+    properties: Option<BTreeMap<String, Option<PropertyFile>>>,
+}
+
+/// One entry of older Score's `resources.NAME.properties`; see [`super::Property`].
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PropertyFile {
+    /// Documentation only, as in the Score specification of the time.
+    #[serde(rename = "type")]
+    #[allow(dead_code)]
+    kind: Option<String>,
+    #[allow(dead_code)]
+    description: Option<String>,
+    default: Option<Value>,
+    /// Changes nothing: a missing output without a default is always an error.
+    #[serde(default)]
+    #[allow(dead_code)]
+    required: bool,
+    #[serde(default)]
+    secret: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -185,7 +209,7 @@ struct EntityFile {
     driver_inputs: DriverInputsFile,
     #[serde(default)]
     provision: BTreeMap<String, ProvisionFile>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "criteria_list")]
     criteria: Vec<CriterionFile>,
     /// `orphan`: forget its resources when they leave the graph instead of deleting them.
     deletion_policy: Option<String>,
@@ -248,6 +272,8 @@ pub(super) struct Loader {
     /// One per `repo.environments`, in the same order.
     explicit: Vec<Explicit>,
     defaults: Option<EnvironmentDefaults>,
+    /// `org` in `gitplane.yaml`.
+    org: Option<String>,
     errors: Vec<LoadError>,
     definition_ids: HashMap<String, SourceLocation>,
     workload_files: HashMap<(String, String), String>,
@@ -258,6 +284,7 @@ pub(super) struct Loader {
 pub(super) struct ParsedFile {
     environments: Vec<(Environment, Explicit)>,
     defaults: Option<EnvironmentDefaults>,
+    org: Option<String>,
     workloads: Vec<(String, Arc<Workload>)>,
     definitions: Vec<Definition>,
     errors: Vec<LoadError>,
@@ -307,6 +334,7 @@ pub(super) fn parse_file(path: &str, bytes: &[u8], limits: Limits) -> ParsedFile
             .zip(single.explicit)
             .collect(),
         defaults: single.defaults,
+        org: single.org,
         workloads,
         definitions: single.repo.definitions,
         errors: single.errors,
@@ -324,6 +352,9 @@ impl Loader {
         }
         if parsed.defaults.is_some() {
             self.defaults = parsed.defaults;
+        }
+        if parsed.org.is_some() {
+            self.org = parsed.org;
         }
         for (app, workload) in parsed.workloads {
             if let Some(first) = self
@@ -461,6 +492,9 @@ impl Loader {
             );
         }
         self.check_equal_criteria();
+        if let Some(org) = self.org.take() {
+            self.repo.org = org;
+        }
         if let Some(defaults) = &self.defaults {
             for (env, explicit) in self.repo.environments.iter_mut().zip(&self.explicit) {
                 defaults.fill(env, *explicit);
@@ -493,6 +527,14 @@ impl Loader {
             line: line_of(text, needle),
             column: None,
         };
+        if let Some(org) = file.org {
+            match check_identifier(&org) {
+                Ok(()) => self.org = Some(org),
+                Err(reason) => {
+                    self.error(at("org:"), LoadErrorKind::Invalid(format!("org: {reason}")))
+                }
+            }
+        }
         if let Some(limits) = file.limits {
             let defaults = Limits::default();
             let mut size = |key: &str, given: Option<SizeFile>, default: u64| match given {
@@ -700,12 +742,50 @@ impl Loader {
             );
             return;
         }
+        // score-compose reads the first document of a file and drops the rest without a word;
+        // gitplane refuses the file instead, saying where the second one starts.
+        if let Some(line) = yaml::second_document_line(text) {
+            self.error(
+                SourceLocation {
+                    file: path.into(),
+                    line: Some(line),
+                    column: Some(1),
+                },
+                LoadErrorKind::Yaml(format!(
+                    "a second YAML document starts at this `---` line, but gitplane reads one \
+                     workload per Score file: move what follows to a file of its own in \
+                     workloads/{app}/ (any name ending in .yaml), or remove the `---` line"
+                )),
+            );
+            return;
+        }
         let Some(file): Option<ScoreFile> = self.parse_yaml(path, text, 0, SCORE_KIND) else {
             return;
         };
         let Some(raw): Option<Value> = self.parse_yaml(path, text, 0, SCORE_KIND) else {
             return;
         };
+        let empty = empty_score_sections(&raw);
+        if !empty.is_empty() {
+            for section in empty {
+                let keys: Vec<&str> = section.iter().map(String::as_str).collect();
+                let (line, column) = yaml::key_location(text, &keys).unzip();
+                let key = keys.last().copied().unwrap_or_default();
+                self.error(
+                    SourceLocation {
+                        file: path.into(),
+                        line,
+                        column,
+                    },
+                    LoadErrorKind::Yaml(format!(
+                        "`{key}` is empty, which Score does not allow (score-compose and \
+                         score-k8s refuse it too): write {}, or remove the key",
+                        empty_section_advice(&keys)
+                    )),
+                );
+            }
+            return;
+        }
         if file.api_version != SCORE_API_VERSION {
             self.error(
                 SourceLocation {
@@ -777,6 +857,18 @@ impl Loader {
                 );
                 continue;
             }
+            let properties = res
+                .properties
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(name, p)| {
+                    let p = p.map_or_else(super::Property::default, |p| super::Property {
+                        default: p.default,
+                        secret: p.secret,
+                    });
+                    (name, p)
+                })
+                .collect();
             resources.insert(
                 res_name,
                 ScoreResource {
@@ -785,6 +877,7 @@ impl Loader {
                     id: res.id,
                     params: res.params.unwrap_or(Value::Null),
                     choice,
+                    properties,
                     location,
                 },
             );
@@ -1104,6 +1197,119 @@ fn split_documents(text: &str) -> Vec<(usize, &str)> {
         .collect()
 }
 
+/// The sections of a Score file that are present but empty (`variables:` with nothing under
+/// it), each as its path of keys. Score's schema wants a mapping (or list) there, so
+/// score-compose and score-k8s refuse such a file; gitplane would otherwise hand `null` to the
+/// workload's driver. Sections gitplane reads itself (`resources`, `metadata`) are checked by
+/// their types.
+fn empty_score_sections(raw: &Value) -> Vec<Vec<String>> {
+    const CONTAINER_SECTIONS: [&str; 9] = [
+        "variables",
+        "files",
+        "volumes",
+        "resources",
+        "before",
+        "command",
+        "args",
+        "livenessProbe",
+        "readinessProbe",
+    ];
+    let mut out = Vec::new();
+    let path = |keys: &[&str]| keys.iter().map(|k| (*k).to_owned()).collect::<Vec<_>>();
+    if let Some(containers) = raw.get("containers").and_then(Value::as_object) {
+        for (name, container) in containers {
+            match container {
+                Value::Null => out.push(path(&["containers", name])),
+                Value::Object(sections) => {
+                    for key in CONTAINER_SECTIONS {
+                        if sections.get(key).is_some_and(Value::is_null) {
+                            out.push(path(&["containers", name, key]));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    match raw.get("service") {
+        Some(Value::Null) => out.push(path(&["service"])),
+        Some(service) if service.get("ports").is_some_and(Value::is_null) => {
+            out.push(path(&["service", "ports"]))
+        }
+        _ => {}
+    }
+    if raw
+        .get("metadata")
+        .and_then(|m| m.get("annotations"))
+        .is_some_and(Value::is_null)
+    {
+        out.push(path(&["metadata", "annotations"]));
+    }
+    out
+}
+
+/// What to write instead of the empty Score section at `path`.
+fn empty_section_advice(path: &[&str]) -> &'static str {
+    if let ["containers", _] = path {
+        return "`image: ...` and the container's other settings indented under it";
+    }
+    match path.last().copied().unwrap_or_default() {
+        "variables" => "`NAME: value` lines indented under it, or `{}` for none",
+        "command" | "args" => "`- item` lines indented under it, or `[]` for none",
+        "files" | "volumes" => "`TARGET-PATH:` entries indented under it, or `{}` for none",
+        "livenessProbe" | "readinessProbe" => "`httpGet:` or `exec:` indented under it",
+        "service" => "`ports:` indented under it",
+        _ => "`key: value` lines indented under it, or `{}` for none",
+    }
+}
+
+/// `criteria:` is a list of rules. An empty mapping is no rules, as Humanitec's own exports
+/// write it (its generated Terraform twin has no criteria at all); a mapping with fields is
+/// refused with what to write, since it reads as one rule but the Orchestrator takes a list.
+fn criteria_list<'de, D>(deserializer: D) -> Result<Vec<CriterionFile>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Rules;
+    impl<'de> serde::de::Visitor<'de> for Rules {
+        type Value = Vec<CriterionFile>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of matching rules")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            Vec::<CriterionFile>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            if map.next_key::<serde::de::IgnoredAny>()?.is_none() {
+                return Ok(Vec::new());
+            }
+            Err(serde::de::Error::custom(CRITERIA_NOT_A_LIST))
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Err(E::custom(CRITERIA_EMPTY))
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Err(E::custom(CRITERIA_EMPTY))
+        }
+    }
+    deserializer.deserialize_any(Rules)
+}
+
+const CRITERIA_NOT_A_LIST: &str = "`criteria` is a list of rules, and this is one rule written \
+     as a mapping: put `- ` before it (`- {env_type: production}`), or write \
+     `criteria: [{env_type: production}]`; `- {}` matches every resource of class default";
+const CRITERIA_EMPTY: &str = "`criteria` is empty: write rules as `- {env_type: production}` \
+     lines indented under it (`- {}` matches every resource of class default), or `[]` for \
+     none, or remove the key";
+
 /// What a Score resource's gitplane annotations ask for; an ambiguous combination is an error.
 fn choice_of(res: &ScoreResourceFile) -> Result<super::Choice, String> {
     use super::{
@@ -1294,7 +1500,7 @@ fn merge_secret_refs(
     Ok((merged, stored))
 }
 
-/// `{store: NAME, ref: REF, version: V}`, checked.
+/// `{store: NAME, ref: REF, version: V}`, checked; `store` may be left out for the default store.
 fn store_ref(map: &serde_json::Map<String, Value>) -> Result<StoreRef, String> {
     if let Some(extra) = map
         .keys()
@@ -1312,11 +1518,17 @@ fn store_ref(map: &serde_json::Map<String, Value>) -> Result<StoreRef, String> {
         None => Ok(None),
         Some(_) => Err(format!("'{key}' must be a non-empty string")),
     };
-    let (Some(store), Some(reference)) = (text("store")?, text("ref")?) else {
-        return Err("a store reference needs both store and ref".to_owned());
+    // Without `store`, HPO reads the ref from the organisation's primary store; gitplane from
+    // the host's default store, chosen when the commit is checked against the host.
+    let Some(reference) = text("ref")? else {
+        return Err(
+            "a store reference needs a ref: write {ref: REF} (the host's default \
+                    store) or {store: NAME, ref: REF}"
+                .to_owned(),
+        );
     };
     Ok(StoreRef {
-        store,
+        store: text("store")?.unwrap_or_default(),
         reference,
         version: text("version")?,
     })
@@ -1415,11 +1627,11 @@ mod tests {
             ]
         );
         for (bad, reason) in [
+            (serde_json::json!({"store": "vault"}), "needs a ref"),
             (
-                serde_json::json!({"store": "vault"}),
-                "needs both store and ref",
+                serde_json::json!({"store": "", "ref": "x"}),
+                "'store' must be a non-empty string",
             ),
-            (serde_json::json!({"ref": "x"}), "needs both store and ref"),
             (
                 serde_json::json!({"store": "v", "ref": ""}),
                 "'ref' must be a non-empty string",
@@ -1438,6 +1650,18 @@ mod tests {
             assert!(err.starts_with("secret_refs.p.q: "), "{err}");
             assert!(err.contains(reason), "{err}");
         }
+        // Without a store, the host's default store serves the ref.
+        let (_, stored) = merge_secret_refs(
+            Value::Null,
+            Some(serde_json::json!({"password": {"ref": "db/password"}})),
+        )
+        .unwrap();
+        assert_eq!(stored.len(), 1);
+        assert!(stored[0].1.in_default_store());
+        assert_eq!(
+            stored[0].1.to_string(),
+            "the default store, ref 'db/password'"
+        );
         // The secrets need names: a bare reference would make them one string.
         for bare in [
             serde_json::json!({"store": "v", "ref": "x"}),
@@ -1849,11 +2073,160 @@ mod tests {
                 "limits: {max: 1}\n",
                 "gitplane.yaml:1:10: unknown field `max`",
             ),
+            (
+                "limits:\n  file_size: [1]\n",
+                "gitplane.yaml:2:14: `file_size` must be a size, such as 65536, 64KiB or 1MiB, \
+                 not a list",
+            ),
         ] {
             let errors = load_errors(&[("gitplane.yaml", settings), ENV]);
             assert_eq!(errors.len(), 1, "{errors:?}");
             assert!(errors[0].starts_with(want), "{errors:?}");
         }
+    }
+
+    const SCORE_HEAD: &str = "apiVersion: score.dev/v1b1\nmetadata:\n  name: web\n";
+
+    #[test]
+    fn older_score_properties_load_with_their_defaults() {
+        let web = format!(
+            "{SCORE_HEAD}containers:\n  main:\n    image: x\nresources:\n  db:\n    \
+             type: postgres\n    properties:\n      host:\n      port:\n        type: integer\n        \
+             default: 5432\n        required: true\n      password:\n        secret: true\n        \
+             description: the admin's\n"
+        );
+        let repo = load_ok(&[ENV, ("workloads/shop/web.yaml", &web)]);
+        let db = &repo.apps["shop"].workloads["web"].resources["db"];
+        assert_eq!(db.properties["host"], crate::model::Property::default());
+        assert_eq!(db.properties["port"].default, Some(serde_json::json!(5432)));
+        assert!(db.properties["password"].secret);
+        assert!(!db.properties["port"].secret);
+        // A misspelt setting is an error at its line, like any unknown key.
+        let typo = web.replace("        secret: true\n", "        secert: true\n");
+        let errors = load_errors(&[ENV, ("workloads/shop/web.yaml", &typo)]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("workloads/shop/web.yaml:17:9: unknown field `secert`"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn the_org_setting_names_the_organisation() {
+        let repo = load_ok(&[ENV]);
+        assert_eq!(repo.org, crate::model::DEFAULT_ORG);
+        let repo = load_ok(&[("gitplane.yaml", "org: acme-corp\n"), ENV]);
+        assert_eq!(repo.org, "acme-corp");
+        let errors = load_errors(&[("gitplane.yaml", "# who we are\norg: acme corp\n"), ENV]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("gitplane.yaml:2: org: 'acme corp' is not a valid id"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn criteria_written_as_a_mapping() {
+        let with = |criteria: &str| {
+            format!(
+                "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: pg\n\
+                 entity:\n  type: postgres\n  driver_type: echo\n{criteria}"
+            )
+        };
+        // Humanitec's exports write no rules as `{}`.
+        let repo = load_ok(&[ENV, ("definitions/pg.yaml", &with("  criteria: {}\n"))]);
+        assert!(repo.definitions[0].criteria.is_empty());
+        let repo = load_ok(&[ENV, ("definitions/pg.yaml", &with("  criteria: []\n"))]);
+        assert!(repo.definitions[0].criteria.is_empty());
+        let errors = load_errors(&[
+            ENV,
+            (
+                "definitions/pg.yaml",
+                &with("  criteria: {env_type: production}\n"),
+            ),
+        ]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with(
+                "definitions/pg.yaml:8:13: `criteria` is a list of rules, and this is one rule \
+                 written as a mapping: put `- ` before it"
+            ),
+            "{errors:?}"
+        );
+        assert!(errors[0].contains("`- {}` matches every resource of class default"));
+        let errors = load_errors(&[ENV, ("definitions/pg.yaml", &with("  criteria:\n"))]);
+        assert!(
+            errors[0].starts_with("definitions/pg.yaml:8:11: `criteria` is empty: write rules as"),
+            "{errors:?}"
+        );
+        // Inside the list, rules are checked as before.
+        let errors = load_errors(&[
+            ENV,
+            (
+                "definitions/pg.yaml",
+                &with("  criteria:\n    - {env: x}\n"),
+            ),
+        ]);
+        assert!(
+            errors[0].starts_with("definitions/pg.yaml:9:8: unknown field `env`"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn a_score_file_holds_one_workload() {
+        let two = format!(
+            "{SCORE_HEAD}containers:\n  main:\n    image: x\n---\n# the worker\n{}",
+            SCORE_HEAD.replace("web", "worker") + "containers:\n  main:\n    image: y\n"
+        );
+        let errors = load_errors(&[ENV, ("workloads/shop/web.yaml", &two)]);
+        assert_eq!(
+            errors,
+            [
+                "workloads/shop/web.yaml:7:1: a second YAML document starts at this `---` line, \
+              but gitplane reads one workload per Score file: move what follows to a file of its \
+              own in workloads/shop/ (any name ending in .yaml), or remove the `---` line"
+            ]
+        );
+        // A `---` that opens the only document is fine.
+        load_ok(&[
+            ENV,
+            (
+                "workloads/shop/web.yaml",
+                &format!("---\n{SCORE_HEAD}containers:\n  main:\n    image: x\n"),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn empty_score_sections_are_refused_at_their_key() {
+        let web = format!(
+            "{SCORE_HEAD}containers:\n  main:\n    image: x\n    variables: {{}}\n  side:\n    \
+             image: y\n    variables:\n    command: []\nservice:\n  ports:\n"
+        );
+        let errors = load_errors(&[ENV, ("workloads/shop/web.yaml", &web)]);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        let bare = format!("{SCORE_HEAD}containers:\n  main:\n");
+        assert_eq!(
+            load_errors(&[ENV, ("workloads/shop/web.yaml", &bare)]),
+            [
+                "workloads/shop/web.yaml:5:3: `main` is empty, which Score does not allow \
+              (score-compose and score-k8s refuse it too): write `image: ...` and the \
+              container's other settings indented under it, or remove the key"
+            ]
+        );
+        assert!(
+            errors[0].starts_with(
+                "workloads/shop/web.yaml:10:5: `variables` is empty, which Score does not allow \
+                 (score-compose and score-k8s refuse it too): write `NAME: value` lines indented \
+                 under it, or `{}` for none, or remove the key"
+            ),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].starts_with("workloads/shop/web.yaml:13:3: `ports` is empty"),
+            "{errors:?}"
+        );
     }
 
     #[test]

@@ -23,6 +23,10 @@ use template::{Template, TemplateError};
 /// The class a resource has when nobody names one.
 pub const DEFAULT_CLASS: &str = "default";
 
+/// `${context.org.id}` when `gitplane.yaml` sets no `org`: gitplane has no organisations, and
+/// names built from the placeholder (`${context.org.id}-${context.app.id}`) still read well.
+pub const DEFAULT_ORG: &str = "gitplane";
+
 /// The share (percent) of an environment's resources a commit may delete before it is held.
 pub const DEFAULT_DELETION_THRESHOLD: f64 = 50.0;
 
@@ -353,12 +357,25 @@ pub enum LoadErrorKind {
 }
 
 /// Everything a commit declares, checked and ready for the graph builder.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Repository {
+    /// What `${context.org.id}` reads: `org` in `gitplane.yaml`, else [`DEFAULT_ORG`].
+    pub org: String,
     pub environments: Vec<Environment>,
     /// Apps by id, each with its workloads.
     pub apps: BTreeMap<String, App>,
     pub definitions: Vec<Definition>,
+}
+
+impl Default for Repository {
+    fn default() -> Self {
+        Repository {
+            org: DEFAULT_ORG.to_owned(),
+            environments: Vec::new(),
+            apps: BTreeMap::new(),
+            definitions: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -416,7 +433,22 @@ pub struct ScoreResource {
     pub params: Value,
     /// How the request chooses what serves it, beyond type and class.
     pub choice: Choice,
+    /// Older Score's `properties`: the outputs the workload reads, by name.
+    pub properties: BTreeMap<String, Property>,
     pub location: SourceLocation,
+}
+
+/// One entry of an older Score file's `resources.NAME.properties` (score.dev before the
+/// `params` era): how the workload reads output NAME.
+///
+/// `default` fills the output when the resource does not provide it (as score-compose filled a
+/// missing variable with it); `secret` makes what reads it secret even when the resource gives
+/// the output as a plain value. `required` changes nothing: an output that is missing and has
+/// no default is always an error. `type` and `description` are documentation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Property {
+    pub default: Option<Value>,
+    pub secret: bool,
 }
 
 /// What a Score resource asks for, besides its type (see README "Choosing a definition").

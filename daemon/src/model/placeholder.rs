@@ -6,17 +6,25 @@
 //! string      := (text | escape | placeholder)*
 //! escape      := '$\{' | '$${'                 -- both are a literal '${'
 //! placeholder := '${' expr '}'
-//! expr        := 'resources' descriptor '.outputs' path
-//!              | 'context' '.' ('app.id' | 'env.id' | 'env.type' | 'res.id' | 'res.type'
-//!                               | 'res.class' | 'res.guresid')
-//! descriptor  := '.' DESC                       -- DESC ends at the first '.outputs'
+//! expr        := 'resources' descriptor part
+//!              | 'context' '.' ('app.id' | 'env.id' | 'env.type' | 'org.id' | 'res.id'
+//!                               | 'res.type' | 'res.class' | 'res.guresid')
+//! descriptor  := '.' DESC                       -- DESC ends at the first part keyword
 //!              | '[' quoted-DESC ']'            -- quotes are ' or ", ids may hold dots
 //! DESC        := TYPE ['.' CLASS] ['#' ID] [('>' | '<') TYPE]
+//! part        := '.outputs' path                -- an output, secret or not
+//!              | '.values' [path]               -- the non-secret outputs (HPO)
+//!              | '.secrets' [path]              -- the secret outputs (HPO)
+//!              | '.guresid'                     -- the resource's GUResID (HPO)
 //! path        := segment+
 //! segment     := '.' NAME | '[' INDEX ']' | '[' quoted-NAME ']'
 //! ```
 //!
-//! The Score dialect (workload files) has `resources.NAME path` and `metadata path` instead.
+//! A selector (`>` or `<`) reads `.outputs` only.
+//!
+//! The Score dialect (workload files) has `resources.NAME [path]`, its legacy spelling
+//! `externals.NAME [path]` (score-humanitec), and `metadata path` instead; `resources.NAME` with
+//! no path is the whole resource.
 //! Columns in errors are 1-based character positions of the `${` that opens the bad placeholder.
 
 use std::fmt;
@@ -96,22 +104,52 @@ pub enum ContextKey {
     AppId,
     EnvId,
     EnvType,
+    /// `context.org.id`: gitplane has no organisations; the repository's `org` setting.
+    OrgId,
     ResId,
     ResType,
     ResClass,
     ResGuresId,
 }
 
+/// What of a referenced resource a placeholder reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Read {
+    /// `.outputs.NAME`: an output, secret or not.
+    Outputs,
+    /// `.values[.NAME]`: the non-secret outputs (HPO's driver `values`).
+    Values,
+    /// `.secrets[.NAME]`: the secret outputs (HPO's driver `secrets`).
+    Secrets,
+    /// `.guresid`: the resource's GUResID, known before anything is provisioned.
+    Guresid,
+}
+
+impl Read {
+    /// The keyword as written: `outputs`, `values`, `secrets`, `guresid`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Read::Outputs => "outputs",
+            Read::Values => "values",
+            Read::Secrets => "secrets",
+            Read::Guresid => "guresid",
+        }
+    }
+}
+
 /// What a placeholder refers to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Expr {
-    /// `resources.DESC.outputs.PATH`; `path[0]` is the output name.
+    /// `resources.DESC.outputs.PATH` (`path[0]` is the output name), `.values[.PATH]`,
+    /// `.secrets[.PATH]` or `.guresid` (no path).
     Resource {
         desc: Descriptor,
+        read: Read,
         path: Vec<Segment>,
     },
     Context(ContextKey),
-    /// Score: `resources.NAME.PATH`, an output of the workload's resource NAME.
+    /// Score: `resources.NAME[.PATH]` or the legacy `externals.NAME[.PATH]`: an output of the
+    /// workload's resource NAME, or with no path the whole resource (its non-secret outputs).
     ScoreResource {
         name: String,
         path: Vec<Segment>,
@@ -129,14 +167,27 @@ pub enum Expr {
 /// the host, never in git.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StoreRef {
+    /// Empty when the definition names no store (`{ref: REF}`): the host's default store, as
+    /// HPO reads such a ref from the organisation's primary store.
     pub store: String,
     pub reference: String,
     pub version: Option<String>,
 }
 
+impl StoreRef {
+    /// Whether the definition leaves the store to the host's default.
+    pub fn in_default_store(&self) -> bool {
+        self.store.is_empty()
+    }
+}
+
 impl fmt::Display for StoreRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "store '{}' ref '{}'", self.store, self.reference)?;
+        if self.in_default_store() {
+            write!(f, "the default store, ref '{}'", self.reference)?;
+        } else {
+            write!(f, "store '{}' ref '{}'", self.store, self.reference)?;
+        }
         if let Some(v) = &self.version {
             write!(f, " version {v}")?;
         }
@@ -249,17 +300,17 @@ fn parse_expr(body: &str, dialect: Dialect) -> Result<Expr, String> {
     match (dialect, head) {
         (Dialect::Definition, "resources") => parse_resource_ref(rest),
         (Dialect::Definition, "context") => parse_context(rest),
-        (Dialect::Score, "resources") => {
+        (Dialect::Score, "resources" | "externals") => {
             let path = parse_path(rest)?;
             match path.split_first() {
-                Some((Segment::Key(name), tail)) if !tail.is_empty() => Ok(Expr::ScoreResource {
+                Some((Segment::Key(name), tail)) => Ok(Expr::ScoreResource {
                     name: name.clone(),
                     path: tail.to_vec(),
                 }),
-                Some((Segment::Key(name), _)) => Err(format!(
-                    "'resources.{name}' names no output: write 'resources.{name}.OUTPUT'"
+                _ => Err(format!(
+                    "expected '{head}.NAME' or '{head}.NAME.OUTPUT', NAME a key of the \
+                     workload's resources"
                 )),
-                _ => Err("expected 'resources.NAME.OUTPUT'".into()),
             }
         }
         (Dialect::Score, "metadata") => {
@@ -273,7 +324,7 @@ fn parse_expr(body: &str, dialect: Dialect) -> Result<Expr, String> {
             "unknown placeholder root '{other}': expected 'resources' or 'context'"
         )),
         (Dialect::Score, other) => Err(format!(
-            "unknown placeholder root '{other}': expected 'resources' or 'metadata'"
+            "unknown placeholder root '{other}': expected 'resources', 'externals' or 'metadata'"
         )),
     }
 }
@@ -284,6 +335,14 @@ fn split_head(body: &str) -> (&str, &str) {
     (&body[..end], &body[end..])
 }
 
+/// The keywords that end a descriptor, each with what it reads.
+const PARTS: [(&str, Read); 4] = [
+    (".outputs", Read::Outputs),
+    (".values", Read::Values),
+    (".secrets", Read::Secrets),
+    (".guresid", Read::Guresid),
+];
+
 fn parse_resource_ref(rest: &str) -> Result<Expr, String> {
     let (desc_text, after) = if let Some(inner) = rest.strip_prefix('[') {
         let (quoted, after) = take_quoted(inner)?;
@@ -292,39 +351,69 @@ fn parse_resource_ref(rest: &str) -> Result<Expr, String> {
             .ok_or("expected ']' after the quoted resource descriptor")?;
         (quoted, after)
     } else if let Some(dotted) = rest.strip_prefix('.') {
-        let end = find_outputs(dotted).ok_or(
-            "expected '.outputs' after the resource descriptor, as in 'resources.TYPE.outputs.NAME'",
+        let end = find_part(dotted).ok_or(
+            "expected '.outputs' after the resource descriptor, as in \
+             'resources.TYPE.outputs.NAME' (or '.values', '.secrets', '.guresid')",
         )?;
         (dotted[..end].to_owned(), &dotted[end..])
     } else {
         return Err("expected '.' or '[' after 'resources'".into());
     };
     let desc = parse_descriptor(&desc_text)?;
-    let path_text = after
-        .strip_prefix(".outputs")
-        .ok_or("expected '.outputs' after the resource descriptor")?;
+    let (read, path_text) = PARTS
+        .iter()
+        .find_map(|(keyword, read)| {
+            after
+                .strip_prefix(keyword)
+                .filter(|p| p.is_empty() || p.starts_with(['.', '[']))
+                .map(|p| (*read, p))
+        })
+        .ok_or(
+            "expected '.outputs' after the resource descriptor (or '.values', '.secrets', \
+             '.guresid')",
+        )?;
     let path = parse_path(path_text)?;
-    if path.is_empty() {
-        return Err("expected an output name after '.outputs'".into());
+    match read {
+        Read::Outputs if path.is_empty() => {
+            return Err("expected an output name after '.outputs'".into());
+        }
+        Read::Guresid if !path.is_empty() => {
+            return Err("'.guresid' is the resource's GUResID: nothing may follow it".into());
+        }
+        _ => {}
     }
-    if !matches!(path[0], Segment::Key(_)) {
-        return Err("the first step after '.outputs' must be an output name".into());
+    if !matches!(path.first(), None | Some(Segment::Key(_))) {
+        return Err(format!(
+            "the first step after '.{}' must be an output name",
+            read.as_str()
+        ));
     }
-    Ok(Expr::Resource { desc, path })
+    if desc.selector.is_some() && read != Read::Outputs {
+        return Err(format!(
+            "a selector reads outputs: write '.outputs.NAME', not '.{}'",
+            read.as_str()
+        ));
+    }
+    Ok(Expr::Resource { desc, read, path })
 }
 
-/// Byte index of the `.outputs` that ends a dotted descriptor (followed by `.`, `[` or the end).
-fn find_outputs(s: &str) -> Option<usize> {
-    let mut from = 0;
-    while let Some(pos) = s[from..].find(".outputs") {
-        let at = from + pos;
-        let next = s[at + ".outputs".len()..].chars().next();
-        if matches!(next, None | Some('.') | Some('[')) {
-            return Some(at);
+/// Byte index of the part keyword (`.outputs`, `.values`, `.secrets`, `.guresid`) that ends a
+/// dotted descriptor: the first one followed by `.`, `[` or the end.
+fn find_part(s: &str) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (keyword, _) in PARTS {
+        let mut from = 0;
+        while let Some(pos) = s[from..].find(keyword) {
+            let at = from + pos;
+            let next = s[at + keyword.len()..].chars().next();
+            if matches!(next, None | Some('.') | Some('[')) {
+                best = Some(best.map_or(at, |b| b.min(at)));
+                break;
+            }
+            from = at + 1;
         }
-        from = at + 1;
     }
-    None
+    best
 }
 
 fn parse_descriptor(text: &str) -> Result<Descriptor, String> {
@@ -389,6 +478,7 @@ fn parse_context(rest: &str) -> Result<Expr, String> {
         ".app.id" => ContextKey::AppId,
         ".env.id" => ContextKey::EnvId,
         ".env.type" => ContextKey::EnvType,
+        ".org.id" => ContextKey::OrgId,
         ".res.id" => ContextKey::ResId,
         ".res.type" => ContextKey::ResType,
         ".res.class" => ContextKey::ResClass,
@@ -396,8 +486,8 @@ fn parse_context(rest: &str) -> Result<Expr, String> {
         _ => {
             return Err(format!(
                 "unknown context 'context{rest}': expected one of context.app.id, context.env.id, \
-                 context.env.type, context.res.id, context.res.type, context.res.class, \
-                 context.res.guresid"
+                 context.env.type, context.org.id, context.res.id, context.res.type, \
+                 context.res.class, context.res.guresid"
             ));
         }
     };
@@ -483,6 +573,7 @@ mod tests {
                     id: Some("base-env".into()),
                     selector: None
                 },
+                read: Read::Outputs,
                 path: vec![key("pghost")],
             }
         );
@@ -491,7 +582,7 @@ mod tests {
     #[test]
     fn bracket_descriptor_keeps_dots_in_id() {
         let e = whole("${resources['dns.public#shared.dns'].outputs.host}");
-        let Expr::Resource { desc, path } = e else {
+        let Expr::Resource { desc, path, .. } = e else {
             panic!("not a resource")
         };
         assert_eq!(desc.res_type, "dns");
@@ -502,7 +593,7 @@ mod tests {
 
     #[test]
     fn dotted_id_with_dots_ends_at_outputs() {
-        let Expr::Resource { desc, path } = whole("${resources.dns#shared.dns.outputs.a.b[2]}")
+        let Expr::Resource { desc, path, .. } = whole("${resources.dns#shared.dns.outputs.a.b[2]}")
         else {
             panic!("not a resource")
         };
@@ -582,6 +673,90 @@ mod tests {
                 path: vec![key("name")]
             })
         );
+    }
+
+    /// HPO's forms without `.outputs`, as Humanitec's example library writes them.
+    #[test]
+    fn values_secrets_and_guresid_parts() {
+        let read = |s: &str| match whole(s) {
+            Expr::Resource { desc, read, path } => (desc.to_string(), read, path_to_string(&path)),
+            other => panic!("{s}: {other:?}"),
+        };
+        assert_eq!(
+            read("${resources.dns.guresid}"),
+            ("dns".into(), Read::Guresid, String::new())
+        );
+        assert_eq!(
+            read("${resources[\"base-env.default#resource-quota\"].guresid}"),
+            (
+                "base-env.default#resource-quota".into(),
+                Read::Guresid,
+                String::new()
+            )
+        );
+        assert_eq!(
+            read("${resources['dns.default#x'].values.y}"),
+            ("dns.default#x".into(), Read::Values, "y".into())
+        );
+        assert_eq!(
+            read("${resources['config.developer-overrides'].values}"),
+            (
+                "config.developer-overrides".into(),
+                Read::Values,
+                String::new()
+            )
+        );
+        assert_eq!(
+            read("${resources.db#shared.db.secrets.password}"),
+            ("db#shared.db".into(), Read::Secrets, "password".into())
+        );
+        // The first part keyword ends the descriptor; a class may merely start like one.
+        assert_eq!(
+            read("${resources.config.values-x.outputs.a}"),
+            ("config.values-x".into(), Read::Outputs, "a".into())
+        );
+        assert_eq!(whole("${context.org.id}"), Expr::Context(ContextKey::OrgId));
+        for (bad, needle) in [
+            ("${resources.dns.guresid.x}", "nothing may follow it"),
+            (
+                "${resources.workload>dns.guresid}",
+                "a selector reads outputs",
+            ),
+            (
+                "${resources.workload<dns.values.x}",
+                "a selector reads outputs",
+            ),
+            ("${resources.dns.values[0]}", "must be an output name"),
+        ] {
+            let err = parse_string(bad, Dialect::Definition).unwrap_err();
+            assert!(err.reason.contains(needle), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn score_whole_resources_and_legacy_externals() {
+        for (text, name, path) in [
+            ("${resources.data}", "data", vec![]),
+            ("${externals.db.host}", "db", vec![key("host")]),
+            ("${externals.db}", "db", vec![]),
+        ] {
+            assert_eq!(
+                parse_string(text, Dialect::Score).unwrap(),
+                ParsedString::Whole(Expr::ScoreResource {
+                    name: name.into(),
+                    path
+                }),
+                "{text}"
+            );
+        }
+        let err = parse_string("${values.x}", Dialect::Score).unwrap_err();
+        assert!(
+            err.reason
+                .contains("'resources', 'externals' or 'metadata'"),
+            "{err}"
+        );
+        let err = parse_string("${externals}", Dialect::Score).unwrap_err();
+        assert!(err.reason.contains("expected 'externals.NAME'"), "{err}");
     }
 
     #[test]

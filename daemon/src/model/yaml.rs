@@ -317,11 +317,20 @@ fn explain(e: &serde_saphyr::Error, text: &str, doc: Doc<'_>) -> YamlError {
             "the document ends before it has a value: {} cannot be empty",
             doc.kind
         ),
-        E::MultipleDocuments { .. } => format!(
-            "a second YAML document starts here (after a `---` line), but {} holds one \
-             document: remove the `---` line, or move what follows to a file of its own",
-            doc.kind
-        ),
+        E::MultipleDocuments { .. } => {
+            let message = format!(
+                "a second YAML document starts at this `---` line, but {} holds one \
+                 document: remove the `---` line, or move what follows to a file of its own",
+                doc.kind
+            );
+            // The library points past the marker; the user looks for the `---` itself.
+            let line = second_document_line(text).or(line);
+            return YamlError {
+                line,
+                column: line.map(|_| 1),
+                message,
+            };
+        }
         E::DuplicateMappingKey { key, .. } => match key {
             Some(k) => format!(
                 "`{k}` is set twice in the same mapping (also on line {}): keep one",
@@ -350,6 +359,9 @@ fn explain(e: &serde_saphyr::Error, text: &str, doc: Doc<'_>) -> YamlError {
             at.subject()
         ),
         E::Budget { breach, .. } => budget_message(breach),
+        E::SerdeMissingField { field, .. } => {
+            format!("missing field `{field}`: add `{field}: ...` to this mapping")
+        }
         E::AliasReplayLimitExceeded { .. }
         | E::AliasExpansionLimitExceeded { .. }
         | E::AliasReplayStackDepthExceeded { .. }
@@ -371,8 +383,16 @@ fn explain(e: &serde_saphyr::Error, text: &str, doc: Doc<'_>) -> YamlError {
             let generic = generic_message(e);
             if generic == "recursion limit exceeded" {
                 nesting_message()
+            } else if let Some(form) = generic.strip_prefix(UNTAGGED) {
+                // serde names the Rust type that holds the alternatives; say what they are.
+                format!(
+                    "{} must be {}, not {}",
+                    at.subject(),
+                    untagged_forms(form),
+                    at.found()
+                )
             } else {
-                generic
+                with_advice(generic)
             }
         }
     };
@@ -381,6 +401,160 @@ fn explain(e: &serde_saphyr::Error, text: &str, doc: Doc<'_>) -> YamlError {
         column,
         message,
     }
+}
+
+/// serde's words for a value that fits none of a field's alternative forms, before the type name.
+const UNTAGGED: &str = "data did not match any variant of untagged enum ";
+
+/// What the alternatives of each field with several forms are, by the type serde names.
+fn untagged_forms(type_name: &str) -> &'static str {
+    match type_name.trim() {
+        "SizeFile" => "a size, such as 65536, 64KiB or 1MiB",
+        "KeepFile" => "a number of deployments, such as 1000, or an age, such as 90d",
+        "RepoFile" => "a path, or `{url: ..., interval: ...}` for a remote",
+        _ => "one of the forms this key takes (see docs/repository.md)",
+    }
+}
+
+/// The YAML parser's own words for a syntax error, followed by what usually causes it and what
+/// to write instead. The parser's words stay first: they are what a search engine knows.
+fn with_advice(message: String) -> String {
+    const ADVICE: &[(&str, &str)] = &[
+        (
+            "mapping values are not allowed",
+            "a value holds `: ` (a colon and a space); quote the value, as in \
+             `key: \"a: b\"`, or start a nested mapping on a line of its own",
+        ),
+        (
+            "did not find expected key",
+            "the keys of one mapping must start in the same column: line this one up with \
+             the keys above it (spaces, not tabs)",
+        ),
+        (
+            "did not find expected '-' indicator",
+            "the items of one list must start in the same column: line this `- ` up with \
+             the ones above it",
+        ),
+        (
+            "block sequence entries are not allowed",
+            "a `- item` stands where a value is expected: start the list on the line below \
+             its key, indented",
+        ),
+        (
+            "unclosed quote",
+            "close the quote, or write a quote inside a value as \\\" (double quotes) or '' \
+             (single quotes)",
+        ),
+        (
+            "tabs disallowed",
+            "indent with spaces: YAML does not allow tabs there",
+        ),
+        (
+            "tab cannot be used",
+            "indent with spaces: YAML does not allow tabs there",
+        ),
+        (
+            "did not find expected ',' or '}'",
+            "separate the entries of `{...}` with commas, and quote a value that holds `,` or \
+             `}`",
+        ),
+        (
+            "expected ',' or ']'",
+            "separate the items of `[...]` with commas, and quote an item that holds `,` or \
+             `]`",
+        ),
+        ("unknown field", "check the spelling, or remove the key"),
+        (
+            "invalid indentation",
+            "indent a nested value more than its key, with spaces",
+        ),
+    ];
+    match ADVICE.iter().find(|(words, _)| message.contains(words)) {
+        Some((_, advice)) => format!("{message}: {advice}"),
+        None => message,
+    }
+}
+
+/// The 1-based line of the `---` that starts a second document in `text`: a marker in column 1
+/// after the first document's content (a `---` before any content opens the first document).
+pub fn second_document_line(text: &str) -> Option<usize> {
+    let mut content = false;
+    for (index, line) in text.split('\n').enumerate() {
+        let line = line.trim_end_matches('\r');
+        let marker = line == "---" || line.starts_with("--- ") || line.starts_with("---\t");
+        if marker {
+            if content {
+                return Some(index + 1);
+            }
+            continue;
+        }
+        let trimmed = line.trim();
+        if !trimmed.is_empty() && !trimmed.starts_with('#') && trimmed != "..." {
+            content = true;
+        }
+    }
+    None
+}
+
+/// Where the key at `path` (mapping keys from the root, list items by their index) is written:
+/// its 1-based line and column. `None` when the text does not parse or has no such key.
+pub fn key_location(text: &str, path: &[&str]) -> Option<(usize, usize)> {
+    /// An open collection: a mapping with its current key (and whether a key comes next), or a
+    /// list with the index of its current item.
+    enum Open {
+        Map { next_is_key: bool, key: String },
+        List { index: Option<usize> },
+    }
+    let mut open: Vec<Open> = Vec::new();
+    for item in Parser::new_from_str(text) {
+        let Ok((event, span)) = item else {
+            return None;
+        };
+        let is_node = matches!(
+            event,
+            Event::Scalar(..)
+                | Event::Alias(..)
+                | Event::SequenceStart(..)
+                | Event::MappingStart(..)
+        );
+        if is_node {
+            match open.last_mut() {
+                Some(Open::Map { next_is_key, key }) if *next_is_key => {
+                    *next_is_key = false;
+                    *key = match &event {
+                        Event::Scalar(value, ..) => value.to_string(),
+                        _ => String::new(),
+                    };
+                    let here = open.len() == path.len()
+                        && open.iter().zip(path).all(|(o, want)| match o {
+                            Open::Map { key, .. } => key == want,
+                            Open::List { index } => {
+                                index.map(|i| i.to_string()).as_deref() == Some(want)
+                            }
+                        });
+                    if here {
+                        return Some((span.start.line(), span.start.col() + 1));
+                    }
+                    continue;
+                }
+                Some(Open::Map { next_is_key, .. }) => *next_is_key = true,
+                Some(Open::List { index }) => *index = Some(index.map_or(0, |i| i + 1)),
+                None => {}
+            }
+        }
+        match event {
+            Event::MappingStart(..) => open.push(Open::Map {
+                next_is_key: true,
+                key: String::new(),
+            }),
+            Event::SequenceStart(..) => open.push(Open::List { index: None }),
+            Event::MappingEnd | Event::SequenceEnd => {
+                open.pop();
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 fn nesting_message() -> String {
@@ -696,8 +870,22 @@ mod tests {
         for (text, want) in [
             (
                 "type: a\n---\ntype: b\n",
-                "3:1: a second YAML document starts here (after a `---` line), but an \
-                 environment file holds one document",
+                "2:1: a second YAML document starts at this `---` line, but an environment \
+                 file holds one document: remove the `---` line, or move what follows to a \
+                 file of its own",
+            ),
+            (
+                "# leading marker opens the first document\n---\ntype: a\n--- # b\ntype: b\n",
+                "4:1: a second YAML document starts at this `---` line",
+            ),
+            (
+                "type: a\nguard:\n  threshold: 5: x\n",
+                "3:15: mapping values are not allowed in this context: a value holds `: `",
+            ),
+            (
+                "type: a\nguard:\n    threshold: 5\n  on: true\n",
+                "4:3: while parsing a block mapping, did not find expected key: the keys of one \
+                 mapping must start in the same column",
             ),
             (
                 "type: a\ntype: b\n",
@@ -722,6 +910,10 @@ mod tests {
                 "3:7: `on` must be true or false, not `yes`",
             ),
             ("type: [a]\n", "1:7: `type` must be text, not a list"),
+            (
+                "shared: {}\n",
+                "1:1: missing field `type`: add `type: ...` to this mapping",
+            ),
         ] {
             let got = error(text);
             assert!(got.starts_with(want), "{text:?}\n got: {got}\nwant: {want}");
@@ -827,6 +1019,33 @@ mod tests {
         assert!(e.message.contains("cannot be empty"), "{e:?}");
         let e = from_str::<Env>("type: a\r\rtype: b", &Limits::default(), DOC).unwrap_err();
         assert_eq!(e.line, Some(1), "{e:?}");
+    }
+
+    #[test]
+    fn second_documents_are_found_at_their_marker() {
+        assert_eq!(second_document_line("a: 1\n"), None);
+        assert_eq!(second_document_line("---\na: 1\n"), None);
+        assert_eq!(second_document_line("# x\n---\na: 1\n---\nb: 2\n"), Some(4));
+        assert_eq!(second_document_line("a: |\n  ---\n  text\n"), None);
+        assert_eq!(second_document_line("a: 1\r\n---\r\nb: 2\r\n"), Some(2));
+    }
+
+    #[test]
+    fn keys_are_located_by_their_path() {
+        let text = "containers:\n  web:\n    image: x\n    variables:\n  worker:\n    \
+                    variables:\n    files: {a: 1}\nlist:\n  - name: a\n  - {name: b, x: [1]}\n";
+        assert_eq!(
+            key_location(text, &["containers", "worker", "variables"]),
+            Some((6, 5))
+        );
+        assert_eq!(
+            key_location(text, &["containers", "web", "variables"]),
+            Some((4, 5))
+        );
+        assert_eq!(key_location(text, &["list", "1", "name"]), Some((10, 6)));
+        assert_eq!(key_location(text, &["list", "0", "name"]), Some((9, 5)));
+        assert_eq!(key_location(text, &["containers", "db"]), None);
+        assert_eq!(key_location("a: 1\n", &["a", "b"]), None);
     }
 
     #[test]

@@ -421,6 +421,7 @@ enum Operation {
 struct Job {
     operation: Operation,
     guresid: String,
+    org: String,
     env: String,
     app: Option<String>,
     res_type: String,
@@ -437,6 +438,7 @@ impl Job {
     fn request(&self) -> DriverRequest<'_> {
         DriverRequest {
             guresid: &self.guresid,
+            org: &self.org,
             env: &self.env,
             app: self.app.as_deref(),
             res_type: &self.res_type,
@@ -1154,6 +1156,7 @@ impl<'a> Run<'a, '_> {
         let job = Job {
             operation: Operation::Put,
             guresid: node.guresid.to_string(),
+            org: self.graph.org.clone(),
             env: self.graph.env.clone(),
             app: node.app.clone(),
             res_type: node.res_type.clone(),
@@ -1323,6 +1326,7 @@ impl<'a> Run<'a, '_> {
         let job = Job {
             operation: Operation::Delete,
             guresid: rec.guresid.clone(),
+            org: self.graph.org.clone(),
             env: rec.env.clone(),
             app: rec.app.clone(),
             res_type: rec.res_type.clone(),

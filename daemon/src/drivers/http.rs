@@ -590,6 +590,7 @@ mod tests {
     impl Inputs {
         fn request(&self) -> DriverRequest<'_> {
             DriverRequest {
+                org: "gitplane",
                 guresid: GURESID,
                 env: "prod",
                 app: Some("shop"),

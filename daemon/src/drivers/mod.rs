@@ -38,6 +38,8 @@ pub const MAX_COOKIE_BYTES: usize = 10_240;
 #[derive(Debug, Clone, Copy)]
 pub struct DriverRequest<'a> {
     pub guresid: &'a str,
+    /// The organisation (`org` in `gitplane.yaml`).
+    pub org: &'a str,
     pub env: &'a str,
     pub app: Option<&'a str>,
     pub res_type: &'a str,
@@ -372,6 +374,7 @@ pub(crate) mod test_request {
     pub fn request<'a>(inputs: &'a Inputs, cookie: Option<&'a str>) -> DriverRequest<'a> {
         DriverRequest {
             guresid: "0123456789abcdef0123456789abcdef01234567",
+            org: "gitplane",
             env: "dev",
             app: Some("shop"),
             res_type: "postgres",

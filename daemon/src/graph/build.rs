@@ -295,7 +295,7 @@ impl<'r> Builder<'r> {
             ]);
             self.dag[n].template_hash = hash;
         }
-        Ok(ResourceGraph::new(self.env, self.dag, self.index))
+        Ok(ResourceGraph::new(self.env, self.org, self.dag, self.index))
     }
 
     /// The node for a resource, created and matched if new. `None` when nothing matches.

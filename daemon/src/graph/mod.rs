@@ -259,6 +259,8 @@ pub fn label(app: Option<&str>, res_type: &str, class: &str, res_id: &str) -> St
 pub struct ResourceGraph {
     pub env: String,
     pub env_type: String,
+    /// What `${context.org.id}` reads (`org` in `gitplane.yaml`); drivers see it too.
+    pub org: String,
     /// The environment's deletion guard: the percent of its resources a commit may delete.
     pub deletion_threshold: f64,
     /// The environment's drift schedule.
@@ -285,6 +287,7 @@ impl ResourceGraph {
         ResourceGraph {
             env: env.to_owned(),
             env_type: String::new(),
+            org: crate::model::DEFAULT_ORG.to_owned(),
             deletion_threshold: 0.0,
             schedule: None,
             dag: Dag::new(),
@@ -437,6 +440,7 @@ impl ResourceGraph {
     /// Makes a graph of a DAG, computing its provisioning order once.
     fn new(
         env: &crate::model::Environment,
+        org: &str,
         dag: Dag<ResourceNode, EdgeKind>,
         index: HashMap<GuresId, NodeIndex>,
     ) -> ResourceGraph {
@@ -448,6 +452,7 @@ impl ResourceGraph {
         ResourceGraph {
             env: env.id.clone(),
             env_type: env.env_type.clone(),
+            org: org.to_owned(),
             deletion_threshold: env.deletion_threshold,
             schedule: env.schedule.clone(),
             dag,

@@ -7,6 +7,7 @@
 
 mod echo;
 mod exec;
+pub(crate) mod gotemplate;
 mod http;
 mod k8s;
 mod template;

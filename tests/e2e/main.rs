@@ -16,6 +16,7 @@ mod guard;
 mod history;
 mod hook;
 mod host_config;
+mod hpo_templates;
 mod lifecycle;
 mod links;
 mod manifests;

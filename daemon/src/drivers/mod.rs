@@ -7,6 +7,7 @@
 
 mod echo;
 mod exec;
+mod go_template;
 pub(crate) mod gotemplate;
 mod http;
 mod k8s;
@@ -21,6 +22,7 @@ use serde_json::Value;
 
 pub use echo::EchoDriver;
 pub use exec::{ExecDriver, kill_running};
+pub use go_template::GoTemplateDriver;
 pub use http::HttpDriver;
 pub(crate) use http::{encode_path_segment, one_line};
 pub use template::TemplateDriver;
@@ -291,8 +293,8 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// The built-in drivers: `echo` and `template` (also as `humanitec/echo` and
-    /// `humanitec/template`), `humanitec/static` (an echo), Humanitec's Kubernetes drivers
+    /// The built-in drivers: `echo` (also `humanitec/echo`), `template` (minijinja),
+    /// `humanitec/template` (Go templates), `humanitec/static` (an echo), Humanitec's Kubernetes drivers
     /// (`humanitec/ingress`, `volume-pvc`, `volume-nfs`, `hpa`, `dns-wildcard` and the
     /// `k8s-cluster` ones), and `terraform` under Humanitec's names with the default settings.
     pub fn builtin() -> Self {
@@ -303,9 +305,10 @@ impl Registry {
         registry.register("echo", echo.clone(), None);
         registry.register("humanitec/echo", echo.clone(), None);
         registry.register("humanitec/static", echo, None);
-        let template: Arc<dyn Driver> = Arc::new(TemplateDriver);
-        registry.register("template", template.clone(), None);
-        registry.register("humanitec/template", template, None);
+        // gitplane's minijinja form keeps its own name; Humanitec's name renders Go templates,
+        // as the Platform Orchestrator does.
+        registry.register("template", Arc::new(TemplateDriver), None);
+        registry.register("humanitec/template", Arc::new(GoTemplateDriver), None);
         registry.register(PROVIDED_DRIVER, Arc::new(ProvidedDriver), None);
         registry.register("humanitec/ingress", Arc::new(k8s::IngressDriver), None);
         registry.register("humanitec/volume-pvc", Arc::new(k8s::VolumePvcDriver), None);

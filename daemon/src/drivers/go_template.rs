@@ -1,0 +1,347 @@
+//! `humanitec/template`: Humanitec's template driver, rendering Go templates (with the Sprig
+//! functions) into a resource's outputs, secret outputs, manifests and cookie.
+//!
+//! As Humanitec documents it: the templates are `driver_inputs.values.templates.{init,
+//! manifests, outputs, secrets, cookie}` and `driver_inputs.secrets.templates.outputs`; each
+//! renders YAML, in that order, and sees what the ones before it rendered. gitplane's own
+//! minijinja form is the `template` driver (`template.rs`).
+
+use serde_json::{Map, Value, json};
+
+use super::gotemplate::GoTemplate;
+use super::template::{kind, parse_rendered, split_templates};
+use super::{
+    Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, MAX_COOKIE_BYTES, Manifest,
+    PutOutcome,
+};
+
+/// The templates `values.templates` may hold, in the order they are rendered.
+const VALUE_TEMPLATES: [&str; 5] = ["init", "manifests", "outputs", "secrets", "cookie"];
+/// The templates `secrets.templates` may hold.
+const SECRET_TEMPLATES: [&str; 1] = ["outputs"];
+
+/// Renders Humanitec's `templates` with Go's text/template and the Sprig functions.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GoTemplateDriver;
+
+impl Driver for GoTemplateDriver {
+    fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
+        let (values, value_templates) =
+            split_templates(request.values, "values", &VALUE_TEMPLATES)?;
+        let (secrets, secret_templates) =
+            split_templates(request.secrets, "secrets", &SECRET_TEMPLATES)?;
+        let cookie = match request.cookie {
+            None => Value::Null,
+            // A cookie another driver wrote (before a definition changed) is handed over as the
+            // string it is.
+            Some(text) => serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.into())),
+        };
+        let mut data = json!({
+            "id": request.guresid,
+            "driver": { "values": values, "secrets": secrets },
+            "resource": request.resource,
+            "cookie": cookie,
+            "context": {
+                "app": { "id": request.app },
+                "env": { "id": request.env },
+                "org": { "id": request.org },
+                "res": {
+                    "id": request.res_id,
+                    "type": request.res_type,
+                    "class": request.class,
+                    "guresid": request.guresid,
+                },
+            },
+            "init": {},
+        });
+        let source = |templates: &Map<String, Value>, key: &str| {
+            templates
+                .get(key)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
+
+        if let Some(text) = source(&value_templates, "init") {
+            data["init"] = render_mapping("values.templates.init", &text, &data)?;
+        }
+        let manifests = match source(&value_templates, "manifests") {
+            None => Vec::new(),
+            Some(text) => {
+                let name = "values.templates.manifests";
+                let rendered = render(name, &text, &data)?;
+                Manifest::list_from(rendered, name).map_err(DriverError::final_error)?
+            }
+        };
+        let outputs = match source(&value_templates, "outputs") {
+            Some(text) => render_mapping("values.templates.outputs", &text, &data)?,
+            None => Value::Object(Map::new()),
+        };
+        data["outputs"] = outputs.clone();
+        let mut secret_outputs = Map::new();
+        for (key, templates) in [
+            ("secrets", &value_templates),
+            ("outputs", &secret_templates),
+        ] {
+            let section = if key == "secrets" {
+                "values"
+            } else {
+                "secrets"
+            };
+            if let Some(text) = source(templates, key) {
+                let name = format!("{section}.templates.{key}");
+                if let Value::Object(map) = render_mapping(&name, &text, &data)? {
+                    secret_outputs.extend(map);
+                }
+            }
+        }
+        let cookie = match source(&value_templates, "cookie") {
+            None => Cookie::Unchanged,
+            Some(text) => {
+                let name = "values.templates.cookie";
+                let value = render(name, &text, &data)?;
+                let text = serde_json::to_string(&value).map_err(|e| {
+                    DriverError::final_error(format!("{name}: cannot encode the cookie: {e}"))
+                })?;
+                if text.len() > MAX_COOKIE_BYTES {
+                    return Err(DriverError::final_error(format!(
+                        "{name}: the cookie is {} bytes of JSON, more than the {MAX_COOKIE_BYTES} \
+                         allowed",
+                        text.len()
+                    )));
+                }
+                Cookie::Set(text)
+            }
+        };
+        Ok(PutOutcome::Done {
+            outputs,
+            secret_outputs: Value::Object(secret_outputs),
+            cookie,
+            manifests,
+        })
+    }
+
+    fn delete(&self, _request: &DriverRequest<'_>) -> Result<DeleteOutcome, DriverError> {
+        Ok(DeleteOutcome::Done)
+    }
+
+    fn in_process(&self) -> bool {
+        true
+    }
+}
+
+/// Renders template `name` over `data` and parses the text as YAML.
+fn render(name: &str, source: &str, data: &Value) -> Result<Value, DriverError> {
+    let template = GoTemplate::parse(name, source)
+        .map_err(|e| DriverError::final_error(with_hint(e.to_string(), source)))?;
+    let text = template
+        .render(data)
+        .map_err(|e| DriverError::final_error(with_hint(e.to_string(), source)))?;
+    parse_rendered(name, &text)
+}
+
+/// Renders template `name` into a YAML mapping (a text of only comments is `{}`).
+fn render_mapping(name: &str, source: &str, data: &Value) -> Result<Value, DriverError> {
+    match render(name, source, data)? {
+        Value::Null => Ok(Value::Object(Map::new())),
+        v @ Value::Object(_) => Ok(v),
+        other => Err(DriverError::final_error(format!(
+            "{name} must render a YAML mapping, got {}",
+            kind(&other)
+        ))),
+    }
+}
+
+/// An error in what looks like gitplane's minijinja form (`{{ values.x }}`, `{% if %}`)
+/// says which driver renders that.
+fn with_hint(message: String, source: &str) -> String {
+    let jinja = source.contains("{%")
+        || [
+            "{{ values.",
+            "{{ secrets.",
+            "{{ init.",
+            "{{ res.",
+            "{{values.",
+        ]
+        .iter()
+        .any(|start| source.contains(start));
+    if jinja {
+        format!(
+            "{message} (humanitec/template renders Go templates, `{{{{ .driver.values.x }}}}`; \
+             this looks like gitplane's minijinja form: use `driver_type: template` for it)"
+        )
+    } else {
+        message
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ErrorKind;
+    use super::super::test_request::{Inputs, request};
+    use super::*;
+    use crate::drivers::ManifestLocation;
+
+    fn inputs(values: Value, secrets: Value) -> Inputs {
+        Inputs {
+            resource: json!({"labels": {"team": "checkout", "tier": "gold"}}),
+            values,
+            secrets,
+            account: None,
+        }
+    }
+
+    fn put(inputs: &Inputs, cookie: Option<&str>) -> (Value, Value, Cookie, Vec<Manifest>) {
+        match GoTemplateDriver.put(&request(inputs, cookie)).unwrap() {
+            PutOutcome::Done {
+                outputs,
+                secret_outputs,
+                cookie,
+                manifests,
+            } => (outputs, secret_outputs, cookie, manifests),
+            other => panic!("not done: {other:?}"),
+        }
+    }
+
+    fn error(inputs: &Inputs) -> String {
+        let err = GoTemplateDriver.put(&request(inputs, None)).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Final);
+        err.message
+    }
+
+    /// A definition in the style of Humanitec's in-cluster resource packs: init names things
+    /// from the resource id (and keeps the names in the cookie), manifests, outputs, secrets.
+    fn redis_like() -> Inputs {
+        inputs(
+            json!({
+                "resId": "modules.web.externals.cache",
+                "templates": {
+                    "init": "{{- if .cookie }}\nname: {{ .cookie.name }}\n{{- else }}\n\
+                             name: redis-{{ index (splitList \".\" .driver.values.resId) 1 | substr 0 20 }}-{{ index (splitList \".\" .driver.values.resId) 3 }}\n\
+                             {{- end }}\nport: 6379\n",
+                    "manifests": "deployment.yaml:\n  location: namespace\n  data:\n    \
+                                  apiVersion: apps/v1\n    kind: Deployment\n    metadata:\n      \
+                                  name: {{ .init.name }}\n      labels: {{ .resource.labels | toRawJson }}\n\
+                                  sidecar.yaml:\n  location: containers\n  data:\n    name: proxy\n    \
+                                  image: envoy:{{ .driver.values.version | default \"v1\" }}\n",
+                    "outputs": "host: {{ .init.name }}\nport: {{ .init.port }}\nid: {{ .id | quote }}\n\
+                                app: {{ .context.app.id }}\norg: {{ .context.org.id }}\n",
+                    "secrets": "password: {{ .driver.secrets.password | quote }}\n",
+                    "cookie": "name: {{ .init.name }}\nhost: {{ .outputs.host }}\n",
+                }
+            }),
+            json!({"password": "hunter2"}),
+        )
+    }
+
+    #[test]
+    fn renders_init_manifests_outputs_secrets_and_cookie_in_order() {
+        let (outputs, secrets, cookie, manifests) = put(&redis_like(), None);
+        assert_eq!(
+            outputs,
+            json!({"host": "redis-web-cache", "port": 6379,
+                   "id": "0123456789abcdef0123456789abcdef01234567", "app": "shop",
+                   "org": "gitplane"})
+        );
+        assert_eq!(secrets, json!({"password": "hunter2"}));
+        assert_eq!(
+            cookie,
+            Cookie::Set(r#"{"host":"redis-web-cache","name":"redis-web-cache"}"#.into())
+        );
+        assert_eq!(manifests.len(), 2);
+        assert_eq!(manifests[0].name, "deployment.yaml");
+        assert_eq!(manifests[0].location, ManifestLocation::Namespace);
+        assert_eq!(
+            manifests[0].data,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                   "metadata": {"name": "redis-web-cache",
+                                "labels": {"team": "checkout", "tier": "gold"}}})
+        );
+        assert_eq!(manifests[1].location, ManifestLocation::Containers);
+        assert_eq!(
+            manifests[1].data,
+            json!({"name": "proxy", "image": "envoy:v1"})
+        );
+    }
+
+    #[test]
+    fn the_cookie_of_the_last_call_is_in_scope() {
+        let cookie = r#"{"name":"redis-kept"}"#;
+        let (outputs, ..) = put(&redis_like(), Some(cookie));
+        assert_eq!(outputs["host"], "redis-kept");
+    }
+
+    #[test]
+    fn secret_templates_from_both_places_become_secret_outputs() {
+        let inputs = inputs(
+            json!({"templates": {"secrets": "a: '1'"}}),
+            json!({"token": "t0k", "templates": {"outputs": "b: {{ .driver.secrets.token }}"}}),
+        );
+        let (outputs, secrets, ..) = put(&inputs, None);
+        assert_eq!(outputs, json!({}));
+        assert_eq!(secrets, json!({"a": "1", "b": "t0k"}));
+    }
+
+    #[test]
+    fn a_missing_key_prints_as_go_does_and_default_fills_it() {
+        let inputs = inputs(
+            json!({"templates": {"outputs": "a: {{ .driver.values.nope }}\nb: {{ .driver.values.nope | default \"x\" }}"}}),
+            json!({}),
+        );
+        let (outputs, ..) = put(&inputs, None);
+        assert_eq!(outputs, json!({"a": "<no value>", "b": "x"}));
+    }
+
+    #[test]
+    fn bad_templates_name_the_template_and_never_show_secrets() {
+        let parse = inputs(
+            json!({"templates": {"outputs": "a: {{ .driver.values.x"}}),
+            json!({}),
+        );
+        assert!(
+            error(&parse).starts_with("values.templates.outputs"),
+            "{}",
+            error(&parse)
+        );
+        let jinja = inputs(
+            json!({"templates": {"outputs": "a: {{ values.x }}"}}),
+            json!({}),
+        );
+        assert!(
+            error(&jinja).contains("use `driver_type: template`"),
+            "{}",
+            error(&jinja)
+        );
+        let yaml = inputs(
+            json!({"templates": {"outputs": "a: [{{ .driver.secrets.pw }}"}}),
+            json!({"pw": "hunter2"}),
+        );
+        let message = error(&yaml);
+        assert!(message.contains("not valid YAML"), "{message}");
+        assert!(!message.contains("hunter2"), "{message}");
+        let not_a_map = inputs(json!({"templates": {"outputs": "- a"}}), json!({}));
+        assert_eq!(
+            error(&not_a_map),
+            "values.templates.outputs must render a YAML mapping, got a sequence"
+        );
+        let unknown = inputs(json!({"templates": {"output": "a: 1"}}), json!({}));
+        assert!(error(&unknown).contains("values.templates.output is not a template"));
+    }
+
+    #[test]
+    fn manifests_must_have_a_known_location_and_an_object() {
+        let location = inputs(
+            json!({"templates": {"manifests": "x.yaml:\n  location: pod\n  data: {kind: A}"}}),
+            json!({}),
+        );
+        assert!(
+            error(&location).contains("values.templates.manifests.x.yaml.location is not one of"),
+            "{}",
+            error(&location)
+        );
+        let string = inputs(
+            json!({"templates": {"manifests": "x.yaml:\n  location: namespace\n  data: \"kind: A\""}}),
+            json!({}),
+        );
+        assert!(error(&string).contains("not a string holding YAML"));
+    }
+}

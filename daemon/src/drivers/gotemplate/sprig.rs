@@ -36,7 +36,7 @@ use std::sync::{Arc, LazyLock};
 use gotmpl::{FuncMap, TemplateError, Value};
 
 use super::context;
-use super::rewrite::{Known, STEP_FUNCTION, THEN_FUNCTION};
+use super::rewrite::{Known, SHOW_FUNCTION, STEP_FUNCTION, THEN_FUNCTION};
 
 pub(super) use json::value_from_json;
 
@@ -272,6 +272,7 @@ const FUNCTIONS: &[(&str, Func)] = &[
     ("kindIs", defaults::kind_is),
     (STEP_FUNCTION, defaults::step),
     (THEN_FUNCTION, defaults::then),
+    (SHOW_FUNCTION, defaults::show),
     // Lists.
     ("list", collections::list),
     ("tuple", collections::list),

@@ -55,7 +55,8 @@ pub struct GoTemplateError {
 pub struct GoTemplate {
     name: String,
     template: Template,
-    /// Whether the template has a body: an empty one is not registered under its name.
+    /// Whether the template has a body beyond whitespace, registered (and metered) under its
+    /// name; gotmpl keeps a blank body apart.
     has_body: bool,
     literals: Arc<BTreeSet<String>>,
     facts: Facts,
@@ -108,15 +109,16 @@ impl GoTemplate {
                 sprig::MAX_DEPTH
             ),
         })?;
-        if !self.has_body {
-            return Ok(String::new());
-        }
         let _context = context::install(self.literals.clone());
         let mut out = sprig::Limited::new(MAX_RENDERED_BYTES);
-        match self
-            .template
-            .execute_template_fmt(&mut out, &self.name, &dot)
-        {
+        let result = if self.has_body {
+            self.template
+                .execute_template_fmt(&mut out, &self.name, &dot)
+        } else {
+            // Only whitespace, comments and definitions: printed as it is, nothing to meter.
+            self.template.execute_fmt(&mut out, &dot)
+        };
+        match result {
             Ok(()) => Ok(out.text),
             Err(_) if out.exceeded => Err(GoTemplateError {
                 name: self.name.clone(),

@@ -8,6 +8,8 @@
 //!   recursively, and a `{{range}}` body) starts with a call of [`STEP_FUNCTION`] that charges
 //!   the body's size to the render's budget. Without it, a template calling itself twice per
 //!   level would run for years within gotmpl's depth limit, calling no function on the way.
+//! - Every action that prints ends in a call of [`SHOW_FUNCTION`], which prints floats, and
+//!   lists and dicts holding them, as Go's `fmt` does (`1e+06`, where gotmpl writes `1000000`).
 //! - gotmpl's values are immutable, while Sprig's `set`, `unset`, `merge` and
 //!   `mergeOverwrite` change the dict they are given (templates write
 //!   `{{ $_ := set $d "k" "v" }}` and then use `$d`). A call whose dict is a variable, or a
@@ -25,6 +27,8 @@ use gotmpl::parse::{
 pub(super) const STEP_FUNCTION: &str = "_gitplaneStep";
 /// `_gitplaneThen a b` returns `b`: evaluates an assignment, then reads what it changed.
 pub(super) const THEN_FUNCTION: &str = "_gitplaneThen";
+/// The last command of every printing action: the value as Go's `fmt` prints it.
+pub(super) const SHOW_FUNCTION: &str = "_gitplaneShow";
 
 /// Sprig functions that change the dict given as their first argument.
 const MUTATORS: [&str; 6] = [
@@ -111,7 +115,17 @@ impl Walker<'_> {
     fn node(&mut self, node: &mut Node) -> u64 {
         match node {
             Node::Text(_) | Node::Break(_) | Node::Continue(_) => 1,
-            Node::Action(action) => 1 + self.pipe(&mut action.pipe),
+            Node::Action(action) => {
+                let size = 1 + self.pipe(&mut action.pipe);
+                if action.pipe.decl.is_empty() {
+                    let pos = action.pipe.pos;
+                    action.pipe.commands.push(CommandNode {
+                        pos,
+                        args: vec![Expr::Identifier(pos, SmolStr::new(SHOW_FUNCTION))],
+                    });
+                }
+                size + 1
+            }
             Node::If(branch) | Node::With(branch) => {
                 let mut size = 1 + self.pipe(&mut branch.pipe) + self.list(&mut branch.body);
                 if let Some(other) = branch.else_body.as_mut() {

@@ -14,7 +14,16 @@
 //! - functions that would allocate without bound (`repeat`, `until`, `indent`…) fail past
 //!   [`MAX_VALUE_BYTES`] or [`MAX_LIST_ITEMS`];
 //! - strings are UTF-8: where Go would cut a character in half (`substr`, `trunc`), the broken
-//!   bytes become U+FFFD.
+//!   bytes become U+FFFD;
+//! - integers in the data stay integers (Go's JSON decoding makes them floats, which `%v`
+//!   prints as `1.2345678e+07`), so `typeOf` says `int` where Go may say `float64`, and lists
+//!   and dicts are always `[]interface {}` and `map[string]interface {}`;
+//! - Sprig's `slice` also takes a string, as Go's built-in does (Sprig's refuses one);
+//! - `fromYaml` reads YAML 1.2 as the rest of gitplane (`yes` stays a string), and its error
+//!   (in the `Error` key, as Helm) never quotes the text.
+//!
+//! The dates, key and certificate generators, `semver`, DNS lookups and `env` are left out on
+//! purpose (see `UNSUPPORTED`): a template using one is refused when it is parsed.
 
 mod builtins;
 mod collections;
@@ -36,7 +45,7 @@ use std::sync::{Arc, LazyLock};
 use gotmpl::{FuncMap, TemplateError, Value};
 
 use super::context;
-use super::rewrite::{Known, STEP_FUNCTION, THEN_FUNCTION};
+use super::rewrite::{Known, SHOW_FUNCTION, STEP_FUNCTION, THEN_FUNCTION};
 
 pub(super) use json::value_from_json;
 
@@ -272,6 +281,7 @@ const FUNCTIONS: &[(&str, Func)] = &[
     ("kindIs", defaults::kind_is),
     (STEP_FUNCTION, defaults::step),
     (THEN_FUNCTION, defaults::then),
+    (SHOW_FUNCTION, defaults::show),
     // Lists.
     ("list", collections::list),
     ("tuple", collections::list),

@@ -3,7 +3,7 @@
 
 use gotmpl::{TemplateError, Value};
 
-use super::{Args, deep_equal, fail, is_empty, text};
+use super::{Args, deep_equal, fail, is_empty, strval, text};
 use crate::drivers::gotemplate::context;
 
 type Result<T> = std::result::Result<T, TemplateError>;
@@ -172,4 +172,17 @@ pub(super) fn step(name: &str, args: &[Value]) -> Result<Value> {
 /// `_gitplaneThen a b` is `b`: evaluates an assignment `a` first (inserted by `rewrite`).
 pub(super) fn then(_name: &str, args: &[Value]) -> Result<Value> {
     Ok(args.get(1).cloned().unwrap_or(Value::Nil))
+}
+
+/// The value an action prints, as Go's `fmt` prints it: floats (alone or inside lists and
+/// dicts) become text; everything else is printed by gotmpl as Go would (inserted by
+/// `rewrite`).
+pub(super) fn show(name: &str, args: &[Value]) -> Result<Value> {
+    match args.last() {
+        Some(value @ (Value::Float(_) | Value::List(_) | Value::Map(_))) => {
+            Ok(Value::String(strval(name, value)?.into_owned().into()))
+        }
+        Some(other) => Ok(other.clone()),
+        None => Ok(Value::Nil),
+    }
 }

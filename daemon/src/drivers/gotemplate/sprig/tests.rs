@@ -251,7 +251,7 @@ fn to_string_prints_as_go_percent_v() {
         ("{{ toString .missing }}", "<nil>"),
         ("{{ toString true }}", "true"),
         ("{{ toString 1.5 }}", "1.5"),
-        // fmt's %v writes floats from 1e21 with an exponent, and from 1e6 as strconv's 'g'.
+        // fmt's %v is strconv's shortest 'g': an exponent from 1e6 and below 1e-4.
         ("{{ toString 1000000.0 }}", "1e+06"),
         ("{{ toString 123456.0 }}", "123456"),
         ("{{ toString 0.00001 }}", "1e-05"),

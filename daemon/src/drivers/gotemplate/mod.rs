@@ -18,9 +18,6 @@
 //! gotmpl reports no position at run time; when the function that failed is called on a
 //! single line of the template, the message names that line.
 
-// The `template` driver renders through this engine once the integrator wires it in.
-#![allow(dead_code)]
-
 mod context;
 mod rewrite;
 mod sprig;

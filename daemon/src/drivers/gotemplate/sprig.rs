@@ -455,11 +455,6 @@ impl<'a> Args<'a> {
         self.values.get(i).unwrap_or(&NIL)
     }
 
-    /// The last argument: the one a pipeline passes in.
-    pub fn last(&self) -> &'a Value {
-        self.get(self.values.len().saturating_sub(1))
-    }
-
     fn wrong(&self, i: usize, wanted: &str) -> TemplateError {
         fail(
             self.name,

@@ -9,11 +9,8 @@
 use serde_json::{Map, Value, json};
 
 use super::gotemplate::GoTemplate;
-use super::template::{kind, parse_rendered, split_templates};
-use super::{
-    Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, MAX_COOKIE_BYTES, Manifest,
-    PutOutcome,
-};
+use super::template::{cookie_of, kind, parse_rendered, previous_cookie, split_templates};
+use super::{Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, Manifest, PutOutcome};
 
 /// The templates `values.templates` may hold, in the order they are rendered.
 const VALUE_TEMPLATES: [&str; 5] = ["init", "manifests", "outputs", "secrets", "cookie"];
@@ -30,12 +27,7 @@ impl Driver for GoTemplateDriver {
             split_templates(request.values, "values", &VALUE_TEMPLATES)?;
         let (secrets, secret_templates) =
             split_templates(request.secrets, "secrets", &SECRET_TEMPLATES)?;
-        let cookie = match request.cookie {
-            None => Value::Null,
-            // A cookie another driver wrote (before a definition changed) is handed over as the
-            // string it is.
-            Some(text) => serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.into())),
-        };
+        let cookie = previous_cookie(request.cookie);
         let mut data = json!({
             "id": request.guresid,
             "driver": { "values": values, "secrets": secrets },
@@ -98,18 +90,7 @@ impl Driver for GoTemplateDriver {
             None => Cookie::Unchanged,
             Some(text) => {
                 let name = "values.templates.cookie";
-                let value = render(name, &text, &data)?;
-                let text = serde_json::to_string(&value).map_err(|e| {
-                    DriverError::final_error(format!("{name}: cannot encode the cookie: {e}"))
-                })?;
-                if text.len() > MAX_COOKIE_BYTES {
-                    return Err(DriverError::final_error(format!(
-                        "{name}: the cookie is {} bytes of JSON, more than the {MAX_COOKIE_BYTES} \
-                         allowed",
-                        text.len()
-                    )));
-                }
-                Cookie::Set(text)
+                cookie_of(name, &render(name, &text, &data)?)?
             }
         };
         Ok(PutOutcome::Done {

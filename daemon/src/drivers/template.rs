@@ -35,12 +35,7 @@ impl Driver for TemplateDriver {
                 .map(str::to_owned)
         };
 
-        let previous_cookie = match request.cookie {
-            None => Value::Null,
-            // A cookie this driver did not write (another driver's, before a definition
-            // changed): hand it over as the string it is.
-            Some(text) => serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.into())),
-        };
+        let previous_cookie = previous_cookie(request.cookie);
         let mut scope = json!({
             "values": values,
             "secrets": secrets,
@@ -64,18 +59,7 @@ impl Driver for TemplateDriver {
             None => Cookie::Unchanged,
             Some(source) => {
                 let name = "values.templates.cookie";
-                let value = render_yaml(&env, name, &source, &scope)?;
-                let text = serde_json::to_string(&value).map_err(|e| {
-                    DriverError::final_error(format!("{name}: cannot encode the cookie: {e}"))
-                })?;
-                if text.len() > MAX_COOKIE_BYTES {
-                    return Err(DriverError::final_error(format!(
-                        "{name}: the cookie is {} bytes of JSON, more than the {MAX_COOKIE_BYTES} \
-                         allowed",
-                        text.len()
-                    )));
-                }
-                Cookie::Set(text)
+                cookie_of(name, &render_yaml(&env, name, &source, &scope)?)?
             }
         };
 
@@ -98,6 +82,30 @@ impl Driver for TemplateDriver {
     fn delete(&self, _request: &DriverRequest<'_>) -> Result<DeleteOutcome, DriverError> {
         Ok(DeleteOutcome::Done)
     }
+}
+
+/// The cookie of the last call as templates see it: parsed back from JSON. A cookie the
+/// template drivers did not write (another driver's, before a definition changed) is handed
+/// over as the string it is.
+pub(super) fn previous_cookie(cookie: Option<&str>) -> Value {
+    match cookie {
+        None => Value::Null,
+        Some(text) => serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.into())),
+    }
+}
+
+/// What the `cookie` template `name` rendered, as the cookie to keep: compact JSON within the
+/// Driver Interface's limit.
+pub(super) fn cookie_of(name: &str, value: &Value) -> Result<Cookie, DriverError> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| DriverError::final_error(format!("{name}: cannot encode the cookie: {e}")))?;
+    if text.len() > MAX_COOKIE_BYTES {
+        return Err(DriverError::final_error(format!(
+            "{name}: the cookie is {} bytes of JSON, more than the {MAX_COOKIE_BYTES} allowed",
+            text.len()
+        )));
+    }
+    Ok(Cookie::Set(text))
 }
 
 /// Splits driver inputs into the inputs without `templates` and the templates, checking that

@@ -172,23 +172,22 @@ pub(super) fn mul(name: &str, args: &[Value]) -> Result<Value> {
 }
 
 pub(super) fn div(name: &str, args: &[Value]) -> Result<Value> {
-    let a = Args::new(name, args);
-    a.exactly(2)?;
-    let (x, y) = (to_int64(a.get(0)), to_int64(a.get(1)));
-    if y == 0 {
-        return Err(fail(name, "division by zero"));
-    }
-    Ok(Value::Int(x.wrapping_div(y)))
+    integer_division(name, args, i64::wrapping_div)
 }
 
 pub(super) fn modulo(name: &str, args: &[Value]) -> Result<Value> {
+    integer_division(name, args, i64::wrapping_rem)
+}
+
+/// `div` and `mod`: two integers, the second not zero (Go would panic).
+fn integer_division(name: &str, args: &[Value], op: fn(i64, i64) -> i64) -> Result<Value> {
     let a = Args::new(name, args);
     a.exactly(2)?;
     let (x, y) = (to_int64(a.get(0)), to_int64(a.get(1)));
     if y == 0 {
         return Err(fail(name, "division by zero"));
     }
-    Ok(Value::Int(x.wrapping_rem(y)))
+    Ok(Value::Int(op(x, y)))
 }
 
 pub(super) fn max(name: &str, args: &[Value]) -> Result<Value> {

@@ -639,27 +639,18 @@ impl HostConfig {
         let mut terraform = TerraformConfig::default();
         if let Some(t) = raw.terraform {
             terraform.timeout = terraform_timeout;
-            if let Some(program) = &t.program
-                && !program.is_absolute()
-            {
-                err(
-                    "program:",
-                    format!(
-                        "terraform.program '{}' must be an absolute path",
-                        program.display()
-                    ),
-                );
-            }
-            if let Some(home) = &t.home
-                && !home.is_absolute()
-            {
-                err(
-                    "home:",
-                    format!(
-                        "terraform.home '{}' must be an absolute path",
-                        home.display()
-                    ),
-                );
+            for (key, path) in [("program", &t.program), ("home", &t.home)] {
+                if let Some(path) = path
+                    && !path.is_absolute()
+                {
+                    err(
+                        &format!("{key}:"),
+                        format!(
+                            "terraform.{key} '{}' must be an absolute path",
+                            path.display()
+                        ),
+                    );
+                }
             }
             if t.concurrency == Some(0) {
                 err(

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
-use crate::util::Sandbox;
+use crate::util::{Sandbox, rows_of};
 
 const SETTINGS: &str = "\
 # Humanitec's placeholders read the organisation; gitplane has one per repository.
@@ -344,7 +344,7 @@ fn older_score_and_hpo_forms_validate_plan_and_apply() {
         ))
         .into_iter()
         .collect();
-    let expected: BTreeSet<Vec<String>> = [
+    let expected: BTreeSet<Vec<String>> = rows_of(&[
         ["workload#modules.api", "base-env#base-env", "reference"],
         [
             "workload#modules.api",
@@ -371,10 +371,7 @@ fn older_score_and_hpo_forms_validate_plan_and_apply() {
             "k8s-cluster#k8s-cluster",
             "reference",
         ],
-    ]
-    .iter()
-    .map(|r| r.iter().map(|s| s.to_string()).collect())
-    .collect();
+    ]);
     assert_eq!(edges, expected);
 
     // The bindings: one per placeholder, named after what it reads.
@@ -391,7 +388,7 @@ fn older_score_and_hpo_forms_validate_plan_and_apply() {
     let pg = "postgres#modules.api.externals.db";
     let dns_name = "dns#modules.api.externals.dns";
     let quoted_dns = format!("\"{dns}\"");
-    let expected: BTreeSet<Vec<String>> = [
+    let expected: BTreeSet<Vec<String>> = rows_of(&[
         [
             w,
             "values.namespace",
@@ -482,10 +479,7 @@ fn older_score_and_hpo_forms_validate_plan_and_apply() {
             "NULL",
             "1",
         ],
-    ]
-    .iter()
-    .map(|r| r.iter().map(|s| s.to_string()).collect())
-    .collect();
+    ]);
     assert_eq!(bindings, expected);
 
     // `explain` says where each comes from: the GUResID itself, and the default store.

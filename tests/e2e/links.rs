@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 
-use crate::util::Sandbox;
+use crate::util::{Sandbox, rows_of};
 
 const ENVIRONMENT: &str =
     "type: development\nimplicit_resources: [base-env, k8s-cluster, k8s-namespace]\n";
@@ -201,7 +201,7 @@ fn seed_000_bindings_record_every_resolved_placeholder() {
         .collect();
     let db = "postgres#modules.my-workload.externals.db";
     let base = "base-env#base-env";
-    let expected: BTreeSet<Vec<String>> = [
+    let expected: BTreeSet<Vec<String>> = rows_of(&[
         [
             db,
             "values.host",
@@ -285,10 +285,7 @@ fn seed_000_bindings_record_every_resolved_placeholder() {
             "[\"policy-modules.my-workload.externals.db\"]",
             "0",
         ],
-    ]
-    .iter()
-    .map(|r| r.iter().map(|s| s.to_string()).collect())
-    .collect();
+    ]);
     assert_eq!(rows, expected);
     // The view joins links and bindings; the secret never appears in state outside
     // resource_secret.

@@ -580,3 +580,10 @@ pub fn assert_golden(name: &str, actual: &str) {
         );
     }
 }
+
+/// Expected rows written as string arrays, as `rows()` returns them.
+pub fn rows_of<const N: usize, C: FromIterator<Vec<String>>>(rows: &[[&str; N]]) -> C {
+    rows.iter()
+        .map(|r| r.iter().map(|s| s.to_string()).collect())
+        .collect()
+}

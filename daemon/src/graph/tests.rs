@@ -529,38 +529,7 @@ fn hpo_reads_without_outputs_reference_their_resources() {
                    host: ${resources['dns.default#modules.web.externals.dns'].values.host}\n      \
                    cluster: ${resources[\"k8s-cluster.default#k8s-cluster\"].values}\n    \
                    secrets:\n      token: ${resources.dns.secrets.token}\n";
-    let files = files(&[
-        ("environments/development.yaml", ENV),
-        (
-            "workloads/app/web.yaml",
-            &workload("web", "  dns:\n    type: dns\n"),
-        ),
-        (
-            "definitions/wl.yaml",
-            &definition("wl", "workload", "      a: 1\n", ""),
-        ),
-        (
-            "definitions/base.yaml",
-            &definition("base", "base-env", "      a: 1\n", ""),
-        ),
-        (
-            "definitions/dns.yaml",
-            &definition(
-                "dns",
-                "dns",
-                "      host: x\n",
-                "  provision:\n    ingress: {}\n",
-            ),
-        ),
-        (
-            "definitions/ingress.yaml",
-            &definition("ingress", "ingress", ingress, ""),
-        ),
-        (
-            "definitions/k8s.yaml",
-            &definition("k8s", "k8s-cluster", "      name: c1\n", ""),
-        ),
-    ]);
+    let files = files_with_ingress_values(ingress);
     let g = build_env(&files, "development").unwrap();
     let (_, edges) = shape(&g);
     for edge in [
@@ -675,6 +644,8 @@ fn hpo_reads_without_outputs_reference_their_resources() {
     assert!(!err.contains("t0k3n"), "{err}");
 }
 
+/// A web workload with a dns that co-provisions an ingress whose values are `values`, and a
+/// k8s-cluster definition for them to read.
 fn files_with_ingress_values(values: &str) -> BTreeMap<String, Vec<u8>> {
     files(&[
         ("environments/development.yaml", ENV),
@@ -702,6 +673,10 @@ fn files_with_ingress_values(values: &str) -> BTreeMap<String, Vec<u8>> {
         (
             "definitions/ingress.yaml",
             &definition("ingress", "ingress", values, ""),
+        ),
+        (
+            "definitions/k8s.yaml",
+            &definition("k8s", "k8s-cluster", "      name: c1\n", ""),
         ),
     ])
 }

@@ -25,9 +25,7 @@ pub const WORKLOAD_TYPE: &str = "workload";
 
 /// Whether `manifests` hold an object with a pod template (a workload of its own).
 pub fn has_pod_template(manifests: &[Manifest]) -> bool {
-    manifests
-        .iter()
-        .any(|m| pod_spec(&mut m.data.clone()).is_some())
+    manifests.iter().any(|m| pod_spec_path(&m.data).is_some())
 }
 
 /// The manifests of a put as state records them: every string that holds a secret value (any
@@ -190,6 +188,11 @@ pub fn deployment(
             }
         }
     }
+    let placed: BTreeSet<&str> = pod_parts
+        .values()
+        .flatten()
+        .map(|(r, _)| r.guresid.as_str())
+        .collect();
     for id in &in_deployment {
         let (Some(rec), Some(items)) = (by_id.get(id), listed.get(id)) else {
             continue;
@@ -205,12 +208,7 @@ pub fn deployment(
                 data: m.data.clone(),
             });
         }
-        let has_parts = items.iter().any(|m| is_pod_part(m.location));
-        let used_by_workload = pod_parts
-            .values()
-            .flatten()
-            .any(|(r, _)| r.guresid == rec.guresid);
-        if has_parts && !used_by_workload {
+        if items.iter().any(|m| is_pod_part(m.location)) && !placed.contains(id) {
             unplaced.push(format!(
                 "{}: its containers and volumes go to the workloads that depend on it, and \
                  none does",
@@ -304,17 +302,21 @@ fn closure<'a>(from: &'a str, providers: &HashMap<&'a str, Vec<&'a str>>) -> BTr
     seen
 }
 
-/// The pod spec of a workload object (`spec.template.spec`, or a CronJob's
-/// `spec.jobTemplate.spec.template.spec`).
-fn pod_spec(object: &mut Value) -> Option<&mut Map<String, Value>> {
-    let kind = object.get("kind").and_then(Value::as_str)?;
-    let path: &[&str] = match kind {
+/// Where a workload object keeps its pod spec (`spec.template.spec`, or a CronJob's
+/// `spec.jobTemplate.spec.template.spec`); `None` for objects without pods.
+fn pod_spec_path(object: &Value) -> Option<&'static [&'static str]> {
+    match object.get("kind").and_then(Value::as_str)? {
         "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "Job" => {
-            &["spec", "template", "spec"]
+            Some(&["spec", "template", "spec"])
         }
-        "CronJob" => &["spec", "jobTemplate", "spec", "template", "spec"],
-        _ => return None,
-    };
+        "CronJob" => Some(&["spec", "jobTemplate", "spec", "template", "spec"]),
+        _ => None,
+    }
+}
+
+/// The pod spec of a workload object, made where it is missing.
+fn pod_spec(object: &mut Value) -> Option<&mut Map<String, Value>> {
+    let path = pod_spec_path(object)?;
     let mut at = object;
     for key in path {
         at = at

@@ -348,29 +348,25 @@ pub(super) fn addf(name: &str, args: &[Value]) -> Result<Value> {
 }
 
 pub(super) fn subf(name: &str, args: &[Value]) -> Result<Value> {
-    let a = Args::new(name, args);
-    a.at_least(1)?;
-    let mut all = floats(&a);
-    let first = all.next().unwrap_or(0.0);
-    Ok(Value::Float(decimal_fold(
-        first,
-        all,
-        Decimal::sub,
-        |p, q| p - q,
-    )))
+    fold_from_first(name, args, Decimal::sub, |p, q| p - q)
 }
 
 pub(super) fn mulf(name: &str, args: &[Value]) -> Result<Value> {
+    fold_from_first(name, args, Decimal::mul, |p, q| p * q)
+}
+
+/// `subf`/`mulf`: the first argument, then each of the others applied to it in turn.
+fn fold_from_first(
+    name: &str,
+    args: &[Value],
+    exact: fn(Decimal, Decimal) -> Option<Decimal>,
+    float: fn(f64, f64) -> f64,
+) -> Result<Value> {
     let a = Args::new(name, args);
     a.at_least(1)?;
     let mut all = floats(&a);
     let first = all.next().unwrap_or(0.0);
-    Ok(Value::Float(decimal_fold(
-        first,
-        all,
-        Decimal::mul,
-        |p, q| p * q,
-    )))
+    Ok(Value::Float(decimal_fold(first, all, exact, float)))
 }
 
 /// `divf a b …`: a divided by each of the others. shopspring divides to 16 decimals; the float

@@ -124,6 +124,7 @@ fn run(concurrency: usize) {
             ..RetryPolicy::default()
         },
         accounts: Arc::new(|name| Err(format!("no account {name}"))),
+        calls: None,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use gitplane_state::{ApplyLock, DeploymentStatus, StateError, Store};
@@ -23,9 +23,11 @@ use tracing::{error, info, warn};
 use crate::config::{HostConfig, RepoSource};
 use crate::deploy::{self, Reach, Target};
 use crate::drivers::Registry;
+use crate::events::{DeploymentEvent, Events};
 use crate::model::LoadCache;
 use crate::reconcile::{self, ApplyOptions, Settings};
 use crate::repo::{ConfigRepo, RepoError};
+use crate::serve::{self, ServeError};
 use crate::stores::SecretStores;
 use crate::watch;
 
@@ -58,6 +60,8 @@ pub enum DaemonError {
     Watch(#[from] watch::WatchError),
     #[error("cannot install the signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
 }
 
 /// Runs the daemon until SIGTERM or SIGINT.
@@ -79,6 +83,9 @@ pub fn run(options: DaemonOptions) -> Result<(), DaemonError> {
 struct Job {
     commit: String,
     drift: bool,
+    /// When the daemon noticed the commit (a webhook, a ref change, a poll): `None` for drift
+    /// runs.
+    noticed: Option<Instant>,
     /// What the main loop built when it checked the commit: the worker takes it if the
     /// environment's fingerprints still give the same scope once it holds the lock.
     prebuilt: Arc<Mutex<Option<Target>>>,
@@ -105,6 +112,8 @@ struct Shared {
     cache: Arc<Mutex<LoadCache>>,
     runtime: RwLock<Arc<Runtime>>,
     stop: Arc<AtomicBool>,
+    /// Metrics, the status page's live updates and notifications.
+    events: Arc<Events>,
 }
 
 struct Daemon {
@@ -124,6 +133,11 @@ struct Daemon {
     /// Drift schedules of the environments, from the newest good commit.
     schedules: HashMap<String, crate::model::Schedule>,
     store: Store,
+    /// The HTTP listener's shared part, when `http:` is set.
+    served: Option<Arc<serve::Shared>>,
+    /// A push webhook that came while a fetch was running: fetch again once it ends, since
+    /// the push may have landed after the running fetch read the remote.
+    fetch_again: Option<Instant>,
 }
 
 impl Daemon {
@@ -137,13 +151,15 @@ impl Daemon {
                 mirror
             }
         };
+        let events = Arc::new(Events::new(&options.host.notify));
         let shared = Arc::new(Shared {
             state: options.state.clone(),
             state_key: options.host.state_key.clone(),
             repo: repo_path.clone(),
             cache: Arc::default(),
-            runtime: RwLock::new(Arc::new(runtime_of(&options.host))),
+            runtime: RwLock::new(Arc::new(runtime_of(&options.host, &events))),
             stop: Arc::new(AtomicBool::new(false)),
+            events,
         });
         Ok(Daemon {
             options,
@@ -155,6 +171,8 @@ impl Daemon {
             tasks: JoinSet::new(),
             schedules: HashMap::new(),
             store,
+            served: None,
+            fetch_again: None,
         })
     }
 
@@ -163,6 +181,33 @@ impl Daemon {
         let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
         let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
         let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
+        // Verified push webhooks, with when each arrived.
+        let (hook_tx, mut hook_rx) = mpsc::channel::<Instant>(1);
+        let (stop_serving, stopped) = latest::channel(false);
+        let mut server = None;
+        if let Some(http) = self.options.host.http.clone() {
+            let secrets =
+                serve::Secrets::read(&http, &self.options.host).map_err(ServeError::from)?;
+            let listener = serve::bind(&http).await?;
+            let served = Arc::new(serve::Shared::new(
+                (
+                    self.options.state.clone(),
+                    self.options.host.state_key.clone(),
+                    self.repo_path.clone(),
+                ),
+                self.options.host.clone(),
+                self.shared.events.clone(),
+                hook_tx,
+                secrets,
+            ));
+            info!(listen = %http.listen, "http listener ready");
+            server = Some(tokio::spawn(serve::serve(
+                listener,
+                served.clone(),
+                stopped,
+            )));
+            self.served = Some(served);
+        }
         let git_dir = git_dir(&self.repo_path)?;
         let _watcher = watch::watch_refs(&git_dir, wake_tx.clone())?;
         let poll = self.options.host.watch_interval.unwrap_or(DEFAULT_POLL);
@@ -175,13 +220,17 @@ impl Daemon {
             tokio::time::interval(fetch.as_ref().map_or(Duration::from_secs(3600), |f| f.1));
         // A fetch runs on a thread of its own and reports here, so a remote that stops
         // answering never holds up signals, the heartbeat or the environments' work.
-        let (fetched_tx, mut fetched_rx) = mpsc::channel::<Result<(), watch::WatchError>>(1);
+        let (fetched_tx, mut fetched_rx) =
+            mpsc::channel::<(Result<(), watch::WatchError>, Instant)>(1);
         let mut fetching = false;
         let watchdog = sd_notify::watchdog_enabled();
         let mut heartbeat =
             tokio::time::interval(watchdog.map_or(Duration::from_secs(3600), |d| d / 2));
 
-        self.check().await;
+        self.check(Instant::now()).await;
+        if let Some(served) = &self.served {
+            served.ready.store(true, Ordering::SeqCst);
+        }
         let _ = sd_notify::notify(&[
             sd_notify::NotifyState::Ready,
             sd_notify::NotifyState::Status("watching"),
@@ -194,26 +243,34 @@ impl Daemon {
                 _ = int.recv() => break,
                 _ = hup.recv() => {
                     self.reload();
-                    self.check().await;
+                    self.check(Instant::now()).await;
                 }
-                Some(()) = wake_rx.recv() => self.check().await,
-                _ = poll_timer.tick() => self.check().await,
+                Some(()) = wake_rx.recv() => self.check(Instant::now()).await,
+                _ = poll_timer.tick() => self.check(Instant::now()).await,
+                Some(arrived) = hook_rx.recv() => match &fetch {
+                    Some((url, _)) if !fetching => {
+                        fetching = true;
+                        self.start_fetch(url, arrived, &fetched_tx);
+                    }
+                    Some(_) => self.fetch_again = Some(self.fetch_again.unwrap_or(arrived)),
+                    None => self.check(arrived).await,
+                },
                 _ = fetch_timer.tick(), if fetch.is_some() && !fetching => {
                     if let Some((url, _)) = &fetch {
-                        let (url, mirror) = (url.clone(), self.repo_path.clone());
-                        let report = fetched_tx.clone();
                         fetching = true;
-                        tokio::task::spawn_blocking(move || {
-                            let _ = report.blocking_send(watch::fetch_mirror(&url, &mirror, FETCH_LIMIT));
-                        });
+                        self.start_fetch(url, Instant::now(), &fetched_tx);
                     }
                 }
-                Some(result) = fetched_rx.recv() => {
+                Some((result, noticed)) = fetched_rx.recv() => {
                     fetching = false;
                     if let Err(e) = result {
                         warn!(error = %e, "fetch failed; the last fetched commit stays in force");
                     }
-                    self.check().await;
+                    self.check(noticed).await;
+                    if let (Some(arrived), Some((url, _))) = (self.fetch_again.take(), &fetch) {
+                        fetching = true;
+                        self.start_fetch(url, arrived, &fetched_tx);
+                    }
                 }
                 _ = tokio::time::sleep(drift_at.as_ref().map_or(Duration::from_secs(3600), |(d, _)| *d)), if drift_at.is_some() => {
                     if let Some((_, envs)) = &drift_at {
@@ -231,8 +288,31 @@ impl Daemon {
                 }
             }
         }
+        if let Some(served) = &self.served {
+            served.ready.store(false, Ordering::SeqCst);
+        }
         self.shutdown().await;
+        let _ = stop_serving.send(true);
+        if let Some(server) = server {
+            // Open event streams end with the stop signal; a request still running gets a moment.
+            let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+        }
         Ok(())
+    }
+
+    /// Fetches the remote into the mirror on a thread of its own; the result comes back on
+    /// `report` with `noticed`, when the push that asked for it was noticed.
+    fn start_fetch(
+        &self,
+        url: &str,
+        noticed: Instant,
+        report: &mpsc::Sender<(Result<(), watch::WatchError>, Instant)>,
+    ) {
+        let (url, mirror, report) = (url.to_owned(), self.repo_path.clone(), report.clone());
+        tokio::task::spawn_blocking(move || {
+            let fetched = watch::fetch_mirror(&url, &mirror, FETCH_LIMIT);
+            let _ = report.blocking_send((fetched, noticed));
+        });
     }
 
     /// SIGTERM: no new driver calls; in-flight ones finish for up to the stop timeout, and
@@ -284,7 +364,12 @@ impl Daemon {
                     .shared
                     .runtime
                     .write()
-                    .unwrap_or_else(|e| e.into_inner()) = Arc::new(runtime_of(&host));
+                    .unwrap_or_else(|e| e.into_inner()) =
+                    Arc::new(runtime_of(&host, &self.shared.events));
+                self.shared.events.set_targets(&host.notify);
+                if let Some(served) = &self.served {
+                    self.reload_listener(served, &host);
+                }
                 self.options.host = host;
                 // The current commit is looked at again with the new drivers: one rejected
                 // for a driver that is now registered goes through.
@@ -300,21 +385,52 @@ impl Daemon {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     }
 
+    /// SIGHUP with a listener: its token and webhook secret are read again (rotated without a
+    /// restart); a changed address needs a restart.
+    fn reload_listener(&self, served: &serve::Shared, host: &HostConfig) {
+        let (Some(old), Some(new)) = (&self.options.host.http, &host.http) else {
+            warn!("the host config's http section changed: restart gitplane to apply it");
+            return;
+        };
+        if old.listen != new.listen {
+            warn!("http.listen changed: restart gitplane to listen there");
+        }
+        match serve::Secrets::read(new, host) {
+            Ok(secrets) => *served.secrets.write().unwrap_or_else(|e| e.into_inner()) = secrets,
+            Err(e) => {
+                error!(error = %e, "the listener keeps its previous token and webhook secret")
+            }
+        }
+        *served.host.write().unwrap_or_else(|e| e.into_inner()) = host.clone();
+    }
+
     /// A commit that is not applied, with why, and a failed deployment for each environment.
     fn record_rejected(&mut self, commit: &str, rejected: &deploy::Rejected) {
         let errors = rejected.errors.join("\n");
-        let recorded = self
-            .store
-            .commit_seen(commit, "rejected", Some(&errors))
-            .and_then(|()| {
-                rejected.envs.iter().try_for_each(|env| {
-                    self.store
-                        .failed_deployment(env, Some(commit), &errors)
-                        .map(drop)
-                })
-            });
-        if let Err(e) = recorded {
+        if let Err(e) = self.store.commit_seen(commit, "rejected", Some(&errors)) {
             error!(error = %e, "cannot record the rejected commit");
+            return;
+        }
+        let info = commit_info(&self.repo_path, commit);
+        for env in &rejected.envs {
+            match self.store.failed_deployment(env, Some(commit), &errors) {
+                Ok(deployment) => self.shared.events.finished(DeploymentEvent {
+                    env: env.clone(),
+                    deployment,
+                    kind: "commit",
+                    commit: Some(commit.to_owned()),
+                    commit_info: info.clone(),
+                    status: DeploymentStatus::Failed,
+                    counts: Default::default(),
+                    duration_seconds: 0.0,
+                    failures: rejected.errors.clone(),
+                    drifted: Vec::new(),
+                }),
+                Err(e) => {
+                    error!(error = %e, "cannot record the rejected commit");
+                    return;
+                }
+            }
         }
     }
 
@@ -324,7 +440,7 @@ impl Daemon {
     /// fingerprints this judges by are read without the environments' locks, which is enough to
     /// accept or reject the commit (an app skipped here is one that was deployed before with the
     /// same files and definitions), and each worker judges again under its lock.
-    async fn check(&mut self) {
+    async fn check(&mut self, noticed: Instant) {
         let path = self.repo_path.clone();
         let rev = self.options.host.git_ref.clone();
         let last = self.last_commit.clone();
@@ -430,6 +546,7 @@ impl Daemon {
                         Job {
                             commit: commit.clone(),
                             drift: false,
+                            noticed: Some(noticed),
                             prebuilt: Arc::new(Mutex::new(Some(target))),
                         },
                     );
@@ -487,6 +604,7 @@ impl Daemon {
                 Job {
                     commit,
                     drift: true,
+                    noticed: None,
                     prebuilt: Arc::default(),
                 },
             );
@@ -554,10 +672,20 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
                 warn!(env, commit = %job.commit, "drift run skipped: the last good commit does not build now: {errors}");
             } else {
                 warn!(env, commit = %job.commit, "the commit does not build now: {errors}");
-                if let Err(e) =
-                    store.failed_deployment(env, Some(&job.commit), &rejected.errors.join("\n"))
-                {
-                    error!(env, error = %e, "cannot record the failed deployment");
+                match store.failed_deployment(env, Some(&job.commit), &rejected.errors.join("\n")) {
+                    Ok(deployment) => shared.events.finished(DeploymentEvent {
+                        env: env.to_owned(),
+                        deployment,
+                        kind: "commit",
+                        commit: Some(job.commit.clone()),
+                        commit_info: commit_info(&shared.repo, &job.commit),
+                        status: DeploymentStatus::Failed,
+                        counts: Default::default(),
+                        duration_seconds: 0.0,
+                        failures: rejected.errors,
+                        drifted: Vec::new(),
+                    }),
+                    Err(e) => error!(env, error = %e, "cannot record the failed deployment"),
                 }
             }
             return;
@@ -573,6 +701,11 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         stop: Some(shared.stop.clone()),
         resolve: Default::default(),
     };
+    if let Some(noticed) = job.noticed {
+        shared.events.push_started(noticed.elapsed());
+    }
+    let started = Instant::now();
+    let events = &shared.events;
     // The reconcile writes to SQLite, which may wait for another process's write: on a
     // thread of its own, so the runtime's workers (the main loop's signals, the heartbeat,
     // other environments) never wait with it.
@@ -584,9 +717,17 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
             &target,
             &job.commit,
             &options,
-            &mut |_| {},
+            &mut |event| {
+                if matches!(
+                    event,
+                    reconcile::Event::Planned { .. } | reconcile::Event::Finished { .. }
+                ) {
+                    events.changed();
+                }
+            },
         ))
     });
+    let took = started.elapsed();
     drop(target);
     drop(lock);
     if let Some(keep) = runtime.history {
@@ -596,6 +737,28 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         if let Err(e) = pruned {
             warn!(env, error = %e, "cannot prune the history (history.keep)");
         }
+    }
+    if let Ok(r) = &report {
+        let drifted = if job.drift {
+            store.outputs_changed(r.deployment).unwrap_or_else(|e| {
+                warn!(env, error = %e, "cannot read what the drift run found");
+                Vec::new()
+            })
+        } else {
+            Vec::new()
+        };
+        events.finished(DeploymentEvent {
+            env: env.to_owned(),
+            deployment: r.deployment,
+            kind: if job.drift { "drift" } else { "commit" },
+            commit: Some(job.commit.clone()),
+            commit_info: commit_info(&shared.repo, &job.commit),
+            status: r.status,
+            counts: r.counts.into(),
+            duration_seconds: took.as_secs_f64(),
+            failures: r.failures.clone(),
+            drifted,
+        });
     }
     match report {
         Ok(r) => {
@@ -703,13 +866,22 @@ impl Runtime {
     }
 }
 
-fn runtime_of(host: &HostConfig) -> Runtime {
+fn runtime_of(host: &HostConfig, events: &Events) -> Runtime {
+    let mut settings = Settings::from_config(host);
+    settings.calls = Some(events.metrics.clone());
     Runtime {
         drivers: host.registry(),
-        settings: Settings::from_config(host),
+        settings,
         stores: host.secret_stores(),
         history: host.history,
     }
+}
+
+/// Who made `commit` and what it says, for events; `None` when the repository cannot tell.
+fn commit_info(repo: &Path, commit: &str) -> Option<crate::repo::CommitInfo> {
+    ConfigRepo::open(repo)
+        .and_then(|r| r.commit_info(commit))
+        .ok()
 }
 
 /// Where a remote's mirror lives: beside the state file.

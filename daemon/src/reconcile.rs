@@ -87,12 +87,52 @@ pub struct ApplyReport {
 /// Reads a resource account's credentials by name.
 pub type AccountReader = Arc<dyn Fn(&str) -> Result<Value, String> + Send + Sync>;
 
+/// How one driver call ended, as metrics count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallResult {
+    Done,
+    /// The resource is still being worked on: the driver is asked again later.
+    InProgress,
+    /// A failure that is retried (timeouts, 409, 429, 5xx).
+    TransientError,
+    /// A failure that calling again cannot mend.
+    FinalError,
+}
+
+impl CallResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallResult::Done => "done",
+            CallResult::InProgress => "in_progress",
+            CallResult::TransientError => "transient_error",
+            CallResult::FinalError => "final_error",
+        }
+    }
+
+    fn of<T>(answer: &Result<(Option<T>, Cookie), DriverError>) -> CallResult {
+        match answer {
+            Ok((Some(_), _)) => CallResult::Done,
+            Ok((None, _)) => CallResult::InProgress,
+            Err(e) if e.kind == ErrorKind::Transient => CallResult::TransientError,
+            Err(_) => CallResult::FinalError,
+        }
+    }
+}
+
+/// Told of every driver call as it ends: the daemon's metrics.
+pub trait CallObserver: Send + Sync {
+    /// `operation` is `put` or `delete`.
+    fn call_ended(&self, driver: &str, operation: &'static str, result: CallResult, took: Duration);
+}
+
 /// What the reconciler needs from the host configuration.
 #[derive(Clone)]
 pub struct Settings {
     pub concurrency: usize,
     pub retry: RetryPolicy,
     pub accounts: AccountReader,
+    /// Told of every driver call; `None` outside the daemon.
+    pub calls: Option<Arc<dyn CallObserver>>,
 }
 
 impl Settings {
@@ -102,6 +142,7 @@ impl Settings {
             concurrency: config.concurrency,
             retry: config.retry,
             accounts: Arc::new(move |name| config.account(name).map_err(|e| e.to_string())),
+            calls: None,
         }
     }
 }
@@ -415,6 +456,15 @@ const BATCH: usize = 512;
 enum Operation {
     Put,
     Delete,
+}
+
+impl Operation {
+    fn as_str(self) -> &'static str {
+        match self {
+            Operation::Put => "put",
+            Operation::Delete => "delete",
+        }
+    }
 }
 
 /// Everything one driver call needs, owned, so it can move to a blocking thread.
@@ -855,7 +905,13 @@ impl<'a> Run<'a, '_> {
                 .registered
                 .driver
                 .in_process()
-                .then(|| answer_in_process(&*ready.registered.driver, &ready.job))
+                .then(|| {
+                    answer_in_process(
+                        &*ready.registered.driver,
+                        &ready.job,
+                        (&ready.driver_type, self.settings.calls.as_deref()),
+                    )
+                })
                 .flatten();
             match answer {
                 Some(outcome) => answered.push((i, ready, outcome)),
@@ -936,11 +992,12 @@ impl<'a> Run<'a, '_> {
             let retry = self.settings.retry;
             let calls = calls_tx.clone();
             let stop = self.options.stop.clone();
+            let observer = self.settings.calls.clone().map(|o| (driver_type, o));
             tasks.spawn(async move {
                 let (attempts, outcome) = call_until_done(
                     job,
                     operation_id,
-                    registered.driver,
+                    (registered.driver, observer),
                     permits,
                     retry,
                     calls,
@@ -1615,6 +1672,9 @@ struct CallEnded {
     cookie: Cookie,
 }
 
+/// A driver type's name and who is told of its calls.
+type Observed = (String, Arc<dyn CallObserver>);
+
 /// The permits a driver call holds: the global one and, if its driver has a limit, its own.
 struct Permits {
     global: Arc<Semaphore>,
@@ -1631,7 +1691,7 @@ struct Permits {
 async fn call_until_done(
     mut job: Job,
     operation: i64,
-    driver: Arc<dyn Driver>,
+    (driver, observer): (Arc<dyn Driver>, Option<Observed>),
     permits: Permits,
     retry: RetryPolicy,
     calls: mpsc::UnboundedSender<CallEnded>,
@@ -1642,6 +1702,7 @@ async fn call_until_done(
     let mut attempts: i64 = 0;
     let mut transient_failures: u32 = 0;
     let mut poll_delay = retry.poll_interval;
+    let job_operation = job.operation.as_str();
     loop {
         attempts += 1;
         let answer = {
@@ -1651,7 +1712,8 @@ async fn call_until_done(
                 None => None,
             };
             let driver = driver.clone();
-            tokio::task::spawn_blocking(move || {
+            let call_started = Instant::now();
+            let answer = tokio::task::spawn_blocking(move || {
                 let answer = match job.operation {
                     Operation::Put => driver.put(&job.request()).map(|o| match o {
                         PutOutcome::Done {
@@ -1676,7 +1738,12 @@ async fn call_until_done(
                 };
                 (job, answer)
             })
-            .await
+            .await;
+            if let (Some((driver_type, observer)), Ok((_, answer))) = (&observer, &answer) {
+                let result = CallResult::of(answer);
+                observer.call_ended(driver_type, job_operation, result, call_started.elapsed());
+            }
+            answer
         };
         let (returned, answer) = match answer {
             Ok(pair) => pair,
@@ -1808,36 +1875,71 @@ fn journal_entries<'f>(
 /// The answer of a driver that answers in process, when it is final (done, or an error that
 /// calling again cannot mend); `None` sends the job through the usual calls, polls and retries.
 /// Such a driver sets no cookie.
-fn answer_in_process(driver: &dyn Driver, job: &Job) -> Option<CallOutcome> {
+fn answer_in_process(
+    driver: &dyn Driver,
+    job: &Job,
+    (driver_type, observer): (&str, Option<&dyn CallObserver>),
+) -> Option<CallOutcome> {
     let request = job.request();
+    let started = Instant::now();
+    let observe = |result: CallResult| {
+        if let Some(o) = observer {
+            o.call_ended(
+                driver_type,
+                job.operation.as_str(),
+                result,
+                started.elapsed(),
+            );
+        }
+    };
+    let failed = |e: &DriverError| match e.kind {
+        ErrorKind::Transient => CallResult::TransientError,
+        ErrorKind::Final => CallResult::FinalError,
+    };
     match job.operation {
-        Operation::Put => match driver.put(&request) {
-            Ok(PutOutcome::Done {
-                outputs,
-                secret_outputs,
-                cookie: Cookie::Unchanged,
-                manifests,
-            }) => Some(Ok(Answer {
-                outputs,
-                secret_outputs,
-                manifests,
-            })),
-            Err(DriverError {
-                kind: ErrorKind::Final,
-                message,
-                ..
-            }) => Some(Err(message)),
-            _ => None,
-        },
-        Operation::Delete => match driver.delete(&request) {
-            Ok(DeleteOutcome::Done) => Some(Ok(Answer::none())),
-            Err(DriverError {
-                kind: ErrorKind::Final,
-                message,
-                ..
-            }) => Some(Err(message)),
-            _ => None,
-        },
+        Operation::Put => {
+            let answer = driver.put(&request);
+            observe(match &answer {
+                Ok(PutOutcome::Done { .. }) => CallResult::Done,
+                Ok(PutOutcome::InProgress { .. }) => CallResult::InProgress,
+                Err(e) => failed(e),
+            });
+            match answer {
+                Ok(PutOutcome::Done {
+                    outputs,
+                    secret_outputs,
+                    cookie: Cookie::Unchanged,
+                    manifests,
+                }) => Some(Ok(Answer {
+                    outputs,
+                    secret_outputs,
+                    manifests,
+                })),
+                Err(DriverError {
+                    kind: ErrorKind::Final,
+                    message,
+                    ..
+                }) => Some(Err(message)),
+                _ => None,
+            }
+        }
+        Operation::Delete => {
+            let answer = driver.delete(&request);
+            observe(match &answer {
+                Ok(DeleteOutcome::Done) => CallResult::Done,
+                Ok(DeleteOutcome::InProgress { .. }) => CallResult::InProgress,
+                Err(e) => failed(e),
+            });
+            match answer {
+                Ok(DeleteOutcome::Done) => Some(Ok(Answer::none())),
+                Err(DriverError {
+                    kind: ErrorKind::Final,
+                    message,
+                    ..
+                }) => Some(Err(message)),
+                _ => None,
+            }
+        }
     }
 }
 

@@ -169,6 +169,16 @@ fn split_alternates(list: &OsStr) -> Vec<PathBuf> {
     out
 }
 
+/// Who made a commit and what it says, as people read it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CommitInfo {
+    pub author: String,
+    /// The message's first line.
+    pub summary: String,
+    /// When it was authored, in seconds since the epoch.
+    pub time: i64,
+}
+
 impl ConfigRepo {
     /// Opens the repository at `path`, or the one that contains it.
     pub fn open(path: &Path) -> Result<Self, RepoError> {
@@ -474,6 +484,23 @@ impl ConfigRepo {
             .find_commit_iter(&id, &mut buf)
             .and_then(|mut c| c.tree_id())
             .map_err(|e| read_err(e.to_string()))
+    }
+
+    /// Who made `commit` and its message's first line, for the status page and notifications.
+    pub fn commit_info(&self, commit: &str) -> Result<CommitInfo, RepoError> {
+        let read_err = self.read_err(commit);
+        let id = gix::ObjectId::from_hex(commit.as_bytes()).map_err(|e| read_err(e.to_string()))?;
+        let mut buf = Vec::new();
+        let parsed = self
+            .objects()
+            .find_commit(&id, &mut buf)
+            .map_err(|e| read_err(e.to_string()))?;
+        let author = parsed.author().map_err(|e| read_err(e.to_string()))?;
+        Ok(CommitInfo {
+            author: author.name.to_string(),
+            summary: parsed.message_summary().to_string(),
+            time: author.time().map_or(0, |t| t.seconds),
+        })
     }
 
     /// Resolves `rev` and reads its files.

@@ -4,6 +4,7 @@
 //! interface that people query with `sqlite3`; this crate applies it by migrations keyed on
 //! `PRAGMA user_version`, in WAL mode with foreign keys on.
 
+mod figures;
 mod fingerprint;
 mod history;
 mod journal;
@@ -16,6 +17,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use serde_json::Value;
 
+pub use figures::Figures;
 pub use fingerprint::AppFingerprint;
 pub use history::{LinkChanges, Pruned, Retention};
 pub use journal::{Batch, Ended, JournalEntry, ManifestsRecord};

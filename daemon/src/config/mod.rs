@@ -18,6 +18,12 @@ use crate::model::yaml::{self, Doc, Limits};
 use crate::model::{SourceLocation, line_of};
 use crate::stores::{SecretStores, StoreConfig};
 
+mod service;
+
+pub use service::{
+    HttpConfig, NotifyConfig, NotifyEvent, NotifyFormat, NotifyUrl, SecretSource, SecretSourceError,
+};
+
 /// The default host configuration file, read when it exists and `--config` is not given.
 pub const DEFAULT_PATH: &str = "/etc/gitplane/gitplane.yaml";
 
@@ -134,6 +140,10 @@ pub struct HostConfig {
     pub state_key: Option<gitplane_state::KeySource>,
     /// How the built-in Terraform driver runs Terraform.
     pub terraform: TerraformConfig,
+    /// `http:`: the daemon's HTTP listener; `None`: off.
+    pub http: Option<HttpConfig>,
+    /// `notify:`: where the daemon POSTs deployment events.
+    pub notify: Vec<NotifyConfig>,
 }
 
 impl Default for HostConfig {
@@ -154,6 +164,8 @@ impl Default for HostConfig {
             history: None,
             state_key: None,
             terraform: TerraformConfig::default(),
+            http: None,
+            notify: Vec::new(),
         }
     }
 }
@@ -178,6 +190,9 @@ struct HostConfigFile {
     history: Option<HistoryFile>,
     state_key: Option<StateKeyFile>,
     terraform: Option<TerraformFile>,
+    http: Option<service::HttpFile>,
+    #[serde(default)]
+    notify: Vec<service::NotifyFile>,
 }
 
 /// `terraform:`: how the built-in Terraform driver runs.
@@ -430,6 +445,26 @@ impl HostConfig {
                     program.display()
                 ),
             ));
+        }
+        let secret_files = self.http.iter().flat_map(|h| {
+            [
+                ("token_file", &h.token),
+                ("webhook_secret_file", &h.webhook_secret),
+            ]
+        });
+        for (key, source) in secret_files {
+            if let Some(SecretSource::File(path)) = source
+                && let Err(e) = std::fs::metadata(path)
+                && e.kind() == std::io::ErrorKind::NotFound
+            {
+                errors.push(at(
+                    key,
+                    format!(
+                        "http.{key} {} does not exist: put the secret there, or correct the path",
+                        path.display()
+                    ),
+                ));
+            }
         }
         for (name, source) in &self.accounts {
             let AccountSource::File(path) = source else {
@@ -803,6 +838,22 @@ impl HostConfig {
                 None
             }
         };
+        let mut problems = Vec::new();
+        let http = raw.http.and_then(|h| service::http(h, &mut problems));
+        let notify = service::notify(raw.notify, &mut problems);
+        for source in http.iter().flat_map(|h| [&h.token, &h.webhook_secret]) {
+            if let Some(SecretSource::Store { store, .. }) = source
+                && !secret_stores.contains_key(store)
+            {
+                problems.push((
+                    format!("store: {store}"),
+                    format!("http: secret store '{store}' is not configured in secret_stores"),
+                ));
+            }
+        }
+        for (needle, message) in problems {
+            err(&needle, message);
+        }
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -822,6 +873,8 @@ impl HostConfig {
             history,
             state_key,
             terraform,
+            http,
+            notify,
         })
     }
 

@@ -1,0 +1,332 @@
+//! The host config's service settings: the daemon's HTTP listener (`http:`) and where it sends
+//! notifications (`notify:`).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{nonzero, parse_duration};
+use crate::stores::SecretStores;
+
+/// `http:`: the daemon's HTTP listener, off unless set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpConfig {
+    pub listen: SocketAddr,
+    /// The bearer token every route but the webhook and the health checks requires. Required
+    /// when `listen` is not a loopback address.
+    pub token: Option<SecretSource>,
+    /// The shared secret push webhooks are signed with; without it `/hooks/git` is off.
+    pub webhook_secret: Option<SecretSource>,
+}
+
+/// Where a secret the host config needs comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    File(PathBuf),
+    /// A secret store of the host config and a reference in it.
+    Store {
+        store: String,
+        reference: String,
+    },
+}
+
+/// A secret that could not be read, without its value.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{what}: {message}")]
+pub struct SecretSourceError {
+    pub what: String,
+    pub message: String,
+}
+
+impl SecretSource {
+    /// Reads the secret now (a rotated file is seen on the next read), trimmed of surrounding
+    /// whitespace; `what` names the setting in errors.
+    pub fn read(&self, what: &str, stores: &SecretStores) -> Result<String, SecretSourceError> {
+        let fail = |message: String| SecretSourceError {
+            what: what.to_owned(),
+            message,
+        };
+        let text = match self {
+            SecretSource::File(path) => std::fs::read_to_string(path)
+                .map_err(|e| fail(format!("cannot read {}: {}", path.display(), e.kind())))?,
+            SecretSource::Store { store, reference } => {
+                match stores
+                    .read(store, reference, None)
+                    .map_err(|e| fail(e.to_string()))?
+                {
+                    serde_json::Value::String(s) => s,
+                    _ => {
+                        return Err(fail(format!(
+                            "secret store '{store}' gave an object for '{reference}': name one \
+                             field with {reference}#FIELD"
+                        )));
+                    }
+                }
+            }
+        };
+        let text = text.trim().to_owned();
+        if text.is_empty() {
+            return Err(fail("the secret is empty".to_owned()));
+        }
+        Ok(text)
+    }
+}
+
+/// Which deployment events a notification target hears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NotifyEvent {
+    /// A deployment finished and succeeded.
+    Succeeded,
+    Failed,
+    /// Held by the deletion guard until approved.
+    Held,
+    /// A drift run found resources changed outside gitplane.
+    Drift,
+}
+
+impl NotifyEvent {
+    pub const ALL: [NotifyEvent; 4] = [
+        NotifyEvent::Succeeded,
+        NotifyEvent::Failed,
+        NotifyEvent::Held,
+        NotifyEvent::Drift,
+    ];
+
+    /// The event's name in the JSON body: `deployment.succeeded`, `drift.found`...
+    pub fn name(self) -> &'static str {
+        match self {
+            NotifyEvent::Succeeded => "deployment.succeeded",
+            NotifyEvent::Failed => "deployment.failed",
+            NotifyEvent::Held => "deployment.held",
+            NotifyEvent::Drift => "drift.found",
+        }
+    }
+}
+
+/// The body a notification target receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NotifyFormat {
+    /// gitplane's event, as JSON.
+    #[default]
+    Json,
+    /// `{"text": ...}`, as Slack's (and Mattermost's, Rocket.Chat's) incoming webhooks take.
+    Slack,
+}
+
+/// Where to send a URL: written in the config, or read from a file when sent (a Slack webhook
+/// URL is itself a secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotifyUrl {
+    Url(String),
+    File(PathBuf),
+}
+
+/// One `notify:` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotifyConfig {
+    /// How logs name it: `notify[0]`; its URL may hold a secret, so it is never logged.
+    pub name: String,
+    pub url: NotifyUrl,
+    pub format: NotifyFormat,
+    pub events: BTreeSet<NotifyEvent>,
+    /// How long one POST may take.
+    pub timeout: Duration,
+    /// POSTs in all, the first included, before a notification is given up.
+    pub attempts: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HttpFile {
+    listen: String,
+    token_file: Option<PathBuf>,
+    token_secret: Option<SecretRefFile>,
+    webhook_secret_file: Option<PathBuf>,
+    webhook_secret: Option<SecretRefFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SecretRefFile {
+    store: String,
+    #[serde(rename = "ref")]
+    reference: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NotifyFile {
+    url: Option<String>,
+    url_file: Option<PathBuf>,
+    #[serde(default)]
+    format: NotifyFormat,
+    events: Option<Vec<NotifyEvent>>,
+    timeout: Option<String>,
+    attempts: Option<u32>,
+}
+
+/// A problem found in `http:` or `notify:`: the text to find its line by, and what is wrong.
+pub(super) type Problem = (String, String);
+
+fn secret_source(
+    key: &str,
+    file: Option<PathBuf>,
+    secret: Option<SecretRefFile>,
+    problems: &mut Vec<Problem>,
+) -> Option<SecretSource> {
+    match (file, secret) {
+        (None, None) => None,
+        (Some(path), None) if path.is_absolute() => Some(SecretSource::File(path)),
+        (Some(path), None) => {
+            problems.push((
+                format!("{key}_file"),
+                format!(
+                    "http.{key}_file '{}' must be an absolute path",
+                    path.display()
+                ),
+            ));
+            None
+        }
+        (None, Some(r)) => Some(SecretSource::Store {
+            store: r.store,
+            reference: r.reference,
+        }),
+        (Some(_), Some(_)) => {
+            let secret_key = if key == "token" {
+                "token_secret"
+            } else {
+                "webhook_secret"
+            };
+            problems.push((
+                format!("{key}_file"),
+                format!("http: give {key}_file or {secret_key}, not both"),
+            ));
+            None
+        }
+    }
+}
+
+pub(super) fn http(raw: HttpFile, problems: &mut Vec<Problem>) -> Option<HttpConfig> {
+    let listen = match raw.listen.parse::<SocketAddr>() {
+        Ok(addr) => addr,
+        Err(_) => {
+            problems.push((
+                "listen:".to_owned(),
+                format!(
+                    "http.listen '{}' is not an address and port: write e.g. 127.0.0.1:9470 or \
+                     [::1]:9470",
+                    raw.listen
+                ),
+            ));
+            return None;
+        }
+    };
+    let token = secret_source("token", raw.token_file, raw.token_secret, problems);
+    let webhook_secret = secret_source(
+        "webhook_secret",
+        raw.webhook_secret_file,
+        raw.webhook_secret,
+        problems,
+    );
+    if token.is_none() && !listen.ip().is_loopback() {
+        problems.push((
+            "listen:".to_owned(),
+            format!(
+                "http.listen {listen} is reachable from other hosts, so the listener needs a \
+                 token: set http.token_file (or token_secret) to a file holding a long random \
+                 string, or listen on 127.0.0.1"
+            ),
+        ));
+    }
+    Some(HttpConfig {
+        listen,
+        token,
+        webhook_secret,
+    })
+}
+
+pub(super) fn notify(raw: Vec<NotifyFile>, problems: &mut Vec<Problem>) -> Vec<NotifyConfig> {
+    let mut out = Vec::new();
+    for (i, n) in raw.into_iter().enumerate() {
+        let name = format!("notify[{i}]");
+        let url = match (n.url, n.url_file) {
+            (Some(url), None) if url.starts_with("http://") || url.starts_with("https://") => {
+                NotifyUrl::Url(url)
+            }
+            (Some(_), None) => {
+                problems.push((
+                    "url:".to_owned(),
+                    format!("{name}: url must start with http:// or https://"),
+                ));
+                continue;
+            }
+            (None, Some(path)) if path.is_absolute() => NotifyUrl::File(path),
+            (None, Some(path)) => {
+                problems.push((
+                    "url_file:".to_owned(),
+                    format!(
+                        "{name}: url_file '{}' must be an absolute path",
+                        path.display()
+                    ),
+                ));
+                continue;
+            }
+            _ => {
+                problems.push((
+                    "notify:".to_owned(),
+                    format!(
+                        "{name} needs exactly one of url or url_file (a file holding the URL, \
+                         for URLs that carry a secret)"
+                    ),
+                ));
+                continue;
+            }
+        };
+        let timeout = match n.timeout.as_deref() {
+            None => Duration::from_secs(10),
+            Some(t) => match parse_duration(t).and_then(|d| nonzero(t, d, "timeout")) {
+                Ok(d) => d,
+                Err(message) => {
+                    problems.push(("timeout:".to_owned(), format!("{name}: timeout {message}")));
+                    continue;
+                }
+            },
+        };
+        let attempts = n.attempts.unwrap_or(5);
+        if attempts == 0 {
+            problems.push((
+                "attempts:".to_owned(),
+                format!("{name}: attempts must be at least 1"),
+            ));
+            continue;
+        }
+        let events: BTreeSet<NotifyEvent> = match n.events {
+            None => NotifyEvent::ALL.into_iter().collect(),
+            Some(events) if events.is_empty() => {
+                problems.push((
+                    "events:".to_owned(),
+                    format!(
+                        "{name}: events is empty: list some of succeeded, failed, held, drift, \
+                         or leave it out for all"
+                    ),
+                ));
+                continue;
+            }
+            Some(events) => events.into_iter().collect(),
+        };
+        out.push(NotifyConfig {
+            name,
+            url,
+            format: n.format,
+            events,
+            timeout,
+            attempts,
+        });
+    }
+    out
+}

@@ -197,7 +197,7 @@ impl Daemon {
                 ),
                 self.options.host.clone(),
                 self.shared.events.clone(),
-                hook_tx,
+                (hook_tx, stopped.clone()),
                 secrets,
             ));
             info!(listen = %http.listen, "http listener ready");

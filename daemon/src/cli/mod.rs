@@ -1,6 +1,6 @@
 //! The `gitplane` command line: arguments, the commands, and what each prints.
 
-mod explain;
+pub(crate) mod explain;
 mod hook;
 mod init;
 mod manifests;

@@ -82,6 +82,8 @@ pub struct Shared {
     pub secrets: RwLock<Secrets>,
     /// Set once the daemon has looked at the watched ref; cleared when it stops.
     pub ready: AtomicBool,
+    /// Turns true when the daemon stops: long-lived responses (event streams) end then.
+    pub stop: watch::Receiver<bool>,
     /// One connection for the page's reads, opened on first use.
     store: Mutex<Option<Store>>,
 }
@@ -91,7 +93,7 @@ impl Shared {
         (state, state_key, repo): (PathBuf, Option<KeySource>, PathBuf),
         host: HostConfig,
         events: Arc<Events>,
-        hooks: mpsc::Sender<Instant>,
+        (hooks, stop): (mpsc::Sender<Instant>, watch::Receiver<bool>),
         secrets: Secrets,
     ) -> Shared {
         Shared {
@@ -103,6 +105,7 @@ impl Shared {
             hooks,
             secrets: RwLock::new(secrets),
             ready: AtomicBool::new(false),
+            stop,
             store: Mutex::new(None),
         }
     }

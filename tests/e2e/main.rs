@@ -24,6 +24,7 @@ mod reconcile;
 mod reports;
 mod secret_stores;
 mod secrets;
+mod service;
 mod soak;
 mod systemd;
 mod terraform;

@@ -41,6 +41,10 @@ const FIRST_RUNS: usize = 3;
 const NOOP_DEPLOYMENTS: usize = 20;
 /// One-workload pushes to the daemon.
 const PUSHES: usize = 10;
+/// GETs of each listener route timed after the pushes; their median is reported.
+const READS: usize = 20;
+/// What the daemon's HTTP listener is asked after the pushes, timed: `(what, path)`.
+const LISTENER_READS: &[(&str, &str)] = &[("GET /metrics", "/metrics")];
 
 // ---------------------------------------------------------------------------------------------
 // git
@@ -477,6 +481,8 @@ struct Figures {
     cli_rss_of: String,
     daemon_rss_kib: u64,
     noop_state_bytes: u64,
+    /// `(what, median milliseconds)` of each of [`LISTENER_READS`].
+    listener_reads_ms: Vec<(String, f64)>,
 }
 
 /// `median X of N (min A, max B)` of durations in seconds.
@@ -698,13 +704,26 @@ fn run_size(apps: usize) -> Figures {
         .collect();
     say(&format!("  peak RSS: {}", peak_list.join(", ")));
 
-    // The daemon, on the bare repository, with a fresh state file.
+    // The daemon, on the bare repository, with a fresh state file and its HTTP listener on, as a
+    // platform team would run it.
     let state = root.join("daemon.db");
     let log = root.join("daemon.log");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let host_config = root.join("host.yaml");
+    write(
+        &root,
+        "host.yaml",
+        &format!("http: {{listen: 127.0.0.1:{port}}}\n"),
+    );
     let started = Instant::now();
     let mut daemon = Daemon {
         child: Command::new(GITPLANE)
             .arg("daemon")
+            .arg("--config")
+            .arg(&host_config)
             .arg("--repo")
             .arg(root.join("origin.git"))
             .arg("--state")
@@ -733,6 +752,13 @@ fn run_size(apps: usize) -> Figures {
         let commit = head(&work);
         let (_, finished) = daemon.wait_for(&state, &commit, Duration::from_secs(600));
         to_finish.push(epoch_millis(&finished) - pushed);
+    }
+    let listener_reads_ms = listener_reads(port);
+    for (what, ms) in &listener_reads_ms {
+        say(&format!(
+            "  daemon listener: {what}: median {} of {READS}",
+            duration(ms / 1e3)
+        ));
     }
     let daemon_rss = daemon.peak_rss_kib();
     drop(daemon);
@@ -763,9 +789,36 @@ fn run_size(apps: usize) -> Figures {
         cli_rss_of: rss_of.to_owned(),
         daemon_rss_kib: daemon_rss,
         noop_state_bytes: added,
+        listener_reads_ms,
     };
     say(&summary_line(&figures));
     figures
+}
+
+/// Times [`READS`] GETs of each of [`LISTENER_READS`] on the daemon's listener at `port`.
+fn listener_reads(port: u16) -> Vec<(String, f64)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    LISTENER_READS
+        .iter()
+        .map(|(what, path)| {
+            let url = format!("http://127.0.0.1:{port}{path}");
+            let times: Vec<f64> = (0..READS)
+                .map(|_| {
+                    let started = Instant::now();
+                    let mut response = agent
+                        .get(&url)
+                        .call()
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let _ = response.body_mut().read_to_vec();
+                    started.elapsed().as_secs_f64() * 1e3
+                })
+                .collect();
+            ((*what).to_owned(), median(&times))
+        })
+        .collect()
 }
 
 fn summary_line(f: &Figures) -> String {

@@ -497,3 +497,54 @@ fn a_missing_token_file_is_a_config_error_at_its_line() {
         .fails()
         .stderr_has("must be an absolute path");
 }
+
+/// The README's alert rules and scrape config are ones Prometheus accepts.
+#[test]
+fn the_readme_alert_rules_and_scrape_config_pass_promtool() {
+    if Command::new("promtool").arg("--version").output().is_err() {
+        eprintln!("skipped: promtool is not installed (Debian's prometheus package)");
+        return;
+    }
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("the README");
+    let block_after = |marker: &str| -> String {
+        let from = readme
+            .find(marker)
+            .unwrap_or_else(|| panic!("{marker} in README"));
+        let rest = &readme[from..];
+        let start = rest.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+        let end = rest[start..].find("```").expect("the block's end");
+        rest[start..start + end].to_owned()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, block_after("Alert rules:")).unwrap();
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("3 rules found"), "{said}");
+
+    // The scrape config, with its token file where it says.
+    let scrape = block_after("A scrape config:");
+    let token = dir.path().join("gitplane-token");
+    std::fs::write(&token, "t").unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        scrape.replace("/etc/prometheus/gitplane-token", token.to_str().unwrap()),
+    )
+    .unwrap();
+    let out = Command::new("promtool")
+        .args(["check", "config", "--syntax-only"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+}

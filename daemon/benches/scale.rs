@@ -714,7 +714,7 @@ fn run_size(apps: usize) -> Figures {
         .port();
     let host_config = root.join("host.yaml");
     write(
-        &root,
+        root,
         "host.yaml",
         &format!("http: {{listen: 127.0.0.1:{port}}}\n"),
     );

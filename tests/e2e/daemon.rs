@@ -20,11 +20,17 @@ pub(crate) struct Daemon {
 impl Daemon {
     /// Starts the daemon with `args` (after `daemon`) and waits until it says it is ready.
     pub(crate) fn start(sb: &Sandbox, args: &[&str]) -> Daemon {
+        Daemon::start_with_env(sb, args, &[])
+    }
+
+    /// [`Daemon::start`] with more variables in the daemon's environment.
+    pub(crate) fn start_with_env(sb: &Sandbox, args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let log = unique(sb.root.join("daemon.log"));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_gitplane"))
             .arg("daemon")
             .args(args)
+            .envs(env.iter().copied())
             .env_remove("GITPLANE_REPO")
             .env_remove("GITPLANE_STATE")
             .env_remove("GITPLANE_CONFIG")
@@ -58,7 +64,7 @@ impl Daemon {
     }
 
     /// SIGTERM, then waits for the exit; returns the exit code and how long it took.
-    fn terminate(&mut self) -> (Option<i32>, Duration) {
+    pub(crate) fn terminate(&mut self) -> (Option<i32>, Duration) {
         let started = Instant::now();
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
@@ -565,7 +571,7 @@ fn started_calls(sb: &Sandbox, res_type: &str) -> i64 {
 }
 
 /// One app, one workload with a postgres that reads the base-env, all on the HTTP driver.
-fn write_http_platform(sb: &Sandbox) {
+pub(crate) fn write_http_platform(sb: &Sandbox) {
     sb.write("environments/test.yaml", "type: test\n");
     let def = |id: &str, values: &str| {
         format!(

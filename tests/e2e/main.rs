@@ -20,6 +20,7 @@ mod hpo_templates;
 mod lifecycle;
 mod links;
 mod manifests;
+mod notifications;
 mod reconcile;
 mod reports;
 mod secret_stores;

@@ -1,0 +1,509 @@
+//! Deployment notifications (`notify:`) from the real daemon to a receiver on 127.0.0.1: the
+//! events a target asked for, with the commit, env and status; a driver's message without its
+//! secrets; held and drift events; retries on 5xx and none on other 4xx; the Slack form; a URL
+//! read from a file when sent. No log line names a URL.
+
+use std::collections::VecDeque;
+use std::io::Read;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::daemon::{Daemon, repo_args, wait_deployed, write_http_platform};
+use crate::driver_server::{Behavior, DriverServer};
+use crate::util::Sandbox;
+
+/// Part of every receiver's path: a Slack webhook's path is its secret, so no log may show it.
+const URL_SECRET: &str = "s3cr3t-hook";
+/// The largest body a receiver reads; a notification is far smaller.
+const MAX_BODY: u64 = 1024 * 1024;
+
+/// One POST a receiver got.
+#[derive(Debug, Clone)]
+struct Got {
+    body: Value,
+    content_type: Option<String>,
+    user_agent: Option<String>,
+    /// The status it answered.
+    status: u16,
+    arrived: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Answered first, in order; then 200, or `otherwise`.
+    script: VecDeque<u16>,
+    otherwise: Option<u16>,
+    got: Vec<Got>,
+}
+
+/// A notification target on 127.0.0.1 that records each request.
+struct Receiver {
+    url: String,
+    inner: Arc<(Mutex<Inner>, Condvar)>,
+}
+
+impl Receiver {
+    /// Answers 200 to everything.
+    fn start() -> Receiver {
+        Receiver::answering(&[], None)
+    }
+
+    /// Answers `script` first, then `otherwise` (200 when `None`) to every later request.
+    fn answering(script: &[u16], otherwise: Option<u16>) -> Receiver {
+        let server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = server.server_addr().to_ip().expect("an IP address").port();
+        let inner: Arc<(Mutex<Inner>, Condvar)> = Arc::new((
+            Mutex::new(Inner {
+                script: script.iter().copied().collect(),
+                otherwise,
+                got: Vec::new(),
+            }),
+            Condvar::new(),
+        ));
+        let shared = inner.clone();
+        thread::spawn(move || {
+            for request in server.incoming_requests() {
+                handle(request, &shared);
+            }
+        });
+        Receiver {
+            url: format!("http://127.0.0.1:{port}/services/T0/{URL_SECRET}-{port}"),
+            inner,
+        }
+    }
+
+    fn got(&self) -> Vec<Got> {
+        self.inner
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .got
+            .clone()
+    }
+
+    /// Waits (up to 20 s) until what was received satisfies `done`; returns it.
+    #[track_caller]
+    fn wait_until(&self, daemon: &Daemon, done: impl Fn(&[Got]) -> bool) -> Vec<Got> {
+        let (lock, cv) = &*self.inner;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut inner = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while !done(&inner.got) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "the receiver did not get what was expected; it got {:#?}\ndaemon log:\n{}",
+                inner.got.iter().map(|g| &g.body).collect::<Vec<_>>(),
+                daemon.log()
+            );
+            inner = cv
+                .wait_timeout(inner, left.min(Duration::from_millis(200)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        inner.got.clone()
+    }
+}
+
+fn handle(mut request: tiny_http::Request, shared: &(Mutex<Inner>, Condvar)) {
+    let arrived = Instant::now();
+    let header = |name: &'static str| {
+        request
+            .headers()
+            .iter()
+            .find(|h| h.field.equiv(name))
+            .map(|h| h.value.to_string())
+    };
+    let content_type = header("Content-Type");
+    let user_agent = header("User-Agent");
+    let mut text = String::new();
+    let _ = request.as_reader().take(MAX_BODY).read_to_string(&mut text);
+    let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    let (lock, cv) = shared;
+    let mut inner = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let status = inner.script.pop_front().or(inner.otherwise).unwrap_or(200);
+    let _ = request.respond(tiny_http::Response::from_string("{}").with_status_code(status));
+    inner.got.push(Got {
+        body,
+        content_type,
+        user_agent,
+        status,
+        arrived,
+    });
+    cv.notify_all();
+}
+
+/// Writes `host.yaml` with `yaml` and returns the daemon's arguments for it.
+fn host_config(sb: &Sandbox, yaml: &str) -> Vec<String> {
+    let config = sb.root.join("host.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let mut args = repo_args(sb);
+    args.extend(["--config".to_owned(), config.display().to_string()]);
+    args
+}
+
+fn start(sb: &Sandbox, args: &[String], env: &[(&str, &str)]) -> Daemon {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Daemon::start_with_env(sb, &args, env)
+}
+
+fn events_of(got: &[Got], event: &str) -> Vec<Value> {
+    got.iter()
+        .filter(|g| g.body["event"] == event)
+        .map(|g| g.body.clone())
+        .collect()
+}
+
+#[track_caller]
+fn assert_log_hides_urls(daemon: &Daemon) {
+    let log = daemon.log();
+    assert!(!log.contains(URL_SECRET), "a URL reached the log:\n{log}");
+    assert!(!log.contains("127.0.0.1:"), "a URL reached the log:\n{log}");
+}
+
+/// Deliveries to the other targets are under way when the awaited one is done: give them the
+/// time a wrong one would need to arrive.
+fn settle() {
+    thread::sleep(Duration::from_millis(500));
+}
+
+#[test]
+fn a_pushed_commit_is_announced_to_the_targets_that_want_it() {
+    let sb = Sandbox::template();
+    let json = Receiver::start();
+    let failed_only = Receiver::start();
+    let slack = Receiver::start();
+    let rotated = Receiver::start();
+    let url_file = sb.root.join("slack-url");
+    std::fs::write(&url_file, format!("{}\n", slack.url)).unwrap();
+    let args = host_config(
+        &sb,
+        &format!(
+            "notify:\n  - url: \"{}\"\n  - url: \"{}\"\n    events: [failed]\n  - url_file: {}\n    format: slack\n",
+            json.url,
+            failed_only.url,
+            url_file.display()
+        ),
+    );
+    let daemon = start(&sb, &args, &[]);
+    let first = sb.head();
+    let got = json.wait_until(&daemon, |g| g.len() >= 2);
+    assert_eq!(got.len(), 2, "one per environment");
+    let mut envs: Vec<String> = Vec::new();
+    for g in &got {
+        let b = &g.body;
+        assert_eq!(b["event"], "deployment.succeeded", "{b}");
+        assert_eq!(b["commit"], first.as_str(), "{b}");
+        assert_eq!(b["status"], "succeeded", "{b}");
+        assert_eq!(b["kind"], "commit", "{b}");
+        assert_eq!(b["author"], "t", "{b}");
+        assert_eq!(b["message"], "Initial platform configuration", "{b}");
+        assert!(b["deployment"].as_i64().is_some_and(|d| d > 0), "{b}");
+        assert!(
+            b["counts"]["created"].as_i64().is_some_and(|n| n > 0),
+            "{b}"
+        );
+        assert_eq!(b["counts"]["failed"], 0, "{b}");
+        assert!(b["duration_seconds"].as_f64().is_some(), "{b}");
+        assert_eq!(b["failures"], serde_json::json!([]), "{b}");
+        assert_eq!(b["gitplane_version"], env!("CARGO_PKG_VERSION"), "{b}");
+        assert_eq!(g.content_type.as_deref(), Some("application/json"));
+        assert_eq!(
+            g.user_agent.as_deref(),
+            Some(concat!("gitplane/", env!("CARGO_PKG_VERSION")))
+        );
+        envs.push(b["env"].as_str().unwrap_or_default().to_owned());
+    }
+    envs.sort();
+    assert_eq!(envs, ["development", "production"]);
+
+    // The Slack target, through its url_file: text for people, with the env and short commit.
+    let got = slack.wait_until(&daemon, |g| g.len() >= 2);
+    for g in &got {
+        let keys: Vec<&String> = g.body.as_object().map(|o| o.keys().collect()).unwrap();
+        assert_eq!(keys, ["text"], "{}", g.body);
+        let text = g.body["text"].as_str().unwrap();
+        assert!(text.contains(&format!("`{}`", &first[..12])), "{text}");
+        assert!(text.contains("succeeded"), "{text}");
+        assert!(
+            text.contains("*development*") || text.contains("*production*"),
+            "{text}"
+        );
+    }
+
+    // The URL in the file changes: the next notification goes to the new one, no restart.
+    std::fs::write(&url_file, &rotated.url).unwrap();
+    sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
+    let second = sb.commit("Move redis");
+    let got = rotated.wait_until(&daemon, |g| g.len() >= 2);
+    assert!(
+        got.iter()
+            .all(|g| g.body["text"].as_str().unwrap().contains(&second[..12])),
+        "{got:#?}"
+    );
+    json.wait_until(&daemon, |g| g.len() >= 4);
+    settle();
+    assert_eq!(slack.got().len(), 2, "the old URL got nothing more");
+    assert!(
+        failed_only.got().is_empty(),
+        "events: [failed] hears no success: {:#?}",
+        failed_only.got()
+    );
+    assert_log_hides_urls(&daemon);
+}
+
+/// A driver script that fails, saying the password it was given; gitplane hides it.
+const FAILING_DRIVER: &str = r#"#!/bin/sh
+request=$(cat)
+password=$(printf '%s' "$request" | sed -n 's/.*"password":"\([^"]*\)".*/\1/p')
+echo "quota exceeded for the account with password $password" >&2
+exit 1
+"#;
+const DRIVER_SECRET: &str = "s3cr3t-DB-PASSWORD-41";
+
+#[test]
+fn a_driver_failure_is_announced_with_its_message_and_no_secret() {
+    let sb = Sandbox::new();
+    let script = sb.root.join("failing-driver");
+    std::fs::write(&script, FAILING_DRIVER).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    sb.write("environments/test.yaml", "type: test\n");
+    let def = |res_type: &str, driver: &str, inputs: &str| {
+        format!(
+            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {res_type}\n\
+             entity:\n  type: {res_type}\n  driver_type: {driver}\n  driver_inputs:\n{inputs}  \
+             criteria:\n    - {{}}\n"
+        )
+    };
+    sb.write(
+        "definitions/platform.yaml",
+        &[
+            def("base-env", "humanitec/echo", "    values: {zone: test}\n"),
+            def(
+                "workload",
+                "humanitec/echo",
+                "    values: {namespace: app}\n",
+            ),
+            def(
+                "postgres",
+                "test/failing",
+                &format!(
+                    "    values: {{size: small}}\n    secrets: {{password: {DRIVER_SECRET}}}\n"
+                ),
+            ),
+        ]
+        .join("---\n"),
+    );
+    sb.write(
+        "workloads/app/web.yaml",
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: web\ncontainers:\n  main:\n    image: x\n\
+         resources:\n  db:\n    type: postgres\n",
+    );
+    let commit = sb.commit("A database the driver refuses");
+    let failed = Receiver::start();
+    let succeeded_only = Receiver::start();
+    let args = host_config(
+        &sb,
+        &format!(
+            "drivers:\n  test/failing:\n    exec: {{command: [\"{}\"], timeout: 10s}}\n\
+             notify:\n  - url: \"{}\"\n    events: [failed]\n  - url: \"{}\"\n    events: [succeeded]\n",
+            script.display(),
+            failed.url,
+            succeeded_only.url
+        ),
+    );
+    let daemon = start(&sb, &args, &[]);
+    let got = failed.wait_until(&daemon, |g| !g.is_empty());
+    let b = &got[0].body;
+    assert_eq!(b["event"], "deployment.failed", "{b}");
+    assert_eq!(b["env"], "test", "{b}");
+    assert_eq!(b["commit"], commit.as_str(), "{b}");
+    assert_eq!(b["status"], "failed", "{b}");
+    assert_eq!(
+        b["counts"]["failed"], 2,
+        "the database and the workload it blocks: {b}"
+    );
+    let failures = b["failures"].as_array().unwrap();
+    assert!(
+        failures.iter().any(|f| f
+            .as_str()
+            .is_some_and(|f| f.contains("quota exceeded for the account with password"))),
+        "the driver's message is there: {b}"
+    );
+    let text = b.to_string();
+    assert!(!text.contains(DRIVER_SECRET), "a secret was sent: {text}");
+    settle();
+    assert!(
+        succeeded_only.got().is_empty(),
+        "events: [succeeded] hears no failure: {:#?}",
+        succeeded_only.got()
+    );
+    assert!(!daemon.log().contains(DRIVER_SECRET));
+    assert_log_hides_urls(&daemon);
+}
+
+#[test]
+fn a_mass_deletion_is_announced_as_held() {
+    let sb = Sandbox::template();
+    let held = Receiver::start();
+    let args = host_config(
+        &sb,
+        &format!("notify:\n  - url: \"{}\"\n    events: [held]\n", held.url),
+    );
+    let daemon = start(&sb, &args, &[]);
+    wait_deployed(
+        &sb,
+        &sb.head(),
+        &["development", "production"],
+        Duration::from_secs(20),
+    );
+    sb.remove("workloads/shop");
+    let empty = sb.commit("Retire the shop");
+    let got = held.wait_until(&daemon, |g| g.len() >= 2);
+    assert_eq!(got.len(), 2, "only the held deployments: {got:#?}");
+    for g in &got {
+        let b = &g.body;
+        assert_eq!(b["event"], "deployment.held", "{b}");
+        assert_eq!(b["status"], "held", "{b}");
+        assert_eq!(b["commit"], empty.as_str(), "{b}");
+        let id = b["deployment"].as_i64().unwrap();
+        assert_eq!(
+            sb.column(&format!("SELECT status FROM deployment WHERE id = {id}")),
+            ["held"],
+            "the event names the deployment to approve"
+        );
+        assert!(
+            !b["failures"].as_array().unwrap().is_empty(),
+            "it says what would be deleted: {b}"
+        );
+    }
+}
+
+#[test]
+fn a_target_answering_500_twice_gets_the_event_on_the_third_post() {
+    let sb = Sandbox::template();
+    let flaky = Receiver::answering(&[500, 500], None);
+    let refusing = Receiver::answering(&[], Some(404));
+    let args = host_config(
+        &sb,
+        &format!(
+            "notify:\n  - url: \"{}\"\n    events: [succeeded]\n  - url: \"{}\"\n    events: [succeeded]\n",
+            flaky.url, refusing.url
+        ),
+    );
+    // A short base wait (50 ms, then 100 ms) instead of 1 s and 2 s.
+    let daemon = start(&sb, &args, &[("GITPLANE_NOTIFY_TEST_BACKOFF_MS", "50")]);
+    let got = flaky.wait_until(&daemon, |g| {
+        g.iter().filter(|g| g.status == 200).count() >= 2
+    });
+    let statuses: Vec<u16> = got.iter().map(|g| g.status).collect();
+    assert_eq!(statuses, [500, 500, 200, 200]);
+    assert_eq!(got[0].body, got[1].body, "the same event is sent again");
+    assert_eq!(got[1].body, got[2].body);
+    assert_ne!(got[2].body["env"], got[3].body["env"]);
+    assert!(got[1].arrived - got[0].arrived >= Duration::from_millis(50));
+    assert!(got[2].arrived - got[1].arrived >= Duration::from_millis(100));
+    settle();
+    assert_eq!(
+        refusing.got().len(),
+        2,
+        "a 404 is final: one POST per event"
+    );
+    assert_log_hides_urls(&daemon);
+    let log = daemon.log();
+    assert!(
+        log.contains("notify[0]") && log.contains("the target answered 500; trying again"),
+        "{log}"
+    );
+    assert!(
+        log.contains("notify[1]") && log.contains("the target answered 404; not retried"),
+        "{log}"
+    );
+}
+
+/// A target that takes the connection and never answers: deployments go on, and SIGTERM does
+/// not wait for it.
+#[test]
+fn a_hung_target_holds_up_neither_deployments_nor_shutdown() {
+    let sb = Sandbox::template();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (accepted_tx, accepted) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+            let _ = accepted_tx.send(());
+        }
+    });
+    let args = host_config(
+        &sb,
+        &format!("notify:\n  - url: \"http://127.0.0.1:{port}/{URL_SECRET}\"\n    timeout: 60s\n"),
+    );
+    let mut daemon = start(&sb, &args, &[]);
+    let envs = ["development", "production"];
+    wait_deployed(&sb, &sb.head(), &envs, Duration::from_secs(20));
+    accepted
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a notification reached the hung target");
+    sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
+    let next = sb.commit("Move redis");
+    wait_deployed(&sb, &next, &envs, Duration::from_secs(20));
+    let (code, took) = daemon.terminate();
+    assert_eq!(code, Some(0), "{}", daemon.log());
+    assert!(
+        took < Duration::from_secs(5),
+        "SIGTERM did not wait for the notification: {took:?}"
+    );
+    assert_log_hides_urls(&daemon);
+}
+
+#[test]
+fn a_drift_run_that_changes_outputs_is_announced() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    // Something outside gitplane keeps changing the database: its outputs differ each time.
+    server.behave(
+        "postgres",
+        Behavior {
+            drifting: true,
+            ..Behavior::default()
+        },
+    );
+    write_http_platform(&sb);
+    sb.write(
+        "environments/test.yaml",
+        "type: test\nschedule: \"* * * * * *\"\n",
+    );
+    let commit = sb.commit("A platform with drift runs");
+    let drift = Receiver::start();
+    let args = host_config(
+        &sb,
+        &format!(
+            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 10s}}\n\
+             notify:\n  - url: \"{}\"\n    events: [drift]\n",
+            server.url, drift.url
+        ),
+    );
+    let daemon = start(&sb, &args, &[]);
+    let got = drift.wait_until(&daemon, |g| !g.is_empty());
+    let b = &got[0].body;
+    assert_eq!(b["event"], "drift.found", "{b}");
+    assert_eq!(b["kind"], "drift", "{b}");
+    assert_eq!(b["commit"], commit.as_str(), "the last good commit: {b}");
+    let drifted = b["drifted"].as_array().unwrap();
+    assert_eq!(drifted.len(), 1, "the database alone changed: {b}");
+    let guresid = drifted[0].as_str().unwrap();
+    assert_eq!(
+        sb.column(&format!(
+            "SELECT type FROM resource WHERE guresid = '{guresid}'"
+        )),
+        ["postgres"]
+    );
+    assert!(events_of(&got, "deployment.succeeded").is_empty());
+}

@@ -170,6 +170,9 @@ pub(super) struct NotifyFile {
     attempts: Option<u32>,
 }
 
+/// The most POSTs one notification may take.
+const MAX_NOTIFY_ATTEMPTS: u32 = 20;
+
 /// A problem found in `http:` or `notify:`: the text to find its line by, and what is wrong.
 pub(super) type Problem = (String, String);
 
@@ -298,10 +301,12 @@ pub(super) fn notify(raw: Vec<NotifyFile>, problems: &mut Vec<Problem>) -> Vec<N
             },
         };
         let attempts = n.attempts.unwrap_or(5);
-        if attempts == 0 {
+        // Waits double up to 30 s: 20 attempts already keep one notification going for
+        // about eight minutes, while the target's later events wait behind it.
+        if !(1..=MAX_NOTIFY_ATTEMPTS).contains(&attempts) {
             problems.push((
                 "attempts:".to_owned(),
-                format!("{name}: attempts must be at least 1"),
+                format!("{name}: attempts must be from 1 to {MAX_NOTIFY_ATTEMPTS}"),
             ));
             continue;
         }
@@ -329,4 +334,82 @@ pub(super) fn notify(raw: Vec<NotifyFile>, problems: &mut Vec<Problem>) -> Vec<N
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::HostConfig;
+
+    /// The messages of a host config that does not parse, each with its line.
+    fn errors(text: &str) -> Vec<String> {
+        HostConfig::parse("host.yaml", text)
+            .expect_err("refused")
+            .iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_reachable_listener_needs_a_token_and_loopback_does_not() {
+        let e = errors("http:\n  listen: 0.0.0.0:9470\n");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].starts_with("host.yaml:2: http.listen 0.0.0.0:9470 is reachable"));
+        let e = errors("http: {listen: \"[::]:9470\"}\n");
+        assert!(e[0].contains("needs a token"), "{e:?}");
+        for ok in [
+            "http: {listen: 127.0.0.1:9470}\n",
+            "http: {listen: \"[::1]:9470\"}\n",
+            "http: {listen: 0.0.0.0:9470, token_file: /etc/gitplane/token}\n",
+        ] {
+            let config = HostConfig::parse("host.yaml", ok).expect(ok);
+            assert!(config.http.is_some());
+        }
+    }
+
+    #[test]
+    fn secret_sources_are_one_of_two_forms() {
+        let e = errors(
+            "http:\n  listen: 127.0.0.1:1\n  token_file: /t\n  token_secret: {store: v, ref: x}\n",
+        );
+        assert!(
+            e.iter()
+                .any(|m| m.contains("give token_file or token_secret, not both")),
+            "{e:?}"
+        );
+        let e = errors("http:\n  listen: 127.0.0.1:1\n  webhook_secret: {store: v, ref: x}\n");
+        assert!(
+            e[0].starts_with("host.yaml:3: http: secret store 'v' is not configured"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn notify_entries_are_checked() {
+        let e = errors("notify:\n  - {url: ftp://x}\n");
+        assert!(
+            e[0].contains("notify[0]: url must start with http://"),
+            "{e:?}"
+        );
+        let e = errors("notify:\n  - {url: http://x, url_file: /u}\n");
+        assert!(
+            e[0].contains("needs exactly one of url or url_file"),
+            "{e:?}"
+        );
+        let e = errors("notify:\n  - url: http://x\n    attempts: 21\n");
+        assert!(
+            e[0].starts_with("host.yaml:3: notify[0]: attempts must be from 1 to 20"),
+            "{e:?}"
+        );
+        let e = errors("notify:\n  - url: http://x\n    events: []\n");
+        assert!(e[0].contains("events is empty"), "{e:?}");
+        let e = errors("notify:\n  - url: http://x\n    events: [deployed]\n");
+        assert!(e[0].contains("host.yaml:3"), "{e:?}");
+        let config = HostConfig::parse(
+            "host.yaml",
+            "notify:\n  - url: http://x\n    format: slack\n",
+        )
+        .unwrap();
+        assert_eq!(config.notify[0].events.len(), 4);
+        assert_eq!(config.notify[0].format, super::NotifyFormat::Slack);
+    }
 }

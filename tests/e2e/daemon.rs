@@ -58,7 +58,7 @@ impl Daemon {
     }
 
     /// SIGTERM, then waits for the exit; returns the exit code and how long it took.
-    fn terminate(&mut self) -> (Option<i32>, Duration) {
+    pub(crate) fn terminate(&mut self) -> (Option<i32>, Duration) {
         let started = Instant::now();
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])

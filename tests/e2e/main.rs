@@ -25,5 +25,6 @@ mod reports;
 mod secret_stores;
 mod secrets;
 mod soak;
+mod status_page;
 mod systemd;
 mod terraform;

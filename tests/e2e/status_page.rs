@@ -30,9 +30,18 @@ fn free_port() -> u16 {
 
 /// The daemon on the sandbox's bare repository, its HTTP listener on a free port.
 fn start_daemon(sb: &Sandbox) -> (Daemon, String) {
+    start_daemon_with(sb, "")
+}
+
+/// Like [`start_daemon`], with more `http:` settings (indented lines).
+fn start_daemon_with(sb: &Sandbox, http: &str) -> (Daemon, String) {
     let port = free_port();
     let config = sb.root.join("host.yaml");
-    std::fs::write(&config, format!("http:\n  listen: 127.0.0.1:{port}\n")).unwrap();
+    std::fs::write(
+        &config,
+        format!("http:\n  listen: 127.0.0.1:{port}\n{http}"),
+    )
+    .unwrap();
     let mut args = repo_args(sb);
     args.extend(["--config".to_owned(), config.display().to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -361,6 +370,57 @@ fn the_page_follows_a_push_draws_every_resource_and_shows_no_secret() {
     let text = body.to_string();
     assert!(!text.contains(REDIS_SECRET) && !text.contains(BASE_ENV_SECRET));
     drop(daemon);
+}
+
+/// With a token, a browser signs in once and the page (its event stream included) reads the
+/// API through the cookie.
+#[test]
+fn with_a_token_the_page_signs_in_and_streams_through_the_cookie() {
+    let driver = match chromedriver() {
+        Ok(driver) => driver,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let sb = Sandbox::template();
+    let token = "page-token-5b1d0e";
+    let token_file = sb.root.join("http.token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let (_daemon, base) =
+        start_daemon_with(&sb, &format!("  token_file: {}\n", token_file.display()));
+    assert_eq!(get(&format!("{base}/api/overview")).0, 401);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = browser(&driver).await;
+        client.goto(&format!("{base}/")).await.unwrap();
+        assert_eq!(client.current_url().await.unwrap().path(), "/login");
+        let form = client.form(Locator::Css("form")).await.unwrap();
+        form.set_by_name("token", token).await.unwrap();
+        client
+            .find(Locator::Css("form button"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        until(
+            "the signed-in page, live",
+            Duration::from_secs(15),
+            || async {
+                let rows = count(&client, "#deployments tr[data-deployment]").await;
+                let live = count(&client, "#live[data-state=\"live\"]").await;
+                (rows > 0 && live == 1).then_some(())
+            },
+        )
+        .await;
+        assert!(!client.source().await.unwrap().contains(token));
+        client.close().await.unwrap();
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ mod history;
 mod journal;
 mod lock;
 mod seal;
+mod views;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -23,6 +24,7 @@ pub use history::{LinkChanges, Pruned, Retention};
 pub use journal::{Batch, Ended, JournalEntry, ManifestsRecord};
 pub use lock::ApplyLock;
 pub use seal::{KeySource, SealError, StateKey, pending_key_path};
+pub use views::{DeploymentSummary, FailedResource, NodeRow, ResourceView};
 
 const SCHEMA: &str = include_str!("../../schema.sql");
 

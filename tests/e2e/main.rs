@@ -27,5 +27,6 @@ mod secret_stores;
 mod secrets;
 mod service;
 mod soak;
+mod status_page;
 mod systemd;
 mod terraform;

@@ -1,12 +1,950 @@
 //! The status page's data, as JSON: environments, deployments, the resource graph and one
-//! resource's details, never a secret value.
+//! resource's details, never a secret value; and `/api/events`, the page's live updates.
+//!
+//! docs/status-page.md is the contract: the shapes below are what people script against.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use futures_util::Stream;
+use gitplane_state::{
+    BindingRecord, DeploymentSummary, FailedResource, LinkRecord, NodeRow, ResourceView,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::{Semaphore, watch};
 
-use super::Shared;
+use super::layout::{self, NODE_HEIGHT, NODE_WIDTH};
+use super::{ApiError, Shared};
+use crate::repo::{CommitInfo, ConfigRepo};
+
+/// Deployments listed per environment.
+const RECENT_DEPLOYMENTS: usize = 15;
+/// Failed resources listed per environment (the total is given too).
+const FAILED_SHOWN: usize = 50;
+/// More matching nodes than this, without an app chosen, and the graph answers with the apps
+/// to choose from instead: a drawing of thousands of boxes helps nobody.
+pub const GRAPH_LIMIT: usize = 400;
+/// No answer draws more nodes than this, app or not: it bounds the response and the browser.
+pub const GRAPH_HARD_LIMIT: usize = 10_000;
+/// The longest search text taken.
+const QUERY_MAX: usize = 200;
+/// Commits whose author and message are remembered.
+const COMMIT_CACHE: usize = 1_024;
+/// The shortest time between two events of one stream: a burst of changes is one refresh.
+const EVENT_GAP: Duration = Duration::from_millis(250);
+/// A comment on an idle stream, so proxies and the browser keep it open.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// The app filter's name for the resources no app owns.
+pub const GLOBAL_APP: &str = "(global)";
 
 pub fn routes() -> Router<Arc<Shared>> {
     Router::new()
+        .route("/api/overview", get(overview))
+        .route("/api/envs/{env}/graph", get(graph))
+        .route("/api/envs/{env}/resources/{guresid}", get(resource))
+        .route("/api/events", get(events))
+        .layer(Extension(Arc::new(ApiState::default())))
+}
+
+/// What the API keeps between requests.
+struct ApiState {
+    commits: Mutex<CommitCache>,
+    /// `explain` reads and builds the commit's whole environment: one at a time, so clicks on
+    /// many resources queue instead of building many graphs at once.
+    explains: Semaphore,
+}
+
+impl Default for ApiState {
+    fn default() -> Self {
+        ApiState {
+            commits: Mutex::new(CommitCache::default()),
+            explains: Semaphore::new(1),
+        }
+    }
+}
+
+/// Who made each commit and what it says, read from git once: commits never change.
+#[derive(Default)]
+struct CommitCache {
+    known: HashMap<String, Option<CommitInfo>>,
+    /// Oldest first, to forget the oldest when full.
+    order: VecDeque<String>,
+}
+
+impl CommitCache {
+    /// The info of each commit of `commits`, reading the ones it lacks from `repo`.
+    fn fill(&mut self, repo: &std::path::Path, commits: &[&str]) {
+        let missing: Vec<&str> = commits
+            .iter()
+            .copied()
+            .filter(|c| !self.known.contains_key(*c))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        let opened = ConfigRepo::open(repo).ok();
+        for commit in missing {
+            let info = opened.as_ref().and_then(|r| r.commit_info(commit).ok());
+            if self.order.len() >= COMMIT_CACHE
+                && let Some(old) = self.order.pop_front()
+            {
+                self.known.remove(&old);
+            }
+            self.known.insert(commit.to_owned(), info);
+            self.order.push_back(commit.to_owned());
+        }
+    }
+
+    fn get(&self, commit: &str) -> Option<&CommitInfo> {
+        self.known.get(commit).and_then(Option::as_ref)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GET /api/overview
+
+#[derive(Debug, Serialize)]
+struct Overview {
+    environments: Vec<EnvOverview>,
+}
+
+#[derive(Debug, Serialize)]
+struct EnvOverview {
+    env: String,
+    /// Resources by status: `ready`, `failed`, `orphaned`.
+    resources: BTreeMap<String, i64>,
+    /// Newest first.
+    deployments: Vec<DeploymentJson>,
+    /// Held by the deletion guard, waiting for `gitplane approve`.
+    held: Vec<DeploymentJson>,
+    failed: Vec<FailedJson>,
+    failed_total: i64,
+}
+
+#[derive(Debug, Serialize)]
+struct DeploymentJson {
+    id: i64,
+    kind: String,
+    commit: Option<String>,
+    author: Option<String>,
+    summary: Option<String>,
+    /// When the commit was authored, seconds since the epoch.
+    commit_time: Option<i64>,
+    status: &'static str,
+    started_at: String,
+    finished_at: Option<String>,
+    created: i64,
+    updated: i64,
+    deleted: i64,
+    unchanged: i64,
+    failed: i64,
+    /// Driver calls made, polls and retries included.
+    calls: i64,
+    error: Option<String>,
+    /// For a held deployment: the resources it would delete.
+    would_delete: Option<Vec<String>>,
+}
+
+impl DeploymentJson {
+    fn new(d: DeploymentSummary, commits: &CommitCache) -> DeploymentJson {
+        let info = d.commit_id.as_deref().and_then(|c| commits.get(c));
+        DeploymentJson {
+            id: d.id,
+            kind: d.kind,
+            author: info.map(|i| i.author.clone()),
+            summary: info.map(|i| i.summary.clone()),
+            commit_time: info.map(|i| i.time),
+            commit: d.commit_id,
+            status: d.status.as_str(),
+            started_at: d.started_at,
+            finished_at: d.finished_at,
+            created: d.counts.created,
+            updated: d.counts.updated,
+            deleted: d.counts.deleted,
+            unchanged: d.counts.unchanged,
+            failed: d.counts.failed,
+            calls: d.calls,
+            error: d.error,
+            would_delete: d.held,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct FailedJson {
+    guresid: String,
+    app: Option<String>,
+    #[serde(rename = "type")]
+    res_type: String,
+    class: String,
+    res_id: String,
+    /// The driver's message.
+    error: Option<String>,
+    updated_at: String,
+}
+
+impl From<FailedResource> for FailedJson {
+    fn from(f: FailedResource) -> Self {
+        FailedJson {
+            guresid: f.guresid,
+            app: f.app,
+            res_type: f.res_type,
+            class: f.class,
+            res_id: f.res_id,
+            error: f.error,
+            updated_at: f.updated_at,
+        }
+    }
+}
+
+async fn overview(
+    State(shared): State<Arc<Shared>>,
+    Extension(api): Extension<Arc<ApiState>>,
+) -> Result<Json<Overview>, ApiError> {
+    let repo = shared.repo.clone();
+    let overview = shared
+        .read(move |store| {
+            let mut read = Vec::new();
+            for env in store.environments()? {
+                let deployments = store.recent_deployments(&env, RECENT_DEPLOYMENTS)?;
+                let held = store.held_deployments(&env)?;
+                let (failed, failed_total) = store.failed_resources(&env, FAILED_SHOWN)?;
+                let resources = store.resource_counts(&env)?.into_iter().collect();
+                read.push((env, deployments, held, failed, failed_total, resources));
+            }
+            let mut commits = api.commits.lock().unwrap_or_else(|e| e.into_inner());
+            let ids: Vec<&str> = read
+                .iter()
+                .flat_map(|(_, d, h, ..)| d.iter().chain(h))
+                .filter_map(|d| d.commit_id.as_deref())
+                .collect();
+            commits.fill(&repo, &ids);
+            let environments = read
+                .into_iter()
+                .map(
+                    |(env, deployments, held, failed, failed_total, resources)| EnvOverview {
+                        env,
+                        resources,
+                        deployments: deployments
+                            .into_iter()
+                            .map(|d| DeploymentJson::new(d, &commits))
+                            .collect(),
+                        held: held
+                            .into_iter()
+                            .map(|d| DeploymentJson::new(d, &commits))
+                            .collect(),
+                        failed: failed.into_iter().map(FailedJson::from).collect(),
+                        failed_total,
+                    },
+                )
+                .collect();
+            Ok(Overview { environments })
+        })
+        .await?;
+    Ok(Json(overview))
+}
+
+// ---------------------------------------------------------------------------------------------
+// GET /api/envs/{env}/graph
+
+/// The graph's filters, all optional.
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct GraphQuery {
+    /// One app's resources; [`GLOBAL_APP`] for those of no app.
+    pub app: Option<String>,
+    /// One resource type.
+    #[serde(rename = "type")]
+    pub res_type: Option<String>,
+    /// Text the res_id or GUResID contains (case-insensitive).
+    pub q: Option<String>,
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct GraphView {
+    pub env: String,
+    /// More than [`GRAPH_LIMIT`] nodes matched without an app chosen (or more than
+    /// [`GRAPH_HARD_LIMIT`] with one): `nodes` and `edges` are empty; choose from `apps`.
+    pub too_large: bool,
+    /// Resources in the environment.
+    pub total: usize,
+    /// Resources the filters matched.
+    pub matched: usize,
+    pub limit: usize,
+    /// The apps of the resources the type and text filters match (whatever `app` is), with
+    /// how many each has (`name` null: resources of no app).
+    pub apps: Vec<Count>,
+    /// Every type of the environment's resources, for the type filter.
+    pub types: Vec<Count>,
+    pub nodes: Vec<GraphNode>,
+    pub edges: Vec<GraphEdge>,
+    pub width: f64,
+    pub height: f64,
+    pub node_width: f64,
+    pub node_height: f64,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct Count {
+    pub name: Option<String>,
+    pub count: usize,
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct GraphNode {
+    pub guresid: String,
+    pub app: Option<String>,
+    #[serde(rename = "type")]
+    pub res_type: String,
+    pub class: String,
+    pub res_id: String,
+    /// `ready`, `failed`, `orphaned` or `in_progress`.
+    pub status: &'static str,
+    /// The centre of its box, and its layer (0: depends on nothing shown).
+    pub x: f64,
+    pub y: f64,
+    pub layer: usize,
+    /// Links to resources the filters left out.
+    pub hidden_links: usize,
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct GraphEdge {
+    /// Depends on `provider`.
+    pub consumer: String,
+    pub provider: String,
+    /// `dependency`, `reference`, `coprovision`, `selector` or `implicit`.
+    pub kind: String,
+    pub update_type: String,
+    /// Where the edge bends: the centre of each free slot it runs through, from the consumer
+    /// to the provider (empty between neighbouring layers).
+    pub points: Vec<[f64; 2]>,
+}
+
+async fn graph(
+    State(shared): State<Arc<Shared>>,
+    Path(env): Path<String>,
+    Query(query): Query<GraphQuery>,
+) -> Result<Json<GraphView>, ApiError> {
+    if query.q.as_ref().is_some_and(|q| q.len() > QUERY_MAX) {
+        return Err(ApiError::BadRequest(format!(
+            "q: at most {QUERY_MAX} bytes"
+        )));
+    }
+    let read_env = env.clone();
+    let (known, nodes, links) = shared
+        .read(move |store| {
+            let known = store.environments()?.contains(&read_env);
+            Ok((
+                known,
+                store.graph_nodes(&read_env)?,
+                store.links(&read_env)?,
+            ))
+        })
+        .await?;
+    if !known {
+        return Err(ApiError::NotFound(format!(
+            "no environment '{env}' in the state"
+        )));
+    }
+    let view = tokio::task::spawn_blocking(move || graph_view(env, nodes, &links, &query))
+        .await
+        .map_err(|e| ApiError::Internal(format!("the layout task failed: {e}")))?;
+    Ok(Json(view))
+}
+
+/// The part of `env`'s graph `query` asks for, laid out. Pure.
+pub fn graph_view(
+    env: String,
+    nodes: Vec<NodeRow>,
+    links: &[LinkRecord],
+    query: &GraphQuery,
+) -> GraphView {
+    let needle = query
+        .q
+        .as_deref()
+        .map(str::to_lowercase)
+        .filter(|q| !q.is_empty());
+    let app = query.app.as_deref().filter(|a| !a.is_empty());
+    let res_type = query.res_type.as_deref().filter(|t| !t.is_empty());
+    let total = nodes.len();
+    let mut types: BTreeMap<&str, usize> = BTreeMap::new();
+    for n in &nodes {
+        *types.entry(n.res_type.as_str()).or_default() += 1;
+    }
+    let types = types
+        .into_iter()
+        .map(|(t, count)| Count {
+            name: Some(t.to_owned()),
+            count,
+        })
+        .collect();
+    let in_app = |n: &NodeRow| match app {
+        None => true,
+        Some(GLOBAL_APP) => n.app.is_none(),
+        Some(a) => n.app.as_deref() == Some(a),
+    };
+    let wanted = |n: &NodeRow| {
+        res_type.is_none_or(|t| n.res_type == t)
+            && needle.as_ref().is_none_or(|q| {
+                n.res_id.to_lowercase().contains(q.as_str()) || n.guresid.contains(q.as_str())
+            })
+    };
+    let found: Vec<NodeRow> = nodes.into_iter().filter(|n| wanted(n)).collect();
+    // The apps to choose from: those of the resources the other filters found, whichever
+    // app is chosen.
+    let mut apps: BTreeMap<Option<&str>, usize> = BTreeMap::new();
+    for n in &found {
+        *apps.entry(n.app.as_deref()).or_default() += 1;
+    }
+    let apps = apps
+        .into_iter()
+        .map(|(a, count)| Count {
+            name: a.map(str::to_owned),
+            count,
+        })
+        .collect();
+    let mut shown: Vec<NodeRow> = found.into_iter().filter(|n| in_app(n)).collect();
+    let matched = shown.len();
+    let too_large = matched > GRAPH_HARD_LIMIT || (matched > GRAPH_LIMIT && app.is_none());
+    let mut view = GraphView {
+        env,
+        too_large,
+        total,
+        matched,
+        limit: GRAPH_LIMIT,
+        apps,
+        types,
+        nodes: Vec::new(),
+        edges: Vec::new(),
+        width: 0.0,
+        height: 0.0,
+        node_width: NODE_WIDTH,
+        node_height: NODE_HEIGHT,
+    };
+    if too_large {
+        return view;
+    }
+    // Grouped by app and type, so the layout's starting order keeps them together.
+    shown.sort_by(|a, b| {
+        (&a.app, &a.res_type, &a.res_id, &a.guresid).cmp(&(
+            &b.app,
+            &b.res_type,
+            &b.res_id,
+            &b.guresid,
+        ))
+    });
+    let index: HashMap<&str, usize> = shown
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.guresid.as_str(), i))
+        .collect();
+    let mut hidden = vec![0; shown.len()];
+    let mut pairs = Vec::new();
+    for l in links {
+        match (
+            index.get(l.consumer.as_str()),
+            index.get(l.provider.as_str()),
+        ) {
+            (Some(&c), Some(&p)) => {
+                pairs.push((c, p));
+                view.edges.push(GraphEdge {
+                    consumer: l.consumer.clone(),
+                    provider: l.provider.clone(),
+                    kind: l.kind.clone(),
+                    update_type: l.update_type.clone(),
+                    points: Vec::new(),
+                });
+            }
+            (Some(&c), None) => hidden[c] += 1,
+            (None, Some(&p)) => hidden[p] += 1,
+            (None, None) => {}
+        }
+    }
+    let placed = layout::layered(shown.len(), &pairs);
+    view.width = placed.width;
+    view.height = placed.height;
+    for (edge, route) in view.edges.iter_mut().zip(placed.waypoints) {
+        edge.points = route.into_iter().map(|(x, y)| [x, y]).collect();
+    }
+    view.nodes = shown
+        .into_iter()
+        .zip(placed.nodes)
+        .zip(hidden)
+        .map(|((n, p), hidden_links)| GraphNode {
+            guresid: n.guresid,
+            app: n.app,
+            res_type: n.res_type,
+            class: n.class,
+            res_id: n.res_id,
+            status: n.status,
+            x: p.x,
+            y: p.y,
+            layer: p.layer,
+            hidden_links,
+        })
+        .collect();
+    view
+}
+
+// ---------------------------------------------------------------------------------------------
+// GET /api/envs/{env}/resources/{guresid}
+
+#[derive(Debug, Serialize)]
+struct ResourceJson {
+    guresid: String,
+    env: String,
+    app: Option<String>,
+    #[serde(rename = "type")]
+    res_type: String,
+    class: String,
+    res_id: String,
+    definition: String,
+    driver: String,
+    account: Option<String>,
+    deletion_policy: String,
+    /// `ready` or `failed`; `orphaned` shows in `orphan_since`.
+    status: String,
+    error: Option<String>,
+    commit: String,
+    deployment: i64,
+    created_at: String,
+    updated_at: String,
+    orphan_since: Option<String>,
+    orphan_reason: Option<String>,
+    /// The non-secret inputs last sent to the driver: `{"values", "resource"}`.
+    inputs: Value,
+    outputs: Value,
+    /// The names of the secret outputs, never their values; `null` when the state key could
+    /// not be read (see `secret_outputs_error`).
+    secret_outputs: Option<Vec<String>>,
+    secret_outputs_error: Option<String>,
+    links: Vec<LinkJson>,
+    bindings: Vec<BindingJson>,
+    /// `gitplane explain`'s text; `null` with `explain_error` when it could not run.
+    explain: Option<String>,
+    explain_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct LinkJson {
+    /// `provider`: this resource depends on `other`; `consumer`: `other` depends on it.
+    role: &'static str,
+    other: Label,
+    kind: String,
+    update_type: String,
+}
+
+#[derive(Debug, Serialize)]
+struct BindingJson {
+    /// Where in this resource's inputs: `values.host`, `secrets.password`.
+    needed_path: String,
+    provider: Label,
+    /// `outputs.host`, or a selector's `workload>aws-policy.outputs.name`.
+    provided_path: String,
+    data_type: String,
+    /// `null` for a secret.
+    value: Option<Value>,
+    secret: bool,
+    inserted: bool,
+    interface: Option<String>,
+}
+
+/// Another resource, by GUResID and, when state records it, what people call it.
+#[derive(Debug, Serialize)]
+struct Label {
+    guresid: String,
+    #[serde(rename = "type")]
+    res_type: Option<String>,
+    res_id: Option<String>,
+    app: Option<String>,
+}
+
+type Read = (
+    Option<ResourceView>,
+    Result<Vec<String>, String>,
+    Vec<LinkRecord>,
+    Vec<BindingRecord>,
+    HashMap<String, NodeRow>,
+);
+
+async fn resource(
+    State(shared): State<Arc<Shared>>,
+    Extension(api): Extension<Arc<ApiState>>,
+    Path((env, guresid)): Path<(String, String)>,
+) -> Result<Json<ResourceJson>, ApiError> {
+    let (read_env, read_guresid) = (env.clone(), guresid.clone());
+    let (view, secret_names, links, bindings, labels): Read = shared
+        .read(move |store| {
+            let Some(view) = store.resource_view(&read_env, &read_guresid)? else {
+                return Ok((None, Ok(Vec::new()), Vec::new(), Vec::new(), HashMap::new()));
+            };
+            // Without the state key the names are unknown; the rest of the page still shows.
+            let names = store
+                .secret_output_names(&read_guresid)
+                .map_err(|e| e.to_string());
+            let links = store
+                .resource_links(&read_env, &read_guresid)?
+                .map(|(_, l)| l)
+                .unwrap_or_default();
+            let bindings = store.current_bindings(&read_guresid)?;
+            // Names for the other ends: one read of the environment's nodes, no JSON parsed.
+            let wanted: HashSet<&str> = links
+                .iter()
+                .flat_map(|l| [l.consumer.as_str(), l.provider.as_str()])
+                .chain(bindings.iter().map(|b| b.provided.as_str()))
+                .collect();
+            let labels = if wanted.is_empty() {
+                HashMap::new()
+            } else {
+                store
+                    .graph_nodes(&read_env)?
+                    .into_iter()
+                    .filter(|n| wanted.contains(n.guresid.as_str()))
+                    .map(|n| (n.guresid.clone(), n))
+                    .collect()
+            };
+            Ok((Some(view), names, links, bindings, labels))
+        })
+        .await?;
+    let Some(view) = view else {
+        return Err(ApiError::NotFound(format!(
+            "no resource {guresid} recorded in environment '{env}' (one being created shows \
+             once its driver answers)"
+        )));
+    };
+    let (explain, explain_error) = match explain(&shared, &api, &env, &guresid).await {
+        Ok(text) => (Some(text), None),
+        Err(e) => (None, Some(e)),
+    };
+    let label = |g: &str| {
+        let n = labels.get(g);
+        Label {
+            guresid: g.to_owned(),
+            res_type: n.map(|n| n.res_type.clone()),
+            res_id: n.map(|n| n.res_id.clone()),
+            app: n.and_then(|n| n.app.clone()),
+        }
+    };
+    let links = links
+        .into_iter()
+        .map(|l| {
+            let (role, other) = if l.consumer == guresid {
+                ("provider", &l.provider)
+            } else {
+                ("consumer", &l.consumer)
+            };
+            LinkJson {
+                role,
+                other: label(other),
+                kind: l.kind,
+                update_type: l.update_type,
+            }
+        })
+        .collect();
+    let bindings = bindings
+        .into_iter()
+        .map(|b| BindingJson {
+            needed_path: b.needed_path,
+            provider: label(&b.provided),
+            provided_path: b.provided_path,
+            data_type: b.data_type,
+            // State keeps no value for a secret; this says so even of a damaged row.
+            value: if b.secret { None } else { b.value },
+            secret: b.secret,
+            inserted: b.inserted,
+            interface: b.interface,
+        })
+        .collect();
+    let (secret_outputs, secret_outputs_error) = match secret_names {
+        Ok(names) => (Some(names), None),
+        Err(e) => (None, Some(e)),
+    };
+    Ok(Json(ResourceJson {
+        guresid: view.guresid,
+        env: view.env,
+        app: view.app,
+        res_type: view.res_type,
+        class: view.class,
+        res_id: view.res_id,
+        definition: view.definition,
+        driver: view.driver,
+        account: view.account,
+        deletion_policy: view.deletion_policy,
+        status: view.status,
+        error: view.error,
+        commit: view.commit_id,
+        deployment: view.deployment_id,
+        created_at: view.created_at,
+        updated_at: view.updated_at,
+        orphan_since: view.orphan_since,
+        orphan_reason: view.orphan_reason,
+        inputs: view.inputs,
+        outputs: view.outputs,
+        secret_outputs,
+        secret_outputs_error,
+        links,
+        bindings,
+        explain,
+        explain_error,
+    }))
+}
+
+/// `gitplane explain`'s text for `guresid`, against the host config in force.
+async fn explain(
+    shared: &Arc<Shared>,
+    api: &ApiState,
+    env: &str,
+    guresid: &str,
+) -> Result<String, String> {
+    let _permit = api
+        .explains
+        .acquire()
+        .await
+        .map_err(|_| "explain is unavailable while the daemon stops".to_owned())?;
+    let host = shared
+        .host
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let ctx = crate::cli::Context {
+        repo: shared.repo.clone(),
+        state: shared.state.clone(),
+        envs: vec![env.to_owned()],
+        default_rev: host.git_ref.clone(),
+        drivers: host.registry(),
+        stores: host.secret_stores(),
+        host,
+    };
+    let guresid = guresid.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut text = Vec::new();
+        crate::cli::explain::explain(&ctx, None, &guresid, crate::cli::Format::Table, &mut text)
+            .map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&text).into_owned())
+    })
+    .await
+    .map_err(|e| format!("the explain task failed: {e}"))?
+}
+
+// ---------------------------------------------------------------------------------------------
+// GET /api/events
+
+async fn events(
+    State(shared): State<Arc<Shared>>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    Sse::new(change_events(
+        shared.events.subscribe(),
+        shared.stop.clone(),
+        EVENT_GAP,
+    ))
+    .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+}
+
+/// A `hello` event, then a `change` event (its data: the change counter) after each change of
+/// state, at most one per `gap`; ends when `stop` turns true or the daemon drops the channel.
+fn change_events(
+    changes: watch::Receiver<u64>,
+    stop: watch::Receiver<bool>,
+    gap: Duration,
+) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
+    struct Watching {
+        changes: watch::Receiver<u64>,
+        stop: watch::Receiver<bool>,
+        /// When the last event went out; `None` before the first.
+        last: Option<tokio::time::Instant>,
+    }
+    let start = Watching {
+        changes,
+        stop,
+        last: None,
+    };
+    futures_util::stream::unfold(start, move |mut s| async move {
+        if *s.stop.borrow() {
+            return None;
+        }
+        let Some(last) = s.last else {
+            let n = *s.changes.borrow_and_update();
+            s.last = Some(tokio::time::Instant::now());
+            return Some((Ok(Event::default().event("hello").data(n.to_string())), s));
+        };
+        tokio::select! {
+            changed = s.changes.changed() => changed.ok()?,
+            _ = s.stop.wait_for(|stop| *stop) => return None,
+        }
+        // Changes that arrive while this waits go out together.
+        tokio::select! {
+            () = tokio::time::sleep_until(last + gap) => {}
+            _ = s.stop.wait_for(|stop| *stop) => return None,
+        }
+        let n = *s.changes.borrow_and_update();
+        s.last = Some(tokio::time::Instant::now());
+        Some((Ok(Event::default().event("change").data(n.to_string())), s))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt;
+
+    use super::*;
+
+    fn node(guresid: &str, app: Option<&str>, res_type: &str, res_id: &str) -> NodeRow {
+        NodeRow {
+            guresid: guresid.into(),
+            app: app.map(str::to_owned),
+            res_type: res_type.into(),
+            class: "default".into(),
+            res_id: res_id.into(),
+            status: "ready",
+            recorded: true,
+        }
+    }
+
+    fn link(consumer: &str, provider: &str) -> LinkRecord {
+        LinkRecord {
+            consumer: consumer.into(),
+            provider: provider.into(),
+            kind: "reference".into(),
+            update_type: "NeedsProvides".into(),
+        }
+    }
+
+    /// `apps` apps of `per_app` workloads, each reading the one global dns.
+    fn estate(apps: usize, per_app: usize) -> (Vec<NodeRow>, Vec<LinkRecord>) {
+        let mut nodes = vec![node("dns", None, "dns", "shared.dns")];
+        let mut links = Vec::new();
+        for a in 0..apps {
+            for w in 0..per_app {
+                let g = format!("w{a}-{w}");
+                nodes.push(node(
+                    &g,
+                    Some(&format!("app{a}")),
+                    "workload",
+                    &format!("modules.web{w}"),
+                ));
+                links.push(link(&g, "dns"));
+            }
+        }
+        (nodes, links)
+    }
+
+    fn view(nodes: Vec<NodeRow>, links: &[LinkRecord], query: GraphQuery) -> GraphView {
+        graph_view("dev".into(), nodes, links, &query)
+    }
+
+    #[test]
+    fn a_small_environment_is_drawn_whole() {
+        let (nodes, links) = estate(2, 3);
+        let v = view(nodes, &links, GraphQuery::default());
+        assert!(!v.too_large);
+        assert_eq!(
+            (v.total, v.matched, v.nodes.len(), v.edges.len()),
+            (7, 7, 7, 6)
+        );
+        assert!(v.nodes.iter().all(|n| n.hidden_links == 0));
+        let dns = v.nodes.iter().find(|n| n.guresid == "dns").unwrap();
+        assert_eq!(dns.layer, 0, "the provider is left of its consumers");
+    }
+
+    #[test]
+    fn a_large_environment_offers_its_apps_until_one_is_chosen() {
+        let (nodes, links) = estate(5, 100);
+        let v = view(nodes.clone(), &links, GraphQuery::default());
+        assert!(v.too_large);
+        assert!(v.nodes.is_empty() && v.edges.is_empty());
+        assert_eq!(v.matched, 501);
+        assert_eq!(v.apps.len(), 6);
+        assert_eq!(
+            v.apps[0],
+            Count {
+                name: None,
+                count: 1
+            }
+        );
+        assert_eq!(
+            v.apps[1],
+            Count {
+                name: Some("app0".into()),
+                count: 100
+            }
+        );
+
+        let one = view(
+            nodes.clone(),
+            &links,
+            GraphQuery {
+                app: Some("app3".into()),
+                ..Default::default()
+            },
+        );
+        assert!(!one.too_large);
+        assert_eq!(one.nodes.len(), 100);
+        // The global dns is outside the app: each workload's link to it is counted, not drawn.
+        assert!(one.edges.is_empty());
+        assert!(one.nodes.iter().all(|n| n.hidden_links == 1));
+
+        // Narrowed enough by type and text, no app is needed.
+        let found = view(
+            nodes,
+            &links,
+            GraphQuery {
+                res_type: Some("workload".into()),
+                q: Some("WEB7".into()),
+                ..Default::default()
+            },
+        );
+        assert!(!found.too_large);
+        assert_eq!(found.matched, 5 * 11, "web7 and web70..web79 of each app");
+    }
+
+    #[test]
+    fn the_global_filter_shows_resources_of_no_app() {
+        let (nodes, links) = estate(2, 2);
+        let v = view(
+            nodes,
+            &links,
+            GraphQuery {
+                app: Some(GLOBAL_APP.into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(v.nodes.len(), 1);
+        assert_eq!(v.nodes[0].hidden_links, 4);
+    }
+
+    #[tokio::test]
+    async fn events_merge_bursts_and_end_when_the_daemon_stops() {
+        let (changes, changes_rx) = watch::channel(0u64);
+        let (stop, stop_rx) = watch::channel(false);
+        let mut events = Box::pin(change_events(changes_rx, stop_rx, EVENT_GAP));
+        assert!(events.next().await.is_some(), "hello");
+        let burst = tokio::spawn(async move {
+            for _ in 0..20 {
+                changes.send_modify(|n| *n += 1);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            changes
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(450);
+        let mut seen = 0;
+        while let Ok(event) = tokio::time::timeout_at(deadline, events.next()).await {
+            assert!(event.is_some());
+            seen += 1;
+        }
+        assert!(
+            (1..=2).contains(&seen),
+            "{seen} events for a burst of 20 changes in 100 ms"
+        );
+        let _changes = burst.await.unwrap();
+        stop.send(true).unwrap();
+        let end = tokio::time::timeout(Duration::from_secs(1), events.next()).await;
+        assert!(matches!(end, Ok(None)), "the stream ends on stop");
+    }
 }

@@ -27,6 +27,7 @@ use crate::events::Events;
 
 mod api;
 mod hooks;
+mod layout;
 pub mod metrics;
 mod page;
 

@@ -1,0 +1,795 @@
+// gitplane's status page: environments, deployments, held deployments, failures and the
+// resource graph, from /api/*. Plain JavaScript, no build step, nothing loaded from elsewhere.
+//
+// Live: /api/events is read with fetch (a streamed body, so the token cookie goes along like on
+// every other request), and each event refetches, at most once a second. A poll every 10 s
+// catches what the daemon does not announce (a `gitplane apply` run from another process).
+//
+// Everything that comes from the API is put in the page as text (textContent, attributes),
+// never as HTML.
+
+'use strict';
+
+(function () {
+  const SVG_NS = 'http://www.w3.org/2000/svg';
+  const POLL_MS = 10000;
+  const REFRESH_GAP_MS = 1000;
+  const RECONNECT_MS = 3000;
+  const SEARCH_DELAY_MS = 300;
+  const GLOBAL_APP = '(global)';
+  const EDGE_KINDS = [
+    ['dependency', 'dependency'],
+    ['reference', 'reference'],
+    ['coprovision', 'co-provisioned'],
+    ['selector', 'selector'],
+    ['implicit', 'implicit'],
+  ];
+  const STATUSES = [
+    ['ready', 'ready'],
+    ['failed', 'failed'],
+    ['orphaned', 'orphaned'],
+    ['in_progress', 'in progress'],
+  ];
+
+  const state = {
+    env: null,
+    overview: null,
+    graph: null,
+    filters: { app: '', type: '', q: '' },
+    selected: null,
+    // Pan and zoom of the graph; `moved` once the user has moved it since the last fit.
+    view: { x: 0, y: 0, k: 1, moved: false },
+    graphKey: '',
+    statuses: new Map(),
+    seen: new Set(),
+    refreshes: 0,
+  };
+
+  const $ = (id) => document.getElementById(id);
+
+  // An element with attributes (`text` sets its text) and children.
+  function el(tag, attrs, ...children) {
+    return build(document.createElement(tag), attrs, children);
+  }
+
+  function svg(tag, attrs, ...children) {
+    return build(document.createElementNS(SVG_NS, tag), attrs, children);
+  }
+
+  function build(node, attrs, children) {
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === 'text') node.textContent = String(v);
+      else node.setAttribute(k, v === true ? '' : String(v));
+    }
+    for (const c of children) {
+      if (c === null || c === undefined || c === false) continue;
+      node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return node;
+  }
+
+  async function api(path) {
+    const response = await fetch(path, {
+      credentials: 'same-origin',
+      headers: { Accept: 'application/json' },
+      cache: 'no-store',
+    });
+    if (response.status === 401) {
+      location.href = '/login';
+      throw new Error('a token is required: sign in');
+    }
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(body.error || `${path}: ${response.status}`);
+    return body;
+  }
+
+  function problem(message) {
+    const p = $('problem');
+    p.hidden = !message;
+    p.textContent = message || '';
+  }
+
+  const short = (commit) => (commit ? commit.slice(0, 7) : '—');
+  const label = (r) => `${r.type}${r.class && r.class !== 'default' ? '.' + r.class : ''}#${r.res_id}`;
+
+  function elide(text, max) {
+    return text.length <= max ? text : '…' + text.slice(text.length - max + 1);
+  }
+
+  function when(iso) {
+    if (!iso) return '';
+    const d = new Date(iso);
+    if (Number.isNaN(d.getTime())) return iso;
+    const time = d.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit', hourCycle: 'h23' });
+    return d.toDateString() === new Date().toDateString()
+      ? time
+      : `${d.toLocaleDateString([], { month: 'short', day: 'numeric' })} ${time}`;
+  }
+
+  function took(started, finished) {
+    if (!finished) return 'running';
+    const s = (new Date(finished) - new Date(started)) / 1000;
+    if (!(s >= 0)) return '';
+    if (s < 10) return `${s.toFixed(2)} s`;
+    if (s < 60) return `${s.toFixed(1)} s`;
+    return `${Math.floor(s / 60)} m ${Math.round(s % 60)} s`;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Where the page is: the environment and filters live in the address's fragment, so a
+  // link or a reload shows the same view.
+
+  function readLocation() {
+    const p = new URLSearchParams(location.hash.slice(1));
+    state.env = p.get('env') || null;
+    state.filters.app = p.get('app') || '';
+    state.filters.type = p.get('type') || '';
+    state.filters.q = p.get('q') || '';
+  }
+
+  function writeLocation() {
+    const p = new URLSearchParams();
+    if (state.env) p.set('env', state.env);
+    for (const k of ['app', 'type', 'q']) if (state.filters[k]) p.set(k, state.filters[k]);
+    history.replaceState(null, '', '#' + p.toString());
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Refreshing: one at a time, at most one a second; asks that arrive meanwhile merge.
+
+  let refreshing = false;
+  let again = false;
+  let lastRefresh = 0;
+  let refreshTimer = null;
+
+  function scheduleRefresh() {
+    if (refreshTimer) return;
+    const wait = Math.max(0, lastRefresh + REFRESH_GAP_MS - Date.now());
+    refreshTimer = setTimeout(() => {
+      refreshTimer = null;
+      refresh();
+    }, wait);
+  }
+
+  async function refresh() {
+    if (refreshing) {
+      again = true;
+      return;
+    }
+    refreshing = true;
+    lastRefresh = Date.now();
+    try {
+      await loadOverview();
+      await loadGraph();
+      problem(null);
+    } catch (e) {
+      problem(e.message);
+    } finally {
+      refreshing = false;
+      state.refreshes += 1;
+      document.body.dataset.refreshes = String(state.refreshes);
+    }
+    if (again) {
+      again = false;
+      scheduleRefresh();
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // The overview: environments, resources by status, held deployments, failures, deployments.
+
+  async function loadOverview() {
+    const overview = await api('/api/overview');
+    state.overview = overview;
+    const envs = overview.environments.map((e) => e.env);
+    if (!state.env || !envs.includes(state.env)) {
+      const chosen = envs[0] || null;
+      if (chosen !== state.env) {
+        state.env = chosen;
+        writeLocation();
+      }
+    }
+    renderEnvs();
+    renderOverview();
+  }
+
+  function currentEnv() {
+    return (state.overview?.environments || []).find((e) => e.env === state.env) || null;
+  }
+
+  function renderEnvs() {
+    const nav = $('envs');
+    nav.replaceChildren(
+      ...state.overview.environments.map((e) => {
+        const newest = e.deployments[0];
+        let health = '';
+        if (e.held.length) health = 'held';
+        else if (newest && newest.status === 'running') health = 'running';
+        else if ((e.resources.failed || 0) > 0 || (newest && newest.status === 'failed')) health = 'failed';
+        const button = el(
+          'button',
+          {
+            type: 'button',
+            role: 'tab',
+            'data-env': e.env,
+            'aria-selected': e.env === state.env ? 'true' : 'false',
+            title: health ? `${e.env}: ${health}` : e.env,
+          },
+          e.env,
+          el('span', { class: `dot ${health}` }),
+        );
+        button.addEventListener('click', () => chooseEnv(e.env));
+        return button;
+      }),
+    );
+  }
+
+  function chooseEnv(env) {
+    if (env === state.env) return;
+    state.env = env;
+    state.filters = { app: '', type: '', q: '' };
+    $('filter-q').value = '';
+    closeDetails();
+    writeLocation();
+    renderEnvs();
+    renderOverview();
+    loadGraph().catch((e) => problem(e.message));
+  }
+
+  function renderOverview() {
+    const env = currentEnv();
+    const summary = $('summary');
+    if (!env) {
+      summary.replaceChildren(el('p', { class: 'quiet', text: 'No environment has been deployed yet.' }));
+      $('deployments').tBodies[0].replaceChildren();
+      $('held-section').hidden = true;
+      $('failures-section').hidden = true;
+      return;
+    }
+    const r = env.resources;
+    const total = Object.values(r).reduce((a, b) => a + b, 0);
+    summary.replaceChildren(
+      chip('total', 'resources', total),
+      chip('ready', 'ready', r.ready || 0),
+      chip('failed', 'failed', r.failed || 0),
+      chip('orphaned', 'orphaned', r.orphaned || 0),
+    );
+    renderHeld(env);
+    renderFailures(env);
+    renderDeployments(env);
+  }
+
+  function chip(kind, name, n) {
+    return el('div', { class: `chip ${kind}`, 'data-count': kind }, el('b', { text: n }), name);
+  }
+
+  function renderHeld(env) {
+    $('held-section').hidden = env.held.length === 0;
+    $('held').replaceChildren(
+      ...env.held.map((d) =>
+        el(
+          'div',
+          { class: 'held-card', 'data-held': d.id },
+          el(
+            'p',
+            {},
+            el('b', { text: `Deployment ${d.id}` }),
+            ` of ${short(d.commit)}`,
+            d.summary ? ` “${d.summary}”` : '',
+            ` would delete ${(d.would_delete || []).length} resource(s).`,
+          ),
+          d.error ? el('p', { text: d.error }) : null,
+          el('ul', {}, ...(d.would_delete || []).map((g) => el('li', { class: 'mono', text: g }))),
+          el('p', { class: 'quiet' }, 'Approve with ', el('code', { text: `gitplane approve ${d.id}` })),
+        ),
+      ),
+    );
+  }
+
+  function renderFailures(env) {
+    $('failures-section').hidden = env.failed_total === 0;
+    $('failures-total').textContent = env.failed_total > env.failed.length
+      ? `(${env.failed.length} of ${env.failed_total})`
+      : `(${env.failed_total})`;
+    $('failures').replaceChildren(
+      ...env.failed.map((f) => {
+        const li = el(
+          'li',
+          { 'data-guresid': f.guresid, title: f.guresid },
+          el('b', { text: label(f) }),
+          f.app ? el('span', { class: 'quiet', text: ` · ${f.app}` }) : null,
+          el('span', { class: 'msg', text: f.error || 'failed' }),
+        );
+        li.addEventListener('click', () => select(f.guresid));
+        return li;
+      }),
+    );
+  }
+
+  function renderDeployments(env) {
+    // Rows that were not there at the last refresh light up; an environment's first showing
+    // lights none.
+    const first = !state.seen.has(env.env);
+    state.seen.add(env.env);
+    const rows = env.deployments.map((d) => {
+      const fresh = !first && !state.seen.has(`${env.env}/${d.id}`);
+      state.seen.add(`${env.env}/${d.id}`);
+      const message = el(
+        'td',
+        { class: 'message', title: d.summary || '' },
+        d.kind === 'drift' ? el('span', { class: 'status', text: 'drift' }) : null,
+        d.kind === 'drift' ? ' ' : null,
+        d.summary || (d.commit ? '' : 'the revision could not be read'),
+        el('span', { class: 'author', text: d.author || '' }),
+        d.status === 'failed' && d.error ? el('span', { class: 'why', text: d.error }) : null,
+      );
+      return el(
+        'tr',
+        {
+          'data-deployment': d.id,
+          'data-status': d.status,
+          'data-commit': d.commit || '',
+          class: fresh ? 'fresh' : null,
+        },
+        el('td', { text: d.id }),
+        el('td', { class: 'mono', title: d.commit || '', text: short(d.commit) }),
+        message,
+        el('td', {}, el('span', { class: `status ${d.status}`, text: d.status })),
+        el('td', { title: d.started_at }, when(d.started_at), el('span', { class: 'took', text: took(d.started_at, d.finished_at) })),
+        el('td', {
+          text: d.calls,
+          title: `created ${d.created}, updated ${d.updated}, deleted ${d.deleted}, unchanged ${d.unchanged}, failed ${d.failed}`,
+        }),
+      );
+    });
+    $('deployments').tBodies[0].replaceChildren(...rows);
+    $('no-deployments').hidden = rows.length > 0;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // The graph.
+
+  function graphQuery() {
+    const p = new URLSearchParams();
+    for (const k of ['app', 'type', 'q']) if (state.filters[k]) p.set(k, state.filters[k]);
+    return p.toString();
+  }
+
+  async function loadGraph() {
+    if (!state.env) {
+      $('graph').replaceChildren();
+      return;
+    }
+    const key = `${state.env}?${graphQuery()}`;
+    const g = await api(`/api/envs/${encodeURIComponent(state.env)}/graph?${graphQuery()}`);
+    if (key !== `${state.env}?${graphQuery()}`) return; // the view moved on meanwhile
+    const changed = new Set();
+    for (const n of g.nodes) {
+      if (state.statuses.has(n.guresid) && state.statuses.get(n.guresid) !== n.status) changed.add(n.guresid);
+      state.statuses.set(n.guresid, n.status);
+    }
+    state.graph = g;
+    renderFilters(g);
+    const refit = key !== state.graphKey;
+    state.graphKey = key;
+    renderGraph(g, refit);
+    if (state.selected && changed.has(state.selected)) openDetails(state.selected);
+  }
+
+  function renderFilters(g) {
+    const apps = $('filter-app');
+    apps.replaceChildren(
+      el('option', { value: '' }, 'all apps'),
+      ...g.apps.map((a) =>
+        el('option', { value: a.name === null ? GLOBAL_APP : a.name }, `${a.name === null ? '(no app)' : a.name} (${a.count})`),
+      ),
+    );
+    if (state.filters.app && ![...apps.options].some((o) => o.value === state.filters.app)) {
+      apps.append(el('option', { value: state.filters.app }, state.filters.app));
+    }
+    apps.value = state.filters.app;
+    const types = $('filter-type');
+    types.replaceChildren(
+      el('option', { value: '' }, 'all types'),
+      ...g.types.map((t) => el('option', { value: t.name }, `${t.name} (${t.count})`)),
+    );
+    if (state.filters.type && ![...types.options].some((o) => o.value === state.filters.type)) {
+      types.append(el('option', { value: state.filters.type }, state.filters.type));
+    }
+    types.value = state.filters.type;
+    if (document.activeElement !== $('filter-q')) $('filter-q').value = state.filters.q;
+  }
+
+  function setFilter(name, value) {
+    if (state.filters[name] === value) return;
+    state.filters[name] = value;
+    writeLocation();
+    loadGraph().catch((e) => problem(e.message));
+  }
+
+  function renderGraph(g, refit) {
+    const root = $('graph');
+    const info = $('graph-info');
+    $('too-large').hidden = !g.too_large;
+    $('graph-empty').hidden = g.too_large || g.nodes.length > 0;
+    if (g.too_large) {
+      root.replaceChildren();
+      info.textContent = `${g.matched} of ${g.total} resources`;
+      $('too-large-text').textContent = `${g.matched} resources match: more than ${g.limit} are not drawn at once. Choose an app, or narrow by type or search.`;
+      $('too-large-apps').replaceChildren(
+        ...g.apps.map((a) => {
+          const value = a.name === null ? GLOBAL_APP : a.name;
+          const b = el('button', { type: 'button', 'data-app': value }, `${a.name === null ? '(no app)' : a.name} (${a.count})`);
+          b.addEventListener('click', () => setFilter('app', value));
+          return b;
+        }),
+      );
+      return;
+    }
+    info.textContent = g.matched === g.total
+      ? `${g.total} resources`
+      : `${g.matched} of ${g.total} resources`;
+
+    const w = g.node_width;
+    const h = g.node_height;
+    const at = new Map(g.nodes.map((n) => [n.guresid, n]));
+    const defs = svg('defs', {}, ...EDGE_KINDS.map(([kind]) =>
+      svg('marker', {
+        id: `arrow-${kind}`, class: kind, viewBox: '0 0 10 10', refX: '9', refY: '5',
+        markerWidth: '7', markerHeight: '7', orient: 'auto-start-reverse',
+      }, svg('path', { d: 'M 0 0 L 10 5 L 0 10 z' }))));
+    const edges = svg('g', { class: 'edges' }, ...g.edges.map((e) => {
+      const c = at.get(e.consumer);
+      const p = at.get(e.provider);
+      const kind = EDGE_KINDS.some(([k]) => k === e.kind) ? e.kind : 'dependency';
+      return svg('path', {
+        class: `edge ${kind}`,
+        d: edgePath(c, p, e.points || [], w),
+        'marker-end': `url(#arrow-${kind})`,
+        'data-consumer': e.consumer,
+        'data-provider': e.provider,
+        'data-kind': kind,
+      }, svg('title', { text: `${e.kind} (${e.update_type})` }));
+    }));
+    const nodes = svg('g', { class: 'nodes' }, ...g.nodes.map((n) => {
+      const node = svg('g', {
+        class: `node ${n.status}${n.guresid === state.selected ? ' selected' : ''}`,
+        transform: `translate(${n.x - w / 2} ${n.y - h / 2})`,
+        'data-guresid': n.guresid,
+        'data-type': n.type,
+        'data-app': n.app === null ? GLOBAL_APP : n.app,
+        'data-status': n.status,
+        tabindex: '0',
+      },
+      svg('title', { text: `${label(n)}\n${n.app ? 'app ' + n.app + ' · ' : ''}${n.status.replace('_', ' ')}\n${n.guresid}` }),
+      svg('rect', { width: w, height: h, rx: 6 }),
+      svg('text', { class: 'kind', x: 9, y: 14, text: elide(n.type + (n.class !== 'default' ? '.' + n.class : '') + (n.app ? ` · ${n.app}` : ''), 30) }),
+      svg('text', { class: 'name', x: 9, y: 29, text: elide(n.res_id, 26) }),
+      n.hidden_links ? svg('text', { class: 'hidden-links', x: w - 6, y: 14, 'text-anchor': 'end', text: `+${n.hidden_links}` }) : null);
+      node.addEventListener('click', () => select(n.guresid));
+      node.addEventListener('keydown', (ev) => { if (ev.key === 'Enter') select(n.guresid); });
+      return node;
+    }));
+    const viewport = svg('g', { id: 'viewport' }, edges, nodes);
+    root.replaceChildren(defs, viewport);
+    root.dataset.width = g.width;
+    root.dataset.height = g.height;
+    if (refit || !state.view.moved) fit();
+    else applyView();
+    lightEdges();
+  }
+
+  // From the consumer's left side to the provider's right side, through each waypoint's slot
+  // (straight across it), curving between layers.
+  function edgePath(c, p, points, w) {
+    let x = c.x - w / 2;
+    let y = c.y;
+    let d = `M ${x} ${y}`;
+    const curveTo = (tx, ty) => {
+      const bend = Math.max(30, Math.abs(x - tx) / 2);
+      const dir = tx <= x ? -1 : 1;
+      d += ` C ${x + dir * bend} ${y}, ${tx - dir * bend} ${ty}, ${tx} ${ty}`;
+      x = tx;
+      y = ty;
+    };
+    for (const [px, py] of points) {
+      curveTo(px + w / 2, py);
+      d += ` L ${px - w / 2} ${py}`;
+      x = px - w / 2;
+    }
+    curveTo(p.x + w / 2, p.y);
+    return d;
+  }
+
+  function applyView() {
+    const v = state.view;
+    const viewport = $('viewport');
+    if (viewport) viewport.setAttribute('transform', `translate(${v.x} ${v.y}) scale(${v.k})`);
+  }
+
+  function fit() {
+    const g = state.graph;
+    const box = $('graph-box').getBoundingClientRect();
+    if (!g || g.too_large || !g.nodes.length || box.width === 0) return;
+    const margin = 30;
+    const k = Math.min(1.25, (box.width - 2 * margin) / g.width, (box.height - 2 * margin) / g.height);
+    state.view = {
+      k,
+      x: (box.width - g.width * k) / 2,
+      y: (box.height - g.height * k) / 2,
+      moved: false,
+    };
+    applyView();
+  }
+
+  function lightEdges() {
+    for (const e of document.querySelectorAll('#graph .edge')) {
+      const lit = state.selected && (e.dataset.consumer === state.selected || e.dataset.provider === state.selected);
+      e.classList.toggle('lit', Boolean(lit));
+    }
+  }
+
+  function setUpPanZoom() {
+    const root = $('graph');
+    let drag = null;
+    root.addEventListener('pointerdown', (ev) => {
+      if (ev.button !== 0 || ev.target.closest('.node')) return;
+      drag = { x: ev.clientX, y: ev.clientY, vx: state.view.x, vy: state.view.y };
+      root.setPointerCapture(ev.pointerId);
+      root.classList.add('panning');
+    });
+    root.addEventListener('pointermove', (ev) => {
+      if (!drag) return;
+      state.view.x = drag.vx + ev.clientX - drag.x;
+      state.view.y = drag.vy + ev.clientY - drag.y;
+      state.view.moved = true;
+      applyView();
+    });
+    const end = () => {
+      drag = null;
+      root.classList.remove('panning');
+    };
+    root.addEventListener('pointerup', end);
+    root.addEventListener('pointercancel', end);
+    root.addEventListener('wheel', (ev) => {
+      ev.preventDefault();
+      const box = root.getBoundingClientRect();
+      const px = ev.clientX - box.left;
+      const py = ev.clientY - box.top;
+      const v = state.view;
+      const k = Math.min(4, Math.max(0.02, v.k * Math.exp(-ev.deltaY * 0.0015)));
+      v.x = px - ((px - v.x) * k) / v.k;
+      v.y = py - ((py - v.y) * k) / v.k;
+      v.k = k;
+      v.moved = true;
+      applyView();
+    }, { passive: false });
+  }
+
+  function renderLegend() {
+    $('legend').title = 'Boxes are resources, coloured by status; arrows point from a resource to what it depends on, coloured by kind.';
+    $('legend').replaceChildren(
+      ...STATUSES.map(([s, name]) => el('span', { class: 'key' }, el('span', { class: `box ${s}` }), name)),
+      el('span', { class: 'sep' }),
+      ...EDGE_KINDS.map(([k, name]) => el('span', { class: 'key' }, el('span', { class: `line ${k}` }), name)),
+    );
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // One resource: its record, outputs (secret ones by name only), links, bindings, explain.
+
+  function select(guresid) {
+    state.selected = guresid;
+    for (const n of document.querySelectorAll('#graph .node')) {
+      n.classList.toggle('selected', n.dataset.guresid === guresid);
+    }
+    lightEdges();
+    openDetails(guresid);
+  }
+
+  let detailsAsked = 0;
+
+  async function openDetails(guresid) {
+    const asked = ++detailsAsked;
+    const panel = $('details');
+    const wasHidden = panel.hidden;
+    panel.hidden = false;
+    panel.dataset.guresid = guresid;
+    document.body.classList.add('with-details');
+    if (wasHidden && !state.view.moved) fit();
+    if (panel.dataset.loaded !== guresid) {
+      $('details-body').replaceChildren(el('p', { class: 'quiet', text: 'Loading…' }));
+    }
+    try {
+      const r = await api(`/api/envs/${encodeURIComponent(state.env)}/resources/${encodeURIComponent(guresid)}`);
+      if (asked !== detailsAsked) return;
+      $('details-body').replaceChildren(...details(r));
+      panel.dataset.loaded = guresid;
+    } catch (e) {
+      if (asked !== detailsAsked) return;
+      $('details-body').replaceChildren(el('p', { class: 'error', text: e.message }));
+      panel.dataset.loaded = '';
+    }
+  }
+
+  function closeDetails() {
+    detailsAsked++;
+    state.selected = null;
+    $('details').hidden = true;
+    $('details').dataset.loaded = '';
+    document.body.classList.remove('with-details');
+    for (const n of document.querySelectorAll('#graph .node.selected')) n.classList.remove('selected');
+    lightEdges();
+    if (!state.view.moved) fit();
+  }
+
+  function json(value) {
+    return typeof value === 'string' ? value : JSON.stringify(value, null, 2);
+  }
+
+  function table(rows) {
+    return el('table', {}, el('tbody', {}, ...rows));
+  }
+
+  function row(name, value, attrs) {
+    return el('tr', attrs || {}, el('th', { text: name }), value instanceof Node ? el('td', {}, value) : el('td', { class: 'value', text: value }));
+  }
+
+  function resourceLink(l) {
+    const a = el('a', { 'data-guresid': l.guresid, title: l.guresid, href: '#' }, l.type ? label({ type: l.type, class: 'default', res_id: l.res_id }) : l.guresid);
+    a.addEventListener('click', (ev) => {
+      ev.preventDefault();
+      select(l.guresid);
+    });
+    return a;
+  }
+
+  function details(r) {
+    const out = [
+      el('p', { class: 'title' }, label(r), ' ', el('span', { class: `status ${r.orphan_since ? 'orphaned' : r.status}`, text: r.orphan_since ? 'orphaned' : r.status })),
+      el('p', { class: 'sub mono', text: `${r.guresid} · ${r.app ? 'app ' + r.app : 'no app'} · ${r.env}` }),
+    ];
+    if (r.error) out.push(el('p', { class: 'error', 'data-error': '', text: r.error }));
+    if (r.orphan_since) out.push(el('p', { class: 'quiet', text: `Out of the graph since ${when(r.orphan_since)}: ${r.orphan_reason || ''}` }));
+
+    out.push(el('h3', { text: 'Outputs' }));
+    const outputs = Object.entries(r.outputs || {});
+    const secretNames = r.secret_outputs || [];
+    if (!outputs.length && !secretNames.length) out.push(el('p', { class: 'quiet', text: 'none' }));
+    else {
+      out.push(el('div', { id: 'details-outputs' }, table([
+        ...outputs.map(([k, v]) => row(k, json(v), { 'data-output': k })),
+        ...secretNames.map((k) => row(k, el('span', { class: 'secret', text: 'secret: not shown' }), { 'data-secret-output': k })),
+      ])));
+    }
+    if (r.secret_outputs_error) out.push(el('p', { class: 'quiet', text: `Secret outputs: ${r.secret_outputs_error}` }));
+
+    const values = (r.inputs && r.inputs.values) || {};
+    out.push(el('h3', { text: 'Inputs' }));
+    const inputRows = Object.entries(values).map(([k, v]) => row(k, json(v)));
+    out.push(inputRows.length ? table(inputRows) : el('p', { class: 'quiet', text: 'no values' }));
+    if (r.inputs && r.inputs.resource && Object.keys(r.inputs.resource).length) {
+      out.push(el('details', {}, el('summary', { text: 'Resource inputs (Score params or workload)' }), el('pre', { text: json(r.inputs.resource) })));
+    }
+
+    out.push(el('h3', { text: 'Record' }));
+    out.push(table([
+      row('definition', r.definition),
+      row('driver', r.driver),
+      r.account ? row('account', r.account) : null,
+      row('deletion policy', r.deletion_policy),
+      row('commit', el('span', { class: 'mono', title: r.commit, text: short(r.commit) })),
+      row('deployment', String(r.deployment)),
+      row('created', when(r.created_at)),
+      row('updated', when(r.updated_at)),
+    ].filter(Boolean)));
+
+    const provides = r.links.filter((l) => l.role === 'provider');
+    const consumers = r.links.filter((l) => l.role === 'consumer');
+    out.push(el('h3', { text: `Depends on (${provides.length})` }));
+    out.push(provides.length
+      ? el('ul', {}, ...provides.map((l) => el('li', {}, resourceLink(l.other), el('span', { class: 'quiet', text: ` · ${l.kind}` }))))
+      : el('p', { class: 'quiet', text: 'nothing' }));
+    out.push(el('h3', { text: `Used by (${consumers.length})` }));
+    out.push(consumers.length
+      ? el('ul', {}, ...consumers.map((l) => el('li', {}, resourceLink(l.other), el('span', { class: 'quiet', text: ` · ${l.kind}` }))))
+      : el('p', { class: 'quiet', text: 'nothing' }));
+
+    out.push(el('h3', { text: `Bindings (${r.bindings.length})` }));
+    if (r.bindings.length) {
+      out.push(table(r.bindings.map((b) => el('tr', {},
+        el('th', { class: 'mono', text: b.needed_path }),
+        el('td', {},
+          resourceLink(b.provider),
+          el('span', { class: 'mono', text: ` ${b.provided_path}` }),
+          el('br'),
+          b.secret
+            ? el('span', { class: 'secret', text: 'secret: not shown' })
+            : el('span', { class: 'mono', text: json(b.value) }))))));
+    } else out.push(el('p', { class: 'quiet', text: 'none' }));
+
+    out.push(el('h3', { text: 'Explain' }));
+    out.push(r.explain !== null
+      ? el('pre', { id: 'details-explain', text: r.explain })
+      : el('p', { class: 'error', text: r.explain_error || 'not available' }));
+    return out;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Live updates.
+
+  function live(mode) {
+    const badge = $('live');
+    badge.dataset.state = mode;
+    badge.textContent = mode === 'live' ? 'live' : mode === 'polling' ? 'polling every 10 s' : 'connecting';
+  }
+
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  async function stream() {
+    for (;;) {
+      try {
+        const response = await fetch('/api/events', {
+          credentials: 'same-origin',
+          headers: { Accept: 'text/event-stream' },
+          cache: 'no-store',
+        });
+        if (response.status === 401) {
+          location.href = '/login';
+          return;
+        }
+        if (!response.ok || !response.body) throw new Error(`events: ${response.status}`);
+        live('live');
+        const reader = response.body.getReader();
+        const decoder = new TextDecoder();
+        let buffer = '';
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, '\n');
+          let end;
+          while ((end = buffer.indexOf('\n\n')) >= 0) {
+            const block = buffer.slice(0, end);
+            buffer = buffer.slice(end + 2);
+            // Keep-alive comments carry no data.
+            if (block.split('\n').some((line) => line.startsWith('data:'))) scheduleRefresh();
+          }
+          if (buffer.length > 65536) buffer = '';
+        }
+      } catch (e) {
+        // The daemon restarted or the network dropped: polling covers it until it is back.
+      }
+      live('polling');
+      await sleep(RECONNECT_MS);
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------
+
+  function start() {
+    readLocation();
+    renderLegend();
+    setUpPanZoom();
+    $('fit').addEventListener('click', fit);
+    $('details-close').addEventListener('click', closeDetails);
+    document.addEventListener('keydown', (ev) => {
+      if (ev.key === 'Escape' && !$('details').hidden) closeDetails();
+    });
+    $('filter-app').addEventListener('change', (ev) => setFilter('app', ev.target.value));
+    $('filter-type').addEventListener('change', (ev) => setFilter('type', ev.target.value));
+    let searchTimer = null;
+    $('filter-q').addEventListener('input', (ev) => {
+      clearTimeout(searchTimer);
+      searchTimer = setTimeout(() => setFilter('q', ev.target.value.trim()), SEARCH_DELAY_MS);
+    });
+    window.addEventListener('resize', () => {
+      if (!state.view.moved) fit();
+    });
+    refresh();
+    stream();
+    setInterval(scheduleRefresh, POLL_MS);
+  }
+
+  start();
+})();

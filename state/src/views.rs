@@ -1,0 +1,472 @@
+//! What the daemon's status page reads: recent deployments with the driver calls they made,
+//! held ones, failed and in-progress resources, and one resource's record, each from one pass
+//! over an index and never a secret value.
+
+use rusqlite::{OptionalExtension, params};
+use serde_json::Value;
+
+use crate::{Counts, DeploymentStatus, Result, Store, damaged};
+
+/// A deployment as the status page lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeploymentSummary {
+    pub id: i64,
+    pub env: String,
+    /// `commit` or `drift`.
+    pub kind: String,
+    pub commit_id: Option<String>,
+    pub status: DeploymentStatus,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub counts: Counts,
+    /// Why it failed, or why the deletion guard held it, or which deployment superseded it.
+    pub error: Option<String>,
+    /// For a held deployment: the resources it would delete.
+    pub held: Option<Vec<String>>,
+    /// Driver calls made (`SUM(operation.attempts)`): polls and retries included.
+    pub calls: i64,
+}
+
+/// A resource whose last driver call failed, with the driver's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedResource {
+    pub guresid: String,
+    pub app: Option<String>,
+    pub res_type: String,
+    pub class: String,
+    pub res_id: String,
+    pub error: Option<String>,
+    pub updated_at: String,
+}
+
+/// A resource as a node of the status page's graph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRow {
+    pub guresid: String,
+    pub app: Option<String>,
+    pub res_type: String,
+    pub class: String,
+    pub res_id: String,
+    /// `ready`, `failed`, `orphaned` (out of the graph, kept) or `in_progress` (an operation
+    /// started in a deployment still running).
+    pub status: &'static str,
+    /// Not recorded yet: a create still in progress.
+    pub recorded: bool,
+}
+
+/// One resource's record, its secret columns left out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceView {
+    pub guresid: String,
+    pub env: String,
+    pub app: Option<String>,
+    pub res_type: String,
+    pub class: String,
+    pub res_id: String,
+    pub definition: String,
+    pub driver: String,
+    pub account: Option<String>,
+    pub deletion_policy: String,
+    pub status: String,
+    pub error: Option<String>,
+    /// Non-secret outputs, a JSON object.
+    pub outputs: Value,
+    /// Non-secret inputs last sent: `{"values", "resource"}`.
+    pub inputs: Value,
+    pub commit_id: String,
+    pub deployment_id: i64,
+    pub created_at: String,
+    pub updated_at: String,
+    pub orphan_since: Option<String>,
+    pub orphan_reason: Option<String>,
+}
+
+const SUMMARY_COLUMNS: &str = "d.id, d.env, d.kind, d.commit_id, d.status, d.started_at,
+    d.finished_at, d.created, d.updated, d.deleted, d.unchanged, d.failed, d.error, d.held,
+    (SELECT COALESCE(SUM(o.attempts), 0) FROM operation o WHERE o.deployment_id = d.id)";
+
+fn summary_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeploymentSummary> {
+    let id: i64 = r.get(0)?;
+    let status: String = r.get(4)?;
+    let Some(status) = DeploymentStatus::parse(&status) else {
+        return Err(damaged(
+            "deployment",
+            id.to_string(),
+            format!("status '{status}' is not one gitplane writes"),
+        ));
+    };
+    let held = match r.get::<_, Option<String>>(13)? {
+        None => None,
+        Some(text) => Some(serde_json::from_str(&text).map_err(|e| {
+            damaged(
+                "deployment",
+                id.to_string(),
+                format!("column held is not a JSON list of resources: {e}"),
+            )
+        })?),
+    };
+    Ok(DeploymentSummary {
+        id,
+        env: r.get(1)?,
+        kind: r.get(2)?,
+        commit_id: r.get(3)?,
+        status,
+        started_at: r.get(5)?,
+        finished_at: r.get(6)?,
+        counts: Counts {
+            created: r.get(7)?,
+            updated: r.get(8)?,
+            deleted: r.get(9)?,
+            unchanged: r.get(10)?,
+            failed: r.get(11)?,
+        },
+        error: r.get(12)?,
+        held,
+        calls: r.get(14)?,
+    })
+}
+
+impl Store {
+    /// The newest `limit` deployments of `env`, newest first, with the calls each made.
+    pub fn recent_deployments(&self, env: &str, limit: usize) -> Result<Vec<DeploymentSummary>> {
+        self.query(
+            &format!(
+                "SELECT {SUMMARY_COLUMNS} FROM deployment d WHERE d.env = ?1
+                 ORDER BY d.id DESC LIMIT ?2"
+            ),
+            params![env, limit as i64],
+            summary_row,
+        )
+    }
+
+    /// The deployments of `env` the deletion guard holds (waiting for `gitplane approve`),
+    /// newest first.
+    pub fn held_deployments(&self, env: &str) -> Result<Vec<DeploymentSummary>> {
+        self.query(
+            &format!(
+                "SELECT {SUMMARY_COLUMNS} FROM deployment d
+                 WHERE d.env = ?1 AND d.status = 'held' ORDER BY d.id DESC"
+            ),
+            [env],
+            summary_row,
+        )
+    }
+
+    /// How many resources of `env` are `ready`, `failed` and `orphaned` (out of the graph,
+    /// kept), by status.
+    pub fn resource_counts(&self, env: &str) -> Result<Vec<(String, i64)>> {
+        self.query(
+            "SELECT CASE WHEN orphan_since IS NOT NULL THEN 'orphaned' ELSE status END AS s,
+                    COUNT(*)
+             FROM resource WHERE env = ?1 GROUP BY s ORDER BY s",
+            [env],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+    }
+
+    /// The resources of `env` whose last driver call failed, at most `limit`, by app, type
+    /// and id; and how many there are in all.
+    pub fn failed_resources(&self, env: &str, limit: usize) -> Result<(Vec<FailedResource>, i64)> {
+        let failed = self.query(
+            "SELECT guresid, app, type, class, res_id, error, updated_at FROM resource
+             WHERE env = ?1 AND status = 'failed' ORDER BY app, type, res_id LIMIT ?2",
+            params![env, limit as i64],
+            |r| {
+                Ok(FailedResource {
+                    guresid: r.get(0)?,
+                    app: r.get(1)?,
+                    res_type: r.get(2)?,
+                    class: r.get(3)?,
+                    res_id: r.get(4)?,
+                    error: r.get(5)?,
+                    updated_at: r.get(6)?,
+                })
+            },
+        )?;
+        let total = self
+            .conn
+            .prepare_cached("SELECT COUNT(*) FROM resource WHERE env = ?1 AND status = 'failed'")
+            .and_then(|mut s| s.query_row([env], |r| r.get(0)))
+            .map_err(self.err())?;
+        Ok((failed, total))
+    }
+
+    /// Every resource of `env` as a graph node, by GUResID: the recorded ones, and those a
+    /// running deployment is creating (in progress, not recorded yet).
+    pub fn graph_nodes(&self, env: &str) -> Result<Vec<NodeRow>> {
+        // The operations started in the running deployments of `env`: a handful of rows,
+        // found through the deployment index and then the operation index.
+        let running = self.query(
+            "SELECT o.guresid, o.app, o.type, o.class, o.res_id
+             FROM deployment d JOIN operation o ON o.deployment_id = d.id
+             WHERE d.env = ?1 AND d.status = 'running' AND o.status = 'started'",
+            [env],
+            |r| {
+                Ok(NodeRow {
+                    guresid: r.get(0)?,
+                    app: r.get(1)?,
+                    res_type: r.get(2)?,
+                    class: r.get(3)?,
+                    res_id: r.get(4)?,
+                    status: "in_progress",
+                    recorded: false,
+                })
+            },
+        )?;
+        let mut in_progress: std::collections::HashMap<String, NodeRow> = running
+            .into_iter()
+            .map(|n| (n.guresid.clone(), n))
+            .collect();
+        let mut nodes = self.query(
+            "SELECT guresid, app, type, class, res_id, status, orphan_since IS NOT NULL
+             FROM resource WHERE env = ?1 ORDER BY guresid",
+            [env],
+            |r| {
+                let guresid: String = r.get(0)?;
+                let status = match (r.get_ref(5)?.as_str()?, r.get::<_, bool>(6)?) {
+                    (_, true) => "orphaned",
+                    ("ready", false) => "ready",
+                    ("failed", false) => "failed",
+                    (other, false) => {
+                        return Err(damaged(
+                            "resource",
+                            guresid,
+                            format!("status '{other}' is neither 'ready' nor 'failed'"),
+                        ));
+                    }
+                };
+                Ok(NodeRow {
+                    guresid,
+                    app: r.get(1)?,
+                    res_type: r.get(2)?,
+                    class: r.get(3)?,
+                    res_id: r.get(4)?,
+                    status,
+                    recorded: true,
+                })
+            },
+        )?;
+        for node in &mut nodes {
+            if in_progress.remove(&node.guresid).is_some() {
+                node.status = "in_progress";
+            }
+        }
+        if !in_progress.is_empty() {
+            nodes.extend(in_progress.into_values());
+            nodes.sort_by(|a, b| a.guresid.cmp(&b.guresid));
+        }
+        Ok(nodes)
+    }
+
+    /// The record of `guresid` in `env` without its secrets, or `None` when state has none.
+    pub fn resource_view(&self, env: &str, guresid: &str) -> Result<Option<ResourceView>> {
+        let row = self
+            .conn
+            .prepare_cached(
+                "SELECT guresid, env, app, type, class, res_id, definition, driver, account,
+                        deletion_policy, status, error, outputs, inputs, commit_id,
+                        deployment_id, created_at, updated_at, orphan_since, orphan_reason
+                 FROM resource WHERE guresid = ?1 AND env = ?2",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![guresid, env], |r| {
+                    Ok((
+                        ResourceView {
+                            guresid: r.get(0)?,
+                            env: r.get(1)?,
+                            app: r.get(2)?,
+                            res_type: r.get(3)?,
+                            class: r.get(4)?,
+                            res_id: r.get(5)?,
+                            definition: r.get(6)?,
+                            driver: r.get(7)?,
+                            account: r.get(8)?,
+                            deletion_policy: r.get(9)?,
+                            status: r.get(10)?,
+                            error: r.get(11)?,
+                            outputs: Value::Null,
+                            inputs: Value::Null,
+                            commit_id: r.get(14)?,
+                            deployment_id: r.get(15)?,
+                            created_at: r.get(16)?,
+                            updated_at: r.get(17)?,
+                            orphan_since: r.get(18)?,
+                            orphan_reason: r.get(19)?,
+                        },
+                        r.get::<_, String>(12)?,
+                        r.get::<_, String>(13)?,
+                    ))
+                })
+                .optional()
+            })
+            .map_err(self.err())?;
+        let Some((mut view, outputs, inputs)) = row else {
+            return Ok(None);
+        };
+        view.outputs = self.json(guresid, "outputs", &outputs)?;
+        view.inputs = self.json(guresid, "inputs", &inputs)?;
+        Ok(Some(view))
+    }
+
+    /// The names of the secret outputs of `guresid`, sorted; their values never leave SQLite.
+    /// Needs the state key.
+    pub fn secret_output_names(&self, guresid: &str) -> Result<Vec<String>> {
+        self.query(
+            "SELECT j.key FROM resource_secret s,
+                    json_each(gp_open(s.outputs, 'resource_secret.outputs:' || s.guresid)) j
+             WHERE s.guresid = ?1 ORDER BY j.key",
+            [guresid],
+            |r| r.get(0),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::tests::{record, start};
+    use crate::*;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn a_deployment_counts_every_driver_call_of_its_operations() {
+        let (_dir, mut store) = store();
+        let d = store.begin_deployment("development", "c1").unwrap();
+        let op = store.begin_operation(&start(d)).unwrap();
+        store.finish_put(op, 3, d, &record("g1"), None).unwrap();
+        let op = store
+            .begin_operation(&OperationStart {
+                guresid: "g2",
+                ..start(d)
+            })
+            .unwrap();
+        store.finish_put(op, 2, d, &record("g2"), None).unwrap();
+        store
+            .finish_deployment(d, DeploymentStatus::Succeeded, &Counts::default(), None)
+            .unwrap();
+        // A deployment that changed nothing made no call.
+        let quiet = store.begin_deployment("development", "c2").unwrap();
+        let other = store.begin_deployment("production", "c2").unwrap();
+
+        let recent = store.recent_deployments("development", 10).unwrap();
+        assert_eq!(
+            recent
+                .iter()
+                .map(|d| (d.id, d.calls, d.kind.as_str()))
+                .collect::<Vec<_>>(),
+            [(quiet, 0, "commit"), (d, 5, "commit")]
+        );
+        assert_eq!(store.recent_deployments("development", 1).unwrap().len(), 1);
+        assert_eq!(
+            store.recent_deployments("production", 10).unwrap()[0].id,
+            other
+        );
+    }
+
+    #[test]
+    fn held_deployments_say_what_they_would_delete() {
+        let (_dir, store) = store();
+        let held = store
+            .held_deployment(
+                "development",
+                "c1",
+                &["a".into(), "b".into()],
+                "2 of 3",
+                50.0,
+            )
+            .unwrap();
+        store.begin_deployment("development", "c0").unwrap();
+        let found = store.held_deployments("development").unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].id, held);
+        assert_eq!(found[0].held, Some(vec!["a".to_owned(), "b".to_owned()]));
+        assert_eq!(found[0].error.as_deref(), Some("2 of 3"));
+        assert!(store.held_deployments("production").unwrap().is_empty());
+    }
+
+    #[test]
+    fn nodes_are_ready_failed_orphaned_or_in_progress() {
+        let (_dir, mut store) = store();
+        let d = store.begin_deployment("development", "c1").unwrap();
+        for (g, failed) in [("g1", false), ("g2", true), ("g3", false)] {
+            let op = store
+                .begin_operation(&OperationStart {
+                    guresid: g,
+                    ..start(d)
+                })
+                .unwrap();
+            let mut rec = record(g);
+            if failed {
+                rec.status = ResourceStatus::Failed;
+                rec.error = Some("quota exceeded".into());
+            }
+            store.finish_put(op, 1, d, &rec, None).unwrap();
+        }
+        store
+            .mark_orphans("development", &[("g3".into(), "kept".into())], None)
+            .unwrap();
+        store
+            .finish_deployment(d, DeploymentStatus::Failed, &Counts::default(), None)
+            .unwrap();
+        // A running deployment updating g1 and creating g0, not recorded yet.
+        let running = store.begin_deployment("development", "c2").unwrap();
+        for g in ["g1", "g0"] {
+            store
+                .begin_operation(&OperationStart {
+                    guresid: g,
+                    ..start(running)
+                })
+                .unwrap();
+        }
+
+        let nodes = store.graph_nodes("development").unwrap();
+        assert_eq!(
+            nodes
+                .iter()
+                .map(|n| (n.guresid.as_str(), n.status, n.recorded))
+                .collect::<Vec<_>>(),
+            [
+                ("g0", "in_progress", false),
+                ("g1", "in_progress", true),
+                ("g2", "failed", true),
+                ("g3", "orphaned", true),
+            ]
+        );
+        assert_eq!(
+            store.resource_counts("development").unwrap(),
+            [
+                ("failed".to_owned(), 1),
+                ("orphaned".to_owned(), 1),
+                ("ready".to_owned(), 1)
+            ]
+        );
+        let (failed, total) = store.failed_resources("development", 10).unwrap();
+        assert_eq!(total, 1);
+        assert_eq!(failed[0].guresid, "g2");
+        assert_eq!(failed[0].error.as_deref(), Some("quota exceeded"));
+        assert!(store.graph_nodes("production").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_resource_view_holds_no_secret_and_names_its_secret_outputs() {
+        let (_dir, mut store) = store();
+        let d = store.begin_deployment("development", "c1").unwrap();
+        let op = store.begin_operation(&start(d)).unwrap();
+        store.finish_put(op, 1, d, &record("g1"), None).unwrap();
+
+        let view = store.resource_view("development", "g1").unwrap().unwrap();
+        assert_eq!(view.outputs, json!({"host": "db"}));
+        assert_eq!(view.inputs, json!({"values": {"host": "db"}}));
+        assert_eq!(view.definition, "pg");
+        assert!(!format!("{view:?}").contains("s3cret"));
+        assert_eq!(store.secret_output_names("g1").unwrap(), ["password"]);
+        assert!(store.resource_view("production", "g1").unwrap().is_none());
+        assert!(store.secret_output_names("g9").unwrap().is_empty());
+    }
+}

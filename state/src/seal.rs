@@ -151,16 +151,38 @@ impl StateKey {
         }
     }
 
-    /// Writes the key to a new file (readable by its owner alone), synced to disk.
+    /// Writes the key to a new file (readable by its owner alone), synced to disk, failing with
+    /// `AlreadyExists` when the file is there.
+    ///
+    /// The key is written to a private temporary file beside it and then hard-linked into
+    /// place, so the file appears whole or not at all: a process killed half-way leaves no
+    /// empty key behind (which would lock the state away), and a process that loses a race to
+    /// create it never reads a half-written one.
     pub fn write_new(&self, path: &Path) -> std::io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)?;
-        file.write_all(format!("{}\n", hex(&self.bytes)).as_bytes())?;
-        file.sync_all()
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let temporary = dir.join(format!(".{name}.{}.{nanos}.tmp", std::process::id()));
+        let written = (|| {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&temporary)?;
+            file.write_all(format!("{}\n", hex(&self.bytes)).as_bytes())?;
+            file.sync_all()?;
+            std::fs::hard_link(&temporary, path)
+        })();
+        let _ = std::fs::remove_file(&temporary);
+        written?;
+        // The new name is durable once its folder is.
+        std::fs::File::open(dir)?.sync_all()
     }
 
     /// `plaintext` sealed for the place `aad` names.
@@ -370,6 +392,29 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_key_file_appears_whole_private_and_never_over_another() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db.key");
+        let key = StateKey::generate();
+        key.write_new(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(StateKey::parse(&text).unwrap().id, key.id);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let other = StateKey::generate();
+        let e = other.write_new(&path).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+        // No temporary file is left behind, whichever way it went.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [std::ffi::OsString::from("state.db.key")]);
+    }
 
     #[test]
     fn a_sealed_value_opens_only_with_its_key_and_place() {

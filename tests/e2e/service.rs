@@ -424,6 +424,8 @@ fn a_listener_other_hosts_can_reach_needs_a_token() {
         ),
     );
     let daemon = Daemon::start(&sb, &["--config", config.to_str().unwrap()]);
+    // The gauges below come from state: wait for the first deployment to record it.
+    wait_deployed(&sb, &sb.head(), &ENVS, Duration::from_secs(20));
     let base = format!("http://127.0.0.1:{port}");
     let bearer = format!("Bearer {token}");
     assert_eq!(get(&format!("{base}/metrics"), &[]).0, 401);

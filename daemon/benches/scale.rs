@@ -44,7 +44,16 @@ const PUSHES: usize = 10;
 /// GETs of each listener route timed after the pushes; their median is reported.
 const READS: usize = 20;
 /// What the daemon's HTTP listener is asked after the pushes, timed: `(what, path)`.
-const LISTENER_READS: &[(&str, &str)] = &[("GET /metrics", "/metrics")];
+const LISTENER_READS: &[(&str, &str)] = &[
+    ("GET /metrics", "/metrics"),
+    ("status page: overview", "/api/overview"),
+    // More than the page draws at once: the answer lists the apps to pick from.
+    ("status page: whole graph", "/api/envs/development/graph"),
+    (
+        "status page: one app's graph",
+        "/api/envs/development/graph?app=app-00001",
+    ),
+];
 
 // ---------------------------------------------------------------------------------------------
 // git

@@ -51,8 +51,13 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The daemon's process id, for signals.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     #[track_caller]
-    fn wait_for_log(&self, needle: &str, timeout: Duration) {
+    pub(crate) fn wait_for_log(&self, needle: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if self.log().contains(needle) {

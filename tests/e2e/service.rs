@@ -550,3 +550,64 @@ fn the_readme_alert_rules_and_scrape_config_pass_promtool() {
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{said}");
 }
+
+#[test]
+fn the_token_and_webhook_secret_come_from_a_store_and_rotate_on_sighup() {
+    let sb = Sandbox::template();
+    let port = free_port();
+    let secrets = sb.root.join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    std::fs::write(secrets.join("http-token"), "tok-first-81c2").unwrap();
+    std::fs::write(secrets.join("webhook"), "hook-5e07a3").unwrap();
+    let config = host_config(
+        &sb,
+        &format!(
+            "secret_stores:\n  local: {{dir: {}}}\nhttp:\n  listen: 127.0.0.1:{port}\n  \
+             token_secret: {{store: local, ref: http-token}}\n  \
+             webhook_secret: {{store: local, ref: webhook}}\n",
+            secrets.display()
+        ),
+    );
+    let daemon = Daemon::start(&sb, &["--config", config.to_str().unwrap()]);
+    let base = format!("http://127.0.0.1:{port}");
+    let metrics = |token: &str| {
+        get(
+            &format!("{base}/metrics"),
+            &[("Authorization", &format!("Bearer {token}"))],
+        )
+        .0
+    };
+    assert_eq!(metrics("tok-first-81c2"), 200);
+    let hook = |secret: &str| {
+        post(
+            &format!("{base}/hooks/git"),
+            &[("X-Gitlab-Event", "Push Hook"), ("X-Gitlab-Token", secret)],
+            b"{}",
+        )
+        .0
+    };
+    assert_eq!(hook("hook-5e07a3"), 202);
+
+    // Rotated in the store: SIGHUP makes the listener read both again.
+    std::fs::write(secrets.join("http-token"), "tok-second-4d9f").unwrap();
+    std::fs::write(secrets.join("webhook"), "hook-b41c66").unwrap();
+    let status = Command::new("kill")
+        .args(["-HUP", &daemon.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    daemon.wait_for_log("host config reloaded", Duration::from_secs(10));
+    assert_eq!(metrics("tok-first-81c2"), 401);
+    assert_eq!(metrics("tok-second-4d9f"), 200);
+    assert_eq!(hook("hook-5e07a3"), 401);
+    assert_eq!(hook("hook-b41c66"), 202);
+    let log = daemon.log();
+    for secret in [
+        "tok-first-81c2",
+        "tok-second-4d9f",
+        "hook-5e07a3",
+        "hook-b41c66",
+    ] {
+        assert!(!log.contains(secret), "{secret} in the log");
+    }
+}

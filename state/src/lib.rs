@@ -382,6 +382,47 @@ pub(crate) fn state_error(path: &Path, source: rusqlite::Error) -> StateError {
     }
 }
 
+/// A [`DeploymentRecord`] from a row whose first 13 columns are `id, env, commit_id, status,
+/// started_at, finished_at, created, updated, deleted, unchanged, failed, error, held`.
+pub(crate) fn deployment_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeploymentRecord> {
+    let id: i64 = r.get(0)?;
+    let status: String = r.get(3)?;
+    let Some(status) = DeploymentStatus::parse(&status) else {
+        return Err(damaged(
+            "deployment",
+            id.to_string(),
+            format!("status '{status}' is not one gitplane writes"),
+        ));
+    };
+    let held = match r.get::<_, Option<String>>(12)? {
+        None => None,
+        Some(text) => Some(serde_json::from_str(&text).map_err(|e| {
+            damaged(
+                "deployment",
+                id.to_string(),
+                format!("column held is not a JSON list of resources: {e}"),
+            )
+        })?),
+    };
+    Ok(DeploymentRecord {
+        id,
+        env: r.get(1)?,
+        commit_id: r.get(2)?,
+        status,
+        started_at: r.get(4)?,
+        finished_at: r.get(5)?,
+        counts: Counts {
+            created: r.get(6)?,
+            updated: r.get(7)?,
+            deleted: r.get(8)?,
+            unchanged: r.get(9)?,
+            failed: r.get(10)?,
+        },
+        error: r.get(11)?,
+        held,
+    })
+}
+
 pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 /// An open state file.
@@ -825,44 +866,7 @@ impl Store {
                         created, updated, deleted, unchanged, failed, error, held
                  FROM deployment WHERE ?1 IS NULL OR env = ?1 ORDER BY id DESC",
             [env],
-            |r| {
-                let id: i64 = r.get(0)?;
-                let status: String = r.get(3)?;
-                let Some(status) = DeploymentStatus::parse(&status) else {
-                    return Err(damaged(
-                        "deployment",
-                        id.to_string(),
-                        format!("status '{status}' is not one gitplane writes"),
-                    ));
-                };
-                let held = match r.get::<_, Option<String>>(12)? {
-                    None => None,
-                    Some(text) => Some(serde_json::from_str(&text).map_err(|e| {
-                        damaged(
-                            "deployment",
-                            id.to_string(),
-                            format!("column held is not a JSON list of resources: {e}"),
-                        )
-                    })?),
-                };
-                Ok(DeploymentRecord {
-                    id,
-                    env: r.get(1)?,
-                    commit_id: r.get(2)?,
-                    status,
-                    started_at: r.get(4)?,
-                    finished_at: r.get(5)?,
-                    counts: Counts {
-                        created: r.get(6)?,
-                        updated: r.get(7)?,
-                        deleted: r.get(8)?,
-                        unchanged: r.get(9)?,
-                        failed: r.get(10)?,
-                    },
-                    error: r.get(11)?,
-                    held,
-                })
-            },
+            deployment_row,
         )
     }
 

@@ -5,24 +5,14 @@
 use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
 
-use crate::{Counts, DeploymentStatus, Result, Store, damaged};
+use crate::{DeploymentRecord, Result, Store, damaged, deployment_row};
 
 /// A deployment as the status page lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeploymentSummary {
-    pub id: i64,
-    pub env: String,
+    pub record: DeploymentRecord,
     /// `commit` or `drift`.
     pub kind: String,
-    pub commit_id: Option<String>,
-    pub status: DeploymentStatus,
-    pub started_at: String,
-    pub finished_at: Option<String>,
-    pub counts: Counts,
-    /// Why it failed, or why the deletion guard held it, or which deployment superseded it.
-    pub error: Option<String>,
-    /// For a held deployment: the resources it would delete.
-    pub held: Option<Vec<String>>,
     /// Driver calls made (`SUM(operation.attempts)`): polls and retries included.
     pub calls: i64,
 }
@@ -81,47 +71,15 @@ pub struct ResourceView {
     pub orphan_reason: Option<String>,
 }
 
-const SUMMARY_COLUMNS: &str = "d.id, d.env, d.kind, d.commit_id, d.status, d.started_at,
-    d.finished_at, d.created, d.updated, d.deleted, d.unchanged, d.failed, d.error, d.held,
+/// The columns [`deployment_row`] reads, then the kind and the calls made.
+const SUMMARY_COLUMNS: &str = "d.id, d.env, d.commit_id, d.status, d.started_at, d.finished_at,
+    d.created, d.updated, d.deleted, d.unchanged, d.failed, d.error, d.held, d.kind,
     (SELECT COALESCE(SUM(o.attempts), 0) FROM operation o WHERE o.deployment_id = d.id)";
 
 fn summary_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeploymentSummary> {
-    let id: i64 = r.get(0)?;
-    let status: String = r.get(4)?;
-    let Some(status) = DeploymentStatus::parse(&status) else {
-        return Err(damaged(
-            "deployment",
-            id.to_string(),
-            format!("status '{status}' is not one gitplane writes"),
-        ));
-    };
-    let held = match r.get::<_, Option<String>>(13)? {
-        None => None,
-        Some(text) => Some(serde_json::from_str(&text).map_err(|e| {
-            damaged(
-                "deployment",
-                id.to_string(),
-                format!("column held is not a JSON list of resources: {e}"),
-            )
-        })?),
-    };
     Ok(DeploymentSummary {
-        id,
-        env: r.get(1)?,
-        kind: r.get(2)?,
-        commit_id: r.get(3)?,
-        status,
-        started_at: r.get(5)?,
-        finished_at: r.get(6)?,
-        counts: Counts {
-            created: r.get(7)?,
-            updated: r.get(8)?,
-            deleted: r.get(9)?,
-            unchanged: r.get(10)?,
-            failed: r.get(11)?,
-        },
-        error: r.get(12)?,
-        held,
+        record: deployment_row(r)?,
+        kind: r.get(13)?,
         calls: r.get(14)?,
     })
 }
@@ -358,13 +316,15 @@ mod tests {
         assert_eq!(
             recent
                 .iter()
-                .map(|d| (d.id, d.calls, d.kind.as_str()))
+                .map(|d| (d.record.id, d.calls, d.kind.as_str()))
                 .collect::<Vec<_>>(),
             [(quiet, 0, "commit"), (d, 5, "commit")]
         );
         assert_eq!(store.recent_deployments("development", 1).unwrap().len(), 1);
         assert_eq!(
-            store.recent_deployments("production", 10).unwrap()[0].id,
+            store.recent_deployments("production", 10).unwrap()[0]
+                .record
+                .id,
             other
         );
     }
@@ -384,9 +344,12 @@ mod tests {
         store.begin_deployment("development", "c0").unwrap();
         let found = store.held_deployments("development").unwrap();
         assert_eq!(found.len(), 1);
-        assert_eq!(found[0].id, held);
-        assert_eq!(found[0].held, Some(vec!["a".to_owned(), "b".to_owned()]));
-        assert_eq!(found[0].error.as_deref(), Some("2 of 3"));
+        assert_eq!(found[0].record.id, held);
+        assert_eq!(
+            found[0].record.held,
+            Some(vec!["a".to_owned(), "b".to_owned()])
+        );
+        assert_eq!(found[0].record.error.as_deref(), Some("2 of 3"));
         assert!(store.held_deployments("production").unwrap().is_empty());
     }
 

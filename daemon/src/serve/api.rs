@@ -153,11 +153,12 @@ struct DeploymentJson {
 }
 
 impl DeploymentJson {
-    fn new(d: DeploymentSummary, commits: &CommitCache) -> DeploymentJson {
+    fn new(summary: DeploymentSummary, commits: &CommitCache) -> DeploymentJson {
+        let d = summary.record;
         let info = d.commit_id.as_deref().and_then(|c| commits.get(c));
         DeploymentJson {
             id: d.id,
-            kind: d.kind,
+            kind: summary.kind,
             author: info.map(|i| i.author.clone()),
             summary: info.map(|i| i.summary.clone()),
             commit_time: info.map(|i| i.time),
@@ -170,7 +171,7 @@ impl DeploymentJson {
             deleted: d.counts.deleted,
             unchanged: d.counts.unchanged,
             failed: d.counts.failed,
-            calls: d.calls,
+            calls: summary.calls,
             error: d.error,
             would_delete: d.held,
         }
@@ -223,7 +224,7 @@ async fn overview(
             let ids: Vec<&str> = read
                 .iter()
                 .flat_map(|(_, d, h, ..)| d.iter().chain(h))
-                .filter_map(|d| d.commit_id.as_deref())
+                .filter_map(|d| d.record.commit_id.as_deref())
                 .collect();
             commits.fill(&repo, &ids);
             let environments = read

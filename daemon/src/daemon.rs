@@ -414,18 +414,12 @@ impl Daemon {
         let info = commit_info(&self.repo_path, commit);
         for env in &rejected.envs {
             match self.store.failed_deployment(env, Some(commit), &errors) {
-                Ok(deployment) => self.shared.events.finished(DeploymentEvent {
-                    env: env.clone(),
-                    deployment,
-                    kind: "commit",
-                    commit: Some(commit.to_owned()),
-                    commit_info: info.clone(),
-                    status: DeploymentStatus::Failed,
-                    counts: Default::default(),
-                    duration_seconds: 0.0,
-                    failures: rejected.errors.clone(),
-                    drifted: Vec::new(),
-                }),
+                Ok(deployment) => self.shared.events.finished(DeploymentEvent::not_built(
+                    (env, deployment),
+                    commit,
+                    info.clone(),
+                    rejected.errors.clone(),
+                )),
                 Err(e) => {
                     error!(error = %e, "cannot record the rejected commit");
                     return;
@@ -673,18 +667,12 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
             } else {
                 warn!(env, commit = %job.commit, "the commit does not build now: {errors}");
                 match store.failed_deployment(env, Some(&job.commit), &rejected.errors.join("\n")) {
-                    Ok(deployment) => shared.events.finished(DeploymentEvent {
-                        env: env.to_owned(),
-                        deployment,
-                        kind: "commit",
-                        commit: Some(job.commit.clone()),
-                        commit_info: commit_info(&shared.repo, &job.commit),
-                        status: DeploymentStatus::Failed,
-                        counts: Default::default(),
-                        duration_seconds: 0.0,
-                        failures: rejected.errors,
-                        drifted: Vec::new(),
-                    }),
+                    Ok(deployment) => shared.events.finished(DeploymentEvent::not_built(
+                        (env, deployment),
+                        &job.commit,
+                        commit_info(&shared.repo, &job.commit),
+                        rejected.errors,
+                    )),
                     Err(e) => error!(env, error = %e, "cannot record the failed deployment"),
                 }
             }

@@ -63,10 +63,35 @@ fn status_name<S: serde::Serializer>(status: &DeploymentStatus, s: S) -> Result<
 }
 
 impl DeploymentEvent {
+    /// A commit that did not load or build, recorded as a failed deployment of `env` that
+    /// called no driver.
+    pub fn not_built(
+        (env, deployment): (&str, i64),
+        commit: &str,
+        commit_info: Option<CommitInfo>,
+        errors: Vec<String>,
+    ) -> DeploymentEvent {
+        DeploymentEvent {
+            env: env.to_owned(),
+            deployment,
+            kind: "commit",
+            commit: Some(commit.to_owned()),
+            commit_info,
+            status: DeploymentStatus::Failed,
+            counts: EventCounts::default(),
+            duration_seconds: 0.0,
+            failures: errors,
+            drifted: Vec::new(),
+        }
+    }
+
     /// Which notifications it is: one for its status, and `drift` when a drift run found some.
+    /// A drift run that succeeded is not announced as a deployment: it runs every few minutes,
+    /// and only what it found is news.
     pub fn kinds(&self) -> Vec<NotifyEvent> {
         let mut kinds = Vec::new();
         match self.status {
+            DeploymentStatus::Succeeded if self.kind == "drift" => {}
             DeploymentStatus::Succeeded => kinds.push(NotifyEvent::Succeeded),
             DeploymentStatus::Failed => kinds.push(NotifyEvent::Failed),
             DeploymentStatus::Held => kinds.push(NotifyEvent::Held),
@@ -134,5 +159,26 @@ impl Events {
         {
             n.send(&event);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drift_run_is_news_only_when_it_found_or_broke_something() {
+        let mut event = DeploymentEvent::not_built(("dev", 1), "abc", None, vec!["x".into()]);
+        assert_eq!(event.kinds(), [NotifyEvent::Failed]);
+        event.status = DeploymentStatus::Succeeded;
+        assert_eq!(event.kinds(), [NotifyEvent::Succeeded]);
+        event.kind = "drift";
+        assert_eq!(event.kinds(), []);
+        event.drifted = vec!["guresid".into()];
+        assert_eq!(event.kinds(), [NotifyEvent::Drift]);
+        event.status = DeploymentStatus::Failed;
+        assert_eq!(event.kinds(), [NotifyEvent::Failed, NotifyEvent::Drift]);
+        event.status = DeploymentStatus::Held;
+        assert_eq!(event.kinds(), [NotifyEvent::Held, NotifyEvent::Drift]);
     }
 }

@@ -742,7 +742,7 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
             commit: Some(job.commit.clone()),
             commit_info: commit_info(&shared.repo, &job.commit),
             status: r.status,
-            counts: r.counts.into(),
+            counts: r.counts,
             duration_seconds: took.as_secs_f64(),
             failures: r.failures.clone(),
             drifted,

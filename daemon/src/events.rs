@@ -5,7 +5,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use gitplane_state::{Counts, DeploymentStatus};
-use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::config::{NotifyConfig, NotifyEvent};
@@ -15,7 +14,7 @@ use crate::serve::metrics::Metrics;
 
 /// A deployment that ended: succeeded, failed (a driver failed, or the commit did not build),
 /// or held by the deletion guard.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct DeploymentEvent {
     pub env: String,
     /// The deployment's id in state (`gitplane history`).
@@ -25,41 +24,14 @@ pub struct DeploymentEvent {
     pub commit: Option<String>,
     /// Who made the commit and its message's first line, when the repository has it.
     pub commit_info: Option<CommitInfo>,
-    #[serde(serialize_with = "status_name")]
     pub status: DeploymentStatus,
-    pub counts: EventCounts,
+    pub counts: Counts,
     pub duration_seconds: f64,
     /// `resource: error` for each failed resource, or why the commit did not build, or for a
     /// held deployment what it would delete. Drivers' messages, secrets already scrubbed.
     pub failures: Vec<String>,
     /// For a drift run: the resources whose outputs had changed outside gitplane.
     pub drifted: Vec<String>,
-}
-
-/// [`Counts`] as an event carries them.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct EventCounts {
-    pub created: i64,
-    pub updated: i64,
-    pub deleted: i64,
-    pub unchanged: i64,
-    pub failed: i64,
-}
-
-impl From<Counts> for EventCounts {
-    fn from(c: Counts) -> Self {
-        EventCounts {
-            created: c.created,
-            updated: c.updated,
-            deleted: c.deleted,
-            unchanged: c.unchanged,
-            failed: c.failed,
-        }
-    }
-}
-
-fn status_name<S: serde::Serializer>(status: &DeploymentStatus, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(status.as_str())
 }
 
 impl DeploymentEvent {
@@ -78,7 +50,7 @@ impl DeploymentEvent {
             commit: Some(commit.to_owned()),
             commit_info,
             status: DeploymentStatus::Failed,
-            counts: EventCounts::default(),
+            counts: Counts::default(),
             duration_seconds: 0.0,
             failures: errors,
             drifted: Vec::new(),

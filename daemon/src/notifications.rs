@@ -376,7 +376,13 @@ fn json_body(kind: NotifyEvent, event: &DeploymentEvent) -> Value {
         "author": info.map(|i| truncate(&i.author, MAX_ENTRY_CHARS)),
         "message": info.map(|i| truncate(&i.summary, MAX_ENTRY_CHARS)),
         "status": event.status.as_str(),
-        "counts": event.counts,
+        "counts": {
+            "created": event.counts.created,
+            "updated": event.counts.updated,
+            "deleted": event.counts.deleted,
+            "unchanged": event.counts.unchanged,
+            "failed": event.counts.failed,
+        },
         "duration_seconds": (event.duration_seconds * 1000.0).round() / 1000.0,
         "failures": capped_list(&event.failures, MAX_LISTED, MAX_ENTRY_CHARS),
         "drifted": capped_list(&event.drifted, MAX_LISTED, MAX_ENTRY_CHARS),
@@ -469,8 +475,8 @@ fn escape(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::EventCounts;
     use crate::repo::CommitInfo;
+    use gitplane_state::Counts;
 
     fn event(status: DeploymentStatus) -> DeploymentEvent {
         DeploymentEvent {
@@ -484,7 +490,7 @@ mod tests {
                 time: 0,
             }),
             status,
-            counts: EventCounts {
+            counts: Counts {
                 created: 1,
                 updated: 2,
                 deleted: 0,

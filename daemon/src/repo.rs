@@ -170,7 +170,7 @@ fn split_alternates(list: &OsStr) -> Vec<PathBuf> {
 }
 
 /// Who made a commit and what it says, as people read it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitInfo {
     pub author: String,
     /// The message's first line.

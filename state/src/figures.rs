@@ -22,13 +22,7 @@ impl Store {
     /// Reads the [`Figures`]: a few grouped queries, each one pass over an index.
     pub fn figures(&self) -> Result<Figures> {
         let envs = self.environments()?;
-        let resources = self.query(
-            "SELECT env, CASE WHEN orphan_since IS NOT NULL THEN 'orphaned' ELSE status END AS s,
-                    COUNT(*)
-             FROM resource GROUP BY env, s ORDER BY env, s",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )?;
+        let resources = self.resource_counts()?;
         let held = self.query(
             "SELECT env, COUNT(*) FROM deployment WHERE status = 'held' GROUP BY env ORDER BY env",
             [],
@@ -47,6 +41,18 @@ impl Store {
             held,
             last_success,
         })
+    }
+
+    /// `(env, status, count)` of every environment's resources: status is `ready`, `failed` or
+    /// `orphaned` (no longer in the graph, kept by its deletion policy or the guard).
+    pub fn resource_counts(&self) -> Result<Vec<(String, String, i64)>> {
+        self.query(
+            "SELECT env, CASE WHEN orphan_since IS NOT NULL THEN 'orphaned' ELSE status END AS s,
+                    COUNT(*)
+             FROM resource GROUP BY env, s ORDER BY env, s",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
     }
 
     /// The resources whose outputs `deployment` changed: for a drift run, what had drifted.

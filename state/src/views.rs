@@ -110,18 +110,6 @@ impl Store {
         )
     }
 
-    /// How many resources of `env` are `ready`, `failed` and `orphaned` (out of the graph,
-    /// kept), by status.
-    pub fn resource_counts(&self, env: &str) -> Result<Vec<(String, i64)>> {
-        self.query(
-            "SELECT CASE WHEN orphan_since IS NOT NULL THEN 'orphaned' ELSE status END AS s,
-                    COUNT(*)
-             FROM resource WHERE env = ?1 GROUP BY s ORDER BY s",
-            [env],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-    }
-
     /// The resources of `env` whose last driver call failed, at most `limit`, by app, type
     /// and id; and how many there are in all.
     pub fn failed_resources(&self, env: &str, limit: usize) -> Result<(Vec<FailedResource>, i64)> {
@@ -402,11 +390,11 @@ mod tests {
             ]
         );
         assert_eq!(
-            store.resource_counts("development").unwrap(),
+            store.resource_counts().unwrap(),
             [
-                ("failed".to_owned(), 1),
-                ("orphaned".to_owned(), 1),
-                ("ready".to_owned(), 1)
+                ("development".to_owned(), "failed".to_owned(), 1),
+                ("development".to_owned(), "orphaned".to_owned(), 1),
+                ("development".to_owned(), "ready".to_owned(), 1)
             ]
         );
         let (failed, total) = store.failed_resources("development", 10).unwrap();

@@ -212,12 +212,16 @@ async fn overview(
     let repo = shared.repo.clone();
     let overview = shared
         .read(move |store| {
+            let mut counts: HashMap<String, BTreeMap<String, i64>> = HashMap::new();
+            for (env, status, n) in store.resource_counts()? {
+                counts.entry(env).or_default().insert(status, n);
+            }
             let mut read = Vec::new();
             for env in store.environments()? {
                 let deployments = store.recent_deployments(&env, RECENT_DEPLOYMENTS)?;
                 let held = store.held_deployments(&env)?;
                 let (failed, failed_total) = store.failed_resources(&env, FAILED_SHOWN)?;
-                let resources = store.resource_counts(&env)?.into_iter().collect();
+                let resources = counts.remove(&env).unwrap_or_default();
                 read.push((env, deployments, held, failed, failed_total, resources));
             }
             let mut commits = api.commits.lock().unwrap_or_else(|e| e.into_inner());

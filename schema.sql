@@ -622,3 +622,33 @@ CREATE TABLE resource_manifest (
     manifests TEXT NOT NULL,
     sealed    TEXT
 );
+
+-- migration 7
+
+-- Several daemons can share one state in PostgreSQL. Each environment is reconciled by one of
+-- them at a time: the daemon holding its lease. The holder renews `expires_at` while it lives;
+-- another daemon takes a lease that expired, with the next `generation`, and every write of
+-- the old holder (each carries the generation it holds) is refused from then on. Rows are
+-- never deleted, so a generation is never given twice. SQLite states have no leases.
+CREATE TABLE env_lease (
+    env         TEXT PRIMARY KEY,
+    daemon      TEXT NOT NULL,             -- the holding daemon's id (see `daemon`)
+    generation  INTEGER NOT NULL,          -- 1 for the first holder, +1 at each takeover
+    acquired_at TEXT NOT NULL,
+    expires_at  TEXT NOT NULL              -- renewed by the holder's heartbeat
+);
+
+-- The daemons sharing the state, as each last reported itself: each takes at most its share
+-- of the environments (how many there are, divided by the daemons seen within a lease's time).
+CREATE TABLE daemon (
+    id         TEXT PRIMARY KEY,           -- host:pid
+    host       TEXT NOT NULL,
+    pid        INTEGER NOT NULL,
+    started_at TEXT NOT NULL,
+    seen_at    TEXT NOT NULL
+);
+
+-- The lease generation a daemon took an apply lock under (NULL: a command took it): the
+-- daemon that took the lease over breaks a lock of an older generation at once, since every
+-- write its holder could still make is refused.
+ALTER TABLE env_lock ADD COLUMN generation INTEGER;

@@ -2,6 +2,7 @@
 //! deployments and the last success, per environment. Read from state rather than counted in
 //! memory, so they are right after a restart and after a CLI `approve`.
 
+use crate::db::params;
 use crate::{Result, Store};
 
 /// The state's figures at one moment.
@@ -25,14 +26,14 @@ impl Store {
         let resources = self.resource_counts()?;
         let held = self.query(
             "SELECT env, COUNT(*) FROM deployment WHERE status = 'held' GROUP BY env ORDER BY env",
-            [],
+            params![],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
         let last_success = self.query(
             "SELECT env, (julianday(MAX(finished_at)) - 2440587.5) * 86400.0
              FROM deployment WHERE status = 'succeeded' AND finished_at IS NOT NULL
              GROUP BY env ORDER BY env",
-            [],
+            params![],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
         Ok(Figures {
@@ -50,7 +51,7 @@ impl Store {
             "SELECT env, CASE WHEN orphan_since IS NOT NULL THEN 'orphaned' ELSE status END AS s,
                     COUNT(*)
              FROM resource GROUP BY env, s ORDER BY env, s",
-            [],
+            params![],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
     }

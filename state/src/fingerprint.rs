@@ -4,8 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use rusqlite::params;
-
+use crate::db::params;
 use crate::{Result, Store};
 
 /// An app's fingerprint as recorded.

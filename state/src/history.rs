@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
 
+use crate::db::{Backend, DbResult, OptionalExtension, Row, Tx, params};
 use crate::{BindingRecord, LinkRecord, Result, Store};
 
 /// How the links of an environment change in one deployment.
@@ -312,33 +312,43 @@ impl Store {
     /// later space reclaimable without a rebuild (`auto_vacuum = INCREMENTAL`). Returns the
     /// file's size before and after, in bytes.
     pub fn vacuum(&mut self) -> Result<(u64, u64)> {
+        let postgres = self.conn.backend() == Backend::Postgres;
         let size = |s: &Store| -> Result<u64> {
-            let pages: i64 = s
+            let sql = if postgres {
+                "SELECT pg_database_size(current_database())"
+            } else {
+                "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()"
+            };
+            let bytes: i64 = s
                 .conn
-                .pragma_query_value(None, "page_count", |r| r.get(0))
+                .query_row(sql, params![], |r| r.get(0))
                 .map_err(s.err())?;
-            let page: i64 = s
-                .conn
-                .pragma_query_value(None, "page_size", |r| r.get(0))
-                .map_err(s.err())?;
-            Ok((pages * page) as u64)
+            Ok(bytes as u64)
         };
         let before = size(self)?;
-        self.conn
-            .execute_batch(
-                "PRAGMA auto_vacuum = INCREMENTAL; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);",
-            )
-            .map_err(self.err())?;
+        // PostgreSQL's own VACUUM returns dead rows' space for reuse; autovacuum does it too.
+        let sql = if postgres {
+            "VACUUM"
+        } else {
+            "PRAGMA auto_vacuum = INCREMENTAL; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);"
+        };
+        self.conn.execute_batch(sql).map_err(self.err())?;
         Ok((before, size(self)?))
     }
 
     /// Returns free pages to the file system, a little at a time, when the file allows it
-    /// (`auto_vacuum = INCREMENTAL`, set on new files and by [`Store::vacuum`]).
+    /// (`auto_vacuum = INCREMENTAL`, set on new files and by [`Store::vacuum`]). PostgreSQL's
+    /// autovacuum does this itself.
     pub fn reclaim(&mut self, pages: u32) -> Result<()> {
+        if self.conn.backend() == Backend::Postgres {
+            return Ok(());
+        }
         self.conn
-            .query_row(&format!("PRAGMA incremental_vacuum({pages})"), [], |_| {
-                Ok(())
-            })
+            .query_row(
+                &format!("PRAGMA incremental_vacuum({pages})"),
+                params![],
+                |_| Ok(()),
+            )
             .optional()
             .map_err(self.err())?;
         Ok(())
@@ -373,7 +383,7 @@ impl BindingKey {
     }
 }
 
-fn link_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LinkRecord> {
+fn link_row(r: &Row<'_>) -> DbResult<LinkRecord> {
     Ok(LinkRecord {
         consumer: r.get(0)?,
         provider: r.get(1)?,
@@ -382,7 +392,7 @@ fn link_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LinkRecord> {
     })
 }
 
-pub(crate) fn binding_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BindingRecord> {
+pub(crate) fn binding_row(r: &Row<'_>) -> DbResult<BindingRecord> {
     Ok(BindingRecord {
         needed: r.get(0)?,
         needed_path: r.get(1)?,
@@ -408,11 +418,11 @@ pub(crate) fn binding_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BindingReco
 
 /// See [`Store::record_bindings`].
 pub(crate) fn record_bindings(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Tx<'_>,
     deployment: i64,
     env: &str,
     resolved: &[(&str, bool, Vec<BindingRecord>)],
-) -> rusqlite::Result<()> {
+) -> DbResult<()> {
     let mut current = tx.prepare_cached(
         "SELECT id, valid_from, needed_path, provided_guresid, provided_path, data_type,
                 value, secret, inserted, interface
@@ -446,7 +456,7 @@ pub(crate) fn record_bindings(
                         },
                     ))
                 })?
-                .collect::<rusqlite::Result<Vec<_>>>()?
+                .collect::<DbResult<Vec<_>>>()?
         } else {
             Vec::new()
         };

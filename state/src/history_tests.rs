@@ -1,7 +1,9 @@
 //! Tests of history as ranges: the migration from per-deployment copies, the views that answer
 //! "what did deployment D look like" and "what changed in commit C", and pruning.
 
-use rusqlite::{Connection, params};
+use rusqlite::Connection;
+
+use crate::db::params;
 use serde_json::json;
 
 use crate::*;
@@ -46,23 +48,23 @@ fn record(guresid: &str, outputs: serde_json::Value) -> ResourceRecord {
 
 /// Rows of one query, each as text joined by spaces.
 fn rows(store: &Store, sql: &str) -> Vec<String> {
-    let mut stmt = store.conn.prepare(sql).unwrap();
-    let n = stmt.column_count();
-    stmt.query_map([], |r| {
-        Ok((0..n)
-            .map(|i| match r.get_ref(i).unwrap() {
-                rusqlite::types::ValueRef::Null => "NULL".to_owned(),
-                rusqlite::types::ValueRef::Integer(v) => v.to_string(),
-                rusqlite::types::ValueRef::Real(v) => v.to_string(),
-                rusqlite::types::ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
-                rusqlite::types::ValueRef::Blob(_) => "<blob>".to_owned(),
-            })
-            .collect::<Vec<_>>()
-            .join(" "))
-    })
-    .unwrap()
-    .map(Result::unwrap)
-    .collect()
+    let table = store.conn.table(sql, crate::db::params![]).unwrap();
+    table
+        .rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|c| match c {
+                    crate::db::Cell::Null => "NULL".to_owned(),
+                    crate::db::Cell::Int(v) => v.to_string(),
+                    crate::db::Cell::Real(v) => v.to_string(),
+                    crate::db::Cell::Text(t) => t.clone(),
+                    crate::db::Cell::Blob(_) => "<blob>".to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
 }
 
 /// A deployment that puts `records` and makes its links and bindings exactly these.
@@ -379,7 +381,7 @@ fn pruning_by_age_keeps_recent_deployments() {
         .conn
         .execute(
             "UPDATE deployment SET started_at = '2020-01-01T00:00:00.000Z'",
-            [],
+            params![],
         )
         .unwrap();
     store
@@ -465,6 +467,7 @@ fn a_state_file_from_before_ranges_migrates_and_keeps_its_history() {
     let store = Store::open(&path).unwrap();
     let version: i64 = store
         .conn
+        .lite()
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
     assert_eq!(version, migrations().len() as i64);

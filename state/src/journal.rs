@@ -5,9 +5,11 @@
 //! is journalled before its operation's result), not one transaction per row: a batch written as
 //! a whole keeps that order and costs one commit instead of hundreds.
 
-use rusqlite::{OptionalExtension, Transaction, params};
-
-use crate::{NOW, OperationStart, ResourceRecord, ResourceStatus, Result, StateError, Store};
+use crate::db::{DbError, DbResult, OptionalExtension, Tx, params};
+use crate::seal::SharedKeyring;
+use crate::{
+    NOW, OperationStart, ResourceRecord, ResourceStatus, Result, StateError, Store, seal_with,
+};
 
 /// The secrets of a resource that has none, as recorded: no `resource_secret` row stands for
 /// exactly these (most resources have no secret, and a row each would cost a write each).
@@ -84,13 +86,13 @@ impl Store {
 
     /// Starts writes that go together in one transaction (see [`Batch`]).
     pub fn batch(&mut self) -> Result<Batch<'_>> {
-        let tx = self
-            .conn
-            .transaction()
-            .map_err(|source| crate::state_error(&self.path, source))?;
+        let err = |source| crate::state_error(&self.path, source);
+        let tx = self.conn.transaction().map_err(err)?;
+        crate::lease::check_fences(&tx, &self.fences).map_err(err)?;
         Ok(Batch {
             tx,
             path: &self.path,
+            ring: self.keyring.clone(),
         })
     }
 
@@ -113,7 +115,8 @@ impl Store {
         if entries.is_empty() {
             return Ok(());
         }
-        self.in_transaction(|tx| write_journal(tx, entries))
+        let ring = self.keyring.clone();
+        self.in_transaction(|tx| write_journal(tx, &ring, entries))
     }
 
     /// Forgets the operations of a finished drift run that found nothing to repair: the
@@ -148,16 +151,16 @@ impl Store {
 }
 
 fn insert_operation(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     op: &OperationStart<'_>,
     status: &str,
     error: Option<&str>,
-) -> rusqlite::Result<i64> {
+) -> DbResult<i64> {
     let finished = if status == "started" { "NULL" } else { NOW };
     tx.prepare_cached(&format!(
         "INSERT INTO operation (deployment_id, guresid, app, type, class, res_id, action,
                                 reason, status, error, started_at, finished_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, {NOW}, {finished})"
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, {NOW}, {finished}) RETURNING id"
     ))?
     .insert(params![
         op.deployment,
@@ -174,24 +177,26 @@ fn insert_operation(
 }
 
 fn record_call(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
+    ring: &SharedKeyring,
     operation: i64,
     attempts: i64,
     guresid: &str,
     cookie: Option<Option<&str>>,
-) -> rusqlite::Result<()> {
+) -> DbResult<()> {
     tx.prepare_cached("UPDATE operation SET attempts = ?2 WHERE id = ?1")?
         .execute(params![operation, attempts])?;
     match cookie {
         None => {}
         Some(Some(c)) => {
+            let sealed = seal_with(ring, c, &format!("driver_cookie:{guresid}"))?;
             tx.prepare_cached(&format!(
                 "INSERT INTO driver_cookie (guresid, cookie, updated_at)
-                 VALUES (?1, gp_seal(?2, 'driver_cookie:' || ?1), {NOW})
+                 VALUES (?1, ?2, {NOW})
                  ON CONFLICT (guresid) DO UPDATE SET cookie = excluded.cookie,
                      updated_at = excluded.updated_at"
             ))?
-            .execute(params![guresid, c])?;
+            .execute(params![guresid, sealed])?;
         }
         Some(None) => {
             tx.prepare_cached("DELETE FROM driver_cookie WHERE guresid = ?1")?
@@ -202,14 +207,14 @@ fn record_call(
 }
 
 fn finish_put(
-    tx: &Transaction<'_>,
+    (tx, ring): (&Tx<'_>, &SharedKeyring),
     new: bool,
     operation: i64,
     attempts: i64,
     deployment: i64,
     record: &ResourceRecord,
     outputs_changed: Option<bool>,
-) -> rusqlite::Result<()> {
+) -> DbResult<()> {
     let (status, error) = match record.status {
         ResourceStatus::Ready => ("succeeded", None),
         ResourceStatus::Failed => ("failed", record.error.as_deref()),
@@ -273,18 +278,23 @@ fn finish_put(
                 .execute([&record.guresid])?;
         }
     } else {
+        let guresid = &record.guresid;
+        let outputs = seal_with(
+            ring,
+            &secret_outputs,
+            &format!("resource_secret.outputs:{guresid}"),
+        )?;
+        let inputs = seal_with(
+            ring,
+            record.secret_inputs.as_str(),
+            &format!("resource_secret.inputs:{guresid}"),
+        )?;
         tx.prepare_cached(
-            "INSERT INTO resource_secret (guresid, outputs, inputs)
-             VALUES (?1, gp_seal(?2, 'resource_secret.outputs:' || ?1),
-                     gp_seal(?3, 'resource_secret.inputs:' || ?1))
+            "INSERT INTO resource_secret (guresid, outputs, inputs) VALUES (?1, ?2, ?3)
              ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs,
                  inputs = excluded.inputs",
         )?
-        .execute(params![
-            record.guresid,
-            secret_outputs,
-            record.secret_inputs.as_str()
-        ])?;
+        .execute(params![guresid, outputs, inputs])?;
     }
     Ok(())
 }
@@ -306,11 +316,12 @@ impl ManifestsRecord {
 }
 
 fn record_manifests(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
+    ring: &SharedKeyring,
     new: bool,
     guresid: &str,
     manifests: &ManifestsRecord,
-) -> rusqlite::Result<()> {
+) -> DbResult<()> {
     if manifests.is_empty() {
         if !new {
             tx.prepare_cached("DELETE FROM resource_manifest WHERE guresid = ?1")?
@@ -318,14 +329,20 @@ fn record_manifests(
         }
         return Ok(());
     }
+    let sealed = match &manifests.full {
+        Some(full) => Some(seal_with(
+            ring,
+            full,
+            &format!("resource_manifest.sealed:{guresid}"),
+        )?),
+        None => None,
+    };
     tx.prepare_cached(
-        "INSERT INTO resource_manifest (guresid, manifests, sealed)
-         VALUES (?1, ?2, CASE WHEN ?3 IS NULL THEN NULL
-                              ELSE gp_seal(?3, 'resource_manifest.sealed:' || ?1) END)
+        "INSERT INTO resource_manifest (guresid, manifests, sealed) VALUES (?1, ?2, ?3)
          ON CONFLICT (guresid) DO UPDATE SET manifests = excluded.manifests,
              sealed = excluded.sealed",
     )?
-    .execute(params![guresid, manifests.shown, manifests.full])?;
+    .execute(params![guresid, manifests.shown, sealed])?;
     Ok(())
 }
 
@@ -335,11 +352,11 @@ fn record_manifests(
 /// in this same deployment (a resumed one) never stood at the end of one, so it is replaced,
 /// not kept.
 fn new_version(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     deployment: i64,
     record: &ResourceRecord,
     outputs: &str,
-) -> rusqlite::Result<i64> {
+) -> DbResult<i64> {
     let current: Option<(i64, bool)> = tx
         .prepare_cached(
             "SELECT COALESCE(version_from, deployment_id),
@@ -372,7 +389,7 @@ fn new_version(
 }
 
 /// The current version of `guresid` ends with `deployment`: it joins `resource_version`.
-fn end_version(tx: &Transaction<'_>, guresid: &str, deployment: i64) -> rusqlite::Result<()> {
+fn end_version(tx: &Tx<'_>, guresid: &str, deployment: i64) -> DbResult<()> {
     tx.prepare_cached(
         "INSERT INTO resource_version (guresid, env, app, type, class, res_id, definition,
                                        driver, status, inputs_hash, outputs, error, commit_id,
@@ -386,14 +403,14 @@ fn end_version(tx: &Transaction<'_>, guresid: &str, deployment: i64) -> rusqlite
 }
 
 fn finish_delete(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     operation: i64,
     attempts: i64,
     deployment: i64,
     env: &str,
     guresid: &str,
     error: Option<&str>,
-) -> rusqlite::Result<()> {
+) -> DbResult<()> {
     let status = if error.is_some() {
         "failed"
     } else {
@@ -443,17 +460,14 @@ fn finish_delete(
 }
 
 /// Journals driver calls about to start; their ids, in order.
-fn begin_operations(
-    tx: &Transaction<'_>,
-    ops: &[OperationStart<'_>],
-) -> rusqlite::Result<Vec<i64>> {
+fn begin_operations(tx: &Tx<'_>, ops: &[OperationStart<'_>]) -> DbResult<Vec<i64>> {
     ops.iter()
         .map(|op| insert_operation(tx, op, "started", None))
         .collect()
 }
 
 /// Writes `entries` in order.
-fn write_journal(tx: &Transaction<'_>, entries: &[JournalEntry<'_>]) -> rusqlite::Result<()> {
+fn write_journal(tx: &Tx<'_>, ring: &SharedKeyring, entries: &[JournalEntry<'_>]) -> DbResult<()> {
     for entry in entries {
         match entry {
             JournalEntry::Call {
@@ -461,7 +475,7 @@ fn write_journal(tx: &Transaction<'_>, entries: &[JournalEntry<'_>]) -> rusqlite
                 attempts,
                 guresid,
                 cookie,
-            } => record_call(tx, *operation, *attempts, guresid, *cookie)?,
+            } => record_call(tx, ring, *operation, *attempts, guresid, *cookie)?,
             JournalEntry::Put {
                 operation,
                 attempts,
@@ -472,7 +486,7 @@ fn write_journal(tx: &Transaction<'_>, entries: &[JournalEntry<'_>]) -> rusqlite
                 manifests,
             } => {
                 finish_put(
-                    tx,
+                    (tx, ring),
                     *new,
                     *operation,
                     *attempts,
@@ -481,7 +495,7 @@ fn write_journal(tx: &Transaction<'_>, entries: &[JournalEntry<'_>]) -> rusqlite
                     *outputs_changed,
                 )?;
                 if let Some(manifests) = manifests {
-                    record_manifests(tx, *new, &record.guresid, manifests)?;
+                    record_manifests(tx, ring, *new, &record.guresid, manifests)?;
                 }
             }
             JournalEntry::Delete {
@@ -515,12 +529,13 @@ fn write_journal(tx: &Transaction<'_>, entries: &[JournalEntry<'_>]) -> rusqlite
 /// rounds rather than each kind of write apart halves how often the same index pages are
 /// written. Nothing is kept unless [`Batch::commit`] is called.
 pub struct Batch<'s> {
-    tx: Transaction<'s>,
+    tx: Tx<'s>,
     path: &'s std::path::Path,
+    ring: SharedKeyring,
 }
 
 impl Batch<'_> {
-    fn err(&self) -> impl Fn(rusqlite::Error) -> StateError + '_ {
+    fn err(&self) -> impl Fn(DbError) -> StateError + '_ {
         |source| crate::state_error(self.path, source)
     }
 
@@ -531,7 +546,7 @@ impl Batch<'_> {
 
     /// See [`Store::journal`].
     pub fn journal(&mut self, entries: &[JournalEntry<'_>]) -> Result<()> {
-        write_journal(&self.tx, entries).map_err(self.err())
+        write_journal(&self.tx, &self.ring, entries).map_err(self.err())
     }
 
     /// See [`Store::record_bindings`].

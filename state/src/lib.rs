@@ -4,24 +4,30 @@
 //! interface that people query with `sqlite3`; this crate applies it by migrations keyed on
 //! `PRAGMA user_version`, in WAL mode with foreign keys on.
 
+pub mod db;
+mod dialect;
 mod figures;
 mod fingerprint;
 mod history;
 mod journal;
+mod lease;
 mod lock;
+mod postgres;
 mod seal;
 mod views;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use serde_json::Value;
+
+use crate::db::{Conn, DbError, DbResult, FromCell, OptionalExtension, Params, Row, Tx, params};
 
 pub use figures::Figures;
 pub use fingerprint::AppFingerprint;
 pub use history::{LinkChanges, Pruned, Retention};
 pub use journal::{Batch, Ended, JournalEntry, ManifestsRecord};
+pub use lease::{Beat, Fence, LeaseHold, LeaseRecord, Leases};
 pub use lock::ApplyLock;
 pub use seal::{KeySource, SealError, StateKey, pending_key_path};
 pub use views::{DeploymentSummary, FailedResource, NodeRow, ResourceView};
@@ -34,10 +40,14 @@ pub enum StateError {
     // SQLite's own wording would repeat it ("...: unable to open database file: unable to
     // open database file").
     #[error("state {path}: {cause}")]
-    Sqlite {
-        path: PathBuf,
-        cause: rusqlite::Error,
-    },
+    Database { path: PathBuf, cause: DbError },
+    #[error("state {url}: {reason}")]
+    Url { url: String, reason: String },
+    #[error(
+        "state {path}: a PostgreSQL state needs state_key in the host config (a file or a \
+         systemd credential), the same on every host that shares it: secrets are sealed with it"
+    )]
+    KeyNeeded { path: PathBuf },
     #[error("state {path}: cannot create the file: {source}")]
     Create {
         path: PathBuf,
@@ -345,46 +355,35 @@ pub struct ResourceOperation {
     pub finished_at: Option<String>,
 }
 
-/// A value in a row that gitplane cannot have written: the file was damaged or edited.
-#[derive(Debug, thiserror::Error)]
-#[error("{reason}")]
-pub(crate) struct DamagedRow {
-    table: &'static str,
-    row: String,
-    reason: String,
-}
-
 /// The error a row mapper returns for a value it cannot read; [`state_error`] turns it into
 /// [`StateError::Damaged`], naming the table and row, instead of reading a default.
-pub(crate) fn damaged(table: &'static str, row: String, reason: String) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(
-        0,
-        rusqlite::types::Type::Text,
-        Box::new(DamagedRow { table, row, reason }),
-    )
+pub(crate) fn damaged(table: &'static str, row: String, reason: String) -> DbError {
+    DbError::Damaged { table, row, reason }
 }
 
-/// The error of a query on the state file at `path`.
-pub(crate) fn state_error(path: &Path, source: rusqlite::Error) -> StateError {
-    if let rusqlite::Error::FromSqlConversionFailure(_, _, inner) = &source
-        && let Some(row) = inner.downcast_ref::<DamagedRow>()
-    {
-        return StateError::Damaged {
+/// The error of a query on the state at `path`.
+pub(crate) fn state_error(path: &Path, source: impl Into<DbError>) -> StateError {
+    match source.into() {
+        DbError::Damaged { table, row, reason } => StateError::Damaged {
             path: path.to_owned(),
-            table: row.table.to_owned(),
-            row: row.row.clone(),
-            reason: row.reason.clone(),
-        };
-    }
-    StateError::Sqlite {
-        path: path.to_owned(),
-        cause: source,
+            table: table.to_owned(),
+            row,
+            reason,
+        },
+        DbError::Seal(source) => StateError::Seal {
+            path: path.to_owned(),
+            source,
+        },
+        cause => StateError::Database {
+            path: path.to_owned(),
+            cause,
+        },
     }
 }
 
 /// A [`DeploymentRecord`] from a row whose first 13 columns are `id, env, commit_id, status,
 /// started_at, finished_at, created, updated, deleted, unchanged, failed, error, held`.
-pub(crate) fn deployment_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeploymentRecord> {
+pub(crate) fn deployment_row(r: &Row<'_>) -> DbResult<DeploymentRecord> {
     let id: i64 = r.get(0)?;
     let status: String = r.get(3)?;
     let Some(status) = DeploymentStatus::parse(&status) else {
@@ -427,9 +426,11 @@ pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 /// An open state file.
 pub struct Store {
-    conn: Connection,
+    conn: Conn,
     path: PathBuf,
     keyring: seal::SharedKeyring,
+    /// The leases this store writes under (a daemon's, on PostgreSQL): every write checks them.
+    fences: Vec<Fence>,
 }
 
 impl Store {
@@ -439,9 +440,14 @@ impl Store {
         Store::open_keyed(path, None)
     }
 
-    /// Opens the state file like [`Store::open`], with secrets sealed by the key from `key`
-    /// (`None`: `<state>.key` beside the file, by its real name).
+    /// Opens the state like [`Store::open`], with secrets sealed by the key from `key`
+    /// (`None`: `<state>.key` beside the file, by its real name). A `postgres://` URL opens a
+    /// PostgreSQL database instead of a file; it needs `key`, since every daemon sharing the
+    /// database must seal with the same key.
     pub fn open_keyed(path: &Path, key: Option<&KeySource>) -> Result<Store> {
+        if let Some(url) = path.to_str().filter(|s| postgres::is_postgres_url(s)) {
+            return Store::open_postgres(url, key);
+        }
         if !path.exists() {
             create_private(path).map_err(|source| StateError::Create {
                 path: path.to_owned(),
@@ -449,17 +455,40 @@ impl Store {
             })?;
         }
         let real = real_file(path)?;
-        let conn = Connection::open(&real).map_err(|source| state_error(path, source))?;
+        let e = |source| state_error(path, source);
+        let mut conn = rusqlite::Connection::open(&real).map_err(e)?;
         let source = key.cloned().unwrap_or_else(|| KeySource::beside(&real));
         let keyring = seal::Keyring::new(source, None);
-        seal::register(&conn, &keyring).map_err(|source| state_error(path, source))?;
-        let mut store = Store {
-            conn,
-            path: path.to_owned(),
-            keyring,
+        seal::register(&conn, &keyring).map_err(e)?;
+        configure(&mut conn).map_err(e)?;
+        migrate(&mut conn, path)?;
+        Store::with_conn(Conn::Lite(conn), path.to_owned(), keyring)
+    }
+
+    fn open_postgres(url: &str, key: Option<&KeySource>) -> Result<Store> {
+        let target =
+            postgres::PgTarget::parse(url, postgres_password().as_deref()).map_err(|reason| {
+                StateError::Url {
+                    url: postgres::shown_url(url),
+                    reason,
+                }
+            })?;
+        let path = PathBuf::from(target.shown());
+        let Some(key) = key else {
+            return Err(StateError::KeyNeeded { path });
         };
-        store.configure()?;
-        store.migrate()?;
+        let conn = postgres::PgConn::open(&target).map_err(|e| state_error(&path, e))?;
+        migrate_postgres(&conn, &path)?;
+        Store::with_conn(Conn::Pg(conn), path, seal::Keyring::new(key.clone(), None))
+    }
+
+    fn with_conn(conn: Conn, path: PathBuf, keyring: seal::SharedKeyring) -> Result<Store> {
+        let store = Store {
+            conn,
+            path,
+            keyring,
+            fences: Vec::new(),
+        };
         let sealed_with = store.sealed_with()?;
         store
             .keyring
@@ -469,151 +498,79 @@ impl Store {
         Ok(store)
     }
 
+    /// The state file's path, or the PostgreSQL URL without its password.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Runs `f` in one transaction, committed when it returns `Ok`.
-    fn in_transaction<T>(
-        &mut self,
-        f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<T>,
-    ) -> Result<T> {
+    /// Which database the state is in.
+    pub fn backend(&self) -> db::Backend {
+        self.conn.backend()
+    }
+
+    /// Runs `f` in one transaction, committed when it returns `Ok`. With fences set (a
+    /// daemon's leases), the transaction first checks that each lease is still held at its
+    /// generation, and holds them so for its length: a takeover cannot slip in before it
+    /// commits.
+    fn in_transaction<T>(&mut self, f: impl FnOnce(&Tx<'_>) -> DbResult<T>) -> Result<T> {
         let err = |source| state_error(&self.path, source);
         let tx = self.conn.transaction().map_err(err)?;
+        lease::check_fences(&tx, &self.fences).map_err(err)?;
         let out = f(&tx).map_err(err)?;
         tx.commit().map_err(err)?;
         Ok(out)
     }
 
-    fn err(&self) -> impl Fn(rusqlite::Error) -> StateError + '_ {
+    /// Runs `f` in one transaction like [`Store::in_transaction`], for the writes of methods
+    /// that take the store shared.
+    fn write<T>(&self, f: impl FnOnce(&Tx<'_>) -> DbResult<T>) -> Result<T> {
+        let err = |source| state_error(&self.path, source);
+        let tx = self.conn.unchecked_transaction().map_err(err)?;
+        lease::check_fences(&tx, &self.fences).map_err(err)?;
+        let out = f(&tx).map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(out)
+    }
+
+    fn err(&self) -> impl Fn(DbError) -> StateError + '_ {
         |source| state_error(&self.path, source)
     }
 
     /// Runs a cached query and maps every row.
-    fn query<T, P: rusqlite::Params>(
+    fn query<T, P: Params>(
         &self,
         sql: &str,
         params: P,
-        map: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+        map: impl FnMut(&Row<'_>) -> DbResult<T>,
     ) -> Result<Vec<T>> {
         let mut stmt = self.conn.prepare_cached(sql).map_err(self.err())?;
         stmt.query_map(params, map)
             .map_err(self.err())?
-            .collect::<rusqlite::Result<Vec<T>>>()
+            .collect::<DbResult<Vec<T>>>()
             .map_err(self.err())
     }
 
-    fn configure(&mut self) -> Result<()> {
-        let e = |source| state_error(&self.path, source);
-        self.conn
-            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))
-            .map_err(e)?;
-        self.conn
-            .pragma_update(None, "synchronous", "NORMAL")
-            .map_err(e)?;
-        self.conn
-            .pragma_update(None, "foreign_keys", true)
-            .map_err(e)?;
-        // The default page cache (2 MB) spills to the log in the middle of a transaction once
-        // an apply writes tens of thousands of rows; pages are allocated only as they are used.
-        self.conn
-            .pragma_update(None, "cache_size", -32_768)
-            .map_err(e)?;
-        // Each checkpoint syncs the file; an apply that writes 100 MB would make a hundred of
-        // them at the default (1 000 pages, 4 MB of log).
-        self.conn
-            .pragma_update_and_check(None, "wal_autocheckpoint", 8_192, |r| r.get::<_, i64>(0))
-            .map_err(e)?;
-        self.conn.busy_timeout(Duration::from_secs(10)).map_err(e)?;
-        // A rotated secret's old (sealed) value leaves no trace in the file's free pages.
-        self.conn
-            .pragma_update(None, "secure_delete", true)
-            .map_err(e)?;
-        Ok(())
-    }
-
-    fn migrate(&mut self) -> Result<()> {
-        let e = |source| state_error(&self.path, source);
-        let migrations = migrations();
-        let known = migrations.len() as i64;
-        let current: i64 = self
-            .conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(e)?;
-        if current > known {
-            return Err(StateError::TooNew {
-                path: self.path.clone(),
-                found: current,
-                known,
-            });
-        }
-        if current == 0 {
-            // Only a file with no tables yet can choose this without a rebuild: space that
-            // pruning frees can then go back to the file system a little at a time.
-            self.conn
-                .pragma_update(None, "auto_vacuum", "INCREMENTAL")
-                .map_err(e)?;
-        }
-        if current == known {
-            return Ok(());
-        }
-        // A migration that rebuilds a table others refer to must run with foreign keys off
-        // (SQLite's documented procedure); each checks them itself before it commits. The
-        // pragma is a no-op inside a transaction, so it is set around them.
-        self.conn
-            .pragma_update(None, "foreign_keys", false)
-            .map_err(e)?;
-        // Renaming a rebuilt table back to its name must leave the views that read it alone:
-        // the modern rename checks every view while the old name is still missing.
-        self.conn
-            .pragma_update(None, "legacy_alter_table", true)
-            .map_err(e)?;
-        for (i, sql) in migrations.iter().enumerate().skip(current as usize) {
-            let tx = self
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(e)?;
-            tx.execute_batch(sql).map_err(e)?;
-            let broken: Option<String> = tx
-                .query_row("PRAGMA foreign_key_check", [], |r| r.get(0))
-                .optional()
-                .map_err(e)?;
-            if let Some(table) = broken {
-                return Err(StateError::Damaged {
-                    path: self.path.clone(),
-                    table: table.clone(),
-                    row: String::new(),
-                    reason: format!(
-                        "migration {} left a row of {table} that refers to a missing one",
-                        i + 1
-                    ),
-                });
-            }
-            tx.pragma_update(None, "user_version", (i + 1) as i64)
-                .map_err(e)?;
-            tx.commit().map_err(e)?;
-        }
-        self.conn
-            .pragma_update(None, "legacy_alter_table", false)
-            .map_err(e)?;
-        self.conn
-            .pragma_update(None, "foreign_keys", true)
-            .map_err(e)?;
-        Ok(())
+    /// Seals `plain` with the state key, bound to `aad` (the table, column and GUResID).
+    /// Opens a value sealed with the state key (one written before sealing existed opens as
+    /// itself).
+    fn open_sealed(&self, sealed: Option<String>, aad: &str) -> Result<Option<String>> {
+        open_with(&self.keyring, sealed, aad).map_err(self.err())
     }
 
     /// Every environment that has resources recorded.
     pub fn environments_with_resources(&self) -> Result<Vec<String>> {
-        self.query("SELECT DISTINCT env FROM resource ORDER BY env", [], |r| {
-            r.get(0)
-        })
+        self.query(
+            "SELECT DISTINCT env FROM resource ORDER BY env",
+            params![],
+            |r| r.get(0),
+        )
     }
 
     /// Every environment that has resources or deployments recorded.
     pub fn environments(&self) -> Result<Vec<String>> {
         self.query(
             "SELECT env FROM resource UNION SELECT env FROM deployment ORDER BY env",
-            [],
+            params![],
             |r| r.get(0),
         )
     }
@@ -654,17 +611,14 @@ impl Store {
         Ok(records)
     }
 
-    fn resources_where<P: rusqlite::Params>(
+    fn resources_where<P: Params>(
         &self,
         condition: &str,
         params: P,
         secrets: bool,
     ) -> Result<Vec<ResourceRecord>> {
         let (secret_outputs, secret_inputs) = if secrets {
-            (
-                "gp_open(s.outputs, 'resource_secret.outputs:' || s.guresid)",
-                "gp_open(s.inputs, 'resource_secret.inputs:' || s.guresid)",
-            )
+            ("s.outputs", "s.inputs")
         } else {
             ("NULL", "NULL")
         };
@@ -689,7 +643,7 @@ impl Store {
                         res_id: r.get(5)?,
                         definition: r.get(6)?,
                         driver: r.get(7)?,
-                        status: match r.get_ref(8)?.as_str()? {
+                        status: match r.get::<_, String>(8)?.as_str() {
                             "ready" => ResourceStatus::Ready,
                             "failed" => ResourceStatus::Failed,
                             other => {
@@ -709,7 +663,7 @@ impl Store {
                                 .unwrap_or_else(|| journal::NO_SECRET_INPUTS.to_owned()),
                         ),
                         account: r.get(16)?,
-                        deletion_policy: match r.get_ref(17)?.as_str()? {
+                        deletion_policy: match r.get::<_, String>(17)?.as_str() {
                             "delete" => DeletionPolicy::Delete,
                             "orphan" => DeletionPolicy::Orphan,
                             other => {
@@ -733,6 +687,17 @@ impl Store {
         )?;
         rows.into_iter()
             .map(|(mut rec, (outputs, secrets))| {
+                // Opened here rather than in SQL: PostgreSQL never sees the key.
+                let g = &rec.guresid;
+                let secrets = self.open_sealed(secrets, &format!("resource_secret.outputs:{g}"))?;
+                if secret_inputs != "NULL" {
+                    let sealed = Some(std::mem::take(&mut rec.secret_inputs.0))
+                        .filter(|v| v.as_str() != journal::NO_SECRET_INPUTS);
+                    rec.secret_inputs = StoredJson(
+                        self.open_sealed(sealed, &format!("resource_secret.inputs:{g}"))?
+                            .unwrap_or_else(|| journal::NO_SECRET_INPUTS.to_owned()),
+                    );
+                }
                 rec.outputs = self.json(&rec.guresid, "outputs", &outputs)?;
                 rec.secret_outputs = match secrets.as_deref() {
                     None | Some("{}") => Value::Object(Default::default()),
@@ -747,11 +712,7 @@ impl Store {
     /// list of `{"name", "location", "data"}`, secret values replaced unless `with_secrets` (which
     /// needs the state key).
     pub fn manifests(&self, env: &str, with_secrets: bool) -> Result<Vec<(String, Value)>> {
-        let sealed = if with_secrets {
-            "gp_open(m.sealed, 'resource_manifest.sealed:' || m.guresid)"
-        } else {
-            "NULL"
-        };
+        let sealed = if with_secrets { "m.sealed" } else { "NULL" };
         let rows = self.query(
             &format!(
                 "SELECT m.guresid, m.manifests, {sealed}
@@ -769,6 +730,8 @@ impl Store {
         )?;
         rows.into_iter()
             .map(|(guresid, shown, full)| {
+                let full =
+                    self.open_sealed(full, &format!("resource_manifest.sealed:{guresid}"))?;
                 let value = match full {
                     Some(text) => self.json(&guresid, "resource_manifest.sealed", &text)?,
                     None => self.json(&guresid, "resource_manifest.manifests", &shown)?,
@@ -789,30 +752,30 @@ impl Store {
 
     /// Records the start of a deployment of `commit` to `env`.
     pub fn begin_deployment(&self, env: &str, commit: &str) -> Result<i64> {
-        self.conn
-            .prepare_cached(&format!(
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
                 "INSERT INTO deployment (env, commit_id, status, started_at)
-                 VALUES (?1, ?2, 'running', {NOW})"
-            ))
-            .and_then(|mut s| s.insert(params![env, commit]))
-            .map_err(self.err())
+                 VALUES (?1, ?2, 'running', {NOW}) RETURNING id"
+            ))?
+            .insert(params![env, commit])
+        })
     }
 
     /// Records a deployment that failed before any driver was called (the commit did not load
     /// or build): nothing else in state changes.
     pub fn failed_deployment(&self, env: &str, commit: Option<&str>, error: &str) -> Result<i64> {
-        let id = self
-            .conn
-            .prepare_cached(&format!(
-                "INSERT INTO deployment (env, commit_id, status, started_at, finished_at, error)
-                 VALUES (?1, ?2, 'failed', {NOW}, {NOW}, ?3)"
-            ))
-            .and_then(|mut s| s.insert(params![env, commit, error]))
-            .map_err(self.err())?;
-        if let Some(commit) = commit {
-            supersede_held(&self.conn, env, id, commit).map_err(self.err())?;
-        }
-        Ok(id)
+        self.write(|tx| {
+            let id = tx
+                .prepare_cached(&format!(
+                    "INSERT INTO deployment (env, commit_id, status, started_at, finished_at, error)
+                     VALUES (?1, ?2, 'failed', {NOW}, {NOW}, ?3) RETURNING id"
+                ))?
+                .insert(params![env, commit, error])?;
+            if let Some(commit) = commit {
+                supersede_held(tx, env, id, commit)?;
+            }
+            Ok(id)
+        })
     }
 
     /// The deletion guard's threshold in force for `env`: the one the commit of its newest
@@ -837,25 +800,23 @@ impl Store {
         counts: &Counts,
         error: Option<&str>,
     ) -> Result<()> {
-        self.conn
-            .prepare_cached(&format!(
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
                 "UPDATE deployment SET status = ?2, finished_at = {NOW}, created = ?3,
                         updated = ?4, deleted = ?5, unchanged = ?6, failed = ?7, error = ?8
                  WHERE id = ?1"
-            ))
-            .and_then(|mut s| {
-                s.execute(params![
-                    id,
-                    status.as_str(),
-                    counts.created,
-                    counts.updated,
-                    counts.deleted,
-                    counts.unchanged,
-                    counts.failed,
-                    error
-                ])
-            })
-            .map_err(self.err())?;
+            ))?
+            .execute(params![
+                id,
+                status.as_str(),
+                counts.created,
+                counts.updated,
+                counts.deleted,
+                counts.unchanged,
+                counts.failed,
+                error
+            ])
+        })?;
         Ok(())
     }
 
@@ -884,10 +845,8 @@ impl Store {
     ) -> Result<(i64, bool)> {
         let path = self.path.clone();
         let e = |source| state_error(&path, source);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
+        let tx = self.conn.transaction().map_err(e)?;
+        lease::check_fences(&tx, &self.fences).map_err(e)?;
         let running: Vec<(i64, Option<String>)> = {
             let mut stmt = tx
                 .prepare_cached(
@@ -897,7 +856,7 @@ impl Store {
                 .map_err(e)?;
             stmt.query_map([env], |r| Ok((r.get(0)?, r.get(1)?)))
                 .map_err(e)?
-                .collect::<rusqlite::Result<_>>()
+                .collect::<DbResult<_>>()
                 .map_err(e)?
         };
         let mut resumed = None;
@@ -929,7 +888,7 @@ impl Store {
                     .prepare_cached(&format!(
                         "INSERT INTO deployment
                            (env, commit_id, kind, status, started_at, deletion_threshold)
-                         VALUES (?1, ?2, ?3, 'running', {NOW}, ?4)"
+                         VALUES (?1, ?2, ?3, 'running', {NOW}, ?4) RETURNING id"
                     ))
                     .and_then(|mut s| {
                         s.insert(params![
@@ -962,18 +921,18 @@ impl Store {
         threshold: f64,
     ) -> Result<i64> {
         let held = serde_json::to_string(deletions).expect("strings serialise");
-        let id = self
-            .conn
-            .prepare_cached(&format!(
-                "INSERT INTO deployment
-                   (env, commit_id, status, started_at, finished_at, error, held,
-                    deletion_threshold)
-                 VALUES (?1, ?2, 'held', {NOW}, {NOW}, ?3, ?4, ?5)"
-            ))
-            .and_then(|mut s| s.insert(params![env, commit, why, held, threshold]))
-            .map_err(self.err())?;
-        supersede_held(&self.conn, env, id, commit).map_err(self.err())?;
-        Ok(id)
+        self.write(|tx| {
+            let id = tx
+                .prepare_cached(&format!(
+                    "INSERT INTO deployment
+                       (env, commit_id, status, started_at, finished_at, error, held,
+                        deletion_threshold)
+                     VALUES (?1, ?2, 'held', {NOW}, {NOW}, ?3, ?4, ?5) RETURNING id"
+                ))?
+                .insert(params![env, commit, why, held, threshold])?;
+            supersede_held(tx, env, id, commit)?;
+            Ok(id)
+        })
     }
 
     /// Releases a held deployment so it runs: it becomes `running` again. Returns its
@@ -1011,7 +970,7 @@ impl Store {
             .map_err(self.err())?;
         if let Some((newer, newer_commit)) = newer {
             // A state file from before superseding existed may still call it held.
-            supersede_held(&self.conn, &env, newer, &newer_commit).map_err(self.err())?;
+            self.write(|tx| supersede_held(tx, &env, newer, &newer_commit))?;
             return Err(StateError::Superseded {
                 path: self.path.clone(),
                 deployment: id,
@@ -1019,14 +978,14 @@ impl Store {
                 commit: newer_commit,
             });
         }
-        self.conn
-            .prepare_cached(&format!(
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
                 "UPDATE deployment SET status = 'running', finished_at = NULL, error = NULL,
                         started_at = {NOW}
                  WHERE id = ?1"
-            ))
-            .and_then(|mut s| s.execute([id]))
-            .map_err(self.err())?;
+            ))?
+            .execute([id])
+        })?;
         Ok(Some((env, commit)))
     }
 
@@ -1064,13 +1023,17 @@ impl Store {
 
     /// Records a commit the daemon saw on the watched ref, and what it did with it.
     pub fn commit_seen(&self, commit: &str, outcome: &str, detail: Option<&str>) -> Result<()> {
-        self.conn
-            .prepare_cached(&format!(
+        // Several daemons share one database and see the same commits: the first records it.
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
                 "INSERT INTO commit_seen (commit_id, seen_at, outcome, detail)
-                 VALUES (?1, {NOW}, ?2, ?3)"
-            ))
-            .and_then(|mut s| s.execute(params![commit, outcome, detail]))
-            .map_err(self.err())?;
+                 SELECT ?1, {NOW}, ?2, ?3
+                 WHERE NOT EXISTS (SELECT 1 FROM commit_seen
+                                   WHERE commit_id = ?1 AND outcome = ?2
+                                     AND id = (SELECT MAX(id) FROM commit_seen))"
+            ))?
+            .execute(params![commit, outcome, detail])
+        })?;
         Ok(())
     }
 
@@ -1113,16 +1076,16 @@ impl Store {
     /// environments it holds the lock of) as interrupted: it is stopping without waiting for
     /// them, and the next deployment of each environment resumes them. Returns how many.
     pub fn interrupt_own_operations(&self, pid: u32) -> Result<usize> {
-        self.conn
-            .prepare_cached(&format!(
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
                 "UPDATE operation SET status = 'interrupted', finished_at = {NOW},
                         error = 'gitplane stopped during this operation; it is retried'
                  WHERE status = 'started' AND deployment_id IN (
                    SELECT d.id FROM deployment d JOIN env_lock l ON l.env = d.env
                    WHERE d.status = 'running' AND l.pid = ?1)"
-            ))
-            .and_then(|mut s| s.execute([pid]))
-            .map_err(self.err())
+            ))?
+            .execute([pid])
+        })
     }
 
     /// The key id the state file's sealed secrets carry, if it has any.
@@ -1135,7 +1098,7 @@ impl Store {
                    UNION ALL
                    SELECT cookie FROM driver_cookie WHERE cookie LIKE 'gp1:%')
                  LIMIT 1",
-                [],
+                params![],
                 |r| r.get(0),
             )
             .optional()
@@ -1186,46 +1149,40 @@ impl Store {
     /// values were sealed again.
     pub fn rekey(&mut self, new: &StateKey) -> Result<usize> {
         let old = self.key()?;
-        let fresh = new.clone();
-        self.conn
-            .create_scalar_function(
-                "gp_reseal",
-                2,
-                rusqlite::functions::FunctionFlags::SQLITE_UTF8,
-                move |ctx| {
-                    let value: String = ctx.get(0)?;
-                    let aad: String = ctx.get(1)?;
-                    let plain = if seal::sealed_with(&value).is_some() {
-                        old.open(&value, &aad)
-                            .map_err(|e| rusqlite::Error::UserFunctionError(Box::new(e)))?
-                    } else {
-                        value
-                    };
-                    Ok(fresh.seal(&plain, &aad))
-                },
-            )
-            .map_err(self.err())?;
+        let reseal = |value: String, aad: &str| -> DbResult<String> {
+            let plain = if seal::sealed_with(&value).is_some() {
+                old.open(&value, aad)?
+            } else {
+                value
+            };
+            Ok(new.seal(&plain, aad))
+        };
         let resealed = self.in_transaction(|tx| {
-            let secrets = tx.execute(
-                "UPDATE resource_secret
-                 SET outputs = gp_reseal(outputs, 'resource_secret.outputs:' || guresid),
-                     inputs = gp_reseal(inputs, 'resource_secret.inputs:' || guresid)",
-                [],
-            )?;
-            let cookies = tx.execute(
-                "UPDATE driver_cookie SET cookie = gp_reseal(cookie, 'driver_cookie:' || guresid)",
-                [],
-            )?;
-            let manifests = tx.execute(
-                "UPDATE resource_manifest
-                 SET sealed = gp_reseal(sealed, 'resource_manifest.sealed:' || guresid)
-                 WHERE sealed IS NOT NULL",
-                [],
-            )?;
-            Ok(secrets * 2 + cookies + manifests)
-        });
-        let _ = self.conn.remove_function("gp_reseal", 2);
-        let resealed = resealed?;
+            let mut count = 0;
+            // (table, key column, sealed column, associated-data prefix)
+            for (table, column, aad) in [
+                ("resource_secret", "outputs", "resource_secret.outputs"),
+                ("resource_secret", "inputs", "resource_secret.inputs"),
+                ("driver_cookie", "cookie", "driver_cookie"),
+                ("resource_manifest", "sealed", "resource_manifest.sealed"),
+            ] {
+                let rows: Vec<(String, String)> = tx
+                    .prepare_cached(&format!(
+                        "SELECT guresid, {column} FROM {table} WHERE {column} IS NOT NULL"
+                    ))?
+                    .query_map(params![], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<DbResult<_>>()?;
+                let mut update = tx.prepare_cached(&format!(
+                    "UPDATE {table} SET {column} = ?2 WHERE guresid = ?1"
+                ))?;
+                for (guresid, value) in rows {
+                    let sealed = reseal(value, &format!("{aad}:{guresid}"))?;
+                    update.execute(params![guresid, sealed])?;
+                    count += 1;
+                }
+            }
+            Ok(count)
+        })?;
         let mut ring = self.keyring.lock().unwrap_or_else(|e| e.into_inner());
         ring.set_key(new.clone());
         Ok(resealed)
@@ -1247,13 +1204,16 @@ impl Store {
 
     /// The driver cookie kept for `guresid`.
     pub fn cookie(&self, guresid: &str) -> Result<Option<String>> {
-        self.conn
-            .prepare_cached(
-                "SELECT gp_open(cookie, 'driver_cookie:' || guresid) FROM driver_cookie
-                 WHERE guresid = ?1",
+        let sealed: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT cookie FROM driver_cookie WHERE guresid = ?1",
+                [guresid],
+                |r| r.get(0),
             )
-            .and_then(|mut s| s.query_row([guresid], |r| r.get(0)).optional())
-            .map_err(self.err())
+            .optional()
+            .map_err(self.err())?;
+        self.open_sealed(sealed, &format!("driver_cookie:{guresid}"))
     }
 
     /// The operations of a deployment, in the order they were journalled.
@@ -1323,37 +1283,30 @@ impl Store {
         }
     }
 
-    fn report_rows<P: rusqlite::Params>(
-        &self,
-        view: ReportView,
-        sql: &str,
-        params: P,
-    ) -> Result<Report> {
-        use rusqlite::types::ValueRef;
-        let mut stmt = self.conn.prepare_cached(sql).map_err(self.err())?;
-        let columns: Vec<String> = stmt.column_names().map(str::to_owned).collect();
+    fn report_rows<P: Params>(&self, view: ReportView, sql: &str, params: P) -> Result<Report> {
+        let table = self.conn.table(sql, params).map_err(self.err())?;
+        let columns = table.columns;
         let json = columns
             .iter()
             .map(|c| view.json_columns().contains(&c.as_str()))
             .collect();
-        let mut rows = Vec::new();
-        let mut cursor = stmt.query(params).map_err(self.err())?;
-        while let Some(row) = cursor.next().map_err(self.err())? {
-            let cells = (0..columns.len())
-                .map(|i| {
-                    Ok(match row.get_ref(i)? {
-                        ValueRef::Null => ReportCell::Null,
-                        ValueRef::Integer(v) => ReportCell::Integer(v),
-                        ValueRef::Real(v) => ReportCell::Real(v),
-                        ValueRef::Text(t) | ValueRef::Blob(t) => {
-                            ReportCell::Text(String::from_utf8_lossy(t).into_owned())
+        let rows = table
+            .rows
+            .into_iter()
+            .map(|row| {
+                row.into_iter()
+                    .map(|cell| match cell {
+                        db::Cell::Null => ReportCell::Null,
+                        db::Cell::Int(v) => ReportCell::Integer(v),
+                        db::Cell::Real(v) => ReportCell::Real(v),
+                        db::Cell::Text(t) => ReportCell::Text(t),
+                        db::Cell::Blob(t) => {
+                            ReportCell::Text(String::from_utf8_lossy(&t).into_owned())
                         }
                     })
-                })
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .map_err(self.err())?;
-            rows.push(cells);
-        }
+                    .collect()
+            })
+            .collect();
         Ok(Report {
             columns,
             json,
@@ -1457,6 +1410,212 @@ pub struct Report {
     pub rows: Vec<Vec<ReportCell>>,
 }
 
+fn configure(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {
+    conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    // The default page cache (2 MB) spills to the log in the middle of a transaction once
+    // an apply writes tens of thousands of rows; pages are allocated only as they are used.
+    conn.pragma_update(None, "cache_size", -32_768)?;
+    // Each checkpoint syncs the file; an apply that writes 100 MB would make a hundred of
+    // them at the default (1 000 pages, 4 MB of log).
+    conn.pragma_update_and_check(None, "wal_autocheckpoint", 8_192, |r| r.get::<_, i64>(0))?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    // A rotated secret's old (sealed) value leaves no trace in the file's free pages.
+    conn.pragma_update(None, "secure_delete", true)?;
+    Ok(())
+}
+
+fn migrate(conn: &mut rusqlite::Connection, path: &Path) -> Result<()> {
+    let e = |source| state_error(path, source);
+    let migrations = migrations();
+    let known = migrations.len() as i64;
+    let current: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(e)?;
+    if current > known {
+        return Err(StateError::TooNew {
+            path: path.to_owned(),
+            found: current,
+            known,
+        });
+    }
+    if current == 0 {
+        // Only a file with no tables yet can choose this without a rebuild: space that
+        // pruning frees can then go back to the file system a little at a time.
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+            .map_err(e)?;
+    }
+    if current == known {
+        return Ok(());
+    }
+    // A migration that rebuilds a table others refer to must run with foreign keys off
+    // (SQLite's documented procedure); each checks them itself before it commits. The
+    // pragma is a no-op inside a transaction, so it is set around them.
+    conn.pragma_update(None, "foreign_keys", false).map_err(e)?;
+    // Renaming a rebuilt table back to its name must leave the views that read it alone:
+    // the modern rename checks every view while the old name is still missing.
+    conn.pragma_update(None, "legacy_alter_table", true)
+        .map_err(e)?;
+    for (i, sql) in migrations.iter().enumerate().skip(current as usize) {
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(e)?;
+        tx.execute_batch(sql).map_err(e)?;
+        let broken: Option<String> = tx
+            .query_row("PRAGMA foreign_key_check", [], |r| r.get(0))
+            .map(Some)
+            .or_else(|e| match e {
+                rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                e => Err(e),
+            })
+            .map_err(e)?;
+        if let Some(table) = broken {
+            return Err(StateError::Damaged {
+                path: path.to_owned(),
+                table: table.clone(),
+                row: String::new(),
+                reason: format!(
+                    "migration {} left a row of {table} that refers to a missing one",
+                    i + 1
+                ),
+            });
+        }
+        tx.pragma_update(None, "user_version", (i + 1) as i64)
+            .map_err(e)?;
+        tx.commit().map_err(e)?;
+    }
+    conn.pragma_update(None, "legacy_alter_table", false)
+        .map_err(e)?;
+    conn.pragma_update(None, "foreign_keys", true).map_err(e)?;
+    Ok(())
+}
+
+/// A plain connection to the state at `path` (already created and migrated by a [`Store`]),
+/// for the apply lock's own use.
+pub(crate) fn connect(path: &Path) -> Result<Conn> {
+    if let Some(url) = path.to_str().filter(|s| postgres::is_postgres_url(s)) {
+        let target =
+            postgres::PgTarget::parse(url, postgres_password().as_deref()).map_err(|reason| {
+                StateError::Url {
+                    url: postgres::shown_url(url),
+                    reason,
+                }
+            })?;
+        let shown = PathBuf::from(target.shown());
+        let conn = postgres::PgConn::open(&target).map_err(|e| state_error(&shown, e))?;
+        return Ok(Conn::Pg(conn));
+    }
+    let e = |source| state_error(path, source);
+    let conn = rusqlite::Connection::open(real_file(path)?).map_err(e)?;
+    conn.busy_timeout(Duration::from_secs(10)).map_err(e)?;
+    // As the store's own connection: in WAL mode a commit need not wait for the disk.
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(e)?;
+    Ok(Conn::Lite(conn))
+}
+
+/// Creates the schema in an empty PostgreSQL database, or brings an older one up to date.
+/// Daemons starting together serialise on an advisory lock, so one creates it and the others
+/// find it made.
+fn migrate_postgres(conn: &postgres::PgConn, path: &Path) -> Result<()> {
+    let e = |source| state_error(path, source);
+    let migrations = migrations();
+    let blocks: Vec<&str> = migrations.iter().map(String::as_str).collect();
+    let known = blocks.len() as i64;
+    conn.batch(
+        "SELECT pg_advisory_lock(7421356);
+         CREATE TABLE IF NOT EXISTS gitplane_schema (version BIGINT NOT NULL)",
+    )
+    .map_err(e)?;
+    let result = (|| {
+        let current: i64 = conn
+            .query("SELECT COALESCE(MAX(version), 0) FROM gitplane_schema", &[])
+            .map_err(e)?
+            .first()
+            .and_then(|row| row.first())
+            .map(|c| i64::from_cell(c.as_ref()).unwrap_or(0))
+            .unwrap_or(0);
+        if current > known {
+            return Err(StateError::TooNew {
+                path: path.to_owned(),
+                found: current,
+                known,
+            });
+        }
+        if current == known {
+            return Ok(());
+        }
+        let statements = if current == 0 {
+            dialect::postgres_schema(&blocks, blocks.len()).map_err(|reason| {
+                StateError::Damaged {
+                    path: path.to_owned(),
+                    table: "schema.sql".into(),
+                    row: String::new(),
+                    reason: reason.to_string(),
+                }
+            })?
+        } else {
+            blocks[current as usize..]
+                .iter()
+                .map(|b| dialect::postgres_query(b))
+                .collect()
+        };
+        conn.begin().map_err(e)?;
+        for statement in &statements {
+            if let Err(err) = conn.batch(statement) {
+                conn.rollback();
+                return Err(e(err));
+            }
+        }
+        conn.batch(&format!(
+            "DELETE FROM gitplane_schema; INSERT INTO gitplane_schema (version) VALUES ({known})"
+        ))
+        .map_err(e)?;
+        conn.commit().map_err(e)
+    })();
+    let _ = conn.batch("SELECT pg_advisory_unlock(7421356)");
+    result
+}
+
+/// The password for PostgreSQL states, when it comes from a secret store (set once, before
+/// the state is opened); `None`: `PGPASSWORD` or the URL.
+static POSTGRES_PASSWORD: std::sync::RwLock<Option<String>> = std::sync::RwLock::new(None);
+
+/// Sets the password PostgreSQL states are opened with (read from a secret store by the
+/// caller), ahead of `PGPASSWORD`.
+pub fn set_postgres_password(password: Option<String>) {
+    *POSTGRES_PASSWORD.write().unwrap_or_else(|e| e.into_inner()) = password;
+}
+
+fn postgres_password() -> Option<String> {
+    POSTGRES_PASSWORD
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
+/// Seals `plain` with the keyring's key, bound to `aad`.
+pub(crate) fn seal_with(ring: &seal::SharedKeyring, plain: &str, aad: &str) -> DbResult<String> {
+    let key = ring.lock().unwrap_or_else(|e| e.into_inner()).key()?;
+    Ok(key.seal(plain, aad))
+}
+
+/// Opens a value sealed with the keyring's key (a value never sealed opens as itself).
+pub(crate) fn open_with(
+    ring: &seal::SharedKeyring,
+    sealed: Option<String>,
+    aad: &str,
+) -> DbResult<Option<String>> {
+    match sealed {
+        Some(v) if seal::sealed_with(&v).is_some() => {
+            let key = ring.lock().unwrap_or_else(|e| e.into_inner()).key()?;
+            Ok(Some(key.open(&v, aad)?))
+        }
+        other => Ok(other),
+    }
+}
+
 /// The one name the state file is opened by: its canonical path, so that SQLite's log and
 /// shared-memory files (named after it) are the same whatever symlink or relative path led to
 /// it. A file with several hard links is refused: each name would get its own log, and two
@@ -1483,15 +1642,10 @@ fn real_file(path: &Path) -> Result<PathBuf> {
 
 /// Closes the held deployments of `env` older than deployment `newer` (of `commit`) as
 /// superseded: what they would have applied is no longer what the environment should run.
-fn supersede_held(
-    conn: &Connection,
-    env: &str,
-    newer: i64,
-    commit: &str,
-) -> rusqlite::Result<usize> {
-    conn.prepare_cached(
+fn supersede_held(tx: &Tx<'_>, env: &str, newer: i64, commit: &str) -> DbResult<usize> {
+    tx.prepare_cached(
         "UPDATE deployment SET status = 'superseded',
-                error = 'superseded by deployment ' || ?2 || ' (commit ' || substr(?3, 1, 12) || ') before it \
+                error = 'superseded by deployment ' || CAST(?2 AS TEXT) || ' (commit ' || substr(?3, 1, 12) || ') before it \
                          was approved'
          WHERE env = ?1 AND status = 'held' AND id < ?2",
     )?
@@ -1661,11 +1815,13 @@ pub(crate) mod tests {
         let store = Store::open(&path).unwrap();
         let version: i64 = store
             .conn
+            .lite()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(version, migrations().len() as i64);
         let mode: String = store
             .conn
+            .lite()
             .pragma_query_value(None, "journal_mode", |r| r.get(0))
             .unwrap();
         assert_eq!(mode, "wal");
@@ -1730,7 +1886,7 @@ pub(crate) mod tests {
         let holders: Vec<i64> = store
             .query(
                 "SELECT pid FROM env_lock WHERE env IN ('dev', 'prod')",
-                [],
+                params![],
                 |r| r.get(0),
             )
             .unwrap();
@@ -1826,7 +1982,9 @@ pub(crate) mod tests {
         let secret_rows = |store: &Store| -> i64 {
             store
                 .conn
-                .query_row("SELECT COUNT(*) FROM resource_secret", [], |r| r.get(0))
+                .query_row("SELECT COUNT(*) FROM resource_secret", params![], |r| {
+                    r.get(0)
+                })
                 .unwrap()
         };
         let plain = ResourceRecord {
@@ -1853,7 +2011,11 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
         let store = Store::open(&path).unwrap();
-        store.conn.pragma_update(None, "user_version", 99).unwrap();
+        store
+            .conn
+            .lite()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
         drop(store);
         assert!(matches!(
             Store::open(&path),
@@ -1888,7 +2050,9 @@ pub(crate) mod tests {
         assert!(store.resources("development").unwrap().is_empty());
         let secrets: i64 = store
             .conn
-            .query_row("SELECT COUNT(*) FROM resource_secret", [], |r| r.get(0))
+            .query_row("SELECT COUNT(*) FROM resource_secret", params![], |r| {
+                r.get(0)
+            })
             .unwrap();
         assert_eq!(secrets, 0, "secrets go with their resource");
         store

@@ -13,9 +13,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
-
-use crate::{NOW, Result, StateError, real_file, state_error};
+use crate::db::{Conn, OptionalExtension, params};
+use crate::{NOW, Result, StateError, state_error};
 
 /// A lock not renewed for this long belongs to a holder that froze or died elsewhere.
 const STALE_AFTER: Duration = Duration::from_secs(30);
@@ -46,18 +45,11 @@ impl ApplyLock {
     pub fn acquire(state: &Path, env: &str, wait: bool) -> Result<ApplyLock> {
         // A connection of its own (the renewer thread keeps it), with no key: the lock never
         // touches a secret.
-        let mut conn = Connection::open(real_file(state)?).map_err(|e| state_error(state, e))?;
-        conn.busy_timeout(Duration::from_secs(10))
-            .map_err(|e| state_error(state, e))?;
-        // As the store's own connection: in WAL mode a commit need not wait for the disk.
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(|e| state_error(state, e))?;
+        let mut conn = crate::connect(state)?;
         let token = token();
         let host = host_name();
         loop {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(|e| state_error(state, e))?;
+            let tx = conn.transaction().map_err(|e| state_error(state, e))?;
             let holder = tx
                 .query_row(
                     "SELECT pid, host, (julianday('now') - julianday(renewed_at)) * 86400.0
@@ -88,9 +80,12 @@ impl ApplyLock {
                 _ => {
                     tx.execute(
                         &format!(
-                            "INSERT OR REPLACE INTO env_lock
-                               (env, holder, pid, host, acquired_at, renewed_at)
-                             VALUES (?1, ?2, ?3, ?4, {NOW}, {NOW})"
+                            "INSERT INTO env_lock (env, holder, pid, host, acquired_at, renewed_at)
+                             VALUES (?1, ?2, ?3, ?4, {NOW}, {NOW})
+                             ON CONFLICT (env) DO UPDATE SET holder = excluded.holder,
+                                 pid = excluded.pid, host = excluded.host,
+                                 acquired_at = excluded.acquired_at,
+                                 renewed_at = excluded.renewed_at"
                         ),
                         params![env, token, std::process::id(), host],
                     )
@@ -138,7 +133,7 @@ impl Holder {
 
 /// Renews the row every [`RENEW_EVERY`] until the lock is dropped, then deletes it. A failed
 /// renewal is retried at the next tick: the lock only goes stale after [`STALE_AFTER`].
-fn renew_until_released(conn: Connection, env: &str, token: &str, released: &mpsc::Receiver<()>) {
+fn renew_until_released(conn: Conn, env: &str, token: &str, released: &mpsc::Receiver<()>) {
     while let Err(mpsc::RecvTimeoutError::Timeout) = released.recv_timeout(RENEW_EVERY) {
         let _ = conn.execute(
             &format!("UPDATE env_lock SET renewed_at = {NOW} WHERE env = ?1 AND holder = ?2"),
@@ -165,7 +160,7 @@ fn token() -> String {
     )
 }
 
-fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     rustix::system::uname()
         .nodename()
         .to_string_lossy()

@@ -2,9 +2,9 @@
 //! held ones, failed and in-progress resources, and one resource's record, each from one pass
 //! over an index and never a secret value.
 
-use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
 
+use crate::db::{DbResult, OptionalExtension, Row, params};
 use crate::{DeploymentRecord, Result, Store, damaged, deployment_row};
 
 /// A deployment as the status page lists it.
@@ -76,7 +76,7 @@ const SUMMARY_COLUMNS: &str = "d.id, d.env, d.commit_id, d.status, d.started_at,
     d.created, d.updated, d.deleted, d.unchanged, d.failed, d.error, d.held, d.kind,
     (SELECT COALESCE(SUM(o.attempts), 0) FROM operation o WHERE o.deployment_id = d.id)";
 
-fn summary_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeploymentSummary> {
+fn summary_row(r: &Row<'_>) -> DbResult<DeploymentSummary> {
     Ok(DeploymentSummary {
         record: deployment_row(r)?,
         kind: r.get(13)?,
@@ -169,7 +169,7 @@ impl Store {
             [env],
             |r| {
                 let guresid: String = r.get(0)?;
-                let status = match (r.get_ref(5)?.as_str()?, r.get::<_, bool>(6)?) {
+                let status = match (r.get::<_, String>(5)?.as_str(), r.get::<_, bool>(6)?) {
                     (_, true) => "orphaned",
                     ("ready", false) => "ready",
                     ("failed", false) => "failed",
@@ -257,13 +257,26 @@ impl Store {
     /// The names of the secret outputs of `guresid`, sorted; their values never leave SQLite.
     /// Needs the state key.
     pub fn secret_output_names(&self, guresid: &str) -> Result<Vec<String>> {
-        self.query(
-            "SELECT j.key FROM resource_secret s,
-                    json_each(gp_open(s.outputs, 'resource_secret.outputs:' || s.guresid)) j
-             WHERE s.guresid = ?1 ORDER BY j.key",
-            [guresid],
-            |r| r.get(0),
-        )
+        let sealed: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT outputs FROM resource_secret WHERE guresid = ?1",
+                [guresid],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(self.err())?;
+        let outputs = self.open_sealed(sealed, &format!("resource_secret.outputs:{guresid}"))?;
+        let Some(outputs) = outputs else {
+            return Ok(Vec::new());
+        };
+        let mut names: Vec<String> =
+            match self.json(guresid, "resource_secret.outputs", &outputs)? {
+                serde_json::Value::Object(map) => map.into_iter().map(|(k, _)| k).collect(),
+                _ => Vec::new(),
+            };
+        names.sort();
+        Ok(names)
     }
 }
 

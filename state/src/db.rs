@@ -1,0 +1,661 @@
+//! The connection under the store: SQLite or PostgreSQL behind one small interface, so no query
+//! knows which of them it talks to.
+//!
+//! Queries are written once, in the dialect both understand (SQLite's `?N` parameters, which
+//! [`crate::dialect`] rewrites for PostgreSQL; `RETURNING`, `ON CONFLICT`, `IS NOT DISTINCT
+//! FROM`, explicit casts). The interface mirrors the parts of rusqlite the store uses
+//! (`prepare_cached`, `query_row`, `execute`, transactions), so a query reads the same whichever
+//! backend runs it.
+
+use std::borrow::Cow;
+
+use crate::postgres::PgConn;
+
+/// An error of the database under the store.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Postgres(String),
+    /// The connection to PostgreSQL is gone (the server restarted or the network failed); the
+    /// next call connects again.
+    #[error("lost the connection to PostgreSQL: {0}")]
+    Lost(String),
+    #[error("PostgreSQL did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+    #[error("column {column}: {message}")]
+    Decode { column: usize, message: String },
+    /// A write of an environment whose lease moved to another daemon: refused, so a holder that
+    /// froze and woke up after a takeover changes nothing.
+    #[error(
+        "the lease of environment {env} moved on (this daemon held generation {generation}): \
+         another daemon took it over, so this one writes nothing more there"
+    )]
+    Fenced { env: String, generation: i64 },
+    /// A secret that cannot be sealed or opened (no key, the wrong key).
+    #[error(transparent)]
+    Seal(#[from] crate::seal::SealError),
+    /// A value gitplane cannot have written: the file was damaged or edited.
+    #[error("{reason}")]
+    Damaged {
+        table: &'static str,
+        row: String,
+        reason: String,
+    },
+}
+
+impl DbError {
+    /// Whether the error is about reaching the database rather than about the query.
+    pub fn is_connection(&self) -> bool {
+        matches!(self, DbError::Lost(_) | DbError::Timeout(_))
+    }
+}
+
+pub type DbResult<T> = Result<T, DbError>;
+
+/// A query parameter, borrowed from the caller.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg<'a> {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(&'a str),
+    Blob(&'a [u8]),
+}
+
+/// What can be a query parameter.
+pub trait ToArg {
+    fn to_arg(&self) -> Arg<'_>;
+}
+
+impl ToArg for Arg<'_> {
+    fn to_arg(&self) -> Arg<'_> {
+        *self
+    }
+}
+impl ToArg for str {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Text(self)
+    }
+}
+impl ToArg for String {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Text(self)
+    }
+}
+impl ToArg for [u8] {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Blob(self)
+    }
+}
+impl ToArg for Vec<u8> {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Blob(self)
+    }
+}
+impl ToArg for f64 {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Real(*self)
+    }
+}
+impl ToArg for bool {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Int(i64::from(*self))
+    }
+}
+macro_rules! int_arg {
+    ($($t:ty),*) => {$(
+        impl ToArg for $t {
+            fn to_arg(&self) -> Arg<'_> {
+                Arg::Int(i64::try_from(*self).unwrap_or(i64::MAX))
+            }
+        }
+    )*};
+}
+int_arg!(i64, i32, u32, u64, usize, u16);
+impl<T: ToArg + ?Sized> ToArg for &T {
+    fn to_arg(&self) -> Arg<'_> {
+        (**self).to_arg()
+    }
+}
+impl<T: ToArg> ToArg for Option<T> {
+    fn to_arg(&self) -> Arg<'_> {
+        match self {
+            Some(v) => v.to_arg(),
+            None => Arg::Null,
+        }
+    }
+}
+
+impl rusqlite::ToSql for Arg<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, ValueRef};
+        Ok(ToSqlOutput::Borrowed(match *self {
+            Arg::Null => ValueRef::Null,
+            Arg::Int(v) => ValueRef::Integer(v),
+            Arg::Real(v) => ValueRef::Real(v),
+            Arg::Text(v) => ValueRef::Text(v.as_bytes()),
+            Arg::Blob(v) => ValueRef::Blob(v),
+        }))
+    }
+}
+
+/// The parameters of one query: an array of [`ToArg`] values or [`params!`](crate::params).
+pub trait Params {
+    fn with_args<R>(&self, f: impl FnOnce(&[Arg<'_>]) -> R) -> R;
+}
+
+impl<T: ToArg, const N: usize> Params for [T; N] {
+    fn with_args<R>(&self, f: impl FnOnce(&[Arg<'_>]) -> R) -> R {
+        f(&self.each_ref().map(|v| v.to_arg()))
+    }
+}
+impl Params for &[Arg<'_>] {
+    fn with_args<R>(&self, f: impl FnOnce(&[Arg<'_>]) -> R) -> R {
+        f(self)
+    }
+}
+impl Params for Vec<Arg<'_>> {
+    fn with_args<R>(&self, f: impl FnOnce(&[Arg<'_>]) -> R) -> R {
+        f(self)
+    }
+}
+
+/// Parameters of mixed types, in order: `params![env, id, None::<&str>]`.
+macro_rules! params {
+    () => { [] as [$crate::db::Arg<'static>; 0] };
+    ($($e:expr),+ $(,)?) => { [$($crate::db::ToArg::to_arg(&$e)),+] };
+}
+pub(crate) use params;
+
+/// One value of a row, owned (read back from PostgreSQL, or copied for reports).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cell {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+/// One value of a row, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub enum CellRef<'a> {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(&'a str),
+    Blob(&'a [u8]),
+}
+
+impl Cell {
+    pub fn as_ref(&self) -> CellRef<'_> {
+        match self {
+            Cell::Null => CellRef::Null,
+            Cell::Int(v) => CellRef::Int(*v),
+            Cell::Real(v) => CellRef::Real(*v),
+            Cell::Text(v) => CellRef::Text(v),
+            Cell::Blob(v) => CellRef::Blob(v),
+        }
+    }
+}
+
+impl CellRef<'_> {
+    pub fn to_owned_cell(self) -> Cell {
+        match self {
+            CellRef::Null => Cell::Null,
+            CellRef::Int(v) => Cell::Int(v),
+            CellRef::Real(v) => Cell::Real(v),
+            CellRef::Text(v) => Cell::Text(v.to_owned()),
+            CellRef::Blob(v) => Cell::Blob(v.to_vec()),
+        }
+    }
+}
+
+/// What a column can be read as.
+pub trait FromCell: Sized {
+    fn from_cell(cell: CellRef<'_>) -> Result<Self, String>;
+}
+
+impl FromCell for i64 {
+    fn from_cell(cell: CellRef<'_>) -> Result<Self, String> {
+        match cell {
+            CellRef::Int(v) => Ok(v),
+            CellRef::Real(v) if v.fract() == 0.0 => Ok(v as i64),
+            other => Err(format!("expected an integer, found {}", kind(other))),
+        }
+    }
+}
+macro_rules! int_from_cell {
+    ($($t:ty),*) => {$(
+        impl FromCell for $t {
+            fn from_cell(cell: CellRef<'_>) -> Result<Self, String> {
+                let v = i64::from_cell(cell)?;
+                <$t>::try_from(v).map_err(|_| format!("{v} is out of range"))
+            }
+        }
+    )*};
+}
+int_from_cell!(i32, u32, u64, usize);
+impl FromCell for bool {
+    fn from_cell(cell: CellRef<'_>) -> Result<Self, String> {
+        Ok(i64::from_cell(cell)? != 0)
+    }
+}
+impl FromCell for f64 {
+    fn from_cell(cell: CellRef<'_>) -> Result<Self, String> {
+        match cell {
+            CellRef::Int(v) => Ok(v as f64),
+            CellRef::Real(v) => Ok(v),
+            other => Err(format!("expected a number, found {}", kind(other))),
+        }
+    }
+}
+impl FromCell for String {
+    fn from_cell(cell: CellRef<'_>) -> Result<Self, String> {
+        match cell {
+            CellRef::Text(v) => Ok(v.to_owned()),
+            other => Err(format!("expected text, found {}", kind(other))),
+        }
+    }
+}
+impl FromCell for Vec<u8> {
+    fn from_cell(cell: CellRef<'_>) -> Result<Self, String> {
+        match cell {
+            CellRef::Blob(v) => Ok(v.to_vec()),
+            CellRef::Text(v) => Ok(v.as_bytes().to_vec()),
+            other => Err(format!("expected bytes, found {}", kind(other))),
+        }
+    }
+}
+impl FromCell for Cell {
+    fn from_cell(cell: CellRef<'_>) -> Result<Self, String> {
+        Ok(cell.to_owned_cell())
+    }
+}
+impl<T: FromCell> FromCell for Option<T> {
+    fn from_cell(cell: CellRef<'_>) -> Result<Self, String> {
+        match cell {
+            CellRef::Null => Ok(None),
+            other => T::from_cell(other).map(Some),
+        }
+    }
+}
+
+fn kind(cell: CellRef<'_>) -> &'static str {
+    match cell {
+        CellRef::Null => "NULL",
+        CellRef::Int(_) => "an integer",
+        CellRef::Real(_) => "a real",
+        CellRef::Text(_) => "text",
+        CellRef::Blob(_) => "a blob",
+    }
+}
+
+/// A column index (rusqlite's `RowIndex`, for the call sites written against it).
+pub trait RowIndex {
+    fn index(self) -> usize;
+}
+impl RowIndex for usize {
+    fn index(self) -> usize {
+        self
+    }
+}
+
+/// One row of a result.
+pub enum Row<'r> {
+    Lite(&'r rusqlite::Row<'r>),
+    Pg(&'r [Cell]),
+}
+
+impl Row<'_> {
+    pub fn get<I: RowIndex, T: FromCell>(&self, index: I) -> DbResult<T> {
+        let i = index.index();
+        let decode = |message| DbError::Decode { column: i, message };
+        match self {
+            Row::Lite(r) => {
+                let cell = match r.get_ref(i)? {
+                    rusqlite::types::ValueRef::Null => CellRef::Null,
+                    rusqlite::types::ValueRef::Integer(v) => CellRef::Int(v),
+                    rusqlite::types::ValueRef::Real(v) => CellRef::Real(v),
+                    rusqlite::types::ValueRef::Text(v) => {
+                        CellRef::Text(std::str::from_utf8(v).map_err(|e| decode(e.to_string()))?)
+                    }
+                    rusqlite::types::ValueRef::Blob(v) => CellRef::Blob(v),
+                };
+                T::from_cell(cell).map_err(decode)
+            }
+            Row::Pg(cells) => {
+                let cell = cells
+                    .get(i)
+                    .ok_or_else(|| decode("no such column".to_owned()))?;
+                T::from_cell(cell.as_ref()).map_err(decode)
+            }
+        }
+    }
+}
+
+/// `Ok(None)` for a query that found no row (rusqlite's `OptionalExtension`).
+pub trait OptionalExtension<T> {
+    fn optional(self) -> DbResult<Option<T>>;
+}
+
+impl<T> OptionalExtension<T> for DbResult<T> {
+    fn optional(self) -> DbResult<Option<T>> {
+        match self {
+            Ok(v) => Ok(Some(v)),
+            Err(DbError::Sqlite(rusqlite::Error::QueryReturnedNoRows)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn no_rows() -> DbError {
+    DbError::Sqlite(rusqlite::Error::QueryReturnedNoRows)
+}
+
+/// A query's columns and rows, for reports that print whatever a view holds.
+pub struct Table {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Cell>>,
+}
+
+/// A connection: a SQLite file or a PostgreSQL database.
+pub enum Conn {
+    Lite(rusqlite::Connection),
+    Pg(PgConn),
+}
+
+/// Which backend a connection is, for the few steps that differ (schema versions, vacuum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Conn {
+    pub fn backend(&self) -> Backend {
+        match self {
+            Conn::Lite(_) => Backend::Sqlite,
+            Conn::Pg(_) => Backend::Postgres,
+        }
+    }
+
+    /// The SQLite connection, for tests of what only SQLite has (pragmas).
+    #[cfg(test)]
+    pub fn lite(&self) -> &rusqlite::Connection {
+        match self {
+            Conn::Lite(c) => c,
+            Conn::Pg(_) => panic!("a SQLite-only test ran on PostgreSQL"),
+        }
+    }
+
+    pub fn prepare_cached<'c>(&'c self, sql: &str) -> DbResult<Stmt<'c>> {
+        match self {
+            Conn::Lite(c) => Ok(Stmt::Lite(c.prepare_cached(sql)?)),
+            Conn::Pg(c) => Ok(Stmt::Pg {
+                conn: c,
+                sql: Cow::Owned(sql.to_owned()),
+            }),
+        }
+    }
+
+    pub fn execute(&self, sql: &str, params: impl Params) -> DbResult<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+
+    pub fn query_row<T>(
+        &self,
+        sql: &str,
+        params: impl Params,
+        f: impl FnOnce(&Row<'_>) -> DbResult<T>,
+    ) -> DbResult<T> {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+
+    pub fn execute_batch(&self, sql: &str) -> DbResult<()> {
+        match self {
+            Conn::Lite(c) => Ok(c.execute_batch(sql)?),
+            Conn::Pg(c) => c.batch(sql),
+        }
+    }
+
+    /// Every column and row of `sql`, whatever they are.
+    pub fn table(&self, sql: &str, params: impl Params) -> DbResult<Table> {
+        match self {
+            Conn::Lite(c) => {
+                let mut stmt = c.prepare_cached(sql)?;
+                let columns: Vec<String> = stmt.column_names().map(str::to_owned).collect();
+                let width = columns.len();
+                let rows = params.with_args(|args| -> DbResult<Vec<Vec<Cell>>> {
+                    let mut rows = stmt.query(rusqlite::params_from_iter(args.iter()))?;
+                    let mut out = Vec::new();
+                    while let Some(r) = rows.next()? {
+                        let row = Row::Lite(r);
+                        out.push(
+                            (0..width)
+                                .map(|i| row.get::<_, Cell>(i))
+                                .collect::<DbResult<Vec<Cell>>>()?,
+                        );
+                    }
+                    Ok(out)
+                })?;
+                Ok(Table { columns, rows })
+            }
+            Conn::Pg(c) => params.with_args(|args| c.table(sql, args)),
+        }
+    }
+
+    /// Starts a transaction (SQLite: `BEGIN IMMEDIATE`, so it holds the write lock from the
+    /// start and never fails half-way for a busy file).
+    pub fn transaction(&mut self) -> DbResult<Tx<'_>> {
+        match self {
+            Conn::Lite(c) => Ok(Tx::Lite(
+                c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?,
+            )),
+            Conn::Pg(c) => {
+                c.begin()?;
+                Ok(Tx::Pg {
+                    conn: c,
+                    open: true,
+                })
+            }
+        }
+    }
+
+    /// A transaction on a shared connection (the caller guarantees none is open already).
+    pub fn unchecked_transaction(&self) -> DbResult<Tx<'_>> {
+        match self {
+            Conn::Lite(c) => {
+                c.execute_batch("BEGIN IMMEDIATE")?;
+                Ok(Tx::LiteUnchecked {
+                    conn: c,
+                    open: true,
+                })
+            }
+            Conn::Pg(c) => {
+                c.begin()?;
+                Ok(Tx::Pg {
+                    conn: c,
+                    open: true,
+                })
+            }
+        }
+    }
+}
+
+/// A transaction, rolled back when dropped without [`Tx::commit`].
+pub enum Tx<'c> {
+    Lite(rusqlite::Transaction<'c>),
+    LiteUnchecked {
+        conn: &'c rusqlite::Connection,
+        open: bool,
+    },
+    Pg {
+        conn: &'c PgConn,
+        open: bool,
+    },
+}
+
+impl Tx<'_> {
+    pub fn prepare_cached(&self, sql: &str) -> DbResult<Stmt<'_>> {
+        match self {
+            Tx::Lite(t) => Ok(Stmt::Lite(t.prepare_cached(sql)?)),
+            Tx::LiteUnchecked { conn, .. } => Ok(Stmt::Lite(conn.prepare_cached(sql)?)),
+            Tx::Pg { conn, .. } => Ok(Stmt::Pg {
+                conn,
+                sql: Cow::Owned(sql.to_owned()),
+            }),
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self {
+            Tx::Lite(_) | Tx::LiteUnchecked { .. } => Backend::Sqlite,
+            Tx::Pg { .. } => Backend::Postgres,
+        }
+    }
+
+    pub fn execute(&self, sql: &str, params: impl Params) -> DbResult<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+
+    pub fn query_row<T>(
+        &self,
+        sql: &str,
+        params: impl Params,
+        f: impl FnOnce(&Row<'_>) -> DbResult<T>,
+    ) -> DbResult<T> {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+
+    pub fn execute_batch(&self, sql: &str) -> DbResult<()> {
+        match self {
+            Tx::Lite(t) => Ok(t.execute_batch(sql)?),
+            Tx::LiteUnchecked { conn, .. } => Ok(conn.execute_batch(sql)?),
+            Tx::Pg { conn, .. } => conn.batch(sql),
+        }
+    }
+
+    pub fn commit(mut self) -> DbResult<()> {
+        match &mut self {
+            Tx::Lite(t) => Ok(t.execute_batch("COMMIT")?),
+            Tx::LiteUnchecked { conn, open } => {
+                *open = false;
+                Ok(conn.execute_batch("COMMIT")?)
+            }
+            Tx::Pg { conn, open } => {
+                *open = false;
+                conn.commit()
+            }
+        }
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        match self {
+            Tx::Lite(_) => {}
+            Tx::LiteUnchecked { conn, open } => {
+                if *open {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+            }
+            Tx::Pg { conn, open } => {
+                if *open {
+                    conn.rollback();
+                }
+            }
+        }
+    }
+}
+
+/// A prepared statement (PostgreSQL's are prepared and cached by the connection itself).
+pub enum Stmt<'c> {
+    Lite(rusqlite::CachedStatement<'c>),
+    Pg { conn: &'c PgConn, sql: Cow<'c, str> },
+}
+
+impl Stmt<'_> {
+    pub fn execute(&mut self, params: impl Params) -> DbResult<usize> {
+        match self {
+            Stmt::Lite(s) => {
+                params.with_args(|args| Ok(s.execute(rusqlite::params_from_iter(args.iter()))?))
+            }
+            Stmt::Pg { conn, sql } => params.with_args(|args| conn.execute(sql, args)),
+        }
+    }
+
+    /// Every row, mapped; eagerly read.
+    pub fn query_map<T>(
+        &mut self,
+        params: impl Params,
+        mut f: impl FnMut(&Row<'_>) -> DbResult<T>,
+    ) -> DbResult<std::vec::IntoIter<DbResult<T>>> {
+        let mut out = Vec::new();
+        self.for_each(params, |row| {
+            out.push(Ok(f(row)?));
+            Ok(true)
+        })?;
+        Ok(out.into_iter())
+    }
+
+    pub fn query_row<T>(
+        &mut self,
+        params: impl Params,
+        f: impl FnOnce(&Row<'_>) -> DbResult<T>,
+    ) -> DbResult<T> {
+        let mut f = Some(f);
+        let mut out = None;
+        self.for_each(params, |row| {
+            if let Some(f) = f.take() {
+                out = Some(f(row)?);
+            }
+            Ok(false)
+        })?;
+        out.ok_or_else(no_rows)
+    }
+
+    /// Runs an `INSERT ... RETURNING id` and gives the id.
+    pub fn insert(&mut self, params: impl Params) -> DbResult<i64> {
+        self.query_row(params, |r| r.get(0))
+    }
+
+    pub fn exists(&mut self, params: impl Params) -> DbResult<bool> {
+        let mut found = false;
+        self.for_each(params, |_| {
+            found = true;
+            Ok(false)
+        })?;
+        Ok(found)
+    }
+
+    /// Calls `f` on each row until it returns `false`.
+    pub fn for_each(
+        &mut self,
+        params: impl Params,
+        mut f: impl FnMut(&Row<'_>) -> DbResult<bool>,
+    ) -> DbResult<()> {
+        match self {
+            Stmt::Lite(s) => params.with_args(|args| {
+                let mut rows = s.query(rusqlite::params_from_iter(args.iter()))?;
+                while let Some(r) = rows.next()? {
+                    if !f(&Row::Lite(r))? {
+                        break;
+                    }
+                }
+                Ok(())
+            }),
+            Stmt::Pg { conn, sql } => {
+                let rows = params.with_args(|args| conn.query(sql, args))?;
+                for r in &rows {
+                    if !f(&Row::Pg(r))? {
+                        break;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,619 @@
+//! The PostgreSQL connection: a thread of its own drives tokio-postgres, so the store's
+//! blocking interface works the same from plain threads and from inside the daemon's runtime.
+//!
+//! Every call waits a bounded time (a server that stops answering fails the call, it never hangs
+//! gitplane), and a connection that broke is made again by the next call outside a transaction:
+//! a database restart costs the calls made while it was down, nothing more.
+
+use std::collections::HashMap;
+use std::error::Error as _;
+use std::sync::mpsc as std_mpsc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::sync::mpsc;
+use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
+use tokio_postgres::{Client, NoTls, Statement};
+
+use crate::db::{Arg, Cell, DbError, DbResult, Table};
+use crate::dialect;
+
+/// How long one call may take before it fails.
+const CALL_LIMIT: Duration = Duration::from_secs(60);
+/// How long connecting may take.
+const CONNECT_LIMIT: Duration = Duration::from_secs(10);
+
+/// Where a PostgreSQL state lives: the connection settings, and the URL without its password
+/// for messages.
+#[derive(Clone)]
+pub struct PgTarget {
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) shown: String,
+}
+
+impl std::fmt::Debug for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+/// Whether `state` names a PostgreSQL database rather than a SQLite file.
+pub fn is_postgres_url(state: &str) -> bool {
+    state.starts_with("postgres://") || state.starts_with("postgresql://")
+}
+
+impl PgTarget {
+    /// Reads `url` (`postgres://user@host:port/db?...`); what it leaves out comes from the
+    /// standard `PGHOST`, `PGPORT`, `PGUSER`, `PGDATABASE` and `PGPASSWORD` variables, and the
+    /// password from `password` (a secret store) before `PGPASSWORD`.
+    pub fn parse(url: &str, password: Option<&str>) -> Result<PgTarget, String> {
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+            format!("not a PostgreSQL URL (postgres://user@host:port/database): {e}")
+        })?;
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        if config.get_hosts().is_empty() {
+            config.host(env("PGHOST").as_deref().unwrap_or("localhost"));
+        }
+        if config.get_ports().is_empty()
+            && let Some(port) = env("PGPORT")
+        {
+            config.port(
+                port.parse()
+                    .map_err(|_| format!("PGPORT={port} is not a port number"))?,
+            );
+        }
+        if config.get_user().is_none() {
+            let user = env("PGUSER")
+                .or_else(|| env("USER"))
+                .unwrap_or_else(|| "postgres".into());
+            config.user(&user);
+        }
+        if config.get_dbname().is_none()
+            && let Some(db) = env("PGDATABASE")
+        {
+            config.dbname(&db);
+        }
+        if config.get_password().is_some() {
+            // Kept only in the config: messages show the URL without it.
+        } else if let Some(p) = password {
+            config.password(p);
+        } else if let Some(p) = env("PGPASSWORD") {
+            config.password(&p);
+        }
+        config.application_name("gitplane");
+        config.connect_timeout(CONNECT_LIMIT);
+        config.keepalives_idle(Duration::from_secs(30));
+        Ok(PgTarget {
+            shown: shown_url(url),
+            config,
+        })
+    }
+
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+}
+
+/// `url` without a password, for messages and logs.
+pub(crate) fn shown_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let authority = match authority.rsplit_once('@') {
+        Some((user, host)) => {
+            let user = user.split_once(':').map_or(user, |(u, _)| u);
+            format!("{user}@{host}")
+        }
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let kept: Vec<&str> = query
+                .split('&')
+                .filter(|kv| !kv.to_ascii_lowercase().starts_with("password="))
+                .collect();
+            if kept.is_empty() {
+                path.to_owned()
+            } else {
+                format!("{path}?{}", kept.join("&"))
+            }
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
+/// An owned query parameter, sent to the connection's thread.
+#[derive(Debug, Clone)]
+enum PgArg {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl From<&Arg<'_>> for PgArg {
+    fn from(a: &Arg<'_>) -> PgArg {
+        match *a {
+            Arg::Null => PgArg::Null,
+            Arg::Int(v) => PgArg::Int(v),
+            Arg::Real(v) => PgArg::Real(v),
+            Arg::Text(v) => PgArg::Text(v.to_owned()),
+            Arg::Blob(v) => PgArg::Blob(v.to_vec()),
+        }
+    }
+}
+
+impl ToSql for PgArg {
+    // The queries are written once for both backends, so a parameter takes whatever type
+    // PostgreSQL inferred for its place: an integer where it wants text, a 0/1 where it wants
+    // a boolean.
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        let mismatch = || -> Box<dyn std::error::Error + Sync + Send> {
+            format!("cannot send {self:?} as {ty}").into()
+        };
+        match self {
+            PgArg::Null => Ok(IsNull::Yes),
+            PgArg::Int(v) => match *ty {
+                Type::INT8 => v.to_sql(ty, out),
+                Type::INT4 => i32::try_from(*v).map_err(|_| mismatch())?.to_sql(ty, out),
+                Type::INT2 => i16::try_from(*v).map_err(|_| mismatch())?.to_sql(ty, out),
+                Type::FLOAT8 => (*v as f64).to_sql(ty, out),
+                Type::FLOAT4 => (*v as f32).to_sql(ty, out),
+                Type::BOOL => (*v != 0).to_sql(ty, out),
+                Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
+                    v.to_string().as_str().to_sql(&Type::TEXT, out)
+                }
+                _ => Err(mismatch()),
+            },
+            PgArg::Real(v) => match *ty {
+                Type::FLOAT8 => v.to_sql(ty, out),
+                Type::FLOAT4 => (*v as f32).to_sql(ty, out),
+                Type::TEXT | Type::VARCHAR | Type::UNKNOWN => {
+                    v.to_string().as_str().to_sql(&Type::TEXT, out)
+                }
+                _ => Err(mismatch()),
+            },
+            PgArg::Text(v) => match *ty {
+                Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
+                    v.as_str().to_sql(&Type::TEXT, out)
+                }
+                Type::JSON => {
+                    out.extend_from_slice(v.as_bytes());
+                    Ok(IsNull::No)
+                }
+                Type::JSONB => {
+                    out.extend_from_slice(&[1]);
+                    out.extend_from_slice(v.as_bytes());
+                    Ok(IsNull::No)
+                }
+                Type::INT8 => v.parse::<i64>().map_err(|_| mismatch())?.to_sql(ty, out),
+                Type::BYTEA => v.as_bytes().to_sql(ty, out),
+                _ => Err(mismatch()),
+            },
+            PgArg::Blob(v) => match *ty {
+                Type::BYTEA => v.as_slice().to_sql(ty, out),
+                _ => Err(mismatch()),
+            },
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+/// Reads any column gitplane's schema has into a [`Cell`].
+struct AnyCell(Cell);
+
+impl<'a> FromSql<'a> for AnyCell {
+    fn from_sql(
+        ty: &Type,
+        raw: &'a [u8],
+    ) -> Result<AnyCell, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(AnyCell(match *ty {
+            Type::BOOL => Cell::Int(i64::from(bool::from_sql(ty, raw)?)),
+            Type::INT2 => Cell::Int(i64::from(i16::from_sql(ty, raw)?)),
+            Type::INT4 => Cell::Int(i64::from(i32::from_sql(ty, raw)?)),
+            Type::INT8 => Cell::Int(i64::from_sql(ty, raw)?),
+            Type::OID => Cell::Int(i64::from(u32::from_sql(ty, raw)?)),
+            Type::FLOAT4 => Cell::Real(f64::from(f32::from_sql(ty, raw)?)),
+            Type::FLOAT8 => Cell::Real(f64::from_sql(ty, raw)?),
+            Type::NUMERIC => numeric(raw)?,
+            Type::BYTEA => Cell::Blob(raw.to_vec()),
+            Type::JSONB => Cell::Text(String::from_utf8(
+                raw.get(1..).unwrap_or_default().to_vec(),
+            )?),
+            _ => Cell::Text(String::from_utf8(raw.to_vec())?),
+        }))
+    }
+
+    fn from_sql_null(_: &Type) -> Result<AnyCell, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(AnyCell(Cell::Null))
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}
+
+/// A NUMERIC in PostgreSQL's binary form (what `SUM` of integers gives): an integer when it has
+/// no fraction, else a real.
+fn numeric(raw: &[u8]) -> Result<Cell, Box<dyn std::error::Error + Sync + Send>> {
+    let word = |i: usize| -> Result<u16, Box<dyn std::error::Error + Sync + Send>> {
+        raw.get(i * 2..i * 2 + 2)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]))
+            .ok_or_else(|| "a NUMERIC value is cut short".into())
+    };
+    let ndigits = usize::from(word(0)?);
+    let weight = i32::from(word(1)? as i16);
+    let sign = word(2)?;
+    let scale = word(3)?;
+    if sign == 0xC000 {
+        return Ok(Cell::Real(f64::NAN));
+    }
+    let mut value = 0f64;
+    for i in 0..ndigits {
+        let digit = f64::from(word(4 + i)?);
+        value += digit * 10000f64.powi(weight - i as i32);
+    }
+    if sign == 0x4000 {
+        value = -value;
+    }
+    Ok(if scale == 0 && value.abs() < 9.0e15 {
+        Cell::Int(value as i64)
+    } else {
+        Cell::Real(value)
+    })
+}
+
+enum Op {
+    Query(String, Vec<PgArg>),
+    Table(String, Vec<PgArg>),
+    Execute(String, Vec<PgArg>),
+    Batch(String),
+    Begin,
+    Commit,
+    Rollback,
+}
+
+enum Reply {
+    Rows(Vec<Vec<Cell>>),
+    Table(Table),
+    Count(u64),
+    Done,
+}
+
+struct Request {
+    op: Op,
+    reply: std_mpsc::SyncSender<DbResult<Reply>>,
+}
+
+/// A connection to PostgreSQL, served by a thread of its own.
+pub struct PgConn {
+    requests: mpsc::UnboundedSender<Request>,
+}
+
+impl PgConn {
+    /// Starts the connection's thread and connects.
+    pub fn open(target: &PgTarget) -> DbResult<PgConn> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let config = target.config.clone();
+        std::thread::Builder::new()
+            .name("postgres".into())
+            .spawn(move || serve(config, rx))
+            .map_err(|e| DbError::Lost(format!("cannot start the connection's thread: {e}")))?;
+        let conn = PgConn { requests: tx };
+        // Connect now, so a wrong address or password shows when the state is opened.
+        conn.call(Op::Batch(String::new()))?;
+        Ok(conn)
+    }
+
+    fn call(&self, op: Op) -> DbResult<Reply> {
+        let (reply, answer) = std_mpsc::sync_channel(1);
+        self.requests
+            .send(Request { op, reply })
+            .map_err(|_| DbError::Lost("the connection's thread stopped".into()))?;
+        // The thread bounds every call itself; this only covers a thread that died.
+        match answer.recv_timeout(CALL_LIMIT + CONNECT_LIMIT + Duration::from_secs(5)) {
+            Ok(result) => result,
+            Err(_) => Err(DbError::Timeout(CALL_LIMIT)),
+        }
+    }
+
+    fn owned(args: &[Arg<'_>]) -> Vec<PgArg> {
+        args.iter().map(PgArg::from).collect()
+    }
+
+    pub(crate) fn query(&self, sql: &str, args: &[Arg<'_>]) -> DbResult<Vec<Vec<Cell>>> {
+        match self.call(Op::Query(sql.to_owned(), Self::owned(args)))? {
+            Reply::Rows(rows) => Ok(rows),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    pub(crate) fn table(&self, sql: &str, args: &[Arg<'_>]) -> DbResult<Table> {
+        match self.call(Op::Table(sql.to_owned(), Self::owned(args)))? {
+            Reply::Table(t) => Ok(t),
+            _ => Ok(Table {
+                columns: Vec::new(),
+                rows: Vec::new(),
+            }),
+        }
+    }
+
+    pub(crate) fn execute(&self, sql: &str, args: &[Arg<'_>]) -> DbResult<usize> {
+        match self.call(Op::Execute(sql.to_owned(), Self::owned(args)))? {
+            Reply::Count(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+            _ => Ok(0),
+        }
+    }
+
+    pub(crate) fn batch(&self, sql: &str) -> DbResult<()> {
+        self.call(Op::Batch(sql.to_owned())).map(|_| ())
+    }
+
+    pub(crate) fn begin(&self) -> DbResult<()> {
+        self.call(Op::Begin).map(|_| ())
+    }
+
+    pub(crate) fn commit(&self) -> DbResult<()> {
+        self.call(Op::Commit).map(|_| ())
+    }
+
+    pub(crate) fn rollback(&self) {
+        let _ = self.call(Op::Rollback);
+    }
+}
+
+/// The connection's state on its thread.
+struct Session {
+    config: tokio_postgres::Config,
+    client: Option<Client>,
+    statements: HashMap<String, Statement>,
+    /// A transaction is open (on the current client, if it still lives).
+    in_transaction: bool,
+}
+
+fn serve(config: tokio_postgres::Config, mut requests: mpsc::UnboundedReceiver<Request>) {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    runtime.block_on(async move {
+        let mut session = Session {
+            config,
+            client: None,
+            statements: HashMap::new(),
+            in_transaction: false,
+        };
+        while let Some(request) = requests.recv().await {
+            let result = session.run(request.op).await;
+            let _ = request.reply.send(result);
+        }
+    });
+}
+
+impl Session {
+    async fn run(&mut self, op: Op) -> DbResult<Reply> {
+        let alive = self.client.as_ref().is_some_and(|c| !c.is_closed());
+        if !alive {
+            self.client = None;
+            self.statements.clear();
+            if self.in_transaction {
+                // The transaction died with its connection: every call of it fails until the
+                // caller ends it.
+                if matches!(op, Op::Rollback | Op::Commit) {
+                    self.in_transaction = false;
+                }
+                return Err(DbError::Lost(
+                    "the connection broke during a transaction, which is rolled back".into(),
+                ));
+            }
+            if matches!(op, Op::Rollback) {
+                return Ok(Reply::Done);
+            }
+            self.connect().await?;
+        }
+        let result = tokio::time::timeout(CALL_LIMIT, self.run_connected(op)).await;
+        let result = match result {
+            Ok(r) => r,
+            Err(_) => {
+                // The server may still be working on it: this connection is no longer usable.
+                self.client = None;
+                Err(DbError::Timeout(CALL_LIMIT))
+            }
+        };
+        if let Err(DbError::Lost(_)) = &result {
+            self.client = None;
+        }
+        result
+    }
+
+    async fn connect(&mut self) -> DbResult<()> {
+        let connected = tokio::time::timeout(CONNECT_LIMIT, self.config.connect(NoTls)).await;
+        let (client, connection) = match connected {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(e)) => return Err(DbError::Lost(describe(&e))),
+            Err(_) => return Err(DbError::Timeout(CONNECT_LIMIT)),
+        };
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        self.client = Some(client);
+        Ok(())
+    }
+
+    async fn statement(&mut self, sql: &str) -> DbResult<Statement> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let client = self.client.as_ref().ok_or_else(lost)?;
+        let prepared = client
+            .prepare(&dialect::postgres_query(sql))
+            .await
+            .map_err(|e| error(&e))?;
+        // Bounded: a query built with a varying text (a list of ids) must not grow it forever.
+        if self.statements.len() >= 512 {
+            self.statements.clear();
+        }
+        self.statements.insert(sql.to_owned(), prepared.clone());
+        Ok(prepared)
+    }
+
+    async fn run_connected(&mut self, op: Op) -> DbResult<Reply> {
+        match op {
+            Op::Query(sql, args) => {
+                let stmt = self.statement(&sql).await?;
+                let client = self.client.as_ref().ok_or_else(lost)?;
+                let refs: Vec<&(dyn ToSql + Sync)> =
+                    args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+                let rows = client.query(&stmt, &refs).await.map_err(|e| error(&e))?;
+                Ok(Reply::Rows(cells(&rows)?))
+            }
+            Op::Table(sql, args) => {
+                let stmt = self.statement(&sql).await?;
+                let client = self.client.as_ref().ok_or_else(lost)?;
+                let refs: Vec<&(dyn ToSql + Sync)> =
+                    args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+                let rows = client.query(&stmt, &refs).await.map_err(|e| error(&e))?;
+                Ok(Reply::Table(Table {
+                    columns: stmt.columns().iter().map(|c| c.name().to_owned()).collect(),
+                    rows: cells(&rows)?,
+                }))
+            }
+            Op::Execute(sql, args) => {
+                let stmt = self.statement(&sql).await?;
+                let client = self.client.as_ref().ok_or_else(lost)?;
+                let refs: Vec<&(dyn ToSql + Sync)> =
+                    args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+                let n = client.execute(&stmt, &refs).await.map_err(|e| error(&e))?;
+                Ok(Reply::Count(n))
+            }
+            Op::Batch(sql) => {
+                if !sql.is_empty() {
+                    let client = self.client.as_ref().ok_or_else(lost)?;
+                    client.batch_execute(&sql).await.map_err(|e| error(&e))?;
+                }
+                Ok(Reply::Done)
+            }
+            Op::Begin => {
+                let client = self.client.as_ref().ok_or_else(lost)?;
+                client.batch_execute("BEGIN").await.map_err(|e| error(&e))?;
+                self.in_transaction = true;
+                Ok(Reply::Done)
+            }
+            Op::Commit => {
+                self.in_transaction = false;
+                let client = self.client.as_ref().ok_or_else(lost)?;
+                client
+                    .batch_execute("COMMIT")
+                    .await
+                    .map_err(|e| error(&e))?;
+                Ok(Reply::Done)
+            }
+            Op::Rollback => {
+                self.in_transaction = false;
+                let client = self.client.as_ref().ok_or_else(lost)?;
+                client
+                    .batch_execute("ROLLBACK")
+                    .await
+                    .map_err(|e| error(&e))?;
+                Ok(Reply::Done)
+            }
+        }
+    }
+}
+
+fn cells(rows: &[tokio_postgres::Row]) -> DbResult<Vec<Vec<Cell>>> {
+    rows.iter()
+        .map(|row| {
+            (0..row.len())
+                .map(|i| {
+                    row.try_get::<_, AnyCell>(i)
+                        .map(|c| c.0)
+                        .map_err(|e| DbError::Decode {
+                            column: i,
+                            message: describe(&e),
+                        })
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn lost() -> DbError {
+    DbError::Lost("not connected".into())
+}
+
+/// A tokio-postgres error as one line: the server's message (with its SQLSTATE) or what broke.
+/// The server's detail (which may quote a row's values) is left out.
+fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    }
+    match e.source() {
+        Some(source) => format!("{e}: {source}"),
+        None => e.to_string(),
+    }
+}
+
+fn error(e: &tokio_postgres::Error) -> DbError {
+    if e.is_closed()
+        || (e.as_db_error().is_none() && e.source().is_some_and(|s| s.is::<std::io::Error>()))
+    {
+        DbError::Lost(describe(e))
+    } else if let Some(db) = e.as_db_error()
+        && matches!(
+            db.code().code(),
+            // admin_shutdown, crash_shutdown, cannot_connect_now
+            "57P01" | "57P02" | "57P03"
+        )
+    {
+        DbError::Lost(describe(e))
+    } else {
+        DbError::Postgres(describe(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shown_urls_never_carry_the_password() {
+        assert_eq!(
+            shown_url("postgres://gp:s3cret@db.example:5432/state"),
+            "postgres://gp@db.example:5432/state"
+        );
+        assert_eq!(
+            shown_url("postgresql://db/state?password=s3cret&sslmode=disable"),
+            "postgresql://db/state?sslmode=disable"
+        );
+        assert_eq!(
+            shown_url("postgres://gp@db/state"),
+            "postgres://gp@db/state"
+        );
+    }
+
+    #[test]
+    fn numerics_read_as_integers_or_reals() {
+        // 12345 = digits [1, 2345], weight 1, scale 0.
+        let raw = [2u16, 1, 0, 0, 1, 2345]
+            .iter()
+            .flat_map(|w| w.to_be_bytes())
+            .collect::<Vec<u8>>();
+        assert_eq!(numeric(&raw).unwrap(), Cell::Int(12345));
+    }
+}

@@ -11,6 +11,13 @@
 //! (see `watchdog.rs`). The server of [`shared`] lives in a static, which is never dropped: an
 //! `atexit` handler lets go of its watchdog and waits for it, so a test binary has stopped its
 //! server before it exits.
+//!
+//! ```no_run
+//! let Some(server) = gitplane_testkit::shared_or_skip("a_test") else {
+//!     return;
+//! };
+//! let url = server.database(); // postgres://postgres@127.0.0.1:PORT/gitplane_N, empty
+//! ```
 
 mod tools;
 mod watchdog;
@@ -139,6 +146,7 @@ impl Postgres {
         self.url(&name)
     }
 
+    /// The server's TCP port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -208,7 +216,7 @@ impl Postgres {
     /// Creates the cluster and configures the server: TCP on 127.0.0.1 only, and the socket in
     /// its own directory rather than /var/run/postgresql, where an installed server has its own.
     fn init(&self) -> Result<(), String> {
-        if let Some(user) = self.tools.run_as {
+        if let Some(user) = &self.tools.run_as {
             std::os::unix::fs::chown(&self.dir, Some(user.uid), Some(user.gid)).map_err(|e| {
                 format!(
                     "cannot give {} to the postgres user: {e}",

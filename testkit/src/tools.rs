@@ -15,11 +15,11 @@ pub(crate) struct Tools {
     pub(crate) run_as: Option<PostgresUser>,
 }
 
-/// The `postgres` account's ids, to give it the server's directory.
-#[derive(Clone, Copy)]
+/// The `postgres` account, to give it the server's directory and run programs as it.
 pub(crate) struct PostgresUser {
     pub(crate) uid: u32,
     pub(crate) gid: u32,
+    runuser: PathBuf,
 }
 
 /// Why no server can be started here at all (as opposed to one that failed to start).
@@ -52,8 +52,9 @@ impl Tools {
     /// The command line that runs `program` of this installation as the server's user.
     pub(crate) fn argv(&self, program: &str) -> Vec<OsString> {
         let mut argv: Vec<OsString> = Vec::new();
-        if self.run_as.is_some() {
-            argv.extend(["runuser", "-u", "postgres", "--"].map(OsString::from));
+        if let Some(user) = &self.run_as {
+            argv.push(user.runuser.clone().into_os_string());
+            argv.extend(["-u", "postgres", "--"].map(OsString::from));
         }
         argv.push(self.bin.join(program).into_os_string());
         argv
@@ -153,14 +154,27 @@ fn current_uid() -> Result<u32, Unavailable> {
 
 impl PostgresUser {
     fn find() -> Result<PostgresUser, Unavailable> {
-        match (id(&["-u", "postgres"]), id(&["-g", "postgres"])) {
-            (Some(uid), Some(gid)) => Ok(PostgresUser { uid, gid }),
-            _ => Err(Unavailable(
+        let (Some(uid), Some(gid)) = (id(&["-u", "postgres"]), id(&["-g", "postgres"])) else {
+            return Err(Unavailable(
                 "running as root, which initdb refuses, and there is no `postgres` user to run \
                  it as"
                     .into(),
-            )),
-        }
+            ));
+        };
+        // Root's PATH has the sbin directories; a PATH that has lost them should not matter.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let runuser = std::env::split_paths(&path)
+            .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+            .map(|dir| dir.join("runuser"))
+            .find(|runuser| runuser.is_file())
+            .ok_or_else(|| {
+                Unavailable(
+                    "running as root, which initdb refuses, and there is no runuser to run it \
+                     as the postgres user"
+                        .into(),
+                )
+            })?;
+        Ok(PostgresUser { uid, gid, runuser })
     }
 }
 

@@ -1556,9 +1556,13 @@ fn migrate_postgres(conn: &postgres::PgConn, path: &Path) -> Result<()> {
                 }
             })?
         } else {
-            blocks[current as usize..]
-                .iter()
-                .map(|b| dialect::postgres_query(b))
+            // The functions first: a new migration's views may use one added since.
+            std::iter::once(dialect::compat_functions().to_owned())
+                .chain(
+                    blocks[current as usize..]
+                        .iter()
+                        .map(|b| dialect::postgres_query(b)),
+                )
                 .collect()
         };
         conn.begin().map_err(e)?;

@@ -1653,7 +1653,7 @@ INSERT INTO resource_manifest (guresid, manifests, sealed) VALUES ('g-wl', '[]',
         let dir = tempfile::tempdir().unwrap();
         let store = crate::Store::open(&dir.path().join("state.db")).unwrap();
         let (_, views) = sqlite_rows(
-            &store.conn,
+            store.conn.lite(),
             "SELECT name, sql FROM sqlite_master WHERE type = 'view' ORDER BY name",
         );
         let views: Vec<(String, String)> = views
@@ -1673,7 +1673,8 @@ INSERT INTO resource_manifest (guresid, manifests, sealed) VALUES ('g-wl', '[]',
         let mut differences = Vec::new();
         let mut rows_seen = 0;
         for (view, sql) in &views {
-            let (columns, _) = sqlite_rows(&store.conn, &format!("SELECT * FROM {view} LIMIT 0"));
+            let (columns, _) =
+                sqlite_rows(store.conn.lite(), &format!("SELECT * FROM {view} LIMIT 0"));
             // Rows of a view without an order are compared in one both databases agree on.
             let query = if orders_its_rows(sql) {
                 format!("SELECT * FROM {view}")
@@ -1683,7 +1684,7 @@ INSERT INTO resource_manifest (guresid, manifests, sealed) VALUES ('g-wl', '[]',
                     .collect();
                 format!("SELECT * FROM {view} ORDER BY {}", order.join(", "))
             };
-            let (sqlite_columns, sqlite) = sqlite_rows(&store.conn, &query);
+            let (sqlite_columns, sqlite) = sqlite_rows(store.conn.lite(), &query);
             let (postgres_columns, postgres) = server.rows(&database, &query);
             rows_seen += sqlite.len();
             if sqlite_columns != postgres_columns {

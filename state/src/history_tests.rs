@@ -111,286 +111,288 @@ fn deploy(
 
 #[test]
 fn a_deployment_that_changes_nothing_writes_only_its_record() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-    let a = record("a", json!({"host": "db1"}));
-    let links = [link("w", "a")];
-    let first = deploy(
-        &mut store,
-        "c1",
-        std::slice::from_ref(&a),
-        &links,
-        &[("w", vec![binding("w", "a", json!("db1"))])],
-    );
-    let count = |store: &Store| {
-        rows(
-            store,
-            "SELECT (SELECT COUNT(*) FROM link), (SELECT COUNT(*) FROM binding),
-                    (SELECT COUNT(*) FROM resource_versions)",
-        )
-    };
-    let before = count(&store);
-    // The same resource put again (a drift run), the same links and bindings.
-    let second = deploy(
-        &mut store,
-        "c1",
-        std::slice::from_ref(&a),
-        &links,
-        &[("w", vec![binding("w", "a", json!("db1"))])],
-    );
-    assert_eq!(count(&store), before);
-    assert_eq!(before, ["1 1 1"]);
-    // Both deployments see the same links.
-    for d in [first, second] {
-        assert_eq!(
-            rows(
-                &store,
-                &format!(
-                    "SELECT consumer, provider FROM deployment_links WHERE deployment_id = {d}"
-                )
-            ),
-            ["w a"]
+    crate::tests::each_backend(|mut store| {
+        let a = record("a", json!({"host": "db1"}));
+        let links = [link("w", "a")];
+        let first = deploy(
+            &mut store,
+            "c1",
+            std::slice::from_ref(&a),
+            &links,
+            &[("w", vec![binding("w", "a", json!("db1"))])],
         );
-    }
+        let count = |store: &Store| {
+            rows(
+                store,
+                "SELECT (SELECT COUNT(*) FROM link), (SELECT COUNT(*) FROM binding),
+                        (SELECT COUNT(*) FROM resource_versions)",
+            )
+        };
+        let before = count(&store);
+        // The same resource put again (a drift run), the same links and bindings.
+        let second = deploy(
+            &mut store,
+            "c1",
+            std::slice::from_ref(&a),
+            &links,
+            &[("w", vec![binding("w", "a", json!("db1"))])],
+        );
+        assert_eq!(count(&store), before);
+        assert_eq!(before, ["1 1 1"]);
+        // Both deployments see the same links.
+        for d in [first, second] {
+            assert_eq!(
+                rows(
+                    &store,
+                    &format!(
+                        "SELECT consumer, provider FROM deployment_links WHERE deployment_id = {d}"
+                    )
+                ),
+                ["w a"]
+            );
+        }
+    });
 }
 
 #[test]
 fn history_views_answer_what_each_deployment_looked_like_and_what_it_changed() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-    let d1 = deploy(
-        &mut store,
-        "c1",
-        &[record("a", json!({"host": "db1"})), record("b", json!({}))],
-        &[link("w", "a"), link("w", "b")],
-        &[("w", vec![binding("w", "a", json!("db1"))])],
-    );
-    // c2: a's output changes (a new version and a new binding value), the link to b goes.
-    let d2 = deploy(
-        &mut store,
-        "c2",
-        &[record("a", json!({"host": "db2"}))],
-        &[link("w", "a")],
-        &[("w", vec![binding("w", "a", json!("db2"))])],
-    );
-    // c3: b is deleted.
-    let (d3, _) = store
-        .begin_or_resume_deployment("dev", "c3", false, 50.0)
-        .unwrap();
-    let op = store
-        .begin_operation(&OperationStart {
-            deployment: d3,
-            guresid: "b",
-            app: Some("shop"),
-            res_type: "postgres",
-            class: "default",
-            res_id: "modules.b",
-            action: "delete",
-            reason: "gone",
-        })
-        .unwrap();
-    store.finish_delete(op, 1, d3, ("dev", "b"), None).unwrap();
+    crate::tests::each_backend(|mut store| {
+        let d1 = deploy(
+            &mut store,
+            "c1",
+            &[record("a", json!({"host": "db1"})), record("b", json!({}))],
+            &[link("w", "a"), link("w", "b")],
+            &[("w", vec![binding("w", "a", json!("db1"))])],
+        );
+        // c2: a's output changes (a new version and a new binding value), the link to b goes.
+        let d2 = deploy(
+            &mut store,
+            "c2",
+            &[record("a", json!({"host": "db2"}))],
+            &[link("w", "a")],
+            &[("w", vec![binding("w", "a", json!("db2"))])],
+        );
+        // c3: b is deleted.
+        let (d3, _) = store
+            .begin_or_resume_deployment("dev", "c3", false, 50.0)
+            .unwrap();
+        let op = store
+            .begin_operation(&OperationStart {
+                deployment: d3,
+                guresid: "b",
+                app: Some("shop"),
+                res_type: "postgres",
+                class: "default",
+                res_id: "modules.b",
+                action: "delete",
+                reason: "gone",
+            })
+            .unwrap();
+        store.finish_delete(op, 1, d3, ("dev", "b"), None).unwrap();
 
-    let at = |d: i64, view: &str, cols: &str| {
-        rows(
-            &store,
-            &format!("SELECT {cols} FROM {view} WHERE deployment_id = {d} ORDER BY 1, 2"),
-        )
-    };
-    assert_eq!(
-        at(d1, "deployment_links", "consumer, provider"),
-        ["w a", "w b"]
-    );
-    assert_eq!(at(d2, "deployment_links", "consumer, provider"), ["w a"]);
-    assert_eq!(
-        at(d1, "deployment_bindings", "needed_guresid, value"),
-        ["w \"db1\""]
-    );
-    assert_eq!(
-        at(d2, "deployment_bindings", "needed_guresid, value"),
-        ["w \"db2\""]
-    );
-    assert_eq!(
-        at(d1, "deployment_resources", "guresid, outputs"),
-        ["a {\"host\":\"db1\"}", "b {}"]
-    );
-    assert_eq!(
-        at(d2, "deployment_resources", "guresid, outputs"),
-        ["a {\"host\":\"db2\"}", "b {}"]
-    );
-    assert_eq!(
-        at(d3, "deployment_resources", "guresid, outputs"),
-        ["a {\"host\":\"db2\"}"]
-    );
-    let changed = |commit: &str| {
-        rows(
-            &store,
-            &format!(
-                "SELECT what, change, subject, COALESCE(other, '-') FROM changes
-                 WHERE commit_id = '{commit}' ORDER BY 1, 2, 3, 4"
-            ),
-        )
-    };
-    assert_eq!(
-        changed("c1"),
-        [
-            "binding added w a",
-            "link added w a",
-            "link added w b",
-            "resource created a -",
-            "resource created b -"
-        ]
-    );
-    assert_eq!(
-        changed("c2"),
-        [
-            "binding added w a",
-            "binding removed w a",
-            "link removed w b",
-            "resource updated a -"
-        ]
-    );
-    assert_eq!(changed("c3"), ["resource deleted b -"]);
+        let at = |d: i64, view: &str, cols: &str| {
+            rows(
+                &store,
+                &format!("SELECT {cols} FROM {view} WHERE deployment_id = {d} ORDER BY 1, 2"),
+            )
+        };
+        assert_eq!(
+            at(d1, "deployment_links", "consumer, provider"),
+            ["w a", "w b"]
+        );
+        assert_eq!(at(d2, "deployment_links", "consumer, provider"), ["w a"]);
+        assert_eq!(
+            at(d1, "deployment_bindings", "needed_guresid, value"),
+            ["w \"db1\""]
+        );
+        assert_eq!(
+            at(d2, "deployment_bindings", "needed_guresid, value"),
+            ["w \"db2\""]
+        );
+        assert_eq!(
+            at(d1, "deployment_resources", "guresid, outputs"),
+            ["a {\"host\":\"db1\"}", "b {}"]
+        );
+        assert_eq!(
+            at(d2, "deployment_resources", "guresid, outputs"),
+            ["a {\"host\":\"db2\"}", "b {}"]
+        );
+        assert_eq!(
+            at(d3, "deployment_resources", "guresid, outputs"),
+            ["a {\"host\":\"db2\"}"]
+        );
+        let changed = |commit: &str| {
+            rows(
+                &store,
+                &format!(
+                    "SELECT what, change, subject, COALESCE(CAST(other AS TEXT), '-') FROM changes
+                     WHERE commit_id = '{commit}' ORDER BY 1, 2, 3, 4"
+                ),
+            )
+        };
+        assert_eq!(
+            changed("c1"),
+            [
+                "binding added w a",
+                "link added w a",
+                "link added w b",
+                "resource created a -",
+                "resource created b -"
+            ]
+        );
+        assert_eq!(
+            changed("c2"),
+            [
+                "binding added w a",
+                "binding removed w a",
+                "link removed w b",
+                "resource updated a -"
+            ]
+        );
+        assert_eq!(changed("c3"), ["resource deleted b -"]);
+    });
 }
 
 #[test]
 fn bindings_that_stay_keep_their_rows() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-    let port = |v: i64| BindingRecord {
-        needed_path: "values.port".into(),
-        data_type: "int".into(),
-        ..binding("w", "a", json!(v))
-    };
-    let d1 = deploy(
-        &mut store,
-        "c1",
-        &[],
-        &[],
-        &[("w", vec![binding("w", "a", json!("db1")), port(5432)])],
-    );
-    deploy(
-        &mut store,
-        "c2",
-        &[],
-        &[],
-        &[("w", vec![binding("w", "a", json!("db1")), port(6432)])],
-    );
-    assert_eq!(
-        rows(
-            &store,
-            "SELECT needed_path, value, valid_from, COALESCE(valid_to, '-') FROM binding
-             ORDER BY id"
-        ),
-        [
-            format!("values.host \"db1\" {d1} -"),
-            format!("values.port 5432 {d1} {}", d1 + 1),
-            format!("values.port 6432 {} -", d1 + 1),
-        ]
-    );
-    assert_eq!(
-        store.current_bindings("w").unwrap(),
-        vec![binding("w", "a", json!("db1")), port(6432)]
-    );
+    crate::tests::each_backend(|mut store| {
+        let port = |v: i64| BindingRecord {
+            needed_path: "values.port".into(),
+            data_type: "int".into(),
+            ..binding("w", "a", json!(v))
+        };
+        let d1 = deploy(
+            &mut store,
+            "c1",
+            &[],
+            &[],
+            &[("w", vec![binding("w", "a", json!("db1")), port(5432)])],
+        );
+        deploy(
+            &mut store,
+            "c2",
+            &[],
+            &[],
+            &[("w", vec![binding("w", "a", json!("db1")), port(6432)])],
+        );
+        assert_eq!(
+            rows(
+                &store,
+                "SELECT needed_path, value, valid_from, COALESCE(CAST(valid_to AS TEXT), '-') FROM binding
+                 ORDER BY id"
+            ),
+            [
+                format!("values.host \"db1\" {d1} -"),
+                format!("values.port 5432 {d1} {}", d1 + 1),
+                format!("values.port 6432 {} -", d1 + 1),
+            ]
+        );
+        assert_eq!(
+            store.current_bindings("w").unwrap(),
+            vec![binding("w", "a", json!("db1")), port(6432)]
+        );
+    });
 }
 
 #[test]
 fn pruning_keeps_what_retention_says_and_every_current_row() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-    // a is provisioned once, in deployment 1, and never changes: its row must survive.
-    let d1 = deploy(
-        &mut store,
-        "c1",
-        &[record("a", json!({})), record("b", json!({"v": 1}))],
-        &[link("w", "a"), link("w", "b")],
-        &[("w", vec![binding("w", "b", json!(1))])],
-    );
-    let mut last = d1;
-    for v in 2..=6 {
-        last = deploy(
+    crate::tests::each_backend(|mut store| {
+        // a is provisioned once, in deployment 1, and never changes: its row must survive.
+        let d1 = deploy(
             &mut store,
-            &format!("c{v}"),
-            &[record("b", json!({"v": v}))],
+            "c1",
+            &[record("a", json!({})), record("b", json!({"v": 1}))],
             &[link("w", "a"), link("w", "b")],
-            &[("w", vec![binding("w", "b", json!(v))])],
+            &[("w", vec![binding("w", "b", json!(1))])],
         );
-    }
-    let pruned = store.prune(Retention::Deployments(2)).unwrap();
-    // Kept: the newest two (5, 6) and 1, which made a's current row.
-    assert_eq!(
-        rows(&store, "SELECT id FROM deployment ORDER BY id"),
-        [d1.to_string(), (last - 1).to_string(), last.to_string()]
-    );
-    assert_eq!(pruned.deployments, 3);
-    // b's versions and bindings that ended before deployment 5 are gone; those 5 and 6 see
-    // are kept, and so is everything current.
-    assert_eq!(
-        rows(
-            &store,
-            "SELECT guresid, outputs FROM resource_versions ORDER BY guresid, valid_from"
-        ),
-        ["a {}", "b {\"v\":5}", "b {\"v\":6}"]
-    );
-    assert_eq!(
-        rows(
-            &store,
-            &format!(
-                "SELECT guresid, outputs FROM deployment_resources WHERE deployment_id = {}
-                 ORDER BY 1",
-                last - 1
-            )
-        ),
-        ["a {}", "b {\"v\":5}"]
-    );
-    assert_eq!(
-        rows(&store, "SELECT value FROM binding ORDER BY id"),
-        ["5", "6"]
-    );
-    assert_eq!(rows(&store, "SELECT COUNT(*) FROM link"), ["2"]);
-    assert_eq!(store.resources("dev").unwrap().len(), 2);
-    // Vacuum gives the space back (no free page is left in the file) and leaves the data.
-    store.vacuum().unwrap();
-    assert_eq!(rows(&store, "PRAGMA freelist_count"), ["0"]);
-    assert_eq!(rows(&store, "PRAGMA auto_vacuum"), ["2"]);
-    assert_eq!(store.resources("dev").unwrap().len(), 2);
+        let mut last = d1;
+        for v in 2..=6 {
+            last = deploy(
+                &mut store,
+                &format!("c{v}"),
+                &[record("b", json!({"v": v}))],
+                &[link("w", "a"), link("w", "b")],
+                &[("w", vec![binding("w", "b", json!(v))])],
+            );
+        }
+        let pruned = store.prune(Retention::Deployments(2)).unwrap();
+        // Kept: the newest two (5, 6) and 1, which made a's current row.
+        assert_eq!(
+            rows(&store, "SELECT id FROM deployment ORDER BY id"),
+            [d1.to_string(), (last - 1).to_string(), last.to_string()]
+        );
+        assert_eq!(pruned.deployments, 3);
+        // b's versions and bindings that ended before deployment 5 are gone; those 5 and 6 see
+        // are kept, and so is everything current.
+        assert_eq!(
+            rows(
+                &store,
+                "SELECT guresid, outputs FROM resource_versions ORDER BY guresid, valid_from"
+            ),
+            ["a {}", "b {\"v\":5}", "b {\"v\":6}"]
+        );
+        assert_eq!(
+            rows(
+                &store,
+                &format!(
+                    "SELECT guresid, outputs FROM deployment_resources WHERE deployment_id = {}
+                     ORDER BY 1",
+                    last - 1
+                )
+            ),
+            ["a {}", "b {\"v\":5}"]
+        );
+        assert_eq!(
+            rows(&store, "SELECT value FROM binding ORDER BY id"),
+            ["5", "6"]
+        );
+        assert_eq!(rows(&store, "SELECT COUNT(*) FROM link"), ["2"]);
+        assert_eq!(store.resources("dev").unwrap().len(), 2);
+        // Vacuum gives the space back (no free page is left in the file) and leaves the data.
+        store.vacuum().unwrap();
+        if store.backend() == crate::db::Backend::Sqlite {
+            assert_eq!(rows(&store, "PRAGMA freelist_count"), ["0"]);
+            assert_eq!(rows(&store, "PRAGMA auto_vacuum"), ["2"]);
+        }
+        assert_eq!(store.resources("dev").unwrap().len(), 2);
+    });
 }
 
 #[test]
 fn pruning_by_age_keeps_recent_deployments() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-    let old = deploy(&mut store, "c1", &[], &[], &[]);
-    let recent = deploy(&mut store, "c2", &[], &[], &[]);
-    store
-        .conn
-        .execute(
-            "UPDATE deployment SET started_at = '2020-01-01T00:00:00.000Z' WHERE id = ?1",
-            [old],
-        )
-        .unwrap();
-    store
-        .prune(Retention::Age(std::time::Duration::from_secs(86_400)))
-        .unwrap();
-    assert_eq!(
-        rows(&store, "SELECT id FROM deployment"),
-        [recent.to_string()]
-    );
-    // With every deployment too old, the newest stays.
-    store
-        .conn
-        .execute(
-            "UPDATE deployment SET started_at = '2020-01-01T00:00:00.000Z'",
-            params![],
-        )
-        .unwrap();
-    store
-        .prune(Retention::Age(std::time::Duration::from_secs(86_400)))
-        .unwrap();
-    assert_eq!(
-        rows(&store, "SELECT id FROM deployment"),
-        [recent.to_string()]
-    );
+    crate::tests::each_backend(|mut store| {
+        let old = deploy(&mut store, "c1", &[], &[], &[]);
+        let recent = deploy(&mut store, "c2", &[], &[], &[]);
+        store
+            .conn
+            .execute(
+                "UPDATE deployment SET started_at = '2020-01-01T00:00:00.000Z' WHERE id = ?1",
+                [old],
+            )
+            .unwrap();
+        store
+            .prune(Retention::Age(std::time::Duration::from_secs(86_400)))
+            .unwrap();
+        assert_eq!(
+            rows(&store, "SELECT id FROM deployment"),
+            [recent.to_string()]
+        );
+        // With every deployment too old, the newest stays.
+        store
+            .conn
+            .execute(
+                "UPDATE deployment SET started_at = '2020-01-01T00:00:00.000Z'",
+                params![],
+            )
+            .unwrap();
+        store
+            .prune(Retention::Age(std::time::Duration::from_secs(86_400)))
+            .unwrap();
+        assert_eq!(
+            rows(&store, "SELECT id FROM deployment"),
+            [recent.to_string()]
+        );
+    });
 }
 
 /// A state file as gitplane wrote it before links and bindings became ranges: schema version 1,
@@ -476,7 +478,7 @@ fn a_state_file_from_before_ranges_migrates_and_keeps_its_history() {
     assert_eq!(
         rows(
             &store,
-            "SELECT consumer, provider, valid_from, COALESCE(valid_to, '-') FROM link
+            "SELECT consumer, provider, valid_from, COALESCE(CAST(valid_to AS TEXT), '-') FROM link
              ORDER BY consumer, provider"
         ),
         ["o a 5 -", "w a 1 -", "w b 1 3", "w c 3 -"]
@@ -484,7 +486,7 @@ fn a_state_file_from_before_ranges_migrates_and_keeps_its_history() {
     assert_eq!(
         rows(
             &store,
-            "SELECT value, valid_from, COALESCE(valid_to, '-') FROM binding ORDER BY id"
+            "SELECT value, valid_from, COALESCE(CAST(valid_to AS TEXT), '-') FROM binding ORDER BY id"
         ),
         ["\"db1\" 1 3", "\"db2\" 3 -"]
     );
@@ -520,7 +522,7 @@ fn a_state_file_from_before_ranges_migrates_and_keeps_its_history() {
     assert_eq!(
         rows(
             &store,
-            "SELECT guresid, valid_from, COALESCE(valid_to, '-') FROM resource_versions"
+            "SELECT guresid, valid_from, COALESCE(CAST(valid_to AS TEXT), '-') FROM resource_versions"
         ),
         ["a 3 -"]
     );
@@ -529,60 +531,60 @@ fn a_state_file_from_before_ranges_migrates_and_keeps_its_history() {
 
 #[test]
 fn many_resources_bound_at_once_change_only_the_bindings_that_changed() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-    // More resources than are looked up one by one.
-    let names: Vec<String> = (0..300).map(|i| format!("w{i:03}")).collect();
-    let bindings = |changed: &str| -> Vec<(&str, Vec<BindingRecord>)> {
-        names
-            .iter()
-            .map(|n| {
-                let value = if n == changed { "db2" } else { "db1" };
-                (n.as_str(), vec![binding(n, "a", json!(value))])
-            })
-            .collect()
-    };
-    let d1 = deploy(&mut store, "c1", &[], &[], &bindings("-"));
-    let d2 = deploy(&mut store, "c2", &[], &[], &bindings("w150"));
-    assert_eq!(rows(&store, "SELECT COUNT(*) FROM binding"), ["301"]);
-    assert_eq!(
-        rows(
-            &store,
-            "SELECT needed_guresid, value, valid_from, COALESCE(valid_to, '-') FROM binding
-             WHERE needed_guresid = 'w150' ORDER BY id"
-        ),
-        [
-            format!("w150 \"db1\" {d1} {d2}"),
-            format!("w150 \"db2\" {d2} -")
-        ]
-    );
+    crate::tests::each_backend(|mut store| {
+        // More resources than are looked up one by one.
+        let names: Vec<String> = (0..300).map(|i| format!("w{i:03}")).collect();
+        let bindings = |changed: &str| -> Vec<(&str, Vec<BindingRecord>)> {
+            names
+                .iter()
+                .map(|n| {
+                    let value = if n == changed { "db2" } else { "db1" };
+                    (n.as_str(), vec![binding(n, "a", json!(value))])
+                })
+                .collect()
+        };
+        let d1 = deploy(&mut store, "c1", &[], &[], &bindings("-"));
+        let d2 = deploy(&mut store, "c2", &[], &[], &bindings("w150"));
+        assert_eq!(rows(&store, "SELECT COUNT(*) FROM binding"), ["301"]);
+        assert_eq!(
+            rows(
+                &store,
+                "SELECT needed_guresid, value, valid_from, COALESCE(CAST(valid_to AS TEXT), '-') FROM binding
+                 WHERE needed_guresid = 'w150' ORDER BY id"
+            ),
+            [
+                format!("w150 \"db1\" {d1} {d2}"),
+                format!("w150 \"db2\" {d2} -")
+            ]
+        );
+    });
 }
 
 #[test]
 fn marking_the_orphans_of_some_apps_leaves_the_others_marked() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-    deploy(
-        &mut store,
-        "c1",
-        &[record("a", json!({})), record("g", json!({}))],
-        &[],
-        &[],
-    );
-    let kept = |store: &Store| rows(store, "SELECT guresid FROM orphans ORDER BY 1");
-    store
-        .mark_orphans(
-            "dev",
-            &[("a".into(), "x".into()), ("g".into(), "y".into())],
-            None,
-        )
-        .unwrap();
-    assert_eq!(kept(&store), ["a", "g"]);
-    assert!(!store.has_global_orphans("dev").unwrap());
-    // An apply of a's app finds a in its graph again: g, outside it, stays an orphan.
-    store.mark_orphans("dev", &[], Some(&["a"])).unwrap();
-    assert_eq!(kept(&store), ["g"]);
-    // A whole apply speaks for everything.
-    store.mark_orphans("dev", &[], None).unwrap();
-    assert!(kept(&store).is_empty());
+    crate::tests::each_backend(|mut store| {
+        deploy(
+            &mut store,
+            "c1",
+            &[record("a", json!({})), record("g", json!({}))],
+            &[],
+            &[],
+        );
+        let kept = |store: &Store| rows(store, "SELECT guresid FROM orphans ORDER BY 1");
+        store
+            .mark_orphans(
+                "dev",
+                &[("a".into(), "x".into()), ("g".into(), "y".into())],
+                None,
+            )
+            .unwrap();
+        assert_eq!(kept(&store), ["a", "g"]);
+        assert!(!store.has_global_orphans("dev").unwrap());
+        // An apply of a's app finds a in its graph again: g, outside it, stays an orphan.
+        store.mark_orphans("dev", &[], Some(&["a"])).unwrap();
+        assert_eq!(kept(&store), ["g"]);
+        // A whole apply speaks for everything.
+        store.mark_orphans("dev", &[], None).unwrap();
+        assert!(kept(&store).is_empty());
+    });
 }

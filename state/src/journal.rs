@@ -361,7 +361,7 @@ fn new_version(
         .prepare_cached(
             "SELECT COALESCE(version_from, deployment_id),
                     definition = ?2 AND driver = ?3 AND status = ?4 AND inputs_hash = ?5
-                      AND outputs = ?6 AND error IS ?7
+                      AND outputs = ?6 AND error IS NOT DISTINCT FROM ?7
              FROM resource WHERE guresid = ?1",
         )?
         .query_row(

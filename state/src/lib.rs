@@ -825,7 +825,7 @@ impl Store {
         self.query(
             "SELECT id, env, commit_id, status, started_at, finished_at,
                         created, updated, deleted, unchanged, failed, error, held
-                 FROM deployment WHERE ?1 IS NULL OR env = ?1 ORDER BY id DESC",
+                 FROM deployment WHERE CAST(?1 AS TEXT) IS NULL OR env = ?1 ORDER BY id DESC",
             [env],
             deployment_row,
         )
@@ -1006,7 +1006,7 @@ impl Store {
                 "UPDATE resource SET orphan_since = NULL, orphan_reason = NULL
                  WHERE env = ?1 AND orphan_since IS NOT NULL
                    AND guresid NOT IN (SELECT value FROM json_each(?2))
-                   AND (?3 IS NULL OR guresid IN (SELECT value FROM json_each(?3)))",
+                   AND (CAST(?3 AS TEXT) IS NULL OR guresid IN (SELECT value FROM json_each(?3)))",
                 params![env, kept, scope],
             )?;
             let mut stmt = tx.prepare_cached(&format!(
@@ -1096,7 +1096,7 @@ impl Store {
                 "SELECT v FROM (
                    SELECT outputs AS v FROM resource_secret WHERE outputs LIKE 'gp1:%'
                    UNION ALL
-                   SELECT cookie FROM driver_cookie WHERE cookie LIKE 'gp1:%')
+                   SELECT cookie FROM driver_cookie WHERE cookie LIKE 'gp1:%') AS sealed
                  LIMIT 1",
                 params![],
                 |r| r.get(0),
@@ -1262,15 +1262,15 @@ impl Store {
         // A JSON array of the environments, or NULL for all of them.
         let envs =
             (!filter.envs.is_empty()).then(|| serde_json::to_string(filter.envs).expect("strings"));
-        const ENVS: &str = "(?1 IS NULL OR env IN (SELECT value FROM json_each(?1)))";
+        const ENVS: &str = "(CAST(?1 AS TEXT) IS NULL OR env IN (SELECT value FROM json_each(?1)))";
         match view {
             ReportView::Consumers => self.report_rows(
                 view,
                 "SELECT c.env, c.provider, c.consumer, r.type AS consumer_type,
                         r.res_id AS consumer_id, c.depth
                  FROM consumers c LEFT JOIN current_resources r ON r.guresid = c.consumer
-                 WHERE (?1 IS NULL OR c.env IN (SELECT value FROM json_each(?1)))
-                   AND (?2 IS NULL OR c.provider = ?2)
+                 WHERE (CAST(?1 AS TEXT) IS NULL OR c.env IN (SELECT value FROM json_each(?1)))
+                   AND (CAST(?2 AS TEXT) IS NULL OR c.provider = ?2)
                  ORDER BY c.env, c.depth, r.res_id, c.consumer",
                 params![envs, filter.provider],
             ),
@@ -1761,6 +1761,17 @@ pub(crate) mod tests {
         }
     }
 
+    /// Runs `test` on a SQLite store, then on a PostgreSQL one (a fresh database on this test
+    /// process's own server), or says why PostgreSQL cannot run here.
+    pub(crate) fn each_backend(test: impl Fn(Store)) {
+        let dir = tempfile::tempdir().unwrap();
+        test(Store::open(&dir.path().join("state.db")).unwrap());
+        if let Some(pg) = gitplane_testkit::shared_or_skip("the PostgreSQL half") {
+            let key = KeySource::File(dir.path().join("pg.key"));
+            test(Store::open_keyed(Path::new(&pg.database()), Some(&key)).unwrap());
+        }
+    }
+
     /// A create of `shared.db`, a postgres of app `shop` in `development`.
     pub(crate) fn start(deployment: i64) -> OperationStart<'static> {
         OperationStart {
@@ -1802,7 +1813,7 @@ pub(crate) mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 6);
+        assert_eq!(m.len(), 7);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
         assert!(m[1].contains("CREATE TABLE resource_version"));
@@ -1870,11 +1881,11 @@ pub(crate) mod tests {
         store
             .conn
             .execute_batch(&format!(
-                "INSERT INTO env_lock VALUES ('dev', 'x', {dead}, '{host}', {NOW}, {NOW});
-                 INSERT INTO env_lock VALUES ('prod', 'y', 1, 'elsewhere',
+                "INSERT INTO env_lock (env, holder, pid, host, acquired_at, renewed_at) VALUES ('dev', 'x', {dead}, '{host}', {NOW}, {NOW});
+                 INSERT INTO env_lock (env, holder, pid, host, acquired_at, renewed_at) VALUES ('prod', 'y', 1, 'elsewhere',
                    strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-60 seconds'),
                    strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-60 seconds'));
-                 INSERT INTO env_lock VALUES ('test', 'z', 1, 'elsewhere', {NOW}, {NOW});"
+                 INSERT INTO env_lock (env, holder, pid, host, acquired_at, renewed_at) VALUES ('test', 'z', 1, 'elsewhere', {NOW}, {NOW});"
             ))
             .unwrap();
         let _dev = ApplyLock::acquire(&state, "dev", false).unwrap();
@@ -1931,83 +1942,83 @@ pub(crate) mod tests {
 
     #[test]
     fn an_interrupted_deployment_is_resumed_for_the_same_commit_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-        let (first, resumed) = store
-            .begin_or_resume_deployment("dev", "c1", false, 50.0)
-            .unwrap();
-        assert!(!resumed);
-        let op = OperationStart {
-            deployment: first,
-            guresid: "g1",
-            app: None,
-            res_type: "t",
-            class: "default",
-            res_id: "r",
-            action: "create",
-            reason: "new",
-        };
-        let op_id = store.begin_operation(&op).unwrap();
-        store
-            .record_call(op_id, 1, "g1", Some(Some("c=1")))
-            .unwrap();
-        // gitplane is killed here; the next apply of the same commit picks the deployment up.
-        assert_eq!(
-            store
+        crate::tests::each_backend(|mut store| {
+            let (first, resumed) = store
                 .begin_or_resume_deployment("dev", "c1", false, 50.0)
-                .unwrap(),
-            (first, true)
-        );
-        assert_eq!(store.operations(first).unwrap()[0].status, "interrupted");
-        assert_eq!(store.cookie("g1").unwrap().as_deref(), Some("c=1"));
-        // A different commit closes it as failed and starts anew.
-        let (second, resumed) = store
-            .begin_or_resume_deployment("dev", "c2", false, 50.0)
-            .unwrap();
-        assert!(!resumed && second != first);
-        let old = store
-            .deployments(Some("dev"))
-            .unwrap()
-            .into_iter()
-            .find(|d| d.id == first)
-            .unwrap();
-        assert_eq!(old.status, DeploymentStatus::Failed);
-        assert!(old.error.unwrap().starts_with("interrupted"));
-        store.record_call(op_id, 2, "g1", Some(None)).unwrap();
-        assert_eq!(store.cookie("g1").unwrap(), None);
+                .unwrap();
+            assert!(!resumed);
+            let op = OperationStart {
+                deployment: first,
+                guresid: "g1",
+                app: None,
+                res_type: "t",
+                class: "default",
+                res_id: "r",
+                action: "create",
+                reason: "new",
+            };
+            let op_id = store.begin_operation(&op).unwrap();
+            store
+                .record_call(op_id, 1, "g1", Some(Some("c=1")))
+                .unwrap();
+            // gitplane is killed here; the next apply of the same commit picks the deployment up.
+            assert_eq!(
+                store
+                    .begin_or_resume_deployment("dev", "c1", false, 50.0)
+                    .unwrap(),
+                (first, true)
+            );
+            assert_eq!(store.operations(first).unwrap()[0].status, "interrupted");
+            assert_eq!(store.cookie("g1").unwrap().as_deref(), Some("c=1"));
+            // A different commit closes it as failed and starts anew.
+            let (second, resumed) = store
+                .begin_or_resume_deployment("dev", "c2", false, 50.0)
+                .unwrap();
+            assert!(!resumed && second != first);
+            let old = store
+                .deployments(Some("dev"))
+                .unwrap()
+                .into_iter()
+                .find(|d| d.id == first)
+                .unwrap();
+            assert_eq!(old.status, DeploymentStatus::Failed);
+            assert!(old.error.unwrap().starts_with("interrupted"));
+            store.record_call(op_id, 2, "g1", Some(None)).unwrap();
+            assert_eq!(store.cookie("g1").unwrap(), None);
+        });
     }
 
     #[test]
     fn a_resource_without_secrets_has_no_secret_row_and_reads_back_the_same() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-        let dep = store.begin_deployment("development", "c1").unwrap();
-        let start = start(dep);
-        let secret_rows = |store: &Store| -> i64 {
-            store
-                .conn
-                .query_row("SELECT COUNT(*) FROM resource_secret", params![], |r| {
-                    r.get(0)
-                })
-                .unwrap()
-        };
-        let plain = ResourceRecord {
-            secret_outputs: serde_json::json!({}),
-            secret_inputs: StoredJson::from_text(journal::NO_SECRET_INPUTS.to_owned()),
-            ..record("g1")
-        };
-        // With secrets, a row; then without, none; the record reads back unchanged each time.
-        for (rec, rows) in [
-            (record("g1"), 1),
-            (plain.clone(), 0),
-            (record("g1"), 1),
-            (plain, 0),
-        ] {
-            let op = store.begin_operation(&start).unwrap();
-            store.finish_put(op, 1, dep, &rec, Some(true)).unwrap();
-            assert_eq!(secret_rows(&store), rows);
-            assert_eq!(store.resources("development").unwrap(), vec![rec]);
-        }
+        crate::tests::each_backend(|mut store| {
+            let dep = store.begin_deployment("development", "c1").unwrap();
+            let start = start(dep);
+            let secret_rows = |store: &Store| -> i64 {
+                store
+                    .conn
+                    .query_row("SELECT COUNT(*) FROM resource_secret", params![], |r| {
+                        r.get(0)
+                    })
+                    .unwrap()
+            };
+            let plain = ResourceRecord {
+                secret_outputs: serde_json::json!({}),
+                secret_inputs: StoredJson::from_text(journal::NO_SECRET_INPUTS.to_owned()),
+                ..record("g1")
+            };
+            // With secrets, a row; then without, none; the record reads back unchanged each time.
+            for (rec, rows) in [
+                (record("g1"), 1),
+                (plain.clone(), 0),
+                (record("g1"), 1),
+                (plain, 0),
+            ] {
+                let op = store.begin_operation(&start).unwrap();
+                store.finish_put(op, 1, dep, &rec, Some(true)).unwrap();
+                assert_eq!(secret_rows(&store), rows);
+                assert_eq!(store.resources("development").unwrap(), vec![rec]);
+            }
+        });
     }
 
     #[test]
@@ -2029,52 +2040,52 @@ pub(crate) mod tests {
 
     #[test]
     fn put_and_delete_round_trip_with_journal() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-        let dep = store.begin_deployment("development", "c1").unwrap();
-        let start = start(dep);
-        let op = store.begin_operation(&start).unwrap();
-        assert_eq!(store.operations(dep).unwrap()[0].status, "started");
-        store
-            .finish_put(op, 1, dep, &record("g1"), Some(true))
-            .unwrap();
-        let got = store.resources("development").unwrap();
-        assert_eq!(got, vec![record("g1")]);
-        assert_eq!(store.operations(dep).unwrap()[0].status, "succeeded");
+        crate::tests::each_backend(|mut store| {
+            let dep = store.begin_deployment("development", "c1").unwrap();
+            let start = start(dep);
+            let op = store.begin_operation(&start).unwrap();
+            assert_eq!(store.operations(dep).unwrap()[0].status, "started");
+            store
+                .finish_put(op, 1, dep, &record("g1"), Some(true))
+                .unwrap();
+            let got = store.resources("development").unwrap();
+            assert_eq!(got, vec![record("g1")]);
+            assert_eq!(store.operations(dep).unwrap()[0].status, "succeeded");
 
-        let del = store
-            .begin_operation(&OperationStart {
-                action: "delete",
-                ..start
-            })
-            .unwrap();
-        store
-            .finish_delete(del, 1, dep, ("development", "g1"), None)
-            .unwrap();
-        assert!(store.resources("development").unwrap().is_empty());
-        let secrets: i64 = store
-            .conn
-            .query_row("SELECT COUNT(*) FROM resource_secret", params![], |r| {
-                r.get(0)
-            })
-            .unwrap();
-        assert_eq!(secrets, 0, "secrets go with their resource");
-        store
-            .finish_deployment(
-                dep,
-                DeploymentStatus::Succeeded,
-                &Counts {
-                    created: 1,
-                    deleted: 1,
-                    ..Counts::default()
-                },
-                None,
-            )
-            .unwrap();
-        let d = store.latest_deployment("development").unwrap().unwrap();
-        assert_eq!(d.status, DeploymentStatus::Succeeded);
-        assert_eq!(d.counts.created, 1);
-        assert!(d.finished_at.is_some());
+            let del = store
+                .begin_operation(&OperationStart {
+                    action: "delete",
+                    ..start
+                })
+                .unwrap();
+            store
+                .finish_delete(del, 1, dep, ("development", "g1"), None)
+                .unwrap();
+            assert!(store.resources("development").unwrap().is_empty());
+            let secrets: i64 = store
+                .conn
+                .query_row("SELECT COUNT(*) FROM resource_secret", params![], |r| {
+                    r.get(0)
+                })
+                .unwrap();
+            assert_eq!(secrets, 0, "secrets go with their resource");
+            store
+                .finish_deployment(
+                    dep,
+                    DeploymentStatus::Succeeded,
+                    &Counts {
+                        created: 1,
+                        deleted: 1,
+                        ..Counts::default()
+                    },
+                    None,
+                )
+                .unwrap();
+            let d = store.latest_deployment("development").unwrap().unwrap();
+            assert_eq!(d.status, DeploymentStatus::Succeeded);
+            assert_eq!(d.counts.created, 1);
+            assert!(d.finished_at.is_some());
+        });
     }
 }
 

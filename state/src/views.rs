@@ -295,39 +295,40 @@ mod tests {
 
     #[test]
     fn a_deployment_counts_every_driver_call_of_its_operations() {
-        let (_dir, mut store) = store();
-        let d = store.begin_deployment("development", "c1").unwrap();
-        let op = store.begin_operation(&start(d)).unwrap();
-        store.finish_put(op, 3, d, &record("g1"), None).unwrap();
-        let op = store
-            .begin_operation(&OperationStart {
-                guresid: "g2",
-                ..start(d)
-            })
-            .unwrap();
-        store.finish_put(op, 2, d, &record("g2"), None).unwrap();
-        store
-            .finish_deployment(d, DeploymentStatus::Succeeded, &Counts::default(), None)
-            .unwrap();
-        // A deployment that changed nothing made no call.
-        let quiet = store.begin_deployment("development", "c2").unwrap();
-        let other = store.begin_deployment("production", "c2").unwrap();
+        crate::tests::each_backend(|mut store| {
+            let d = store.begin_deployment("development", "c1").unwrap();
+            let op = store.begin_operation(&start(d)).unwrap();
+            store.finish_put(op, 3, d, &record("g1"), None).unwrap();
+            let op = store
+                .begin_operation(&OperationStart {
+                    guresid: "g2",
+                    ..start(d)
+                })
+                .unwrap();
+            store.finish_put(op, 2, d, &record("g2"), None).unwrap();
+            store
+                .finish_deployment(d, DeploymentStatus::Succeeded, &Counts::default(), None)
+                .unwrap();
+            // A deployment that changed nothing made no call.
+            let quiet = store.begin_deployment("development", "c2").unwrap();
+            let other = store.begin_deployment("production", "c2").unwrap();
 
-        let recent = store.recent_deployments("development", 10).unwrap();
-        assert_eq!(
-            recent
-                .iter()
-                .map(|d| (d.record.id, d.calls, d.kind.as_str()))
-                .collect::<Vec<_>>(),
-            [(quiet, 0, "commit"), (d, 5, "commit")]
-        );
-        assert_eq!(store.recent_deployments("development", 1).unwrap().len(), 1);
-        assert_eq!(
-            store.recent_deployments("production", 10).unwrap()[0]
-                .record
-                .id,
-            other
-        );
+            let recent = store.recent_deployments("development", 10).unwrap();
+            assert_eq!(
+                recent
+                    .iter()
+                    .map(|d| (d.record.id, d.calls, d.kind.as_str()))
+                    .collect::<Vec<_>>(),
+                [(quiet, 0, "commit"), (d, 5, "commit")]
+            );
+            assert_eq!(store.recent_deployments("development", 1).unwrap().len(), 1);
+            assert_eq!(
+                store.recent_deployments("production", 10).unwrap()[0]
+                    .record
+                    .id,
+                other
+            );
+        });
     }
 
     #[test]
@@ -356,81 +357,83 @@ mod tests {
 
     #[test]
     fn nodes_are_ready_failed_orphaned_or_in_progress() {
-        let (_dir, mut store) = store();
-        let d = store.begin_deployment("development", "c1").unwrap();
-        for (g, failed) in [("g1", false), ("g2", true), ("g3", false)] {
-            let op = store
-                .begin_operation(&OperationStart {
-                    guresid: g,
-                    ..start(d)
-                })
-                .unwrap();
-            let mut rec = record(g);
-            if failed {
-                rec.status = ResourceStatus::Failed;
-                rec.error = Some("quota exceeded".into());
+        crate::tests::each_backend(|mut store| {
+            let d = store.begin_deployment("development", "c1").unwrap();
+            for (g, failed) in [("g1", false), ("g2", true), ("g3", false)] {
+                let op = store
+                    .begin_operation(&OperationStart {
+                        guresid: g,
+                        ..start(d)
+                    })
+                    .unwrap();
+                let mut rec = record(g);
+                if failed {
+                    rec.status = ResourceStatus::Failed;
+                    rec.error = Some("quota exceeded".into());
+                }
+                store.finish_put(op, 1, d, &rec, None).unwrap();
             }
-            store.finish_put(op, 1, d, &rec, None).unwrap();
-        }
-        store
-            .mark_orphans("development", &[("g3".into(), "kept".into())], None)
-            .unwrap();
-        store
-            .finish_deployment(d, DeploymentStatus::Failed, &Counts::default(), None)
-            .unwrap();
-        // A running deployment updating g1 and creating g0, not recorded yet.
-        let running = store.begin_deployment("development", "c2").unwrap();
-        for g in ["g1", "g0"] {
             store
-                .begin_operation(&OperationStart {
-                    guresid: g,
-                    ..start(running)
-                })
+                .mark_orphans("development", &[("g3".into(), "kept".into())], None)
                 .unwrap();
-        }
+            store
+                .finish_deployment(d, DeploymentStatus::Failed, &Counts::default(), None)
+                .unwrap();
+            // A running deployment updating g1 and creating g0, not recorded yet.
+            let running = store.begin_deployment("development", "c2").unwrap();
+            for g in ["g1", "g0"] {
+                store
+                    .begin_operation(&OperationStart {
+                        guresid: g,
+                        ..start(running)
+                    })
+                    .unwrap();
+            }
 
-        let nodes = store.graph_nodes("development").unwrap();
-        assert_eq!(
-            nodes
-                .iter()
-                .map(|n| (n.guresid.as_str(), n.status, n.recorded))
-                .collect::<Vec<_>>(),
-            [
-                ("g0", "in_progress", false),
-                ("g1", "in_progress", true),
-                ("g2", "failed", true),
-                ("g3", "orphaned", true),
-            ]
-        );
-        assert_eq!(
-            store.resource_counts().unwrap(),
-            [
-                ("development".to_owned(), "failed".to_owned(), 1),
-                ("development".to_owned(), "orphaned".to_owned(), 1),
-                ("development".to_owned(), "ready".to_owned(), 1)
-            ]
-        );
-        let (failed, total) = store.failed_resources("development", 10).unwrap();
-        assert_eq!(total, 1);
-        assert_eq!(failed[0].guresid, "g2");
-        assert_eq!(failed[0].error.as_deref(), Some("quota exceeded"));
-        assert!(store.graph_nodes("production").unwrap().is_empty());
+            let nodes = store.graph_nodes("development").unwrap();
+            assert_eq!(
+                nodes
+                    .iter()
+                    .map(|n| (n.guresid.as_str(), n.status, n.recorded))
+                    .collect::<Vec<_>>(),
+                [
+                    ("g0", "in_progress", false),
+                    ("g1", "in_progress", true),
+                    ("g2", "failed", true),
+                    ("g3", "orphaned", true),
+                ]
+            );
+            assert_eq!(
+                store.resource_counts().unwrap(),
+                [
+                    ("development".to_owned(), "failed".to_owned(), 1),
+                    ("development".to_owned(), "orphaned".to_owned(), 1),
+                    ("development".to_owned(), "ready".to_owned(), 1)
+                ]
+            );
+            let (failed, total) = store.failed_resources("development", 10).unwrap();
+            assert_eq!(total, 1);
+            assert_eq!(failed[0].guresid, "g2");
+            assert_eq!(failed[0].error.as_deref(), Some("quota exceeded"));
+            assert!(store.graph_nodes("production").unwrap().is_empty());
+        });
     }
 
     #[test]
     fn a_resource_view_holds_no_secret_and_names_its_secret_outputs() {
-        let (_dir, mut store) = store();
-        let d = store.begin_deployment("development", "c1").unwrap();
-        let op = store.begin_operation(&start(d)).unwrap();
-        store.finish_put(op, 1, d, &record("g1"), None).unwrap();
+        crate::tests::each_backend(|mut store| {
+            let d = store.begin_deployment("development", "c1").unwrap();
+            let op = store.begin_operation(&start(d)).unwrap();
+            store.finish_put(op, 1, d, &record("g1"), None).unwrap();
 
-        let view = store.resource_view("development", "g1").unwrap().unwrap();
-        assert_eq!(view.outputs, json!({"host": "db"}));
-        assert_eq!(view.inputs, json!({"values": {"host": "db"}}));
-        assert_eq!(view.definition, "pg");
-        assert!(!format!("{view:?}").contains("s3cret"));
-        assert_eq!(store.secret_output_names("g1").unwrap(), ["password"]);
-        assert!(store.resource_view("production", "g1").unwrap().is_none());
-        assert!(store.secret_output_names("g9").unwrap().is_empty());
+            let view = store.resource_view("development", "g1").unwrap().unwrap();
+            assert_eq!(view.outputs, json!({"host": "db"}));
+            assert_eq!(view.inputs, json!({"values": {"host": "db"}}));
+            assert_eq!(view.definition, "pg");
+            assert!(!format!("{view:?}").contains("s3cret"));
+            assert_eq!(store.secret_output_names("g1").unwrap(), ["password"]);
+            assert!(store.resource_view("production", "g1").unwrap().is_none());
+            assert!(store.secret_output_names("g9").unwrap().is_empty());
+        });
     }
 }

@@ -28,6 +28,7 @@ use crate::model::LoadCache;
 use crate::reconcile::{self, ApplyOptions, Settings};
 use crate::repo::{ConfigRepo, RepoError};
 use crate::serve::{self, ServeError};
+use crate::shard::{self, LeaseEvent, Shard};
 use crate::stores::SecretStores;
 use crate::watch;
 
@@ -114,6 +115,9 @@ struct Shared {
     stop: Arc<AtomicBool>,
     /// Metrics, the status page's live updates and notifications.
     events: Arc<Events>,
+    /// The environments this daemon holds, when daemons share a PostgreSQL state; `None`:
+    /// every environment is this daemon's.
+    shard: Option<Arc<Shard>>,
 }
 
 struct Daemon {
@@ -138,6 +142,10 @@ struct Daemon {
     /// A push webhook that came while a fetch was running: fetch again once it ends, since
     /// the push may have landed after the running fetch read the remote.
     fetch_again: Option<Instant>,
+    /// Leases gained and lost, from the lease thread.
+    lease_events: Option<mpsc::UnboundedReceiver<LeaseEvent>>,
+    /// The lease thread: it gives the leases up when the daemon stops.
+    lease_thread: Option<(std::thread::JoinHandle<()>, Arc<AtomicBool>)>,
 }
 
 impl Daemon {
@@ -152,14 +160,25 @@ impl Daemon {
             }
         };
         let events = Arc::new(Events::new(&options.host.notify));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (shard, lease_events, lease_thread) =
+            if store.backend() == gitplane_state::db::Backend::Postgres {
+                let ttl = lease_ttl(&options.host);
+                let quit = Arc::new(AtomicBool::new(false));
+                let (shard, events, thread) = shard::start(&options.state, ttl, quit.clone())?;
+                (Some(shard), Some(events), Some((thread, quit)))
+            } else {
+                (None, None, None)
+            };
         let shared = Arc::new(Shared {
             state: options.state.clone(),
             state_key: options.host.state_key.clone(),
             repo: repo_path.clone(),
             cache: Arc::default(),
             runtime: RwLock::new(Arc::new(runtime_of(&options.host, &events))),
-            stop: Arc::new(AtomicBool::new(false)),
+            stop,
             events,
+            shard,
         });
         Ok(Daemon {
             options,
@@ -173,6 +192,8 @@ impl Daemon {
             store,
             served: None,
             fetch_again: None,
+            lease_events,
+            lease_thread,
         })
     }
 
@@ -281,6 +302,7 @@ impl Daemon {
                     // From the loop itself: a hung loop stops these, and systemd restarts it.
                     let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
                 }
+                Some(event) = recv_lease(&mut self.lease_events) => self.lease_changed(event),
                 Some(done) = self.tasks.join_next() => {
                     if let Err(e) = done {
                         error!(error = %e, "an environment worker stopped");
@@ -332,6 +354,13 @@ impl Daemon {
             while self.tasks.join_next().await.is_some() {}
         })
         .await;
+        if let Some((thread, quit)) = self.lease_thread.take() {
+            // Given up once the reconciles ended, rather than left to expire: the other
+            // daemons take them at once.
+            quit.store(true, Ordering::SeqCst);
+            let released = tokio::task::spawn_blocking(move || thread.join());
+            let _ = tokio::time::timeout(Duration::from_secs(3), released).await;
+        }
         if drained.is_ok() {
             info!("stopped");
             return;
@@ -449,13 +478,20 @@ impl Daemon {
             }
             let layout = repo.layout(&commit)?;
             let store = Store::open_keyed(&shared.state, shared.state_key.as_ref())?;
-            let envs: Vec<String> = if envs.is_empty() {
+            let mut envs: Vec<String> = if envs.is_empty() {
                 deploy::environments_to_deploy(&layout, Some(&store))?
                     .into_iter()
                     .collect()
             } else {
                 envs
             };
+            // Daemons sharing the state share its environments out: this one builds those it
+            // holds; one it gains later is built by its worker.
+            if let Some(shard) = &shared.shard {
+                shard.set_envs(envs.iter().cloned());
+                let held = shard.held();
+                envs.retain(|env| held.contains(env));
+            }
             let mut cache = shared.cache.lock().unwrap_or_else(|e| e.into_inner());
             let built = deploy::targets(
                 &repo,
@@ -563,6 +599,31 @@ impl Daemon {
         self.tasks.spawn(worker(env, rx, shared));
     }
 
+    /// A lease gained: the environment's worker deploys the newest commit (resuming what its
+    /// previous holder left running). A lease lost: its worker ends once its reconcile stops
+    /// (the lease's hold stops its driver calls, the fence its writes).
+    fn lease_changed(&mut self, event: LeaseEvent) {
+        match event {
+            LeaseEvent::Gained(env) => {
+                if let Some(commit) = self.last_commit.clone() {
+                    self.dispatch(
+                        env,
+                        Job {
+                            commit,
+                            drift: false,
+                            noticed: None,
+                            prebuilt: Arc::default(),
+                        },
+                    );
+                }
+            }
+            LeaseEvent::Lost(env) => {
+                self.workers.remove(&env);
+                self.schedules.remove(&env);
+            }
+        }
+    }
+
     /// The next drift run: how long until it, and the environments due then.
     fn next_drift(&self) -> Option<(Duration, Vec<String>)> {
         let now = Utc::now();
@@ -631,9 +692,19 @@ async fn worker(env: String, mut jobs: latest::Receiver<Option<Job>>, shared: Ar
 async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared) {
     let state = shared.state.clone();
     let lock_env = env.to_owned();
+    let hold = match &shared.shard {
+        Some(shard) => match shard.hold(env) {
+            Some(hold) => Some((hold, shard.busy(env))),
+            // Another daemon holds it now.
+            None => return,
+        },
+        None => None,
+    };
+    let fence = hold.as_ref().map(|(h, _)| h.fence().clone());
     // A CLI apply or approve may hold the environment: wait for it.
-    let lock = match tokio::task::spawn_blocking(move || {
-        ApplyLock::acquire(&state, &lock_env, true)
+    let lock = match tokio::task::spawn_blocking(move || match &fence {
+        Some(fence) => ApplyLock::acquire_leased(&state, fence),
+        None => ApplyLock::acquire(&state, &lock_env, true),
     })
     .await
     {
@@ -648,6 +719,8 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         }
     };
     let runtime = shared.current();
+    // Every write of this reconcile checks the lease; none lands once another daemon took it.
+    store.set_fences(hold.iter().map(|(h, _)| h.fence().clone()).collect());
     if let Err(e) = store.refresh_key() {
         error!(env, error = %e, "cannot read the state");
         return;
@@ -687,6 +760,7 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         approved: None,
         drift: job.drift,
         stop: Some(shared.stop.clone()),
+        lease: hold.as_ref().map(|(h, _)| h.clone()),
         resolve: Default::default(),
     };
     if let Some(noticed) = job.noticed {
@@ -771,6 +845,23 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         Err(e) => error!(env, error = %e, "state error during the deployment"),
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
+}
+
+/// The lease's time when the host config does not set it.
+const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
+
+fn lease_ttl(_host: &HostConfig) -> Duration {
+    DEFAULT_LEASE_TTL
+}
+
+/// The next lease change, when daemons share the state (never, otherwise).
+async fn recv_lease(
+    events: &mut Option<mpsc::UnboundedReceiver<LeaseEvent>>,
+) -> Option<LeaseEvent> {
+    match events {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What `env`'s worker applies for `job`, decided while it holds the environment's lock: the

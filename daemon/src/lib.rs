@@ -19,5 +19,6 @@ pub mod plan;
 pub mod reconcile;
 pub mod repo;
 pub mod serve;
+pub mod shard;
 pub mod stores;
 pub mod watch;

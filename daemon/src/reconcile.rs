@@ -158,6 +158,9 @@ pub struct ApplyOptions {
     /// Set when gitplane is stopping: no new driver call starts, calls in flight finish, and
     /// what did not run is recorded as skipped.
     pub stop: Option<Arc<AtomicBool>>,
+    /// The environment's lease, when daemons share a PostgreSQL state: once it is no longer
+    /// held (taken over, or not renewed in time) no new driver call starts, as when stopping.
+    pub lease: Option<Arc<gitplane_state::LeaseHold>>,
     /// GUResIDs of pinned resources (`auto_update: false`) to bind to current values anyway:
     /// `gitplane resolve`.
     pub resolve: HashSet<String>,
@@ -165,8 +168,15 @@ pub struct ApplyOptions {
 
 impl ApplyOptions {
     fn stopping(&self) -> bool {
-        self.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
+        halted(&self.stop, &self.lease)
     }
+}
+
+/// Whether no new driver call may start: gitplane is stopping, or the environment's lease is
+/// gone.
+fn halted(stop: &Option<Arc<AtomicBool>>, lease: &Option<Arc<gitplane_state::LeaseHold>>) -> bool {
+    stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
+        || lease.as_ref().is_some_and(|l| !l.holds())
 }
 
 /// Applies `target` (built from `commit`) to its environment.
@@ -991,7 +1001,7 @@ impl<'a> Run<'a, '_> {
             let permits = self.permits(&driver_type, registered.concurrency);
             let retry = self.settings.retry;
             let calls = calls_tx.clone();
-            let stop = self.options.stop.clone();
+            let stop = (self.options.stop.clone(), self.options.lease.clone());
             let observer = self.settings.calls.clone().map(|o| (driver_type, o));
             tasks.spawn(async move {
                 let (attempts, outcome) = call_until_done(
@@ -1695,9 +1705,12 @@ async fn call_until_done(
     permits: Permits,
     retry: RetryPolicy,
     calls: mpsc::UnboundedSender<CallEnded>,
-    stop: Option<Arc<AtomicBool>>,
+    (stop, lease): (
+        Option<Arc<AtomicBool>>,
+        Option<Arc<gitplane_state::LeaseHold>>,
+    ),
 ) -> (i64, CallOutcome) {
-    let stopping = || stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
+    let stopping = || halted(&stop, &lease);
     let started = Instant::now();
     let mut attempts: i64 = 0;
     let mut transient_failures: u32 = 0;

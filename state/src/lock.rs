@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::db::{Conn, OptionalExtension, params};
-use crate::{NOW, Result, StateError, state_error};
+use crate::{Fence, NOW, Result, StateError, state_error};
 
 /// A lock not renewed for this long belongs to a holder that froze or died elsewhere.
 const STALE_AFTER: Duration = Duration::from_secs(30);
@@ -36,6 +36,8 @@ struct Holder {
     host: String,
     /// Seconds since the holder last renewed the row.
     silent_for: f64,
+    /// The lease generation a daemon took it under; `None` for a command.
+    generation: Option<i64>,
 }
 
 impl ApplyLock {
@@ -43,6 +45,17 @@ impl ApplyLock {
     /// opened (and so migrated) already. With `wait`, blocks until it is free; without, fails
     /// at once if another process has it.
     pub fn acquire(state: &Path, env: &str, wait: bool) -> Result<ApplyLock> {
+        ApplyLock::take(state, env, wait, None)
+    }
+
+    /// Takes the lock of `env` for the daemon holding its lease at `fence`, waiting for a
+    /// command that holds it. A lock taken under an older generation of the lease is broken at
+    /// once: its holder lost the lease, and the fence refuses every write it could still make.
+    pub fn acquire_leased(state: &Path, fence: &Fence) -> Result<ApplyLock> {
+        ApplyLock::take(state, &fence.env, true, Some(fence.generation))
+    }
+
+    fn take(state: &Path, env: &str, wait: bool, generation: Option<i64>) -> Result<ApplyLock> {
         // A connection of its own (the renewer thread keeps it), with no key: the lock never
         // touches a secret.
         let mut conn = crate::connect(state)?;
@@ -52,7 +65,8 @@ impl ApplyLock {
             let tx = conn.transaction().map_err(|e| state_error(state, e))?;
             let holder = tx
                 .query_row(
-                    "SELECT pid, host, (julianday('now') - julianday(renewed_at)) * 86400.0
+                    "SELECT pid, host, (julianday('now') - julianday(renewed_at)) * 86400.0,
+                            generation
                      FROM env_lock WHERE env = ?1",
                     [env],
                     |r| {
@@ -60,13 +74,14 @@ impl ApplyLock {
                             pid: r.get(0)?,
                             host: r.get(1)?,
                             silent_for: r.get(2)?,
+                            generation: r.get(3)?,
                         })
                     },
                 )
                 .optional()
                 .map_err(|e| state_error(state, e))?;
             match holder {
-                Some(h) if !h.is_gone(&host) => {
+                Some(h) if !h.is_gone(&host) && !h.is_older(generation) => {
                     drop(tx);
                     if !wait {
                         return Err(StateError::Busy {
@@ -80,14 +95,16 @@ impl ApplyLock {
                 _ => {
                     tx.execute(
                         &format!(
-                            "INSERT INTO env_lock (env, holder, pid, host, acquired_at, renewed_at)
-                             VALUES (?1, ?2, ?3, ?4, {NOW}, {NOW})
+                            "INSERT INTO env_lock
+                               (env, holder, pid, host, acquired_at, renewed_at, generation)
+                             VALUES (?1, ?2, ?3, ?4, {NOW}, {NOW}, ?5)
                              ON CONFLICT (env) DO UPDATE SET holder = excluded.holder,
                                  pid = excluded.pid, host = excluded.host,
                                  acquired_at = excluded.acquired_at,
-                                 renewed_at = excluded.renewed_at"
+                                 renewed_at = excluded.renewed_at,
+                                 generation = excluded.generation"
                         ),
-                        params![env, token, std::process::id(), host],
+                        params![env, token, std::process::id(), host, generation],
                     )
                     .map_err(|e| state_error(state, e))?;
                     tx.commit().map_err(|e| state_error(state, e))?;
@@ -121,6 +138,11 @@ impl Drop for ApplyLock {
 }
 
 impl Holder {
+    /// Whether a daemon took this lock under an older generation of the lease than `mine`.
+    fn is_older(&self, mine: Option<i64>) -> bool {
+        matches!((mine, self.generation), (Some(mine), Some(theirs)) if theirs < mine)
+    }
+
     /// Whether the holder is no more: its process ended (on this host), or it has not renewed
     /// the lock for longer than a live holder ever would.
     fn is_gone(&self, this_host: &str) -> bool {

@@ -1,0 +1,190 @@
+//! Spreads the environments over the daemons that share a PostgreSQL state: a thread keeps
+//! this daemon's leases (renews, balances, takes over) and tells the main loop which
+//! environments it gained and lost.
+//!
+//! With a SQLite state there is one daemon and no leases: every environment is this daemon's.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use gitplane_state::{LeaseHold, Leases, StateError};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+/// A change of the environments this daemon holds.
+#[derive(Debug)]
+pub enum LeaseEvent {
+    Gained(String),
+    Lost(String),
+}
+
+/// What the lease thread and the rest of the daemon share.
+#[derive(Default)]
+pub struct Shard {
+    /// Every environment of the newest commit: what the daemons share out.
+    envs: Mutex<BTreeSet<String>>,
+    /// Environments in the middle of a reconcile: kept even beyond this daemon's share, until
+    /// the reconcile ends.
+    busy: Mutex<BTreeSet<String>>,
+    holds: Mutex<HashMap<String, Arc<LeaseHold>>>,
+    /// The daemon's id, as `gitplane status` shows it.
+    daemon: Mutex<String>,
+}
+
+impl Shard {
+    pub fn set_envs(&self, envs: impl IntoIterator<Item = String>) {
+        *self.envs.lock().unwrap_or_else(|e| e.into_inner()) = envs.into_iter().collect();
+    }
+
+    /// The lease of `env`, if this daemon holds it now.
+    pub fn hold(&self, env: &str) -> Option<Arc<LeaseHold>> {
+        self.holds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(env)
+            .filter(|h| h.holds())
+            .cloned()
+    }
+
+    /// The environments this daemon holds.
+    pub fn held(&self) -> BTreeSet<String> {
+        self.holds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    pub fn daemon(&self) -> String {
+        self.daemon
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Marks `env` busy until the guard drops.
+    pub fn busy(self: &Arc<Self>, env: &str) -> BusyGuard {
+        self.busy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(env.to_owned());
+        BusyGuard {
+            shard: self.clone(),
+            env: env.to_owned(),
+        }
+    }
+}
+
+pub struct BusyGuard {
+    shard: Arc<Shard>,
+    env: String,
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.shard
+            .busy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.env);
+    }
+}
+
+/// Joins the daemons of the state at `state` and starts the thread that keeps this one's
+/// leases, beating every fifth of `ttl` until `stop` is set; then it gives its leases up.
+pub fn start(
+    state: &Path,
+    ttl: Duration,
+    stop: Arc<AtomicBool>,
+) -> Result<
+    (
+        Arc<Shard>,
+        mpsc::UnboundedReceiver<LeaseEvent>,
+        JoinHandle<()>,
+    ),
+    StateError,
+> {
+    let leases = Leases::join(state, ttl)?;
+    let shard = Arc::new(Shard::default());
+    *shard.daemon.lock().unwrap_or_else(|e| e.into_inner()) = leases.daemon().to_owned();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let kept = shard.clone();
+    let thread = std::thread::Builder::new()
+        .name("leases".into())
+        .spawn(move || keep(leases, &kept, &tx, &stop))
+        .map_err(|source| StateError::Create {
+            path: state.to_owned(),
+            source,
+        })?;
+    Ok((shard, rx, thread))
+}
+
+fn keep(
+    mut leases: Leases,
+    shard: &Shard,
+    events: &mpsc::UnboundedSender<LeaseEvent>,
+    stop: &AtomicBool,
+) {
+    let interval = leases.interval();
+    info!(
+        daemon = leases.daemon(),
+        "sharing the state's environments with other daemons"
+    );
+    let mut failing = false;
+    while !stop.load(Ordering::SeqCst) {
+        let envs = shard.envs.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let busy = shard.busy.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match leases.beat(&envs, &busy) {
+            Ok(beat) => {
+                if failing {
+                    info!("the state's database answers again: leases renewed");
+                    failing = false;
+                }
+                let mut holds = shard.holds.lock().unwrap_or_else(|e| e.into_inner());
+                for env in beat.lost {
+                    holds.remove(&env);
+                    warn!(
+                        env,
+                        "lease lost: another daemon reconciles this environment now"
+                    );
+                    let _ = events.send(LeaseEvent::Lost(env));
+                }
+                for hold in beat.gained {
+                    let fence = hold.fence();
+                    info!(
+                        env = fence.env,
+                        generation = fence.generation,
+                        daemons = beat.live,
+                        "lease taken"
+                    );
+                    holds.insert(fence.env.clone(), hold.clone());
+                    let _ = events.send(LeaseEvent::Gained(fence.env.clone()));
+                }
+            }
+            Err(e) => {
+                // The leases lapse by themselves if this goes on: their holds say so to the
+                // workers, and other daemons take them over.
+                if !failing {
+                    warn!(error = %e, "cannot renew the leases; retrying");
+                    failing = true;
+                }
+            }
+        }
+        sleep_unless_stopped(interval, stop);
+    }
+    leases.release_all();
+}
+
+fn sleep_unless_stopped(total: Duration, stop: &AtomicBool) {
+    let step = Duration::from_millis(100);
+    let mut slept = Duration::ZERO;
+    while slept < total && !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(step);
+        slept += step;
+    }
+}

@@ -165,8 +165,12 @@ impl Daemon {
             if store.backend() == gitplane_state::db::Backend::Postgres {
                 let ttl = lease_ttl(&options.host);
                 let quit = Arc::new(AtomicBool::new(false));
-                let (shard, events, thread) = shard::start(&options.state, ttl, quit.clone())?;
-                (Some(shard), Some(events), Some((thread, quit)))
+                let keeper = shard::start(&options.state, ttl, quit.clone())?;
+                (
+                    Some(keeper.shard),
+                    Some(keeper.events),
+                    Some((keeper.thread, quit)),
+                )
             } else {
                 (None, None, None)
             };

@@ -95,6 +95,15 @@ impl Drop for BusyGuard {
     }
 }
 
+/// The lease thread, started.
+pub struct Keeper {
+    pub shard: Arc<Shard>,
+    /// Leases gained and lost.
+    pub events: mpsc::UnboundedReceiver<LeaseEvent>,
+    /// Ends after `stop` is set, once it gave the leases up.
+    pub thread: JoinHandle<()>,
+}
+
 /// Joins the daemons of the state at `state` and starts the thread that keeps this one's
 /// leases, beating every fifth of `ttl` until `stop` is set; then it gives its leases up.
 pub fn start(
@@ -121,7 +130,11 @@ pub fn start(
             path: state.to_owned(),
             source,
         })?;
-    Ok((shard, rx, thread))
+    Ok(Keeper {
+        shard,
+        events: rx,
+        thread,
+    })
 }
 
 fn keep(

@@ -106,18 +106,7 @@ pub struct Keeper {
 
 /// Joins the daemons of the state at `state` and starts the thread that keeps this one's
 /// leases, beating every fifth of `ttl` until `stop` is set; then it gives its leases up.
-pub fn start(
-    state: &Path,
-    ttl: Duration,
-    stop: Arc<AtomicBool>,
-) -> Result<
-    (
-        Arc<Shard>,
-        mpsc::UnboundedReceiver<LeaseEvent>,
-        JoinHandle<()>,
-    ),
-    StateError,
-> {
+pub fn start(state: &Path, ttl: Duration, stop: Arc<AtomicBool>) -> Result<Keeper, StateError> {
     let leases = Leases::join(state, ttl)?;
     let shard = Arc::new(Shard::default());
     *shard.daemon.lock().unwrap_or_else(|e| e.into_inner()) = leases.daemon().to_owned();

@@ -632,7 +632,7 @@ CREATE TABLE resource_manifest (
 -- never deleted, so a generation is never given twice. SQLite states have no leases.
 CREATE TABLE env_lease (
     env         TEXT PRIMARY KEY,
-    daemon      TEXT NOT NULL,             -- the holding daemon's id (see `daemon`)
+    daemon      TEXT NOT NULL,             -- the holding daemon's id (see `daemon`); '' once given up
     generation  INTEGER NOT NULL,          -- 1 for the first holder, +1 at each takeover
     acquired_at TEXT NOT NULL,
     expires_at  TEXT NOT NULL              -- renewed by the holder's heartbeat

@@ -168,7 +168,8 @@ impl Leases {
                 |r| r.get::<_, i64>(0),
             )
             .map_err(e)? as usize;
-        // Renew all of ours at once; what is no longer ours was taken over.
+        // Renew all of ours at once (a lease given up names no daemon); what is no longer ours
+        // was taken over.
         self.conn
             .execute(
                 &format!(
@@ -215,7 +216,7 @@ impl Leases {
             }
             self.conn
                 .execute(
-                    "UPDATE env_lease SET expires_at = '1970-01-01T00:00:00.000Z'
+                    "UPDATE env_lease SET expires_at = '1970-01-01T00:00:00.000Z', daemon = ''
                      WHERE env = ?1 AND daemon = ?2 AND generation = ?3",
                     params![env, self.daemon, hold.fence.generation],
                 )
@@ -280,7 +281,7 @@ impl Leases {
         for (env, hold) in std::mem::take(&mut self.held) {
             hold.lose();
             let _ = self.conn.execute(
-                "UPDATE env_lease SET expires_at = '1970-01-01T00:00:00.000Z'
+                "UPDATE env_lease SET expires_at = '1970-01-01T00:00:00.000Z', daemon = ''
                  WHERE env = ?1 AND daemon = ?2 AND generation = ?3",
                 params![env, self.daemon, hold.fence.generation],
             );
@@ -339,5 +340,127 @@ impl crate::Store {
     /// Makes every write of this store check `fences` (and refuse once one moved on).
     pub fn set_fences(&mut self, fences: Vec<Fence>) {
         self.fences = fences;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Store;
+
+    fn envs(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// `beats` heartbeats of each daemon in turn.
+    fn beat_all(daemons: &mut [Leases], all: &BTreeSet<String>, beats: usize) {
+        for _ in 0..beats {
+            for d in daemons.iter_mut() {
+                d.beat(all, &BTreeSet::new()).unwrap();
+            }
+        }
+    }
+
+    /// Daemons of one process differ by their id only: give each its own.
+    fn daemon(state: &Path, n: usize, ttl: Duration) -> Leases {
+        let mut l = Leases::join(state, ttl).unwrap();
+        l.daemon = format!("{}#{n}", l.daemon);
+        l
+    }
+
+    #[test]
+    fn daemons_share_the_environments_and_a_stopped_one_hands_them_over() {
+        crate::tests::each_backend(|store| {
+            let state = store.path().to_owned();
+            let all = envs(&["a", "b", "c", "d", "e", "f"]);
+            let ttl = Duration::from_secs(30);
+            let mut daemons: Vec<Leases> = (0..3).map(|n| daemon(&state, n, ttl)).collect();
+            beat_all(&mut daemons, &all, 3);
+            for d in &daemons {
+                assert_eq!(d.held.len(), 2, "{} holds {:?}", d.daemon, d.held.keys());
+            }
+            let leases = store.leases().unwrap();
+            assert_eq!(leases.len(), 6);
+            assert!(leases.iter().all(|l| l.current && l.generation == 1));
+            // One stops: the other two take its two at once, with the next generation.
+            let mut gone = daemons.remove(0);
+            let given_up: Vec<String> = gone.held.keys().cloned().collect();
+            gone.release_all();
+            beat_all(&mut daemons, &all, 2);
+            for d in &daemons {
+                assert_eq!(d.held.len(), 3, "{} holds {:?}", d.daemon, d.held.keys());
+            }
+            for env in &given_up {
+                let l = store
+                    .leases()
+                    .unwrap()
+                    .into_iter()
+                    .find(|l| &l.env == env)
+                    .unwrap();
+                assert_eq!(l.generation, 2, "{env}");
+            }
+        });
+    }
+
+    #[test]
+    fn a_write_under_a_lease_that_moved_on_is_refused_and_changes_nothing() {
+        crate::tests::each_backend(|mut store| {
+            let state = store.path().to_owned();
+            let all = envs(&["dev"]);
+            let ttl = Duration::from_secs(30);
+            let mut first = daemon(&state, 1, ttl);
+            beat_all(std::slice::from_mut(&mut first), &all, 2);
+            let hold = first.hold("dev").expect("the only daemon holds dev");
+            assert!(hold.holds());
+            store.set_fences(vec![hold.fence().clone()]);
+            let d = store.begin_deployment("dev", "c1").unwrap();
+            // The holder froze: its lease ran out, and another daemon took it.
+            store
+                .conn
+                .execute(
+                    "UPDATE env_lease SET expires_at = '2000-01-01T00:00:00.000Z'",
+                    params![],
+                )
+                .unwrap();
+            let mut second = daemon(&state, 2, ttl);
+            beat_all(std::slice::from_mut(&mut second), &all, 2);
+            assert_eq!(second.hold("dev").unwrap().fence().generation, 2);
+            let before = store.deployments(None).unwrap();
+            let e = store
+                .finish_deployment(
+                    d,
+                    crate::DeploymentStatus::Succeeded,
+                    &Default::default(),
+                    None,
+                )
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("lease of environment dev moved on"), "{e}");
+            assert!(store.begin_deployment("dev", "c2").is_err());
+            assert_eq!(store.deployments(None).unwrap(), before);
+            // The old holder learns it at its next beat, and its hold says so.
+            let beat = first.beat(&all, &BTreeSet::new()).unwrap();
+            assert_eq!(beat.lost, ["dev"]);
+            assert!(!hold.holds());
+            // The new holder writes.
+            store.set_fences(vec![second.hold("dev").unwrap().fence().clone()]);
+            store.begin_deployment("dev", "c2").unwrap();
+        });
+    }
+
+    #[test]
+    fn a_lease_not_renewed_in_time_no_longer_holds_by_its_holders_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.db");
+        drop(Store::open(&state).unwrap());
+        let mut leases = daemon(&state, 1, Duration::from_millis(600));
+        beat_all(std::slice::from_mut(&mut leases), &envs(&["dev"]), 2);
+        let hold = leases.hold("dev").unwrap();
+        assert!(hold.holds());
+        std::thread::sleep(Duration::from_millis(700));
+        assert!(
+            !hold.holds(),
+            "a frozen holder must stop before the database says so"
+        );
     }
 }

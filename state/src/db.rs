@@ -397,6 +397,7 @@ impl Conn {
             Conn::Pg(c) => Ok(Stmt::Pg {
                 conn: c,
                 sql: Cow::Owned(sql.to_owned()),
+                in_transaction: false,
             }),
         }
     }
@@ -506,6 +507,7 @@ impl Tx<'_> {
             Tx::Pg { conn, .. } => Ok(Stmt::Pg {
                 conn,
                 sql: Cow::Owned(sql.to_owned()),
+                in_transaction: true,
             }),
         }
     }
@@ -574,16 +576,35 @@ impl Drop for Tx<'_> {
 /// A prepared statement (PostgreSQL's are prepared and cached by the connection itself).
 pub enum Stmt<'c> {
     Lite(rusqlite::CachedStatement<'c>),
-    Pg { conn: &'c PgConn, sql: Cow<'c, str> },
+    Pg {
+        conn: &'c PgConn,
+        sql: Cow<'c, str>,
+        /// Made in a transaction: [`Stmt::run`] may pipeline it.
+        in_transaction: bool,
+    },
 }
 
 impl Stmt<'_> {
+    /// Executes, when nobody needs the number of rows: inside a PostgreSQL transaction it is
+    /// sent without waiting for its answer (statements pipeline; a failure fails the
+    /// transaction at its next waiting call or its commit).
+    pub fn run(&mut self, params: impl Params) -> DbResult<()> {
+        match self {
+            Stmt::Pg {
+                conn,
+                sql,
+                in_transaction: true,
+            } => params.with_args(|args| conn.execute_deferred(sql, args)),
+            _ => self.execute(params).map(|_| ()),
+        }
+    }
+
     pub fn execute(&mut self, params: impl Params) -> DbResult<usize> {
         match self {
             Stmt::Lite(s) => {
                 params.with_args(|args| Ok(s.execute(rusqlite::params_from_iter(args.iter()))?))
             }
-            Stmt::Pg { conn, sql } => params.with_args(|args| conn.execute(sql, args)),
+            Stmt::Pg { conn, sql, .. } => params.with_args(|args| conn.execute(sql, args)),
         }
     }
 
@@ -647,7 +668,7 @@ impl Stmt<'_> {
                 }
                 Ok(())
             }),
-            Stmt::Pg { conn, sql } => {
+            Stmt::Pg { conn, sql, .. } => {
                 let rows = params.with_args(|args| conn.query(sql, args))?;
                 for r in &rows {
                     if !f(&Row::Pg(r))? {

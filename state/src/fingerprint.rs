@@ -56,12 +56,12 @@ impl Store {
                      deployment_id = excluded.deployment_id, resources = excluded.resources",
             )?;
             for (app, f) in clean {
-                upsert.execute(params![env, app, f.fingerprint, deployment, f.resources])?;
+                upsert.run(params![env, app, f.fingerprint, deployment, f.resources])?;
             }
             let mut delete =
                 tx.prepare_cached("DELETE FROM app_fingerprint WHERE env = ?1 AND app = ?2")?;
             for app in cleared {
-                delete.execute(params![env, app])?;
+                delete.run(params![env, app])?;
             }
             Ok(())
         })

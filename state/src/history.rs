@@ -124,8 +124,8 @@ impl Store {
                 )?;
                 for (consumer, provider) in &changes.removed {
                     let args = params![env, consumer, provider, deployment];
-                    drop.execute(args)?;
-                    close.execute(args)?;
+                    drop.run(args)?;
+                    close.run(args)?;
                 }
             }
             // One current row per pair, whatever the caller saw: a current row it did not know
@@ -138,7 +138,7 @@ impl Store {
                      valid_from = excluded.valid_from",
             )?;
             for l in &changes.added {
-                insert.execute(params![
+                insert.run(params![
                     env,
                     l.consumer,
                     l.provider,
@@ -467,10 +467,10 @@ pub(crate) fn record_bindings(
                     wanted.swap_remove(i);
                 }
                 None if valid_from == deployment => {
-                    drop.execute([id])?;
+                    drop.run([id])?;
                 }
                 None => {
-                    close.execute(params![id, deployment])?;
+                    close.run(params![id, deployment])?;
                 }
             }
         }
@@ -481,7 +481,7 @@ pub(crate) fn record_bindings(
                 continue;
             };
             wanted.swap_remove(i);
-            insert.execute(params![
+            insert.run(params![
                 env,
                 guresid,
                 key.needed_path,

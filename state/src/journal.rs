@@ -143,7 +143,7 @@ impl Store {
             let mut stmt =
                 tx.prepare_cached("UPDATE resource SET template_hash = ?2 WHERE guresid = ?1")?;
             for (guresid, hash) in hashes {
-                stmt.execute(params![guresid, hash])?;
+                stmt.run(params![guresid, hash])?;
             }
             Ok(())
         })
@@ -185,7 +185,7 @@ fn record_call(
     cookie: Option<Option<&str>>,
 ) -> DbResult<()> {
     tx.prepare_cached("UPDATE operation SET attempts = ?2 WHERE id = ?1")?
-        .execute(params![operation, attempts])?;
+        .run(params![operation, attempts])?;
     match cookie {
         None => {}
         Some(Some(c)) => {
@@ -196,11 +196,11 @@ fn record_call(
                  ON CONFLICT (guresid) DO UPDATE SET cookie = excluded.cookie,
                      updated_at = excluded.updated_at"
             ))?
-            .execute(params![guresid, sealed])?;
+            .run(params![guresid, sealed])?;
         }
         Some(None) => {
             tx.prepare_cached("DELETE FROM driver_cookie WHERE guresid = ?1")?
-                .execute([guresid])?;
+                .run([guresid])?;
         }
     }
     Ok(())
@@ -224,7 +224,7 @@ fn finish_put(
                 finished_at = {NOW}
          WHERE id = ?1"
     ))?
-    .execute(params![operation, status, error, attempts, outputs_changed])?;
+    .run(params![operation, status, error, attempts, outputs_changed])?;
     let outputs = record.outputs.to_string();
     let version_from = if new {
         deployment
@@ -249,7 +249,7 @@ fn finish_put(
              orphan_since = NULL, orphan_reason = NULL,
              updated_at = excluded.updated_at"
     ))?
-    .execute(params![
+    .run(params![
         record.guresid,
         record.env,
         record.app,
@@ -275,7 +275,7 @@ fn finish_put(
         // Nothing secret: no row, which reads back as exactly this.
         if !new {
             tx.prepare_cached("DELETE FROM resource_secret WHERE guresid = ?1")?
-                .execute([&record.guresid])?;
+                .run([&record.guresid])?;
         }
     } else {
         let guresid = &record.guresid;
@@ -294,7 +294,7 @@ fn finish_put(
              ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs,
                  inputs = excluded.inputs",
         )?
-        .execute(params![guresid, outputs, inputs])?;
+        .run(params![guresid, outputs, inputs])?;
     }
     Ok(())
 }
@@ -325,7 +325,7 @@ fn record_manifests(
     if manifests.is_empty() {
         if !new {
             tx.prepare_cached("DELETE FROM resource_manifest WHERE guresid = ?1")?
-                .execute([guresid])?;
+                .run([guresid])?;
         }
         return Ok(());
     }
@@ -342,7 +342,7 @@ fn record_manifests(
          ON CONFLICT (guresid) DO UPDATE SET manifests = excluded.manifests,
              sealed = excluded.sealed",
     )?
-    .execute(params![guresid, manifests.shown, sealed])?;
+    .run(params![guresid, manifests.shown, sealed])?;
     Ok(())
 }
 
@@ -398,7 +398,7 @@ fn end_version(tx: &Tx<'_>, guresid: &str, deployment: i64) -> DbResult<()> {
                 outputs, error, commit_id, COALESCE(version_from, deployment_id), ?2
          FROM resource WHERE guresid = ?1 AND COALESCE(version_from, deployment_id) < ?2",
     )?
-    .execute(params![guresid, deployment])?;
+    .run(params![guresid, deployment])?;
     Ok(())
 }
 
@@ -420,42 +420,42 @@ fn finish_delete(
         "UPDATE operation SET status = ?2, error = ?3, attempts = ?4, finished_at = {NOW}
          WHERE id = ?1"
     ))?
-    .execute(params![operation, status, error, attempts])?;
+    .run(params![operation, status, error, attempts])?;
     if error.is_some() {
         return Ok(());
     }
     tx.prepare_cached("DELETE FROM driver_cookie WHERE guresid = ?1")?
-        .execute([guresid])?;
+        .run([guresid])?;
     // Its history ends here: the current version joins the ended ones; bindings and links
     // this deployment made are dropped, older ones closed.
     end_version(tx, guresid, deployment)?;
     tx.prepare_cached("DELETE FROM resource WHERE guresid = ?1")?
-        .execute([guresid])?;
+        .run([guresid])?;
     tx.prepare_cached(
         "DELETE FROM binding WHERE needed_guresid = ?1 AND valid_to IS NULL AND valid_from = ?2",
     )?
-    .execute(params![guresid, deployment])?;
+    .run(params![guresid, deployment])?;
     tx.prepare_cached(
         "UPDATE binding SET valid_to = ?2 WHERE needed_guresid = ?1 AND valid_to IS NULL",
     )?
-    .execute(params![guresid, deployment])?;
+    .run(params![guresid, deployment])?;
     let consumer = params![guresid, deployment, env];
     tx.prepare_cached(
         "DELETE FROM link WHERE env = ?3 AND consumer = ?1 AND valid_to IS NULL
             AND valid_from = ?2",
     )?
-    .execute(consumer)?;
+    .run(consumer)?;
     tx.prepare_cached(
         "UPDATE link SET valid_to = ?2 WHERE env = ?3 AND consumer = ?1 AND valid_to IS NULL",
     )?
-    .execute(consumer)?;
+    .run(consumer)?;
     let provider = params![guresid, deployment];
     tx.prepare_cached(
         "DELETE FROM link WHERE provider = ?1 AND valid_to IS NULL AND valid_from = ?2",
     )?
-    .execute(provider)?;
+    .run(provider)?;
     tx.prepare_cached("UPDATE link SET valid_to = ?2 WHERE provider = ?1 AND valid_to IS NULL")?
-        .execute(provider)?;
+        .run(provider)?;
     Ok(())
 }
 
@@ -516,7 +516,7 @@ fn write_journal(tx: &Tx<'_>, ring: &SharedKeyring, entries: &[JournalEntry<'_>]
                             finished_at = {NOW}
                      WHERE id = ?1"
                 ))?
-                .execute(params![operation, error, attempts])?;
+                .run(params![operation, error, attempts])?;
             }
         }
     }

@@ -5,8 +5,11 @@
 //! gitplane), and a connection that broke is made again by the next call outside a transaction:
 //! a database restart costs the calls made while it was down, nothing more.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::error::Error as _;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 
@@ -278,6 +281,10 @@ fn numeric(raw: &[u8]) -> Result<Cell, Box<dyn std::error::Error + Sync + Send>>
 
 enum Op {
     Query(String, Vec<PgArg>),
+    /// An execute whose result nobody waits for, inside a transaction: sent at once, its
+    /// outcome collected at the transaction's next call that waits (so a failure still
+    /// fails the transaction).
+    Deferred(String, Vec<PgArg>),
     Table(String, Vec<PgArg>),
     Execute(String, Vec<PgArg>),
     Batch(String),
@@ -295,7 +302,8 @@ enum Reply {
 
 struct Request {
     op: Op,
-    reply: std_mpsc::SyncSender<DbResult<Reply>>,
+    /// `None`: nobody waits for the answer (a deferred execute).
+    reply: Option<std_mpsc::SyncSender<DbResult<Reply>>>,
 }
 
 /// A connection to PostgreSQL, served by a thread of its own.
@@ -321,7 +329,10 @@ impl PgConn {
     fn call(&self, op: Op) -> DbResult<Reply> {
         let (reply, answer) = std_mpsc::sync_channel(1);
         self.requests
-            .send(Request { op, reply })
+            .send(Request {
+                op,
+                reply: Some(reply),
+            })
             .map_err(|_| DbError::Lost("the connection's thread stopped".into()))?;
         // The thread bounds every call itself; this only covers a thread that died.
         match answer.recv_timeout(CALL_LIMIT + CONNECT_LIMIT + Duration::from_secs(5)) {
@@ -358,6 +369,18 @@ impl PgConn {
         }
     }
 
+    /// Sends an execute inside a transaction without waiting for it: statements pipeline
+    /// instead of costing a round trip each. Its error, if any, comes back from the next call
+    /// that waits (at the latest the commit, which then fails).
+    pub(crate) fn execute_deferred(&self, sql: &str, args: &[Arg<'_>]) -> DbResult<()> {
+        self.requests
+            .send(Request {
+                op: Op::Deferred(sql.to_owned(), Self::owned(args)),
+                reply: None,
+            })
+            .map_err(|_| DbError::Lost("the connection's thread stopped".into()))
+    }
+
     pub(crate) fn batch(&self, sql: &str) -> DbResult<()> {
         self.call(Op::Batch(sql.to_owned())).map(|_| ())
     }
@@ -375,11 +398,18 @@ impl PgConn {
     }
 }
 
+/// A deferred execute on its way.
+type Pending = Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> + Send>>;
+
 /// The connection's state on its thread.
 struct Session {
     config: tokio_postgres::Config,
-    client: Option<Client>,
+    client: Option<Arc<Client>>,
     statements: HashMap<String, Statement>,
+    /// Deferred executes sent and not yet answered, in order.
+    pending: VecDeque<Pending>,
+    /// The first of them that failed: every call of the transaction fails with it.
+    deferred_error: Option<DbError>,
     /// A transaction is open (on the current client, if it still lives).
     in_transaction: bool,
 }
@@ -396,11 +426,15 @@ fn serve(config: tokio_postgres::Config, mut requests: mpsc::UnboundedReceiver<R
             config,
             client: None,
             statements: HashMap::new(),
+            pending: VecDeque::new(),
+            deferred_error: None,
             in_transaction: false,
         };
         while let Some(request) = requests.recv().await {
             let result = session.run(request.op).await;
-            let _ = request.reply.send(result);
+            if let Some(reply) = request.reply {
+                let _ = reply.send(result);
+            }
         }
     });
 }
@@ -411,6 +445,10 @@ impl Session {
         if !alive {
             self.client = None;
             self.statements.clear();
+            self.pending.clear();
+            if matches!(op, Op::Rollback | Op::Commit) || !self.in_transaction {
+                self.deferred_error = None;
+            }
             if self.in_transaction {
                 // The transaction died with its connection: every call of it fails until the
                 // caller ends it.
@@ -451,7 +489,7 @@ impl Session {
         tokio::spawn(async move {
             let _ = connection.await;
         });
-        self.client = Some(client);
+        self.client = Some(Arc::new(client));
         Ok(())
     }
 
@@ -472,7 +510,58 @@ impl Session {
         Ok(prepared)
     }
 
+    /// Waits for the deferred executes, in order; the first failure is kept.
+    async fn settle(&mut self) {
+        while let Some(pending) = self.pending.pop_front() {
+            if let Err(e) = pending.await
+                && self.deferred_error.is_none()
+            {
+                self.deferred_error = Some(error(&e));
+            }
+        }
+    }
+
     async fn run_connected(&mut self, op: Op) -> DbResult<Reply> {
+        if let Op::Deferred(sql, args) = op {
+            if self.deferred_error.is_some() {
+                return Ok(Reply::Done);
+            }
+            let stmt = self.statement(&sql).await?;
+            let client = self.client.clone().ok_or_else(lost)?;
+            let mut call: Pending = Box::pin(async move {
+                let refs: Vec<&(dyn ToSql + Sync)> =
+                    args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+                client.execute(&stmt, &refs).await
+            });
+            // The first poll puts the request on the connection's queue, in call order.
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            if let std::task::Poll::Ready(Err(e)) = call.as_mut().poll(&mut cx) {
+                self.deferred_error.get_or_insert(error(&e));
+            } else {
+                self.pending.push_back(call);
+            }
+            if self.pending.len() >= 1024 {
+                self.settle().await;
+            }
+            return Ok(Reply::Done);
+        }
+        self.settle().await;
+        if let Some(e) = self.deferred_error.take() {
+            if matches!(op, Op::Rollback | Op::Commit) {
+                // The transaction failed: end it.
+                self.in_transaction = false;
+                if let Some(client) = &self.client {
+                    let _ = client.batch_execute("ROLLBACK").await;
+                }
+                if matches!(op, Op::Rollback) {
+                    return Ok(Reply::Done);
+                }
+            } else {
+                // Still failing for the rest of the transaction, until its end.
+                self.deferred_error = Some(DbError::Postgres(e.to_string()));
+            }
+            return Err(e);
+        }
         match op {
             Op::Query(sql, args) => {
                 let stmt = self.statement(&sql).await?;
@@ -508,6 +597,7 @@ impl Session {
                 }
                 Ok(Reply::Done)
             }
+            Op::Deferred(..) => Ok(Reply::Done),
             Op::Begin => {
                 let client = self.client.as_ref().ok_or_else(lost)?;
                 client.batch_execute("BEGIN").await.map_err(|e| error(&e))?;

@@ -168,6 +168,17 @@ impl Leases {
                 |r| r.get::<_, i64>(0),
             )
             .map_err(e)? as usize;
+        // Daemons gone for a day are forgotten: a restart is a new daemon, and the table must
+        // not grow with restarts.
+        if self.beats % 100 == 0 {
+            self.conn
+                .execute(
+                    "DELETE FROM daemon
+                     WHERE seen_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 day')",
+                    params![],
+                )
+                .map_err(e)?;
+        }
         // Renew all of ours at once (a lease given up names no daemon); what is no longer ours
         // was taken over.
         self.conn

@@ -1,6 +1,6 @@
 //! Output for people (aligned tables) and for programs (JSON), never with secret values.
 
-use gitplane_state::{DeploymentRecord, ResourceRecord};
+use gitplane_state::{DeploymentRecord, LeaseRecord, ResourceRecord};
 use serde_json::{Value, json};
 
 use crate::deploy::Scope;
@@ -123,10 +123,42 @@ pub fn state_commit(deployments: &[DeploymentRecord]) -> Option<String> {
         .and_then(|d| d.commit_id.clone())
 }
 
-pub fn status_json(env: &str, commit: Option<&str>, resources: &[ResourceRecord]) -> Value {
+/// Who reconciles an environment, when daemons share a PostgreSQL state: `null` without a
+/// lease (always, on SQLite).
+fn lease_json(lease: Option<&LeaseRecord>) -> Value {
+    match lease {
+        Some(l) => json!({
+            "daemon": l.daemon,
+            "generation": l.generation,
+            "expires_at": l.expires_at,
+            "current": l.current,
+        }),
+        None => Value::Null,
+    }
+}
+
+/// `lease: held by host:pid (generation N) until T`, or `lease: free (expired T)`.
+pub fn lease_line(lease: &LeaseRecord) -> String {
+    if lease.current {
+        format!(
+            "lease: held by {} (generation {}) until {}",
+            lease.daemon, lease.generation, lease.expires_at
+        )
+    } else {
+        format!("lease: free (expired {})", lease.expires_at)
+    }
+}
+
+pub fn status_json(
+    env: &str,
+    commit: Option<&str>,
+    lease: Option<&LeaseRecord>,
+    resources: &[ResourceRecord],
+) -> Value {
     json!({
         "env": env,
         "commit": commit,
+        "lease": lease_json(lease),
         "resources": resources.iter().map(|r| json!({
             "guresid": r.guresid,
             "app": r.app,
@@ -146,6 +178,7 @@ pub fn status_table(
     env: &str,
     commit: Option<&str>,
     latest: Option<&DeploymentRecord>,
+    lease: Option<&LeaseRecord>,
     resources: &[ResourceRecord],
 ) -> String {
     let mut t = Table::new(&[
@@ -177,8 +210,11 @@ pub fn status_table(
         ),
         None => "never deployed".to_owned(),
     };
+    let lease = lease
+        .map(|l| format!("  {}\n", lease_line(l)))
+        .unwrap_or_default();
     format!(
-        "{env} @ {} ({last}), {} resources\n{}",
+        "{env} @ {} ({last}), {} resources\n{lease}{}",
         commit.map(short).unwrap_or("-"),
         resources.len(),
         t.render("  ")

@@ -763,4 +763,94 @@ mod tests {
         assert!(err.to_string().contains("b.key"), "{err}");
         assert!(dump(&to).iter().all(|(_, rows)| rows.is_empty()));
     }
+
+    /// The time a copy of a 10 000-resource state takes, each way (`cargo test --release -p
+    /// gitplane-state copy_of_ten_thousand -- --ignored --nocapture`): a figure, not a check.
+    #[test]
+    #[ignore]
+    fn copy_of_ten_thousand_resources() {
+        let Some(pg) = gitplane_testkit::shared_or_skip("copy_of_ten_thousand_resources") else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let key = KeySource::File(dir.path().join("state.key"));
+        let mut source = sqlite(dir.path(), "big.db", &key);
+        let d = source.begin_deployment("development", "c1").unwrap();
+        let records: Vec<ResourceRecord> = (0..10_000)
+            .map(|i| {
+                let mut r = record(&format!("g{i:05}"));
+                r.res_id = format!("modules.w{i}.externals.db");
+                r.inputs =
+                    json!({"values": {"host": format!("db{i}"), "image": "x".repeat(600)}}).into();
+                if i % 10 != 0 {
+                    r.secret_outputs = json!({});
+                    r.secret_inputs = StoredJson::default();
+                }
+                r
+            })
+            .collect();
+        for chunk in records.chunks(500) {
+            let starts: Vec<OperationStart<'_>> = chunk
+                .iter()
+                .map(|r| OperationStart {
+                    guresid: &r.guresid,
+                    res_id: &r.res_id,
+                    ..start(d)
+                })
+                .collect();
+            let ops = source.begin_operations(&starts).unwrap();
+            let entries: Vec<JournalEntry<'_>> = chunk
+                .iter()
+                .zip(ops)
+                .map(|(record, operation)| JournalEntry::Put {
+                    operation,
+                    attempts: 1,
+                    deployment: d,
+                    record,
+                    outputs_changed: Some(true),
+                    new: true,
+                    manifests: None,
+                })
+                .collect();
+            source.journal(&entries).unwrap();
+        }
+        let links: Vec<LinkRecord> = (1..10_000)
+            .map(|i| LinkRecord {
+                consumer: format!("g{i:05}"),
+                provider: "g00000".into(),
+                kind: "reference".into(),
+                update_type: "NeedsProvides".into(),
+            })
+            .collect();
+        source
+            .record_link_changes(
+                d,
+                "development",
+                &LinkChanges {
+                    removed: Vec::new(),
+                    added: links,
+                },
+            )
+            .unwrap();
+        let total: i64 = copy_plan()
+            .unwrap()
+            .iter()
+            .map(|t| count(&source, &t.name))
+            .sum();
+
+        let url = pg.database();
+        let mut middle = Store::open_keyed(Path::new(&url), Some(&key)).unwrap();
+        let started = std::time::Instant::now();
+        copy_state(&source, &mut middle).unwrap();
+        let to_pg = started.elapsed();
+        let mut back = sqlite(dir.path(), "back.db", &key);
+        let started = std::time::Instant::now();
+        copy_state(&middle, &mut back).unwrap();
+        let to_sqlite = started.elapsed();
+        assert_eq!(count(&back, "resource"), 10_000);
+        eprintln!(
+            "copy of 10 000 resources ({total} rows): SQLite -> PostgreSQL {to_pg:?}, \
+             PostgreSQL -> SQLite {to_sqlite:?}"
+        );
+    }
 }

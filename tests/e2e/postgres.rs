@@ -192,11 +192,13 @@ fn every_command_answers_on_postgresql_as_on_sqlite() {
         return;
     };
     let sb = Sandbox::template();
-    let config = host_config(&sb.root, "host.yaml", &sb.root.join("state.key"), "");
+    // A key each: `state rekey` replaces it.
+    let sqlite_config = host_config(&sb.root, "sqlite.yaml", &sb.root.join("sqlite.key"), "");
+    let pg_config = host_config(&sb.root, "pg.yaml", &sb.root.join("pg.key"), "");
     let sqlite = sb.state.to_str().unwrap().to_owned();
     let states = [
-        (sqlite.as_str(), config.as_path()),
-        (url.as_str(), config.as_path()),
+        (sqlite.as_str(), sqlite_config.as_path()),
+        (url.as_str(), pg_config.as_path()),
     ];
     let reads = |states: &[(&str, &Path)]| {
         for args in READS {
@@ -237,6 +239,28 @@ fn every_command_answers_on_postgresql_as_on_sqlite() {
     vacuumed[1].stdout_has("pruned ");
     same_on_each(&sb, &states, &["history", "--format", "json"], true);
     same_on_each(&sb, &states, &["report", "links", "--format", "csv"], true);
+
+    // A new state key: every secret sealed again, and read back by the next apply.
+    for (state, config) in &states {
+        gitplane(&sb, state, config, &["state", "rekey"])
+            .ok()
+            .stdout_has("secret value(s) sealed with the new key");
+    }
+    sb.edit(
+        "definitions/base-env.yaml",
+        "redis_host: redis.dev.internal",
+        "redis_host: redis2.dev.internal",
+    );
+    sb.commit("Move the development cache");
+    same_on_each(&sb, &states, &["plan", "--env", "development"], true);
+    same_on_each(&sb, &states, &["apply", "--env", "development"], true)[1]
+        .stdout_has("succeeded: 0 created, 4 updated");
+    same_on_each(
+        &sb,
+        &states,
+        &["report", "resources", "--format", "json"],
+        true,
+    );
 
     // Wrong names fail alike.
     same_on_each(&sb, &states, &["status", "--env", "staging"], true);
@@ -616,6 +640,20 @@ fn a_password_comes_from_a_secret_store_and_a_wrong_one_is_refused_without_showi
     sb.gitplane_raw(&["status", "--config", config.to_str().unwrap()], &[])
         .ok()
         .stdout_has("development @ ");
+
+    // The right password in the URL works too, and no message naming the state shows it.
+    let right_url = as_role.replace("gp_pw@", &format!("gp_pw:{RIGHT}@"));
+    gitplane(&sb, &right_url, &no_password, &["status"]).ok();
+    for args in [
+        &["report", "resources", "--env", "staging"][..],
+        &["manifests", "--env", "staging"],
+        &["status", "--env", "staging"],
+    ] {
+        gitplane(&sb, &right_url, &no_password, args)
+            .fails()
+            .stderr_has(&format!("{as_role}: no environment 'staging'"))
+            .hides(&[RIGHT]);
+    }
 }
 
 #[test]

@@ -826,3 +826,38 @@ fn no_secret_is_stored_in_plain_text_in_postgresql() {
     }
     assert!(dumped > 1000, "the dump is too small to mean anything");
 }
+
+#[test]
+fn commands_that_never_open_the_state_need_no_state_password() {
+    let sb = Sandbox::template();
+    let secrets = sb.root.join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    // The store holds no such secret (a pushing user may not see the real one).
+    let config = host_config(
+        &sb.root,
+        "host.yaml",
+        &sb.root.join("state.key"),
+        &format!(
+            "state: postgres://gp@127.0.0.1:9/state\n\
+             secret_stores:\n  files: {{dir: {}}}\n\
+             state_password: {{store: files, ref: pg/password}}\n",
+            secrets.display()
+        ),
+    );
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend([
+            "--repo",
+            sb.origin.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+        ]);
+        sb.gitplane_raw(&all, &[])
+    };
+    run(&["validate"]).ok().stdout_has("is valid");
+    run(&["graph", "--env", "development"]).ok();
+    run(&["status"])
+        .fails()
+        .stderr_has("state_password: ")
+        .stderr_has("pg/password");
+}

@@ -72,6 +72,9 @@ pub struct Context {
     pub host: HostConfig,
     pub drivers: Registry,
     pub stores: SecretStores,
+    /// Why `state_password` could not be read, told when the state is opened: commands that
+    /// never open it (`validate` in a pre-receive hook, run by whoever pushes) need no password.
+    pub state_password_error: Option<SecretSourceError>,
 }
 
 impl Common {
@@ -87,7 +90,7 @@ impl Common {
             }
             (None, None) => PathBuf::from("."),
         };
-        let state = state_setting(
+        let (state, state_password_error) = state_setting(
             self.state
                 .clone()
                 .or_else(|| host.state.clone())
@@ -102,28 +105,36 @@ impl Common {
             drivers: host.registry(),
             stores: host.secret_stores(),
             host,
+            state_password_error,
         })
     }
 }
 
-/// The state a command works on, ready to open. A PostgreSQL URL must parse; the host's
-/// `state_password` is read, and a password written in the URL moves out of it (to the state
-/// crate, which connects with it), so no message or log line that names the state can show it.
-/// A SQLite path is kept as written.
-pub(crate) fn state_setting(state: PathBuf, host: &HostConfig) -> Result<PathBuf, CliError> {
+/// The state a command works on, ready to open, and why `state_password` could not be read
+/// (for the caller to tell when it opens the state). A PostgreSQL URL must parse; a password
+/// written in it moves out of it (to the state crate, which connects with it, ahead of
+/// `state_password`), so no message or log line that names the state can show it. A SQLite
+/// path is kept as written.
+pub(crate) fn state_setting(
+    state: PathBuf,
+    host: &HostConfig,
+) -> Result<(PathBuf, Option<SecretSourceError>), CliError> {
     let Some(text) = state.to_str() else {
-        return Ok(state);
+        return Ok((state, None));
     };
     match crate::config::state_kind(text).map_err(CliError::StateSetting)? {
-        StateKind::Sqlite => Ok(state),
+        StateKind::Sqlite => Ok((state, None)),
         StateKind::Postgres => {
-            crate::config::apply_state_password(host).map_err(CliError::StatePassword)?;
             let (url, password) =
                 crate::config::split_url_password(text).map_err(CliError::StateSetting)?;
-            if password.is_some() {
-                gitplane_state::set_postgres_password(password);
-            }
-            Ok(PathBuf::from(url))
+            let unread = match password {
+                Some(password) => {
+                    gitplane_state::set_postgres_password(Some(password));
+                    None
+                }
+                None => crate::config::apply_state_password(host).err(),
+            };
+            Ok((PathBuf::from(url), unread))
         }
     }
 }
@@ -142,6 +153,9 @@ impl Context {
 
     /// Opens (creating if needed) the state file, with the state key the host config names.
     pub(crate) fn open_store(&self) -> Result<Store, CliError> {
+        if let Some(e) = &self.state_password_error {
+            return Err(CliError::StatePassword(e.clone()));
+        }
         Ok(Store::open_keyed(
             &self.state,
             self.host.state_key.as_ref(),
@@ -519,7 +533,7 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
                 (None, Some(source)) => source.clone(),
                 (None, None) => RepoSource::Local(PathBuf::from(".")),
             };
-            let state = state_setting(
+            let (state, unread) = state_setting(
                 common
                     .state
                     .clone()
@@ -527,6 +541,9 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
                     .unwrap_or_else(|| PathBuf::from("gitplane.db")),
                 &host,
             )?;
+            if let Some(e) = unread {
+                return Err(CliError::StatePassword(e));
+            }
             crate::daemon::run(crate::daemon::DaemonOptions {
                 source,
                 state,
@@ -1348,6 +1365,7 @@ fn quickstart(dir: &Path, stdout: &mut impl Write) -> Result<CommandResult, CliE
         host: HostConfig::default(),
         drivers: Registry::builtin(),
         stores: SecretStores::default(),
+        state_password_error: None,
     };
     if apply(&ctx, None, stdout)? == CommandResult::Failure {
         return Ok(CommandResult::Failure);

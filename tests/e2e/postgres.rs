@@ -442,6 +442,16 @@ fn state_copy_into_a_state_that_holds_one_is_refused_and_changes_nothing() {
         .stderr_has("the destination already holds a state (table deployment has rows)");
     assert_eq!(sqlite_dump(&back), back_dump);
 
+    // A source that is not there is not made.
+    let missing = sb.root.join("missing.db");
+    copy(
+        missing.to_str().unwrap(),
+        sb.root.join("new.db").to_str().unwrap(),
+    )
+    .fails()
+    .stderr_has("no such state file");
+    assert!(!missing.exists() && !sb.root.join("new.db").exists());
+
     // A copy onto itself is refused before anything is opened.
     copy(&format!("sqlite:{source}"), &source)
         .fails()

@@ -408,6 +408,8 @@ pub enum CliError {
     StatePassword(SecretSourceError),
     #[error(transparent)]
     Copy(#[from] CopyError),
+    #[error("--from {path}: no such state file")]
+    NoCopySource { path: PathBuf },
     #[error("--from and --to name the same state ({state})")]
     CopyOntoItself { state: String },
     #[error(
@@ -664,7 +666,7 @@ fn copy(
     }
     // Reading never creates a state: a source that is not there is a mistake.
     if from_kind == StateKind::Sqlite && !from_path.exists() {
-        return Err(CliError::NoState { path: from_path });
+        return Err(CliError::NoCopySource { path: from_path });
     }
     // Sealed secrets move as they are, so both sides open them with one key.
     let (key, source_key_file) = match (&host.state_key, from_kind) {

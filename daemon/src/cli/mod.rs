@@ -1322,6 +1322,7 @@ fn status(
         let deployments = store.deployments(Some(env))?;
         let commit = output::state_commit(&deployments);
         let lease = leases.get(env);
+        let postgres = store.backend() == gitplane_state::db::Backend::Postgres;
         match format {
             Format::Table => writeln!(
                 stdout,
@@ -1337,7 +1338,7 @@ fn status(
             Format::Json => json.push(output::status_json(
                 env,
                 commit.as_deref(),
-                lease,
+                postgres.then_some(lease),
                 &resources,
             )),
         }

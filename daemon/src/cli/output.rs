@@ -124,7 +124,7 @@ pub fn state_commit(deployments: &[DeploymentRecord]) -> Option<String> {
 }
 
 /// Who reconciles an environment, when daemons share a PostgreSQL state: `null` without a
-/// lease (always, on SQLite).
+/// lease.
 fn lease_json(lease: Option<&LeaseRecord>) -> Value {
     match lease {
         Some(l) => json!({
@@ -149,16 +149,17 @@ pub fn lease_line(lease: &LeaseRecord) -> String {
     }
 }
 
+/// One environment in `status --format json`. `lease` is given for a PostgreSQL state only
+/// (`Some(None)`: no daemon holds one): a SQLite state has no leases, and its output no key.
 pub fn status_json(
     env: &str,
     commit: Option<&str>,
-    lease: Option<&LeaseRecord>,
+    lease: Option<Option<&LeaseRecord>>,
     resources: &[ResourceRecord],
 ) -> Value {
-    json!({
+    let mut status = json!({
         "env": env,
         "commit": commit,
-        "lease": lease_json(lease),
         "resources": resources.iter().map(|r| json!({
             "guresid": r.guresid,
             "app": r.app,
@@ -171,7 +172,11 @@ pub fn status_json(
             // Only non-secret outputs are ever recorded in this column.
             "outputs": r.outputs,
         })).collect::<Vec<_>>(),
-    })
+    });
+    if let (Some(lease), Some(fields)) = (lease, status.as_object_mut()) {
+        fields.insert("lease".to_owned(), lease_json(lease));
+    }
+    status
 }
 
 pub fn status_table(

@@ -137,9 +137,12 @@ fn lease_json(lease: Option<&LeaseRecord>) -> Value {
     }
 }
 
-/// `lease: held by host:pid (generation N) until T`, or `lease: free (expired T)`.
+/// `lease: held by host:pid (generation N) until T`, `lease: free (expired T)`, or, for a
+/// lease its holder gave up (it names no daemon), `lease: free (given up)`.
 pub fn lease_line(lease: &LeaseRecord) -> String {
-    if lease.current {
+    if lease.daemon.is_empty() {
+        "lease: free (given up)".to_owned()
+    } else if lease.current {
         format!(
             "lease: held by {} (generation {}) until {}",
             lease.daemon, lease.generation, lease.expires_at
@@ -325,5 +328,32 @@ pub fn one_or_many(mut items: Vec<Value>) -> Value {
         items.remove(0)
     } else {
         Value::Array(items)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_reads_as_held_expired_or_given_up() {
+        let lease = |daemon: &str, current: bool| LeaseRecord {
+            env: "dev".into(),
+            daemon: daemon.into(),
+            generation: 4,
+            expires_at: "2026-01-01T00:00:15.000Z".into(),
+            current,
+        };
+        assert_eq!(
+            lease_line(&lease("mgmt-a:41", true)),
+            "lease: held by mgmt-a:41 (generation 4) until 2026-01-01T00:00:15.000Z"
+        );
+        assert_eq!(
+            lease_line(&lease("mgmt-a:41", false)),
+            "lease: free (expired 2026-01-01T00:00:15.000Z)"
+        );
+        assert_eq!(lease_line(&lease("", false)), "lease: free (given up)");
+        assert_eq!(lease_json(None), Value::Null);
+        assert_eq!(lease_json(Some(&lease("mgmt-a:41", true)))["current"], true);
     }
 }

@@ -4,6 +4,7 @@
 //! interface that people query with `sqlite3`; this crate applies it by migrations keyed on
 //! `PRAGMA user_version`, in WAL mode with foreign keys on.
 
+mod copy;
 pub mod db;
 mod dialect;
 mod figures;
@@ -23,12 +24,14 @@ use serde_json::Value;
 
 use crate::db::{Conn, DbError, DbResult, FromCell, OptionalExtension, Params, Row, Tx, params};
 
+pub use copy::{CopyError, CopyReport, copied_tables, copy_state};
 pub use figures::Figures;
 pub use fingerprint::AppFingerprint;
 pub use history::{LinkChanges, Pruned, Retention};
 pub use journal::{Batch, Ended, JournalEntry, ManifestsRecord};
 pub use lease::{Beat, Fence, LeaseHold, LeaseRecord, Leases};
 pub use lock::ApplyLock;
+pub use postgres::{PgTarget, is_postgres_url};
 pub use seal::{KeySource, SealError, StateKey, pending_key_path};
 pub use views::{DeploymentSummary, FailedResource, NodeRow, ResourceView};
 

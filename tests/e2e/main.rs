@@ -21,6 +21,7 @@ mod lifecycle;
 mod links;
 mod manifests;
 mod notifications;
+mod postgres;
 mod reconcile;
 mod reports;
 mod secret_stores;

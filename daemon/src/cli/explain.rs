@@ -33,7 +33,7 @@ pub fn explain(
     format: Format,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let store = if ctx.state.exists() {
+    let store = if ctx.state_exists() {
         Some(ctx.open_store()?)
     } else {
         None

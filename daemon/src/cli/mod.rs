@@ -12,9 +12,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use gitplane_state::{ApplyLock, DeploymentStatus, StateError, Store};
+use gitplane_state::{ApplyLock, CopyError, DeploymentStatus, KeySource, StateError, Store};
 
-use crate::config::{ConfigError, HostConfig, RepoSource};
+use crate::config::{ConfigError, HostConfig, RepoSource, SecretSourceError, StateKind};
 use crate::deploy::{self, Built, Reach, Rejected, Target};
 use crate::drivers::Registry;
 use crate::graph;
@@ -51,7 +51,8 @@ pub struct Common {
     /// repo, else the current directory].
     #[arg(long, env = "GITPLANE_REPO", global = true)]
     pub repo: Option<PathBuf>,
-    /// The SQLite state file [default: the host config's state, else ./gitplane.db].
+    /// The state: a SQLite file or a postgres:// URL [default: the host config's state, else
+    /// ./gitplane.db].
     #[arg(long, env = "GITPLANE_STATE", global = true)]
     pub state: Option<PathBuf>,
     /// Only this environment (repeat for several); default: every environment.
@@ -63,6 +64,7 @@ pub struct Common {
 #[derive(Debug, Clone)]
 pub struct Context {
     pub repo: PathBuf,
+    /// A SQLite file, or a PostgreSQL URL without its password (see [`state_setting`]).
     pub state: PathBuf,
     pub envs: Vec<String>,
     /// The ref to read when `--rev` is not given (the host config's `ref`).
@@ -70,6 +72,9 @@ pub struct Context {
     pub host: HostConfig,
     pub drivers: Registry,
     pub stores: SecretStores,
+    /// Why `state_password` could not be read, told when the state is opened: commands that
+    /// never open it (`validate` in a pre-receive hook, run by whoever pushes) need no password.
+    pub state_password_error: Option<SecretSourceError>,
 }
 
 impl Common {
@@ -85,11 +90,13 @@ impl Common {
             }
             (None, None) => PathBuf::from("."),
         };
-        let state = self
-            .state
-            .clone()
-            .or_else(|| host.state.clone())
-            .unwrap_or_else(|| PathBuf::from("gitplane.db"));
+        let (state, state_password_error) = state_setting(
+            self.state
+                .clone()
+                .or_else(|| host.state.clone())
+                .unwrap_or_else(|| PathBuf::from("gitplane.db")),
+            &host,
+        )?;
         Ok(Context {
             repo,
             state,
@@ -98,13 +105,57 @@ impl Common {
             drivers: host.registry(),
             stores: host.secret_stores(),
             host,
+            state_password_error,
         })
     }
 }
 
+/// The state a command works on, ready to open, and why `state_password` could not be read
+/// (for the caller to tell when it opens the state). A PostgreSQL URL must parse; a password
+/// written in it moves out of it (to the state crate, which connects with it, ahead of
+/// `state_password`), so no message or log line that names the state can show it. A SQLite
+/// path is kept as written.
+pub(crate) fn state_setting(
+    state: PathBuf,
+    host: &HostConfig,
+) -> Result<(PathBuf, Option<SecretSourceError>), CliError> {
+    let Some(text) = state.to_str() else {
+        return Ok((state, None));
+    };
+    match crate::config::state_kind(text).map_err(CliError::StateSetting)? {
+        StateKind::Sqlite => Ok((state, None)),
+        StateKind::Postgres => {
+            let (url, password) =
+                crate::config::split_url_password(text).map_err(CliError::StateSetting)?;
+            let unread = match password {
+                Some(password) => {
+                    gitplane_state::set_postgres_password(Some(password));
+                    None
+                }
+                None => crate::config::apply_state_password(host).err(),
+            };
+            Ok((PathBuf::from(url), unread))
+        }
+    }
+}
+
+/// Whether `state` names a PostgreSQL database.
+fn is_postgres(state: &Path) -> bool {
+    state.to_str().is_some_and(gitplane_state::is_postgres_url)
+}
+
 impl Context {
+    /// Whether the state is there to read: a SQLite file that exists, or a PostgreSQL database
+    /// (reached, and its schema made if it has none, when opened).
+    pub(crate) fn state_exists(&self) -> bool {
+        is_postgres(&self.state) || self.state.exists()
+    }
+
     /// Opens (creating if needed) the state file, with the state key the host config names.
     pub(crate) fn open_store(&self) -> Result<Store, CliError> {
+        if let Some(e) = &self.state_password_error {
+            return Err(CliError::StatePassword(e.clone()));
+        }
         Ok(Store::open_keyed(
             &self.state,
             self.host.state_key.as_ref(),
@@ -292,6 +343,20 @@ pub enum StateCommand {
         #[command(flatten)]
         common: Common,
     },
+    /// Copy a whole state, history included, into an empty one: from SQLite to PostgreSQL or
+    /// back. Both are opened with the host config's state_key (else, for a SQLite source, its
+    /// <file>.key), since sealed secrets are copied as they are. Stop the daemons first.
+    Copy {
+        /// The host configuration; default: /etc/gitplane/gitplane.yaml when it exists.
+        #[arg(long, env = "GITPLANE_CONFIG")]
+        config: Option<PathBuf>,
+        /// The state to read: sqlite:PATH, a path, or a postgres:// URL.
+        #[arg(long)]
+        from: String,
+        /// The empty state to fill: sqlite:PATH, a path, or a postgres:// URL.
+        #[arg(long)]
+        to: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -337,6 +402,21 @@ pub enum CliError {
     NotHeld { deployment: i64 },
     #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]
     NoState { path: PathBuf },
+    #[error("{0}")]
+    StateSetting(String),
+    #[error(transparent)]
+    StatePassword(SecretSourceError),
+    #[error(transparent)]
+    Copy(#[from] CopyError),
+    #[error("--from {path}: no such state file")]
+    NoCopySource { path: PathBuf },
+    #[error("--from and --to name the same state ({state})")]
+    CopyOntoItself { state: String },
+    #[error(
+        "--from {from}: a PostgreSQL source is opened with the host config's state_key, and \
+         there is none: name the key its secrets are sealed with (state_key: {{file: PATH}})"
+    )]
+    CopyNeedsKey { from: String },
     #[error("host config: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Config(Vec<ConfigError>),
     #[error(
@@ -455,11 +535,17 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
                 (None, Some(source)) => source.clone(),
                 (None, None) => RepoSource::Local(PathBuf::from(".")),
             };
-            let state = common
-                .state
-                .clone()
-                .or_else(|| host.state.clone())
-                .unwrap_or_else(|| PathBuf::from("gitplane.db"));
+            let (state, unread) = state_setting(
+                common
+                    .state
+                    .clone()
+                    .or_else(|| host.state.clone())
+                    .unwrap_or_else(|| PathBuf::from("gitplane.db")),
+                &host,
+            )?;
+            if let Some(e) = unread {
+                return Err(CliError::StatePassword(e));
+            }
             crate::daemon::run(crate::daemon::DaemonOptions {
                 source,
                 state,
@@ -490,6 +576,9 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
         Command::State {
             action: StateCommand::Rekey { common },
         } => rekey(&common.context()?, stdout),
+        Command::State {
+            action: StateCommand::Copy { config, from, to },
+        } => copy(config.as_deref(), &from, &to, stdout),
     }
 }
 
@@ -528,10 +617,131 @@ fn rekey(ctx: &Context, stdout: &mut impl Write) -> Result<CommandResult, CliErr
     writeln!(
         stdout,
         "{}: {resealed} secret value(s) sealed with the new key {} ({})",
-        ctx.state.display(),
+        store.path().display(),
         key.id,
         key_file.display()
     )?;
+    Ok(CommandResult::Success)
+}
+
+/// A state named by `state copy --from/--to`: `sqlite:PATH`, a path, or a PostgreSQL URL
+/// (kept whole: the state crate connects with its password and never shows it).
+fn copy_location(text: &str) -> Result<(PathBuf, StateKind), CliError> {
+    if let Some(path) = text.strip_prefix("sqlite:") {
+        return Ok((PathBuf::from(path), StateKind::Sqlite));
+    }
+    let kind = crate::config::state_kind(text).map_err(CliError::StateSetting)?;
+    Ok((PathBuf::from(text), kind))
+}
+
+/// `gitplane state copy`: copies every deployment, resource and their history from one state
+/// into an empty one, in one transaction on the destination.
+fn copy(
+    config: Option<&Path>,
+    from: &str,
+    to: &str,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    let host = HostConfig::load(config).map_err(CliError::Config)?;
+    let (from_path, from_kind) = copy_location(from)?;
+    let (to_path, to_kind) = copy_location(to)?;
+    let same = match (from_kind, to_kind) {
+        (StateKind::Sqlite, StateKind::Sqlite) => {
+            from_path.canonicalize().ok().is_some()
+                && from_path.canonicalize().ok() == to_path.canonicalize().ok()
+        }
+        (StateKind::Postgres, StateKind::Postgres) => {
+            crate::config::split_url_password(from).map(|(u, _)| u)
+                == crate::config::split_url_password(to).map(|(u, _)| u)
+        }
+        _ => false,
+    };
+    if same {
+        return Err(CliError::CopyOntoItself {
+            state: from_path.display().to_string(),
+        });
+    }
+    if from_kind == StateKind::Postgres || to_kind == StateKind::Postgres {
+        crate::config::apply_state_password(&host).map_err(CliError::StatePassword)?;
+    }
+    // Reading never creates a state: a source that is not there is a mistake.
+    if from_kind == StateKind::Sqlite && !from_path.exists() {
+        return Err(CliError::NoCopySource { path: from_path });
+    }
+    // Sealed secrets move as they are, so both sides open them with one key.
+    let (key, source_key_file) = match (&host.state_key, from_kind) {
+        (Some(key), _) => (key.clone(), None),
+        (None, StateKind::Sqlite) => {
+            let real = from_path
+                .canonicalize()
+                .unwrap_or_else(|_| from_path.clone());
+            let key = KeySource::beside(&real);
+            let file = match &key {
+                KeySource::File(p) | KeySource::Provided(p) => Some(p.clone()),
+                KeySource::Credential(_) => None,
+            };
+            (key, file)
+        }
+        (None, StateKind::Postgres) => {
+            return Err(CliError::CopyNeedsKey {
+                from: gitplane_state::PgTarget::parse(from, None)
+                    .map(|t| t.shown().to_owned())
+                    .unwrap_or_else(|_| "(a PostgreSQL URL)".to_owned()),
+            });
+        }
+    };
+    let source = Store::open_keyed(&from_path, Some(&key))?;
+    let created = to_kind == StateKind::Sqlite && !to_path.exists();
+    let copied = Store::open_keyed(&to_path, Some(&key))
+        .map_err(CliError::from)
+        .and_then(|mut destination| {
+            let report = gitplane_state::copy_state(&source, &mut destination)?;
+            Ok((report, destination.path().to_owned()))
+        });
+    let (report, shown_to) = match copied {
+        Ok(done) => done,
+        Err(e) => {
+            // A file this copy created holds nothing worth keeping.
+            if created {
+                for suffix in ["", "-wal", "-shm"] {
+                    let mut name = to_path.as_os_str().to_owned();
+                    name.push(suffix);
+                    let _ = std::fs::remove_file(&name);
+                }
+            }
+            return Err(e);
+        }
+    };
+    let others: Vec<String> = report
+        .tables
+        .iter()
+        .filter(|(t, _)| t != "deployment" && t != "resource")
+        .map(|(t, n)| format!("{t} {n}"))
+        .collect();
+    let other_rows: u64 = report
+        .tables
+        .iter()
+        .filter(|(t, _)| t != "deployment" && t != "resource")
+        .map(|(_, n)| n)
+        .sum();
+    writeln!(
+        stdout,
+        "copied {} deployments, {} resources and {other_rows} other rows ({}) from {} to {}",
+        report.rows("deployment"),
+        report.rows("resource"),
+        others.join(", "),
+        source.path().display(),
+        shown_to.display()
+    )?;
+    if let Some(file) = source_key_file {
+        writeln!(
+            stdout,
+            "The secrets stay sealed with the source's state key {}: the destination's host \
+             config needs state_key: {{file: {}}}",
+            file.display(),
+            file.display()
+        )?;
+    }
     Ok(CommandResult::Success)
 }
 
@@ -564,7 +774,7 @@ fn vacuum(
     writeln!(
         stdout,
         "{}: {:.1} MB -> {:.1} MB",
-        ctx.state.display(),
+        store.path().display(),
         mb(before),
         mb(after)
     )?;
@@ -626,7 +836,7 @@ fn show_plan(
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     // Planning never creates a state file.
-    let store = if ctx.state.exists() {
+    let store = if ctx.state_exists() {
         Some(ctx.open_store()?)
     } else {
         None
@@ -979,7 +1189,7 @@ fn approve(
 
 /// The state file, which must exist: reading commands never create one.
 pub(crate) fn existing_store(ctx: &Context) -> Result<Store, CliError> {
-    if !ctx.state.exists() {
+    if !ctx.state_exists() {
         return Err(CliError::NoState {
             path: ctx.state.clone(),
         });
@@ -1090,7 +1300,7 @@ fn status(
         if !known.contains(env) {
             return Err(CliError::UnknownStateEnv {
                 env: env.clone(),
-                state: ctx.state.clone(),
+                state: store.path().to_owned(),
                 known: known.join(", "),
             });
         }
@@ -1100,18 +1310,37 @@ fn status(
     } else {
         ctx.envs.clone()
     };
+    // Only daemons sharing a PostgreSQL state hold leases: a SQLite state has none.
+    let leases: std::collections::BTreeMap<String, gitplane_state::LeaseRecord> = store
+        .leases()?
+        .into_iter()
+        .map(|l| (l.env.clone(), l))
+        .collect();
     let mut json = Vec::new();
     for env in &envs {
         let resources = store.resources_without_secrets(env)?;
         let deployments = store.deployments(Some(env))?;
         let commit = output::state_commit(&deployments);
+        let lease = leases.get(env);
+        let postgres = store.backend() == gitplane_state::db::Backend::Postgres;
         match format {
             Format::Table => writeln!(
                 stdout,
                 "{}",
-                output::status_table(env, commit.as_deref(), deployments.first(), &resources)
+                output::status_table(
+                    env,
+                    commit.as_deref(),
+                    deployments.first(),
+                    lease,
+                    &resources
+                )
             )?,
-            Format::Json => json.push(output::status_json(env, commit.as_deref(), &resources)),
+            Format::Json => json.push(output::status_json(
+                env,
+                commit.as_deref(),
+                postgres.then_some(lease),
+                &resources,
+            )),
         }
     }
     if format == Format::Json {
@@ -1139,6 +1368,7 @@ fn quickstart(dir: &Path, stdout: &mut impl Write) -> Result<CommandResult, CliE
         host: HostConfig::default(),
         drivers: Registry::builtin(),
         stores: SecretStores::default(),
+        state_password_error: None,
     };
     if apply(&ctx, None, stdout)? == CommandResult::Failure {
         return Ok(CommandResult::Failure);

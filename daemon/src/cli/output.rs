@@ -1,6 +1,6 @@
 //! Output for people (aligned tables) and for programs (JSON), never with secret values.
 
-use gitplane_state::{DeploymentRecord, ResourceRecord};
+use gitplane_state::{DeploymentRecord, LeaseRecord, ResourceRecord};
 use serde_json::{Value, json};
 
 use crate::deploy::Scope;
@@ -123,8 +123,44 @@ pub fn state_commit(deployments: &[DeploymentRecord]) -> Option<String> {
         .and_then(|d| d.commit_id.clone())
 }
 
-pub fn status_json(env: &str, commit: Option<&str>, resources: &[ResourceRecord]) -> Value {
-    json!({
+/// Who reconciles an environment, when daemons share a PostgreSQL state: `null` without a
+/// lease.
+fn lease_json(lease: Option<&LeaseRecord>) -> Value {
+    match lease {
+        Some(l) => json!({
+            "daemon": l.daemon,
+            "generation": l.generation,
+            "expires_at": l.expires_at,
+            "current": l.current,
+        }),
+        None => Value::Null,
+    }
+}
+
+/// `lease: held by host:pid (generation N) until T`, `lease: free (expired T)`, or, for a
+/// lease its holder gave up (it names no daemon), `lease: free (given up)`.
+pub fn lease_line(lease: &LeaseRecord) -> String {
+    if lease.daemon.is_empty() {
+        "lease: free (given up)".to_owned()
+    } else if lease.current {
+        format!(
+            "lease: held by {} (generation {}) until {}",
+            lease.daemon, lease.generation, lease.expires_at
+        )
+    } else {
+        format!("lease: free (expired {})", lease.expires_at)
+    }
+}
+
+/// One environment in `status --format json`. `lease` is given for a PostgreSQL state only
+/// (`Some(None)`: no daemon holds one): a SQLite state has no leases, and its output no key.
+pub fn status_json(
+    env: &str,
+    commit: Option<&str>,
+    lease: Option<Option<&LeaseRecord>>,
+    resources: &[ResourceRecord],
+) -> Value {
+    let mut status = json!({
         "env": env,
         "commit": commit,
         "resources": resources.iter().map(|r| json!({
@@ -139,13 +175,18 @@ pub fn status_json(env: &str, commit: Option<&str>, resources: &[ResourceRecord]
             // Only non-secret outputs are ever recorded in this column.
             "outputs": r.outputs,
         })).collect::<Vec<_>>(),
-    })
+    });
+    if let (Some(lease), Some(fields)) = (lease, status.as_object_mut()) {
+        fields.insert("lease".to_owned(), lease_json(lease));
+    }
+    status
 }
 
 pub fn status_table(
     env: &str,
     commit: Option<&str>,
     latest: Option<&DeploymentRecord>,
+    lease: Option<&LeaseRecord>,
     resources: &[ResourceRecord],
 ) -> String {
     let mut t = Table::new(&[
@@ -177,8 +218,11 @@ pub fn status_table(
         ),
         None => "never deployed".to_owned(),
     };
+    let lease = lease
+        .map(|l| format!("  {}\n", lease_line(l)))
+        .unwrap_or_default();
     format!(
-        "{env} @ {} ({last}), {} resources\n{}",
+        "{env} @ {} ({last}), {} resources\n{lease}{}",
         commit.map(short).unwrap_or("-"),
         resources.len(),
         t.render("  ")
@@ -284,5 +328,32 @@ pub fn one_or_many(mut items: Vec<Value>) -> Value {
         items.remove(0)
     } else {
         Value::Array(items)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_reads_as_held_expired_or_given_up() {
+        let lease = |daemon: &str, current: bool| LeaseRecord {
+            env: "dev".into(),
+            daemon: daemon.into(),
+            generation: 4,
+            expires_at: "2026-01-01T00:00:15.000Z".into(),
+            current,
+        };
+        assert_eq!(
+            lease_line(&lease("mgmt-a:41", true)),
+            "lease: held by mgmt-a:41 (generation 4) until 2026-01-01T00:00:15.000Z"
+        );
+        assert_eq!(
+            lease_line(&lease("mgmt-a:41", false)),
+            "lease: free (expired 2026-01-01T00:00:15.000Z)"
+        );
+        assert_eq!(lease_line(&lease("", false)), "lease: free (given up)");
+        assert_eq!(lease_json(None), Value::Null);
+        assert_eq!(lease_json(Some(&lease("mgmt-a:41", true)))["current"], true);
     }
 }

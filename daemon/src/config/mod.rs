@@ -114,6 +114,15 @@ impl Default for RetryPolicy {
 /// `TimeoutStopSec` (90 s).
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long an environment's lease outlives its holder's last heartbeat (`leases.ttl`) when the
+/// config does not say: a daemon that dies is replaced within about this long.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
+/// The shortest lease: a holder beats five times per lease, and a beat is a few round trips to
+/// the database, which a busy server or network may take a second over.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(3);
+/// The longest lease: an environment whose daemon died waits this long for another.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(600);
+
 /// The host configuration, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostConfig {
@@ -121,7 +130,15 @@ pub struct HostConfig {
     pub path: Option<PathBuf>,
     pub repo: Option<RepoSource>,
     pub git_ref: Option<String>,
+    /// A SQLite file, or a PostgreSQL URL (`postgres://user@host:port/db`), kept as written:
+    /// never resolved against a folder.
     pub state: Option<PathBuf>,
+    /// `state_password`: the PostgreSQL state's password, from a secret store; see
+    /// [`apply_state_password`].
+    pub state_password: Option<SecretSource>,
+    /// `leases.ttl`: how long an environment's lease outlives its holder's last heartbeat, when
+    /// daemons share a PostgreSQL state.
+    pub lease_ttl: Duration,
     pub concurrency: usize,
     pub retry: RetryPolicy,
     /// How often the daemon resolves the watched ref even without a file event.
@@ -153,6 +170,8 @@ impl Default for HostConfig {
             repo: None,
             git_ref: None,
             state: None,
+            state_password: None,
+            lease_ttl: DEFAULT_LEASE_TTL,
             concurrency: DEFAULT_CONCURRENCY,
             retry: RetryPolicy::default(),
             watch_interval: None,
@@ -177,6 +196,8 @@ struct HostConfigFile {
     #[serde(rename = "ref")]
     git_ref: Option<String>,
     state: Option<PathBuf>,
+    state_password: Option<StatePasswordFile>,
+    leases: Option<LeasesFile>,
     concurrency: Option<usize>,
     retry: Option<RetryFile>,
     watch_interval: Option<String>,
@@ -204,6 +225,22 @@ struct TerraformFile {
     concurrency: Option<usize>,
     env: Option<Vec<String>>,
     home: Option<PathBuf>,
+}
+
+/// `state_password: {store: NAME, ref: KEY}`: a secret store of this config and a reference in it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatePasswordFile {
+    store: String,
+    #[serde(rename = "ref")]
+    reference: String,
+}
+
+/// `leases: {ttl: 15s}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeasesFile {
+    ttl: Option<String>,
 }
 
 /// `state_key: {file: PATH}` (created if missing) or `{credential: NAME}` (systemd's
@@ -301,6 +338,115 @@ struct ExecFile {
 struct AccountFile {
     file: Option<PathBuf>,
     env: Option<String>,
+}
+
+/// Which database a state setting names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateKind {
+    /// A SQLite file.
+    Sqlite,
+    /// A PostgreSQL database, by URL.
+    Postgres,
+}
+
+/// What `state` names: a PostgreSQL URL, which must parse, or a SQLite file. A value that
+/// starts like a PostgreSQL URL but is not one (`postgres:host/db`) is refused rather than taken
+/// for a file of that name. Messages never quote the value, which may hold a password.
+pub fn state_kind(state: &str) -> Result<StateKind, String> {
+    if gitplane_state::is_postgres_url(state) {
+        return gitplane_state::PgTarget::parse(state, None)
+            .map(|_| StateKind::Postgres)
+            .map_err(|reason| format!("state: {reason}"));
+    }
+    let lower = state.get(..11).unwrap_or(state).to_ascii_lowercase();
+    if lower.starts_with("postgres:") || lower.starts_with("postgresql:") {
+        return Err("state starts like a PostgreSQL URL but is not one: write \
+             postgres://USER@HOST:PORT/DATABASE (or postgresql://...)"
+            .to_owned());
+    }
+    Ok(StateKind::Sqlite)
+}
+
+/// `url` without its password, and the password, percent-decoded: from the user part
+/// (`postgres://user:PASSWORD@host/db`) or a `password=` parameter, read as the PostgreSQL
+/// driver reads them. The caller hands the password to the state crate and names the state by
+/// what is left, so no message or log line that names the state can show it.
+pub fn split_url_password(url: &str) -> Result<(String, Option<String>), String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Ok((url.to_owned(), None));
+    };
+    let mut password = None;
+    // The driver takes the credentials up to the first '@'.
+    let rest = match rest.split_once('@') {
+        Some((credentials, after)) => match credentials.split_once(':') {
+            Some((user, secret)) => {
+                password = Some(percent_decoded(secret)?);
+                format!("{user}@{after}")
+            }
+            None => rest.to_owned(),
+        },
+        None => rest.to_owned(),
+    };
+    let rest = match rest.split_once('?') {
+        Some((path, query)) => {
+            let mut kept = Vec::new();
+            for pair in query.split('&') {
+                match pair.split_once('=') {
+                    Some((key, value)) if percent_decoded(key)? == "password" => {
+                        password = Some(percent_decoded(value)?);
+                    }
+                    _ => kept.push(pair),
+                }
+            }
+            if kept.is_empty() {
+                path.to_owned()
+            } else {
+                format!("{path}?{}", kept.join("&"))
+            }
+        }
+        None => rest,
+    };
+    Ok((format!("{scheme}://{rest}"), password))
+}
+
+/// `%XX` escapes decoded; a `%` not followed by two hex digits stays as it is.
+fn percent_decoded(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out)
+        .map_err(|_| "state: a %-escape of the URL does not decode to UTF-8 text".to_owned())
+}
+
+/// Reads `state_password` from its secret store now and hands it to the state crate, which
+/// opens PostgreSQL states with it (ahead of `PGPASSWORD`); without `state_password`, forgets
+/// any set before. Call it before a store of the host's state is opened, and again after the
+/// host config is reloaded (the password may have been rotated). Its errors never carry the
+/// password.
+pub fn apply_state_password(host: &HostConfig) -> Result<(), SecretSourceError> {
+    let password = match &host.state_password {
+        None => None,
+        Some(source) => Some(source.read("state_password", &host.secret_stores())?),
+    };
+    gitplane_state::set_postgres_password(password);
+    Ok(())
 }
 
 /// Parses how much history to keep (`history.keep`, `gitplane state vacuum --keep`): a number
@@ -816,6 +962,7 @@ impl HostConfig {
                 .map_err(|message| err("keep", format!("history.keep: {message}")))
                 .ok()
         });
+        let state_key_written = raw.state_key.is_some();
         let state_key = match raw.state_key {
             None => None,
             Some(StateKeyFile {
@@ -837,6 +984,77 @@ impl HostConfig {
                 );
                 None
             }
+        };
+        let postgres = match raw.state.as_deref().and_then(Path::to_str) {
+            Some(state) => match state_kind(state) {
+                Ok(kind) => kind == StateKind::Postgres,
+                Err(message) => {
+                    err("state:", message);
+                    true
+                }
+            },
+            None => false,
+        };
+        if postgres && !state_key_written {
+            err(
+                "state:",
+                "a PostgreSQL state needs state_key (state_key: {file: PATH} or {credential: \
+                 NAME}): every host that shares the database must seal secrets with the same \
+                 key, which cannot be the default <state>.key beside a file"
+                    .to_owned(),
+            );
+        }
+        let state_password = match raw.state_password {
+            None => None,
+            Some(_) if !postgres => {
+                err(
+                    "state_password:",
+                    format!(
+                        "state_password is only for a PostgreSQL state, and state is {}: set \
+                         state: postgres://USER@HOST:PORT/DATABASE, or remove state_password",
+                        match &raw.state {
+                            Some(path) => format!("the SQLite file {}", path.display()),
+                            None => "not set (the SQLite file ./gitplane.db)".to_owned(),
+                        }
+                    ),
+                );
+                None
+            }
+            Some(p) if !secret_stores.contains_key(&p.store) => {
+                err(
+                    "state_password:",
+                    format!(
+                        "state_password: secret store '{}' is not configured in secret_stores",
+                        p.store
+                    ),
+                );
+                None
+            }
+            Some(p) => Some(SecretSource::Store {
+                store: p.store,
+                reference: p.reference,
+            }),
+        };
+        let lease_ttl = match raw.leases.and_then(|l| l.ttl) {
+            None => DEFAULT_LEASE_TTL,
+            Some(ttl_text) => match parse_duration(&ttl_text) {
+                Ok(ttl) if (MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&ttl) => ttl,
+                Ok(_) => {
+                    err(
+                        "ttl:",
+                        format!(
+                            "leases.ttl '{ttl_text}' is out of range: it must be between 3s (a \
+                             heartbeat every 600 ms) and 10m (how long an environment may wait \
+                             for another daemon when its own died)"
+                        ),
+                    );
+                    DEFAULT_LEASE_TTL
+                }
+                Err(message) => {
+                    err("ttl:", format!("leases.ttl: {message}"));
+                    DEFAULT_LEASE_TTL
+                }
+            },
         };
         let mut problems = Vec::new();
         let http = raw.http.and_then(|h| service::http(h, &mut problems));
@@ -862,6 +1080,8 @@ impl HostConfig {
             repo,
             git_ref: raw.git_ref,
             state: raw.state,
+            state_password,
+            lease_ttl,
             concurrency,
             retry,
             watch_interval,
@@ -1258,5 +1478,125 @@ accounts:
         assert_eq!(c.account("a").unwrap(), serde_json::json!("plain-token"));
         assert!(matches!(c.account("b"), Err(AccountError::Env { .. })));
         assert!(matches!(c.account("zzz"), Err(AccountError::Unknown(_))));
+    }
+
+    #[test]
+    fn a_postgresql_state_stays_a_url_with_its_key_password_and_lease_time() {
+        let text = "state: postgres://gp@db.example:5432/gitplane\n\
+                    state_key: {credential: gitplane-state-key}\n\
+                    secret_stores:\n  files: {dir: /run/secrets}\n\
+                    state_password: {store: files, ref: pg}\n\
+                    leases: {ttl: 30s}\n";
+        let c = HostConfig::parse("host.yaml", text).unwrap();
+        assert_eq!(
+            c.state.as_deref(),
+            Some(Path::new("postgres://gp@db.example:5432/gitplane"))
+        );
+        assert_eq!(
+            c.state_password,
+            Some(SecretSource::Store {
+                store: "files".into(),
+                reference: "pg".into()
+            })
+        );
+        assert_eq!(c.lease_ttl, Duration::from_secs(30));
+        let sqlite = HostConfig::parse("host.yaml", "state: relative/state.db\n").unwrap();
+        assert_eq!(
+            sqlite.state.as_deref(),
+            Some(Path::new("relative/state.db"))
+        );
+        assert_eq!(sqlite.lease_ttl, DEFAULT_LEASE_TTL);
+        assert_eq!(sqlite.state_password, None);
+    }
+
+    #[test]
+    fn lease_times_outside_their_range_are_refused_at_their_line() {
+        for (ttl, ok) in [("3s", true), ("10m", true), ("2s", false), ("11m", false)] {
+            let text = format!("concurrency: 4\nleases:\n  ttl: {ttl}\n");
+            match HostConfig::parse("host.yaml", &text) {
+                Ok(c) => {
+                    assert!(ok, "{ttl} accepted");
+                    assert_eq!(Some(c.lease_ttl), parse_duration(ttl).ok());
+                }
+                Err(e) => {
+                    assert!(!ok, "{ttl} refused: {e:?}");
+                    assert_eq!(e[0].location.line, Some(3));
+                    assert!(e[0].message.contains("out of range"), "{}", e[0]);
+                }
+            }
+        }
+        let e = HostConfig::parse("host.yaml", "leases: {ttl: soon}\n").unwrap_err();
+        assert!(
+            e[0].message
+                .starts_with("leases.ttl: 'soon' is not a duration"),
+            "{}",
+            e[0]
+        );
+    }
+
+    #[test]
+    fn state_urls_are_checked_without_quoting_them() {
+        assert_eq!(state_kind("state.db"), Ok(StateKind::Sqlite));
+        assert_eq!(
+            state_kind("/var/lib/postgres/state.db"),
+            Ok(StateKind::Sqlite)
+        );
+        assert_eq!(state_kind("postgresql://db/x"), Ok(StateKind::Postgres));
+        for bad in [
+            "postgres://gp:s3cret@db:port/x",
+            "postgres:s3cret@db/x",
+            "Postgres://gp:s3cret@db/x",
+            "postgres://gp:s3cret@db/x?nonsense=1",
+        ] {
+            let message = state_kind(bad).unwrap_err();
+            assert!(!message.contains("s3cret"), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_password_in_a_url_is_taken_out_of_it() {
+        let split = |url: &str| split_url_password(url).unwrap();
+        assert_eq!(
+            split("postgres://gp:s%40cr%3At@db:5432/x"),
+            (
+                "postgres://gp@db:5432/x".to_owned(),
+                Some("s@cr:t".to_owned())
+            )
+        );
+        assert_eq!(
+            split("postgresql://db/x?sslmode=disable&password=p%20w&user=gp"),
+            (
+                "postgresql://db/x?sslmode=disable&user=gp".to_owned(),
+                Some("p w".to_owned())
+            )
+        );
+        assert_eq!(
+            split("postgres://db/x?password=pw"),
+            ("postgres://db/x".to_owned(), Some("pw".to_owned()))
+        );
+        assert_eq!(
+            split("postgres://gp@db/x"),
+            ("postgres://gp@db/x".to_owned(), None)
+        );
+        assert_eq!(split("postgres://gp:100%@db/x").1.as_deref(), Some("100%"));
+        assert!(split_url_password("postgres://gp:%ff@db/x").is_err());
+    }
+
+    #[test]
+    fn the_state_password_is_read_from_its_store_and_handed_to_the_state() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pg"), "s3cret\n").unwrap();
+        let text = format!(
+            "state: postgres://gp@db/x\nstate_key: {{file: /k}}\n\
+             secret_stores:\n  files: {{dir: {}}}\n\
+             state_password: {{store: files, ref: pg}}\n",
+            dir.path().display()
+        );
+        let c = HostConfig::parse("host.yaml", &text).unwrap();
+        apply_state_password(&c).unwrap();
+        std::fs::remove_file(dir.path().join("pg")).unwrap();
+        let e = apply_state_password(&c).unwrap_err();
+        assert!(e.to_string().starts_with("state_password: "), "{e}");
+        gitplane_state::set_postgres_password(None);
     }
 }

@@ -726,6 +726,7 @@ async fn explain(
         drivers: host.registry(),
         stores: host.secret_stores(),
         host,
+        state_password_error: None,
     };
     let guresid = guresid.to_owned();
     tokio::task::spawn_blocking(move || {

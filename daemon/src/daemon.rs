@@ -390,6 +390,10 @@ impl Daemon {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Reloading]);
         match HostConfig::load(self.options.config_path.as_deref()) {
             Ok(host) => {
+                // A rotated database password is used by the next connection made.
+                if let Err(e) = crate::config::apply_state_password(&host) {
+                    error!(error = %e, "cannot read the state's password; the previous one stays in force");
+                }
                 if host.repo != self.options.host.repo || host.state != self.options.host.state {
                     warn!("the host config's repo or state changed: restart gitplane to use them");
                 }
@@ -851,11 +855,8 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
 }
 
-/// The lease's time when the host config does not set it.
-const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
-
-fn lease_ttl(_host: &HostConfig) -> Duration {
-    DEFAULT_LEASE_TTL
+fn lease_ttl(host: &HostConfig) -> Duration {
+    host.lease_ttl
 }
 
 /// The next lease change, when daemons share the state (never, otherwise).
@@ -967,8 +968,15 @@ fn commit_info(repo: &Path, commit: &str) -> Option<crate::repo::CommitInfo> {
         .ok()
 }
 
-/// Where a remote's mirror lives: beside the state file.
+/// Where a remote's mirror lives: beside the state file; with a PostgreSQL state (no file),
+/// in the service's state directory (systemd's `StateDirectory=`), else the working directory.
 fn mirror_path(state: &Path) -> PathBuf {
+    if state.to_str().is_some_and(gitplane_state::is_postgres_url) {
+        return std::env::var_os("STATE_DIRECTORY")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."))
+            .join("mirror.git");
+    }
     state
         .parent()
         .filter(|p| !p.as_os_str().is_empty())

@@ -170,7 +170,7 @@ impl Leases {
             .map_err(e)? as usize;
         // Daemons gone for a day are forgotten: a restart is a new daemon, and the table must
         // not grow with restarts.
-        if self.beats % 100 == 0 {
+        if self.beats.is_multiple_of(100) {
             self.conn
                 .execute(
                     "DELETE FROM daemon

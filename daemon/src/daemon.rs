@@ -306,7 +306,13 @@ impl Daemon {
                     // From the loop itself: a hung loop stops these, and systemd restarts it.
                     let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
                 }
-                Some(event) = recv_lease(&mut self.lease_events) => self.lease_changed(event),
+                Some(event) = recv_lease(&mut self.lease_events) => {
+                    if matches!(event, LeaseEvent::Recovered) {
+                        self.check(Instant::now()).await;
+                    } else {
+                        self.lease_changed(event);
+                    }
+                }
                 Some(done) = self.tasks.join_next() => {
                     if let Err(e) = done {
                         error!(error = %e, "an environment worker stopped");
@@ -613,7 +619,16 @@ impl Daemon {
     fn lease_changed(&mut self, event: LeaseEvent) {
         match event {
             LeaseEvent::Gained(env) => {
-                if let Some(commit) = self.last_commit.clone() {
+                // An environment its last holder left deployed at the newest commit needs
+                // nothing: no deployment row for a lease that moved.
+                let done = match (&self.last_commit, self.store.latest_deployment(&env)) {
+                    (Some(commit), Ok(Some(d))) => {
+                        d.status == DeploymentStatus::Succeeded
+                            && d.commit_id.as_deref() == Some(commit.as_str())
+                    }
+                    _ => false,
+                };
+                if let Some(commit) = self.last_commit.clone().filter(|_| !done) {
                     self.dispatch(
                         env,
                         Job {
@@ -629,6 +644,7 @@ impl Daemon {
                 self.workers.remove(&env);
                 self.schedules.remove(&env);
             }
+            LeaseEvent::Recovered => {}
         }
     }
 

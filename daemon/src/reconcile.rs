@@ -828,7 +828,12 @@ impl<'a> Run<'a, '_> {
                         Operation::Delete => "delete",
                     };
                     if step.action != Action::Unchanged || self.options.drift {
-                        self.skip(step, action, "stopped: gitplane is shutting down");
+                        let why = if self.options.lease.as_ref().is_some_and(|l| !l.holds()) {
+                            "stopped: this daemon no longer holds the environment's lease"
+                        } else {
+                            "stopped: gitplane is shutting down"
+                        };
+                        self.skip(step, action, why);
                     } else {
                         self.count_unchanged(&step.guresid);
                     }

@@ -20,6 +20,9 @@ use tracing::{info, warn};
 pub enum LeaseEvent {
     Gained(String),
     Lost(String),
+    /// The database answers again after failing: look at the repository now rather than at
+    /// the next poll (a commit noticed meanwhile could not be read).
+    Recovered,
 }
 
 /// What the lease thread and the rest of the daemon share.
@@ -146,6 +149,7 @@ fn keep(
                 if failing {
                     info!("the state's database answers again: leases renewed");
                     failing = false;
+                    let _ = events.send(LeaseEvent::Recovered);
                 }
                 let mut holds = shard.holds.lock().unwrap_or_else(|e| e.into_inner());
                 for env in beat.lost {

@@ -489,6 +489,16 @@ impl Session {
         tokio::spawn(async move {
             let _ = connection.await;
         });
+        // A holder that froze (SIGSTOP, a stalled VM) inside a transaction would keep its
+        // lease rows locked, and every takeover waiting, for as long as it stays frozen: the
+        // server ends such a transaction after a few idle seconds. gitplane never idles inside
+        // one (no driver call runs in a transaction).
+        if let Err(e) = client
+            .batch_execute("SET idle_in_transaction_session_timeout = '5s'")
+            .await
+        {
+            return Err(error(&e));
+        }
         self.client = Some(Arc::new(client));
         Ok(())
     }

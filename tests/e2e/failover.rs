@@ -1,6 +1,7 @@
 //! Several daemons sharing one PostgreSQL state: the environments are spread over them by
-//! leases, a daemon that dies, freezes or leaves has its environments finished by the others,
-//! a frozen one that wakes up writes nothing, and a database restart stops none of them.
+//! leases, a daemon that dies, freezes (even inside a write transaction) or leaves has its
+//! environments finished by the others, each resource is created once at the driver, a frozen
+//! daemon that wakes up writes nothing, and a database restart stops none of them.
 //!
 //! Each test runs real `gitplane daemon` processes on one repository of six environments, all
 //! with the same host config, against a database of its own, and an HTTP driver of its own
@@ -24,8 +25,8 @@ use crate::util::Sandbox;
 /// The lease time every daemon here runs with: short, so that a takeover takes seconds.
 const TTL: Duration = Duration::from_secs(6);
 const ENVS: [&str; 6] = ["env-1", "env-2", "env-3", "env-4", "env-5", "env-6"];
-/// Resources per environment: the workload and its database.
-const RESOURCES_PER_ENV: usize = 2;
+/// Resources per environment: the implicit base-env, the workload and its database.
+const RESOURCES_PER_ENV: usize = 3;
 /// The longest a PUT waits at a closed gate, so that a test that forgets to open it fails
 /// instead of hanging.
 const GATE_LIMIT: Duration = Duration::from_secs(60);
@@ -42,10 +43,15 @@ struct Call {
     existed: bool,
 }
 
+/// An environment and a resource type, to let some PUTs through a closed gate.
+type Passage = (String, String);
+
 #[derive(Debug, Default)]
 struct DriverState {
-    /// While set, every PUT waits until the test opens the gate (at most `GATE_LIMIT`).
+    /// While set, every PUT waits until the test opens the gate (at most `GATE_LIMIT`)...
     closed: bool,
+    /// ...except the PUTs of these resource types in these environments.
+    let_through: BTreeSet<Passage>,
     /// The GUResIDs that exist at the driver.
     instances: BTreeSet<String>,
     /// PUTs waiting at the gate: (env, GUResID).
@@ -93,9 +99,23 @@ impl GatedDriver {
         self.shared.1.notify_all();
     }
 
+    /// Lets the PUTs of `res_type` in `envs` through the closed gate.
+    fn let_through<'e>(&self, envs: impl IntoIterator<Item = &'e String>, res_type: &str) {
+        let mut state = self.state();
+        for env in envs {
+            state.let_through.insert((env.clone(), res_type.to_owned()));
+        }
+        drop(state);
+        self.shared.1.notify_all();
+    }
+
     /// The environments with a PUT waiting at the gate.
     fn waiting_envs(&self) -> BTreeSet<String> {
-        self.state().waiting.iter().map(|(env, _)| env.clone()).collect()
+        self.state()
+            .waiting
+            .iter()
+            .map(|(env, _)| env.clone())
+            .collect()
     }
 
     fn calls(&self) -> Vec<Call> {
@@ -129,22 +149,25 @@ fn answer(mut request: tiny_http::Request, shared: &(Mutex<DriverState>, Condvar
         .unwrap_or_default()
         .to_owned();
     let mut text = String::new();
-    let _ = request
-        .as_reader()
-        .take(1 << 20)
-        .read_to_string(&mut text);
+    let _ = request.as_reader().take(1 << 20).read_to_string(&mut text);
     let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
     let env = body["driver"]["values"]["env"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
+    let passage = (
+        env.clone(),
+        body["type"].as_str().unwrap_or_default().to_owned(),
+    );
     let (lock, changed) = shared;
     let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
     if method == "PUT" {
         state.waiting.push((env.clone(), guresid.clone()));
         changed.notify_all();
         state = changed
-            .wait_timeout_while(state, GATE_LIMIT, |s| s.closed)
+            .wait_timeout_while(state, GATE_LIMIT, |s| {
+                s.closed && !s.let_through.contains(&passage)
+            })
             .unwrap_or_else(|e| e.into_inner())
             .0;
         if let Some(at) = state
@@ -248,6 +271,7 @@ impl<'s> Fleet<'s> {
         sb.write(
             "definitions/platform.yaml",
             &[
+                definition("base-env", "zone: test"),
                 definition("postgres", "build: 1"),
                 definition("workload", "namespace: ${context.app.id}"),
             ]
@@ -322,7 +346,7 @@ impl<'s> Fleet<'s> {
         self.daemons.extend(started);
     }
 
-    /// The daemon id (`host:pid`) of daemon `i`, as the leases name it.
+    /// Whether `daemon_id` (`host:pid`, as the leases name a daemon) is daemon `i`.
     fn owns(&self, i: usize, daemon_id: &str) -> bool {
         daemon_id.ends_with(&format!(":{}", self.daemons[i].pid()))
     }
@@ -443,10 +467,7 @@ impl<'s> Fleet<'s> {
                 return started.elapsed();
             }
             if started.elapsed() > limit {
-                panic!(
-                    "{what}: not within {limit:?}\n{}",
-                    self.diagnostics()
-                );
+                panic!("{what}: not within {limit:?}\n{}", self.diagnostics());
             }
             thread::sleep(Duration::from_millis(100));
         }
@@ -471,6 +492,16 @@ impl<'s> Fleet<'s> {
         ) {
             Ok(rows) => out.push_str(&format!("deployment:\n{rows}")),
             Err(e) => out.push_str(&format!("deployment unreadable: {e}\n")),
+        }
+        // Who waits for what: a session idle in a transaction holds its row locks.
+        match self.server.psql(
+            &self.url,
+            "SELECT pid, state, wait_event_type, wait_event, xact_start, \
+             regexp_replace(left(query, 120), '\\s+', ' ', 'g') FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() ORDER BY pid",
+        ) {
+            Ok(rows) => out.push_str(&format!("sessions:\n{rows}")),
+            Err(e) => out.push_str(&format!("pg_stat_activity unreadable: {e}\n")),
         }
         let calls: Vec<String> = self
             .driver
@@ -509,6 +540,21 @@ impl<'s> Fleet<'s> {
             || self.held_counts() == [2, 2, 2] && self.driver.waiting_envs().len() == ENVS.len(),
         )
     }
+}
+
+/// How many of the database's sessions (other than the one asking) are in `state`
+/// (`idle in transaction`) or, with `Lock`, wait for a lock.
+fn sessions(fleet: &Fleet<'_>, state: &str) -> usize {
+    let condition = match state {
+        "Lock" => "wait_event_type = 'Lock'".to_owned(),
+        other => format!("state = '{other}'"),
+    };
+    fleet.rows(&format!(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND pid <> pg_backend_pid() AND {condition}"
+    ))[0][0]
+        .parse()
+        .expect("a count")
 }
 
 /// Whether the process `pid` runs (neither gone nor a zombie waiting to be reaped).
@@ -566,9 +612,11 @@ fn three_daemons_share_six_environments_two_each_and_deploy_each_once() {
     let spread = fleet.wait_until("two leases each", Duration::from_secs(30), || {
         fleet.held_counts() == [2, 2, 2]
     });
-    let deployed = fleet.wait_until("every environment deployed", Duration::from_secs(30), || {
-        fleet.all_succeeded(&ENVS, &commit)
-    });
+    let deployed = fleet.wait_until(
+        "every environment deployed",
+        Duration::from_secs(30),
+        || fleet.all_succeeded(&ENVS, &commit),
+    );
     eprintln!(
         "failover timing: three daemons up in {:?}, leases spread after {spread:?}, \
          all deployed {deployed:?} later",
@@ -587,10 +635,13 @@ fn three_daemons_share_six_environments_two_each_and_deploy_each_once() {
         );
     }
     let per_env: BTreeMap<String, usize> =
-        fleet.deployments().into_iter().fold(BTreeMap::new(), |mut m, d| {
-            *m.entry(d.env).or_insert(0) += 1;
-            m
-        });
+        fleet
+            .deployments()
+            .into_iter()
+            .fold(BTreeMap::new(), |mut m, d| {
+                *m.entry(d.env).or_insert(0) += 1;
+                m
+            });
     let expected: BTreeMap<String, usize> = ENVS.iter().map(|e| (e.to_string(), 1)).collect();
     assert_eq!(
         per_env,
@@ -708,6 +759,24 @@ fn a_killed_daemon_s_environments_finish_on_the_others_each_resource_created_onc
         );
     }
     assert!(fleet.all_succeeded(&orphaned_envs, &commit));
+    // The calls in flight at the kill are recorded as interrupted, none as still started.
+    let open_calls = fleet.rows("SELECT id, guresid FROM operation WHERE status = 'started'");
+    assert!(
+        open_calls.is_empty(),
+        "operations left started: {open_calls:?}\n{}",
+        fleet.diagnostics()
+    );
+    for env in &orphaned {
+        let interrupted = fleet.rows(&format!(
+            "SELECT o.id FROM operation o JOIN deployment d ON d.id = o.deployment_id \
+             WHERE d.env = '{env}' AND o.status = 'interrupted'"
+        ));
+        assert!(
+            !interrupted.is_empty(),
+            "{env}: the call in flight at the kill is recorded as interrupted\n{}",
+            fleet.diagnostics()
+        );
+    }
     assert_created_once(&fleet);
 }
 
@@ -769,13 +838,26 @@ fn a_frozen_daemon_resumed_after_its_leases_were_taken_over_writes_nothing() {
     eprintln!("failover timing: the resumed daemon noticed the loss {noticed:?} after SIGCONT");
     // Whatever it still had in hand would be written by now.
     thread::sleep(TTL / 2);
+    let log = fleet.daemons[frozen].log();
+    let resumed_lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("lease") || l.contains("moved on") || l.contains("deployment"))
+        .collect();
+    eprintln!(
+        "the resumed daemon's log about leases and deployments:\n{}",
+        resumed_lines.join("\n")
+    );
     let after = fleet.written();
     let leases_after = fleet.leases();
     // An environment whose lease moved after SIGCONT (rebalancing, now that it is back) may be
     // deployed again by its new holder; in the others nobody has anything to do.
     let moved_since: BTreeSet<&String> = leases_after
         .iter()
-        .filter(|(env, l)| leases_before.get(*env).is_none_or(|b| b.generation != l.generation))
+        .filter(|(env, l)| {
+            leases_before
+                .get(*env)
+                .is_none_or(|b| b.generation != l.generation)
+        })
         .map(|(env, _)| env)
         .collect();
     let diagnostics = || {
@@ -855,6 +937,106 @@ fn a_frozen_daemon_resumed_after_its_leases_were_taken_over_writes_nothing() {
     assert_created_once(&fleet);
 }
 
+/// The worst moment to freeze: inside a write transaction, after its fence check took the
+/// lease rows (`FOR SHARE`) and before its commit. The frozen daemon's connection stays open,
+/// and with it the transaction; the others must take its environments over all the same.
+///
+/// To freeze it there for certain, the test holds a lock on the journal's tables while the
+/// daemon's next batch starts (so the batch waits inside PostgreSQL, its fence check done),
+/// stops the daemon, and lets the lock go: the batch's statement ends and its transaction
+/// stays open, idle, for as long as the daemon is stopped.
+#[test]
+fn a_daemon_frozen_inside_a_write_transaction_does_not_hold_up_the_takeover() {
+    let Some(server) = gitplane_testkit::shared_or_skip("failover::frozen_in_a_transaction") else {
+        return;
+    };
+    let mut fleet = Fleet::new(server);
+    let commit = fleet.sb.head();
+    fleet.driver.close();
+    fleet.start(3);
+    fleet.wait_for_calls_in_flight();
+    let frozen = 0;
+    let before = fleet.leases();
+    let orphaned = fleet.held_by(frozen);
+    let frozen_id = before[orphaned.first().expect("two leases")].daemon.clone();
+    // Its base-envs first, so that the next batch is the one after its databases: it starts
+    // the workloads' operations, and waits for their ids.
+    fleet.driver.let_through(&orphaned, "base-env");
+    fleet.wait_until(
+        "the frozen daemon's base-envs recorded",
+        Duration::from_secs(20),
+        || {
+            fleet.rows(&format!(
+                "SELECT COUNT(*) FROM operation o JOIN deployment d ON d.id = o.deployment_id \
+             WHERE o.type = 'base-env' AND o.status = 'succeeded' AND d.env IN ({})",
+                orphaned
+                    .iter()
+                    .map(|e| format!("'{e}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))[0][0]
+                == orphaned.len().to_string()
+        },
+    );
+    let url = fleet.url.clone();
+    thread::scope(|scope| {
+        let lock = scope.spawn(|| {
+            server.psql(
+                &url,
+                "BEGIN; LOCK TABLE operation, resource IN EXCLUSIVE MODE; \
+                 SELECT pg_sleep(4); COMMIT;",
+            )
+        });
+        fleet.wait_until("the test's lock taken", Duration::from_secs(10), || {
+            fleet.rows(
+                "SELECT COUNT(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+                 WHERE c.relname = 'operation' AND l.mode = 'ExclusiveLock' AND l.granted",
+            )[0][0]
+                == "1"
+        });
+        fleet.driver.let_through(&orphaned, "postgres");
+        fleet.wait_until(
+            "the frozen daemon's batch waiting for the lock",
+            Duration::from_secs(3),
+            || sessions(&fleet, "Lock") > 0,
+        );
+        fleet.signal(frozen, "STOP");
+        lock.join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+            .unwrap_or_else(|e| panic!("the test's lock: {e}"));
+    });
+    let stopped = Instant::now();
+    fleet.wait_until(
+        "the frozen daemon's transaction open and idle",
+        Duration::from_secs(5),
+        || sessions(&fleet, "idle in transaction") > 0 && sessions(&fleet, "Lock") == 0,
+    );
+    fleet.driver.open();
+    let taken_over = fleet.wait_until(
+        "the leases of a daemon frozen inside a transaction taken over",
+        Duration::from_secs(30),
+        || {
+            let now = fleet.leases();
+            orphaned.iter().all(|env| {
+                now[env].current
+                    && now[env].daemon != frozen_id
+                    && now[env].generation == before[env].generation + 1
+            })
+        },
+    );
+    let finished = fleet.wait_until(
+        "every environment deployed",
+        Duration::from_secs(30),
+        || fleet.all_succeeded(&ENVS, &commit),
+    );
+    eprintln!(
+        "failover timing: frozen inside a transaction, taken over after {taken_over:?}, its \
+         environments all succeeded {finished:?} later ({:?} after the freeze)",
+        stopped.elapsed()
+    );
+    assert_created_once(&fleet);
+}
+
 #[test]
 fn every_daemon_survives_a_database_restart() {
     let Some(server) = gitplane_testkit::postgres_or_skip("failover::database_restart") else {
@@ -863,13 +1045,17 @@ fn every_daemon_survives_a_database_restart() {
     let mut fleet = Fleet::new(&server);
     let first = fleet.sb.head();
     fleet.start(3);
-    fleet.wait_until("every environment deployed", Duration::from_secs(30), || {
-        fleet.held_counts() == [2, 2, 2] && fleet.all_succeeded(&ENVS, &first)
-    });
+    fleet.wait_until(
+        "every environment deployed",
+        Duration::from_secs(30),
+        || fleet.held_counts() == [2, 2, 2] && fleet.all_succeeded(&ENVS, &first),
+    );
     let restart = Instant::now();
     server.restart();
     let restarted = restart.elapsed();
-    fleet.sb.edit("definitions/platform.yaml", "build: 1", "build: 2");
+    fleet
+        .sb
+        .edit("definitions/platform.yaml", "build: 1", "build: 2");
     let second = fleet.sb.commit("A new build of every database");
     let recovered = fleet.wait_until(
         "every environment deployed the commit pushed after the restart",
@@ -880,10 +1066,38 @@ fn every_daemon_survives_a_database_restart() {
         "failover timing: database restart took {restarted:?}; the next commit was deployed \
          everywhere {recovered:?} after it"
     );
+    // Down for half a lease time, longer than a heartbeat, with a commit pushed meanwhile.
+    server.stop();
+    let outage = Instant::now();
+    fleet
+        .sb
+        .edit("definitions/platform.yaml", "build: 2", "build: 3");
+    let third = fleet
+        .sb
+        .commit("A commit pushed while the database is down");
+    thread::sleep(TTL / 2);
+    server.start_again();
+    let down = outage.elapsed();
     for (i, daemon) in fleet.daemons.iter().enumerate() {
         assert!(
             alive(daemon.pid()),
-            "daemon {i} survived the restart\n{}",
+            "daemon {i} survived {down:?} without the database\n{}",
+            fleet.diagnostics()
+        );
+    }
+    let caught_up = fleet.wait_until(
+        "every environment deployed the commit pushed while the database was down",
+        Duration::from_secs(40),
+        || fleet.all_succeeded(&ENVS, &third),
+    );
+    eprintln!(
+        "failover timing: after {down:?} without the database, the commit pushed meanwhile \
+         was deployed everywhere {caught_up:?} after it came back"
+    );
+    for (i, daemon) in fleet.daemons.iter().enumerate() {
+        assert!(
+            alive(daemon.pid()),
+            "daemon {i} survived the restart and the outage\n{}",
             fleet.diagnostics()
         );
     }
@@ -894,8 +1108,8 @@ fn every_daemon_survives_a_database_restart() {
         .filter(|c| c.method == "PUT" && c.existed)
         .count();
     assert!(
-        updates >= ENVS.len(),
-        "every database was updated: {updates} updates\n{}",
+        updates >= 2 * ENVS.len(),
+        "every database was updated twice: {updates} updates\n{}",
         fleet.diagnostics()
     );
     assert_created_once(&fleet);
@@ -918,9 +1132,11 @@ fn leases_rebalance_when_a_daemon_joins_and_when_one_leaves() {
         Duration::from_secs(30),
         || fleet.held_counts() == [2, 2, 2],
     );
-    fleet.wait_until("every environment deployed", Duration::from_secs(30), || {
-        fleet.all_succeeded(&ENVS, &commit)
-    });
+    fleet.wait_until(
+        "every environment deployed",
+        Duration::from_secs(30),
+        || fleet.all_succeeded(&ENVS, &commit),
+    );
     let leaving = 0;
     let leaving_envs = fleet.held_by(leaving);
     let (code, took) = fleet.daemons[leaving].terminate();
@@ -959,6 +1175,10 @@ fn leases_rebalance_when_a_daemon_joins_and_when_one_leaves() {
             "{env} moved to a live daemon"
         );
     }
-    assert!(fleet.all_succeeded(&ENVS, &commit), "{}", fleet.diagnostics());
+    assert!(
+        fleet.all_succeeded(&ENVS, &commit),
+        "{}",
+        fleet.diagnostics()
+    );
     assert_created_once(&fleet);
 }

@@ -704,8 +704,8 @@ fn a_killed_daemon_s_environments_finish_on_the_others_each_resource_created_onc
     let before = fleet.leases();
     let orphaned = fleet.held_by(victim);
     let victim_id = before[orphaned.first().expect("two leases")].daemon.clone();
-    fleet.signal(victim, "KILL");
     let killed = Instant::now();
+    fleet.signal(victim, "KILL");
     // The calls in flight end at the driver all the same, as a real driver's would.
     fleet.driver.open();
     let orphaned_envs: Vec<&str> = orphaned.iter().map(String::as_str).collect();
@@ -794,8 +794,8 @@ fn a_frozen_daemon_resumed_after_its_leases_were_taken_over_writes_nothing() {
     let before = fleet.leases();
     let orphaned = fleet.held_by(frozen);
     let frozen_id = before[orphaned.first().expect("two leases")].daemon.clone();
-    fleet.signal(frozen, "STOP");
     let stopped = Instant::now();
+    fleet.signal(frozen, "STOP");
     // Its calls are answered while it is frozen: it reads the answers when it wakes up.
     fleet.driver.open();
     let taken_over = fleet.wait_until(
@@ -823,8 +823,8 @@ fn a_frozen_daemon_resumed_after_its_leases_were_taken_over_writes_nothing() {
     let written = fleet.written();
     let leases_before = fleet.leases();
     let calls_before = fleet.driver.calls().len();
-    fleet.signal(frozen, "CONT");
     let resumed = Instant::now();
+    fleet.signal(frozen, "CONT");
     let noticed = fleet.wait_until(
         "the resumed daemon notices it lost its leases",
         Duration::from_secs(15),
@@ -979,7 +979,7 @@ fn a_daemon_frozen_inside_a_write_transaction_does_not_hold_up_the_takeover() {
         },
     );
     let url = fleet.url.clone();
-    thread::scope(|scope| {
+    let stopped = thread::scope(|scope| {
         let lock = scope.spawn(|| {
             server.psql(
                 &url,
@@ -1000,12 +1000,13 @@ fn a_daemon_frozen_inside_a_write_transaction_does_not_hold_up_the_takeover() {
             Duration::from_secs(3),
             || sessions(&fleet, "Lock") > 0,
         );
+        let stopped = Instant::now();
         fleet.signal(frozen, "STOP");
         lock.join()
             .unwrap_or_else(|e| std::panic::resume_unwind(e))
             .unwrap_or_else(|e| panic!("the test's lock: {e}"));
+        stopped
     });
-    let stopped = Instant::now();
     fleet.wait_until(
         "the frozen daemon's transaction open and idle",
         Duration::from_secs(5),

@@ -12,6 +12,7 @@ mod choosing;
 mod compat_files;
 mod daemon;
 mod explain;
+mod failover;
 mod guard;
 mod history;
 mod hook;

@@ -469,13 +469,7 @@ impl Store {
     }
 
     fn open_postgres(url: &str, key: Option<&KeySource>) -> Result<Store> {
-        let target =
-            postgres::PgTarget::parse(url, postgres_password().as_deref()).map_err(|reason| {
-                StateError::Url {
-                    url: postgres::shown_url(url),
-                    reason,
-                }
-            })?;
+        let target = pg_target(url)?;
         let path = PathBuf::from(target.shown());
         let Some(key) = key else {
             return Err(StateError::KeyNeeded { path });
@@ -1494,17 +1488,22 @@ fn migrate(conn: &mut rusqlite::Connection, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Where the PostgreSQL state at `url` is, with the password from a secret store if one was
+/// set.
+fn pg_target(url: &str) -> Result<postgres::PgTarget> {
+    postgres::PgTarget::parse(url, postgres_password().as_deref()).map_err(|reason| {
+        StateError::Url {
+            url: postgres::shown_url(url),
+            reason,
+        }
+    })
+}
+
 /// A plain connection to the state at `path` (already created and migrated by a [`Store`]),
 /// for the apply lock's own use.
 pub(crate) fn connect(path: &Path) -> Result<Conn> {
     if let Some(url) = path.to_str().filter(|s| postgres::is_postgres_url(s)) {
-        let target =
-            postgres::PgTarget::parse(url, postgres_password().as_deref()).map_err(|reason| {
-                StateError::Url {
-                    url: postgres::shown_url(url),
-                    reason,
-                }
-            })?;
+        let target = pg_target(url)?;
         let shown = PathBuf::from(target.shown());
         let conn = postgres::PgConn::open(&target).map_err(|e| state_error(&shown, e))?;
         return Ok(Conn::Pg(conn));

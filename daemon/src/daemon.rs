@@ -136,7 +136,9 @@ struct Daemon {
     tasks: JoinSet<()>,
     /// Drift schedules of the environments, from the newest good commit.
     schedules: HashMap<String, crate::model::Schedule>,
-    store: Store,
+    /// The main loop's connection to the state, shared with the commit checks it runs on
+    /// blocking threads (one connection for the daemon's life, not one per wake-up).
+    store: Arc<Mutex<Store>>,
     /// The HTTP listener's shared part, when `http:` is set.
     served: Option<Arc<serve::Shared>>,
     /// A push webhook that came while a fetch was running: fetch again once it ends, since
@@ -149,6 +151,10 @@ struct Daemon {
 }
 
 impl Daemon {
+    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn start(options: DaemonOptions) -> Result<Daemon, DaemonError> {
         let store = Store::open_keyed(&options.state, options.host.state_key.as_ref())?;
         let repo_path = match &options.source {
@@ -193,7 +199,7 @@ impl Daemon {
             workers: HashMap::new(),
             tasks: JoinSet::new(),
             schedules: HashMap::new(),
-            store,
+            store: Arc::new(Mutex::new(store)),
             served: None,
             fetch_again: None,
             lease_events,
@@ -306,13 +312,7 @@ impl Daemon {
                     // From the loop itself: a hung loop stops these, and systemd restarts it.
                     let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
                 }
-                Some(event) = recv_lease(&mut self.lease_events) => {
-                    if matches!(event, LeaseEvent::Recovered) {
-                        self.check(Instant::now()).await;
-                    } else {
-                        self.lease_changed(event);
-                    }
-                }
+                Some(event) = recv_lease(&mut self.lease_events) => self.lease_changed(event).await,
                 Some(done) = self.tasks.join_next() => {
                     if let Err(e) = done {
                         error!(error = %e, "an environment worker stopped");
@@ -376,7 +376,7 @@ impl Daemon {
             return;
         }
         let killed = crate::drivers::kill_running();
-        match self.store.interrupt_own_operations(std::process::id()) {
+        match self.store().interrupt_own_operations(std::process::id()) {
             Ok(n) => warn!(
                 operations = n,
                 programs_killed = killed,
@@ -450,13 +450,13 @@ impl Daemon {
     /// A commit that is not applied, with why, and a failed deployment for each environment.
     fn record_rejected(&mut self, commit: &str, rejected: &deploy::Rejected) {
         let errors = rejected.errors.join("\n");
-        if let Err(e) = self.store.commit_seen(commit, "rejected", Some(&errors)) {
+        if let Err(e) = self.store().commit_seen(commit, "rejected", Some(&errors)) {
             error!(error = %e, "cannot record the rejected commit");
             return;
         }
         let info = commit_info(&self.repo_path, commit);
         for env in &rejected.envs {
-            match self.store.failed_deployment(env, Some(commit), &errors) {
+            match self.store().failed_deployment(env, Some(commit), &errors) {
                 Ok(deployment) => self.shared.events.finished(DeploymentEvent::not_built(
                     (env, deployment),
                     commit,
@@ -484,6 +484,7 @@ impl Daemon {
         let envs = self.options.envs.clone();
         let runtime = self.shared.current();
         let shared = self.shared.clone();
+        let store = self.store.clone();
         let loaded = tokio::task::spawn_blocking(move || {
             let repo = ConfigRepo::open(&path)?;
             let commit = repo.resolve(rev.as_deref())?;
@@ -491,7 +492,9 @@ impl Daemon {
                 return Ok(None);
             }
             let layout = repo.layout(&commit)?;
-            let store = Store::open_keyed(&shared.state, shared.state_key.as_ref())?;
+            let store = store.lock().unwrap_or_else(|e| e.into_inner());
+            // Another process may have rekeyed the state since the last look.
+            store.refresh_key()?;
             let mut envs: Vec<String> = if envs.is_empty() {
                 deploy::environments_to_deploy(&layout, Some(&store))?
                     .into_iter()
@@ -570,7 +573,7 @@ impl Daemon {
             }
             Ok(targets) => {
                 info!(commit = %commit, "new commit: reconciling");
-                if let Err(e) = self.store.commit_seen(&commit, "dispatched", None) {
+                if let Err(e) = self.store().commit_seen(&commit, "dispatched", None) {
                     error!(error = %e, "cannot record the commit");
                 }
                 for target in targets {
@@ -615,13 +618,14 @@ impl Daemon {
 
     /// A lease gained: the environment's worker deploys the newest commit (resuming what its
     /// previous holder left running). A lease lost: its worker ends once its reconcile stops
-    /// (the lease's hold stops its driver calls, the fence its writes).
-    fn lease_changed(&mut self, event: LeaseEvent) {
+    /// (the lease's hold stops its driver calls, the fence its writes). The database back after
+    /// failing: the repository is looked at now, not at the next poll.
+    async fn lease_changed(&mut self, event: LeaseEvent) {
         match event {
             LeaseEvent::Gained(env) => {
                 // An environment its last holder left deployed at the newest commit needs
                 // nothing: no deployment row for a lease that moved.
-                let done = match (&self.last_commit, self.store.latest_deployment(&env)) {
+                let done = match (&self.last_commit, self.store().latest_deployment(&env)) {
                     (Some(commit), Ok(Some(d))) => {
                         d.status == DeploymentStatus::Succeeded
                             && d.commit_id.as_deref() == Some(commit.as_str())
@@ -644,7 +648,7 @@ impl Daemon {
                 self.workers.remove(&env);
                 self.schedules.remove(&env);
             }
-            LeaseEvent::Recovered => {}
+            LeaseEvent::Recovered => self.check(Instant::now()).await,
         }
     }
 
@@ -669,7 +673,7 @@ impl Daemon {
     /// builds the whole environment.
     async fn drift(&mut self, envs: &[String]) {
         for env in envs {
-            let commit = match self.store.last_good_commit(env) {
+            let commit = match self.store().last_good_commit(env) {
                 Ok(Some(c)) => c,
                 Ok(None) => continue,
                 Err(e) => {

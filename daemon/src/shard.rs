@@ -34,8 +34,6 @@ pub struct Shard {
     /// the reconcile ends.
     busy: Mutex<BTreeSet<String>>,
     holds: Mutex<HashMap<String, Arc<LeaseHold>>>,
-    /// The daemon's id, as `gitplane status` shows it.
-    daemon: Mutex<String>,
 }
 
 impl Shard {
@@ -61,13 +59,6 @@ impl Shard {
             .keys()
             .cloned()
             .collect()
-    }
-
-    pub fn daemon(&self) -> String {
-        self.daemon
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
     }
 
     /// Marks `env` busy until the guard drops.
@@ -112,7 +103,6 @@ pub struct Keeper {
 pub fn start(state: &Path, ttl: Duration, stop: Arc<AtomicBool>) -> Result<Keeper, StateError> {
     let leases = Leases::join(state, ttl)?;
     let shard = Arc::new(Shard::default());
-    *shard.daemon.lock().unwrap_or_else(|e| e.into_inner()) = leases.daemon().to_owned();
     let (tx, rx) = mpsc::unbounded_channel();
     let kept = shard.clone();
     let thread = std::thread::Builder::new()

@@ -310,21 +310,7 @@ struct Snapshot<'c> {
 
 impl<'c> Snapshot<'c> {
     fn begin(conn: &'c Conn) -> DbResult<Snapshot<'c>> {
-        let tx = match conn {
-            // Deferred: in WAL mode the first read fixes the snapshot, and writers go on.
-            Conn::Lite(c) => {
-                c.execute_batch("BEGIN DEFERRED")?;
-                Tx::LiteUnchecked {
-                    conn: c,
-                    open: true,
-                }
-            }
-            Conn::Pg(_) => {
-                let tx = conn.unchecked_transaction()?;
-                tx.execute_batch("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")?;
-                tx
-            }
-        };
+        let tx = conn.read_snapshot()?;
         Ok(Snapshot { _tx: tx })
     }
 }

@@ -24,6 +24,9 @@ pub enum DbError {
     Lost(String),
     #[error("PostgreSQL did not answer within {0:?}")]
     Timeout(std::time::Duration),
+    /// A query for one row found none (see [`OptionalExtension`]).
+    #[error("the query returned no row")]
+    NoRows,
     #[error("column {column}: {message}")]
     Decode { column: usize, message: String },
     /// A write of an environment whose lease moved to another daemon: refused, so a holder that
@@ -345,14 +348,10 @@ impl<T> OptionalExtension<T> for DbResult<T> {
     fn optional(self) -> DbResult<Option<T>> {
         match self {
             Ok(v) => Ok(Some(v)),
-            Err(DbError::Sqlite(rusqlite::Error::QueryReturnedNoRows)) => Ok(None),
+            Err(DbError::NoRows) => Ok(None),
             Err(e) => Err(e),
         }
     }
-}
-
-fn no_rows() -> DbError {
-    DbError::Sqlite(rusqlite::Error::QueryReturnedNoRows)
 }
 
 /// A query's columns and rows, for reports that print whatever a view holds.
@@ -391,15 +390,8 @@ impl Conn {
         }
     }
 
-    pub fn prepare_cached<'c>(&'c self, sql: &str) -> DbResult<Stmt<'c>> {
-        match self {
-            Conn::Lite(c) => Ok(Stmt::Lite(c.prepare_cached(sql)?)),
-            Conn::Pg(c) => Ok(Stmt::Pg {
-                conn: c,
-                sql: Cow::Owned(sql.to_owned()),
-                in_transaction: false,
-            }),
-        }
+    pub fn prepare_cached(&self, sql: &str) -> DbResult<Stmt<'_>> {
+        self.statement(sql, false)
     }
 
     pub fn execute(&self, sql: &str, params: impl Params) -> DbResult<usize> {
@@ -449,74 +441,59 @@ impl Conn {
     }
 
     /// Starts a transaction (SQLite: `BEGIN IMMEDIATE`, so it holds the write lock from the
-    /// start and never fails half-way for a busy file).
-    pub fn transaction(&mut self) -> DbResult<Tx<'_>> {
+    /// start and never fails half-way for a busy file). The caller makes sure none is open.
+    pub fn transaction(&self) -> DbResult<Tx<'_>> {
         match self {
-            Conn::Lite(c) => Ok(Tx::Lite(
-                c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?,
-            )),
-            Conn::Pg(c) => {
-                c.begin()?;
-                Ok(Tx::Pg {
-                    conn: c,
-                    open: true,
-                })
-            }
+            Conn::Lite(c) => c.execute_batch("BEGIN IMMEDIATE")?,
+            Conn::Pg(c) => c.begin()?,
         }
+        Ok(Tx {
+            conn: self,
+            open: true,
+        })
     }
 
-    /// A transaction on a shared connection (the caller guarantees none is open already).
-    pub fn unchecked_transaction(&self) -> DbResult<Tx<'_>> {
+    /// Starts a read-only transaction that sees the database as it is now for its whole
+    /// length, while writers go on (SQLite in WAL mode: the first read fixes the snapshot).
+    pub fn read_snapshot(&self) -> DbResult<Tx<'_>> {
         match self {
-            Conn::Lite(c) => {
-                c.execute_batch("BEGIN IMMEDIATE")?;
-                Ok(Tx::LiteUnchecked {
-                    conn: c,
-                    open: true,
-                })
-            }
+            Conn::Lite(c) => c.execute_batch("BEGIN DEFERRED")?,
             Conn::Pg(c) => {
                 c.begin()?;
-                Ok(Tx::Pg {
-                    conn: c,
-                    open: true,
-                })
+                c.batch("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")?;
             }
+        }
+        Ok(Tx {
+            conn: self,
+            open: true,
+        })
+    }
+
+    fn statement(&self, sql: &str, in_transaction: bool) -> DbResult<Stmt<'_>> {
+        match self {
+            Conn::Lite(c) => Ok(Stmt::Lite(c.prepare_cached(sql)?)),
+            Conn::Pg(c) => Ok(Stmt::Pg {
+                conn: c,
+                sql: Cow::Owned(sql.to_owned()),
+                in_transaction,
+            }),
         }
     }
 }
 
 /// A transaction, rolled back when dropped without [`Tx::commit`].
-pub enum Tx<'c> {
-    Lite(rusqlite::Transaction<'c>),
-    LiteUnchecked {
-        conn: &'c rusqlite::Connection,
-        open: bool,
-    },
-    Pg {
-        conn: &'c PgConn,
-        open: bool,
-    },
+pub struct Tx<'c> {
+    conn: &'c Conn,
+    open: bool,
 }
 
 impl Tx<'_> {
     pub fn prepare_cached(&self, sql: &str) -> DbResult<Stmt<'_>> {
-        match self {
-            Tx::Lite(t) => Ok(Stmt::Lite(t.prepare_cached(sql)?)),
-            Tx::LiteUnchecked { conn, .. } => Ok(Stmt::Lite(conn.prepare_cached(sql)?)),
-            Tx::Pg { conn, .. } => Ok(Stmt::Pg {
-                conn,
-                sql: Cow::Owned(sql.to_owned()),
-                in_transaction: true,
-            }),
-        }
+        self.conn.statement(sql, true)
     }
 
     pub fn backend(&self) -> Backend {
-        match self {
-            Tx::Lite(_) | Tx::LiteUnchecked { .. } => Backend::Sqlite,
-            Tx::Pg { .. } => Backend::Postgres,
-        }
+        self.conn.backend()
     }
 
     pub fn execute(&self, sql: &str, params: impl Params) -> DbResult<usize> {
@@ -533,41 +510,26 @@ impl Tx<'_> {
     }
 
     pub fn execute_batch(&self, sql: &str) -> DbResult<()> {
-        match self {
-            Tx::Lite(t) => Ok(t.execute_batch(sql)?),
-            Tx::LiteUnchecked { conn, .. } => Ok(conn.execute_batch(sql)?),
-            Tx::Pg { conn, .. } => conn.batch(sql),
-        }
+        self.conn.execute_batch(sql)
     }
 
     pub fn commit(mut self) -> DbResult<()> {
-        match &mut self {
-            Tx::Lite(t) => Ok(t.execute_batch("COMMIT")?),
-            Tx::LiteUnchecked { conn, open } => {
-                *open = false;
-                Ok(conn.execute_batch("COMMIT")?)
-            }
-            Tx::Pg { conn, open } => {
-                *open = false;
-                conn.commit()
-            }
+        self.open = false;
+        match self.conn {
+            Conn::Lite(c) => Ok(c.execute_batch("COMMIT")?),
+            Conn::Pg(c) => c.commit(),
         }
     }
 }
 
 impl Drop for Tx<'_> {
     fn drop(&mut self) {
-        match self {
-            Tx::Lite(_) => {}
-            Tx::LiteUnchecked { conn, open } => {
-                if *open {
-                    let _ = conn.execute_batch("ROLLBACK");
+        if self.open {
+            match self.conn {
+                Conn::Lite(c) => {
+                    let _ = c.execute_batch("ROLLBACK");
                 }
-            }
-            Tx::Pg { conn, open } => {
-                if *open {
-                    conn.rollback();
-                }
+                Conn::Pg(c) => c.rollback(),
             }
         }
     }
@@ -635,7 +597,7 @@ impl Stmt<'_> {
             }
             Ok(false)
         })?;
-        out.ok_or_else(no_rows)
+        out.ok_or(DbError::NoRows)
     }
 
     /// Runs an `INSERT ... RETURNING id` and gives the id.

@@ -106,7 +106,10 @@ fn modifier(d: Duration) -> String {
     format!("+{:.3} seconds", d.as_secs_f64())
 }
 
-const NOW_PLUS: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?9)";
+/// Now plus the date modifier in parameter `param` (`?2`), as SQL.
+fn now_plus(param: &str) -> String {
+    format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', {param})")
+}
 
 impl Leases {
     /// Joins the daemons sharing the state at `state` (a store opened it already), as
@@ -185,7 +188,7 @@ impl Leases {
             .execute(
                 &format!(
                     "UPDATE env_lease SET expires_at = {} WHERE daemon = ?1",
-                    NOW_PLUS.replace("?9", "?2")
+                    now_plus("?2")
                 ),
                 params![self.daemon, ttl],
             )
@@ -264,7 +267,7 @@ impl Leases {
                          acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
                      WHERE env_lease.expires_at < {NOW}
                      RETURNING generation",
-                    plus = NOW_PLUS.replace("?9", "?3"),
+                    plus = now_plus("?3"),
                 ))
                 .and_then(|mut s| s.query_row(params![env, self.daemon, ttl], |r| r.get(0)))
                 .optional()

@@ -522,7 +522,7 @@ impl Store {
     /// that take the store shared.
     fn write<T>(&self, f: impl FnOnce(&Tx<'_>) -> DbResult<T>) -> Result<T> {
         let err = |source| state_error(&self.path, source);
-        let tx = self.conn.unchecked_transaction().map_err(err)?;
+        let tx = self.conn.transaction().map_err(err)?;
         lease::check_fences(&tx, &self.fences).map_err(err)?;
         let out = f(&tx).map_err(err)?;
         tx.commit().map_err(err)?;
@@ -683,11 +683,12 @@ impl Store {
             },
         )?;
         rows.into_iter()
-            .map(|(mut rec, (outputs, secrets))| {
+            .map(|(mut rec, (outputs, sealed_outputs))| {
                 // Opened here rather than in SQL: PostgreSQL never sees the key.
                 let g = &rec.guresid;
-                let secrets = self.open_sealed(secrets, &format!("resource_secret.outputs:{g}"))?;
-                if secret_inputs != "NULL" {
+                let secret_outputs =
+                    self.open_sealed(sealed_outputs, &format!("resource_secret.outputs:{g}"))?;
+                if secrets {
                     let sealed = Some(std::mem::take(&mut rec.secret_inputs.0))
                         .filter(|v| v.as_str() != journal::NO_SECRET_INPUTS);
                     rec.secret_inputs = StoredJson(
@@ -696,7 +697,7 @@ impl Store {
                     );
                 }
                 rec.outputs = self.json(&rec.guresid, "outputs", &outputs)?;
-                rec.secret_outputs = match secrets.as_deref() {
+                rec.secret_outputs = match secret_outputs.as_deref() {
                     None | Some("{}") => Value::Object(Default::default()),
                     Some(text) => self.json(&rec.guresid, "resource_secret.outputs", text)?,
                 };
@@ -1069,9 +1070,10 @@ impl Store {
             .map_err(self.err())
     }
 
-    /// Records the operations still running in the deployments of process `pid` (the
-    /// environments it holds the lock of) as interrupted: it is stopping without waiting for
-    /// them, and the next deployment of each environment resumes them. Returns how many.
+    /// Records the operations still running in the deployments of process `pid` of this host
+    /// (the environments it holds the lock of; daemons elsewhere may share the state) as
+    /// interrupted: it is stopping without waiting for them, and the next deployment of each
+    /// environment resumes them. Returns how many.
     pub fn interrupt_own_operations(&self, pid: u32) -> Result<usize> {
         self.write(|tx| {
             tx.prepare_cached(&format!(
@@ -1079,9 +1081,9 @@ impl Store {
                         error = 'gitplane stopped during this operation; it is retried'
                  WHERE status = 'started' AND deployment_id IN (
                    SELECT d.id FROM deployment d JOIN env_lock l ON l.env = d.env
-                   WHERE d.status = 'running' AND l.pid = ?1)"
+                   WHERE d.status = 'running' AND l.pid = ?1 AND l.host = ?2)"
             ))?
-            .execute([pid])
+            .execute(params![pid, lock::host_name()])
         })
     }
 

@@ -58,7 +58,7 @@ impl ApplyLock {
     fn take(state: &Path, env: &str, wait: bool, generation: Option<i64>) -> Result<ApplyLock> {
         // A connection of its own (the renewer thread keeps it), with no key: the lock never
         // touches a secret.
-        let mut conn = crate::connect(state)?;
+        let conn = crate::connect(state)?;
         let token = token();
         let host = host_name();
         loop {

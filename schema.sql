@@ -652,3 +652,70 @@ CREATE TABLE daemon (
 -- daemon that took the lease over breaks a lock of an older generation at once, since every
 -- write its holder could still make is refused.
 ALTER TABLE env_lock ADD COLUMN generation INTEGER;
+
+-- migration 8
+
+-- Environments made per branch (`previews:` in the host config): one for each branch the
+-- pattern matches, deployed from the branch's head on every push, and emptied (every resource
+-- deleted) when the branch is deleted or `ttl` passes without a push. Commits of the watched ref
+-- never deploy, nor remove, a preview environment.
+CREATE TABLE preview (
+    env         TEXT PRIMARY KEY,          -- made from the branch name: `pr-7`
+    branch      TEXT NOT NULL,             -- the full ref: `refs/heads/pr-7`
+    env_type    TEXT NOT NULL,             -- `previews.type`: it chooses the definitions
+    commit_id   TEXT,                      -- the branch head last dispatched
+    created_at  TEXT NOT NULL,
+    pushed_at   TEXT NOT NULL,             -- when its head last changed: the ttl runs from here
+    removing_at TEXT,                      -- when removal began (branch deleted or ttl passed)
+    removed_at  TEXT,                      -- when its last resource was deleted
+    removed_why TEXT                       -- 'branch deleted' or 'ttl expired'
+);
+
+-- An environment held at an earlier commit by `gitplane rollback`, with who and why. While a pin
+-- holds (`unpinned_at` NULL) commits of the watched ref are planned, and the newest one is
+-- recorded here, but not applied; `gitplane unpin` releases it. Rows stay as history.
+CREATE TABLE env_pin (
+    env            TEXT NOT NULL,
+    pinned_at      TEXT NOT NULL,
+    commit_id      TEXT NOT NULL,          -- the commit the environment is held at
+    pinned_by      TEXT NOT NULL,
+    reason         TEXT NOT NULL,
+    deployment_id  INTEGER,                -- the rollback's deployment (NULL until it started)
+    unpinned_by    TEXT,
+    unpinned_at    TEXT,
+    waiting_commit TEXT,                   -- the newest commit held back while pinned
+    waiting_plan   TEXT,                   -- its plan against the pinned state, as JSON counts
+    PRIMARY KEY (env, pinned_at)
+);
+CREATE UNIQUE INDEX env_pin_held ON env_pin (env) WHERE unpinned_at IS NULL;
+
+-- What a detect-only drift run found (environment `drift: detect`): the run reads each resource
+-- through its driver's read path, or compares what it would now send with what was recorded,
+-- and records each difference here instead of changing anything. Secret values never appear:
+-- a secret output that differs is named, not shown.
+ALTER TABLE deployment ADD COLUMN drift_mode TEXT;  -- 'detect' for a run that only looked
+CREATE TABLE drift_finding (
+    deployment_id INTEGER NOT NULL,        -- the detect run
+    env           TEXT NOT NULL,
+    guresid       TEXT NOT NULL,
+    app           TEXT,
+    type          TEXT NOT NULL,
+    class         TEXT NOT NULL,
+    res_id        TEXT NOT NULL,
+    source        TEXT NOT NULL,           -- 'driver' (its read path) or 'recorded'
+    what          TEXT NOT NULL,           -- 'outputs', 'secret outputs', 'missing' or 'inputs'
+    detail        TEXT NOT NULL,           -- which paths differ, with the public values
+    PRIMARY KEY (deployment_id, guresid, what)
+);
+CREATE INDEX drift_finding_env ON drift_finding (env, deployment_id);
+
+-- What the newest finished detect run of each environment found.
+CREATE VIEW drift_detected AS
+SELECT f.env, f.app, f.type, f.class, f.res_id, f.guresid, f.what, f.source, f.detail,
+       d.id AS deployment_id, d.commit_id, d.finished_at
+FROM drift_finding f
+JOIN deployment d ON d.id = f.deployment_id
+WHERE d.id = (SELECT MAX(d2.id) FROM deployment d2
+              WHERE d2.env = f.env AND d2.kind = 'drift' AND d2.drift_mode = 'detect'
+                AND d2.status != 'running')
+ORDER BY f.env, f.app, f.type, f.res_id, f.what;

@@ -19,7 +19,7 @@ use crate::db::{Arg, Backend, Cell, Conn, DbError, DbResult, Tx, params};
 use crate::{StateError, Store, state_error};
 
 /// The tables that move, whatever their order here (the copy orders them by foreign key).
-const COPIED: [&str; 11] = [
+const COPIED: [&str; 14] = [
     "deployment",
     "resource",
     "resource_secret",
@@ -31,6 +31,9 @@ const COPIED: [&str; 11] = [
     "commit_seen",
     "app_fingerprint",
     "resource_manifest",
+    "preview",
+    "env_pin",
+    "drift_finding",
 ];
 
 /// The tables that stay behind: who holds which environment right now, which means nothing to
@@ -544,6 +547,21 @@ mod tests {
                 "UPDATE deployment SET deletion_threshold = 12.5 WHERE id = ?1",
                 [d2],
             )
+            .unwrap();
+        // A preview environment, a pin and a detect run's finding move like the rest.
+        store
+            .conn
+            .execute_batch(&format!(
+                "INSERT INTO preview (env, branch, env_type, commit_id, created_at, pushed_at)
+                 VALUES ('pr-1', 'refs/heads/pr-1', 'development', 'c2', {NOW}, {NOW});
+                 INSERT INTO env_pin (env, pinned_at, commit_id, pinned_by, reason, deployment_id)
+                 VALUES ('development', {NOW}, 'c1', 'alice', 'bad release', {d2});
+                 UPDATE deployment SET drift_mode = 'detect' WHERE id = {d2};
+                 INSERT INTO drift_finding (deployment_id, env, guresid, app, type, class,
+                                            res_id, source, what, detail)
+                 VALUES ({d2}, 'development', 'g1', 'shop', 'postgres', 'default',
+                         'shared.db', 'driver', 'outputs', 'outputs.host')"
+            ))
             .unwrap();
         // Who holds what: never moved.
         store

@@ -7,6 +7,7 @@
 mod copy;
 pub mod db;
 mod dialect;
+mod drift;
 mod figures;
 mod fingerprint;
 mod history;
@@ -16,6 +17,7 @@ mod lock;
 mod postgres;
 mod seal;
 mod views;
+mod workflow;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -557,7 +559,10 @@ impl Store {
     /// Every environment that has resources recorded.
     pub fn environments_with_resources(&self) -> Result<Vec<String>> {
         self.query(
-            "SELECT DISTINCT env FROM resource ORDER BY env",
+            // A preview environment is its branch's alone: a commit of the watched ref that
+            // does not declare it must not take it for a removed environment.
+            "SELECT DISTINCT env FROM resource \
+             WHERE env NOT IN (SELECT env FROM preview WHERE removed_at IS NULL) ORDER BY env",
             params![],
             |r| r.get(0),
         )
@@ -1817,7 +1822,7 @@ pub(crate) mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 7);
+        assert_eq!(m.len(), 8);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
         assert!(m[1].contains("CREATE TABLE resource_version"));

@@ -1,0 +1,1 @@
+//! Environment pins (`gitplane rollback`) and preview environments in the state.

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use gitplane_state::{ApplyLock, DeploymentStatus, StateError, Store};
+use gitplane_state::{ApplyLock, DeploymentStatus, PreviewPush, StateError, Store};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch as latest};
 use tokio::task::JoinSet;
@@ -25,6 +25,7 @@ use crate::deploy::{self, Reach, Target};
 use crate::drivers::Registry;
 use crate::events::{DeploymentEvent, Events};
 use crate::model::LoadCache;
+use crate::previews::{self, PreviewAction};
 use crate::reconcile::{self, ApplyOptions, Settings};
 use crate::repo::{ConfigRepo, RepoError};
 use crate::serve::{self, ServeError};
@@ -36,6 +37,8 @@ use crate::watch;
 const FETCH_LIMIT: Duration = Duration::from_secs(120);
 /// How often the watched ref is resolved even without a file event.
 const DEFAULT_POLL: Duration = Duration::from_secs(30);
+/// How long a preview's removal that did not finish waits before it is tried again.
+const PREVIEW_REMOVAL_RETRY: Duration = Duration::from_secs(300);
 
 /// What `gitplane daemon` runs with.
 #[derive(Debug, Clone)]
@@ -90,6 +93,17 @@ struct Job {
     /// What the main loop built when it checked the commit: the worker takes it if the
     /// environment's fingerprints still give the same scope once it holds the lock.
     prebuilt: Arc<Mutex<Option<Target>>>,
+    /// Set for a preview environment's job: deploy a branch head, or remove it all.
+    preview: Option<PreviewJob>,
+}
+
+/// What a preview environment's job does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PreviewJob {
+    /// Deploy the branch head, built as an environment of this type.
+    Deploy { env_type: String },
+    /// Delete every resource of the environment.
+    Remove,
 }
 
 impl Shared {
@@ -148,6 +162,14 @@ struct Daemon {
     lease_events: Option<mpsc::UnboundedReceiver<LeaseEvent>>,
     /// The lease thread: it gives the leases up when the daemon stops.
     lease_thread: Option<(std::thread::JoinHandle<()>, Arc<AtomicBool>)>,
+    /// Preview environments: the branch head each was last handed to its worker, and when a
+    /// removal was last handed over (one that fails is tried again after a while).
+    preview_heads: HashMap<String, String>,
+    preview_removals: HashMap<String, Instant>,
+    /// When the next preview's time runs out.
+    preview_due: Option<Instant>,
+    /// Branches that match `previews.branches` but get no preview, as last reported.
+    preview_skipped: Vec<String>,
 }
 
 impl Daemon {
@@ -204,6 +226,10 @@ impl Daemon {
             fetch_again: None,
             lease_events,
             lease_thread,
+            preview_heads: HashMap::new(),
+            preview_removals: HashMap::new(),
+            preview_due: None,
+            preview_skipped: Vec::new(),
         })
     }
 
@@ -313,6 +339,10 @@ impl Daemon {
                     let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
                 }
                 Some(event) = recv_lease(&mut self.lease_events) => self.lease_changed(event).await,
+                _ = sleep_until(self.preview_due), if self.preview_due.is_some() => {
+                    self.preview_due = None;
+                    self.check_previews(Instant::now()).await;
+                }
                 Some(done) = self.tasks.join_next() => {
                     if let Err(e) = done {
                         error!(error = %e, "an environment worker stopped");
@@ -471,13 +501,19 @@ impl Daemon {
         }
     }
 
+    /// Looks at the repository: the watched ref, then the preview branches.
+    async fn check(&mut self, noticed: Instant) {
+        self.check_ref(noticed).await;
+        self.check_previews(noticed).await;
+    }
+
     /// Resolves the watched ref; a new commit is loaded, built, and handed to the workers.
     ///
     /// Only the apps a commit changed are read and built (see [`deploy::target`]); the
     /// fingerprints this judges by are read without the environments' locks, which is enough to
     /// accept or reject the commit (an app skipped here is one that was deployed before with the
     /// same files and definitions), and each worker judges again under its lock.
-    async fn check(&mut self, noticed: Instant) {
+    async fn check_ref(&mut self, noticed: Instant) {
         let path = self.repo_path.clone();
         let rev = self.options.host.git_ref.clone();
         let last = self.last_commit.clone();
@@ -595,10 +631,153 @@ impl Daemon {
                             drift: false,
                             noticed: Some(noticed),
                             prebuilt: Arc::new(Mutex::new(Some(target))),
+                            preview: None,
                         },
                     );
                 }
             }
+        }
+    }
+
+    /// Makes, deploys and removes preview environments (`previews:`): each branch the pattern
+    /// matches gets one, deployed at its head on every push; a branch deleted, or not pushed
+    /// within `ttl`, has its environment's resources deleted.
+    async fn check_previews(&mut self, noticed: Instant) {
+        let Some(config) = self.options.host.previews.clone() else {
+            return;
+        };
+        let path = self.repo_path.clone();
+        let rev = self.options.host.git_ref.clone();
+        let store = self.store.clone();
+        let looked = tokio::task::spawn_blocking(move || {
+            let repo = ConfigRepo::open(&path)?;
+            let branches = repo.branches()?;
+            let watched = rev.clone().or_else(|| repo.head_ref());
+            let store = store.lock().unwrap_or_else(|e| e.into_inner());
+            // Never a preview over an environment of the watched ref, nor one with resources
+            // recorded outside the previews.
+            let mut taken: std::collections::BTreeSet<String> =
+                store.environments_with_resources()?.into_iter().collect();
+            if let Ok(commit) = repo.resolve(rev.as_deref()) {
+                taken.extend(deploy::environments_in(&repo.layout(&commit)?));
+            }
+            let recorded = store.previews()?;
+            let mut ages = std::collections::BTreeMap::new();
+            for r in &recorded {
+                ages.insert(r.env.clone(), store.seconds_since(&r.pushed_at)?);
+            }
+            let decisions = previews::decide(
+                &config,
+                &branches,
+                &recorded,
+                &ages,
+                &taken,
+                watched.as_deref(),
+            );
+            let mut jobs = Vec::new();
+            for action in &decisions.actions {
+                match action {
+                    PreviewAction::Deploy {
+                        env,
+                        branch,
+                        commit,
+                    } => {
+                        let push = store.preview_pushed(env, branch, &config.env_type, commit)?;
+                        if push != PreviewPush::Same {
+                            info!(
+                                env,
+                                branch,
+                                commit,
+                                "preview environment {}",
+                                match push {
+                                    PreviewPush::Created => "made",
+                                    _ => "pushed",
+                                }
+                            );
+                        }
+                        let job = PreviewJob::Deploy {
+                            env_type: config.env_type.clone(),
+                        };
+                        jobs.push((env.clone(), commit.clone(), job));
+                    }
+                    PreviewAction::Remove { env, why } => {
+                        if store.preview_removing(env, why)? {
+                            info!(
+                                env,
+                                "preview environment removed ({why}): deleting its resources"
+                            );
+                        }
+                        let last = recorded
+                            .iter()
+                            .find(|r| &r.env == env)
+                            .and_then(|r| r.commit_id.clone())
+                            .unwrap_or_default();
+                        jobs.push((env.clone(), last, PreviewJob::Remove));
+                    }
+                }
+            }
+            Ok::<_, deploy::DeployError>((decisions, jobs))
+        })
+        .await;
+        let (decisions, jobs) = match looked {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => {
+                warn!(error = %e, "cannot look at the preview branches");
+                return;
+            }
+            Err(e) => {
+                error!(error = %e, "the preview task failed");
+                return;
+            }
+        };
+        if decisions.skipped != self.preview_skipped {
+            for why in &decisions.skipped {
+                warn!("previews: {why}");
+            }
+            self.preview_skipped = decisions.skipped;
+        }
+        self.preview_due = decisions
+            .next_expiry
+            // A moment after the time runs out, so the state's clock agrees it has.
+            .map(|left| Instant::now() + left + Duration::from_millis(200));
+        if let Some(shard) = &self.shared.shard {
+            shard.set_previews(jobs.iter().map(|(env, _, _)| env.clone()));
+        }
+        let held = self.shared.shard.as_ref().map(|s| s.held());
+        for (env, commit, job) in jobs {
+            if held.as_ref().is_some_and(|h| !h.contains(&env)) {
+                continue;
+            }
+            match &job {
+                PreviewJob::Deploy { .. } => {
+                    if self.preview_heads.get(&env) == Some(&commit) {
+                        continue;
+                    }
+                    self.preview_removals.remove(&env);
+                    self.preview_heads.insert(env.clone(), commit.clone());
+                }
+                PreviewJob::Remove => {
+                    let recent = self
+                        .preview_removals
+                        .get(&env)
+                        .is_some_and(|at| at.elapsed() < PREVIEW_REMOVAL_RETRY);
+                    if recent {
+                        continue;
+                    }
+                    self.preview_heads.remove(&env);
+                    self.preview_removals.insert(env.clone(), Instant::now());
+                }
+            }
+            self.dispatch(
+                env,
+                Job {
+                    commit,
+                    drift: false,
+                    noticed: Some(noticed),
+                    prebuilt: Arc::default(),
+                    preview: Some(job),
+                },
+            );
         }
     }
 
@@ -623,6 +802,13 @@ impl Daemon {
     async fn lease_changed(&mut self, event: LeaseEvent) {
         match event {
             LeaseEvent::Gained(env) => {
+                // A preview is deployed from its branch, never from the watched ref.
+                if matches!(self.store().preview(&env), Ok(Some(_))) {
+                    self.preview_heads.remove(&env);
+                    self.preview_removals.remove(&env);
+                    self.check_previews(Instant::now()).await;
+                    return;
+                }
                 // An environment its last holder left deployed at the newest commit needs
                 // nothing: no deployment row for a lease that moved.
                 let done = match (&self.last_commit, self.store().latest_deployment(&env)) {
@@ -640,6 +826,7 @@ impl Daemon {
                             drift: false,
                             noticed: None,
                             prebuilt: Arc::default(),
+                            preview: None,
                         },
                     );
                 }
@@ -689,6 +876,7 @@ impl Daemon {
                     drift: true,
                     noticed: None,
                     prebuilt: Arc::default(),
+                    preview: None,
                 },
             );
         }
@@ -753,6 +941,27 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         error!(env, error = %e, "cannot read the state");
         return;
     }
+    match store.preview(env) {
+        // A preview is deployed from its branch alone: a job of the watched ref that reaches
+        // it (a lease moved, say) leaves it be.
+        Ok(Some(p)) if job.preview.is_none() && p.removed_at.is_none() => {
+            warn!(env, branch = %p.branch, "a preview environment: the watched ref does not deploy it");
+            return;
+        }
+        Ok(_) => {}
+        Err(e) => {
+            error!(env, error = %e, "cannot read the state");
+            return;
+        }
+    }
+    let removing = job.preview == Some(PreviewJob::Remove);
+    if removing && matches!(store.resource_count(env), Ok(0)) {
+        match store.preview_removed(env) {
+            Ok(()) => info!(env, "preview environment removed: it has no resources left"),
+            Err(e) => error!(env, error = %e, "cannot record the preview's removal"),
+        }
+        return;
+    }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
         "reconciling {env}"
     ))]);
@@ -784,12 +993,31 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
             return;
         }
     };
+    // A rollback's pin holds the environment at its commit: a newer one is planned and the
+    // plan recorded for `gitplane status`, not applied.
+    if !job.drift && !removing {
+        match deploy::held_by_pin(store, &target, &job.commit) {
+            Ok(Some((pin, plan))) => {
+                warn!(
+                    env, commit = %job.commit, pinned_at = %pin.commit_id, pinned_by = %pin.pinned_by,
+                    "pinned by a rollback ({}): the commit is planned, not applied ({plan}); \
+                     `gitplane unpin --env {env}` releases it", pin.reason
+                );
+                return;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                error!(env, error = %e, "cannot read the environment's pin");
+                return;
+            }
+        }
+    }
     let options = ApplyOptions {
-        approved: None,
         drift: job.drift,
         stop: Some(shared.stop.clone()),
         lease: hold.as_ref().map(|(h, _)| h.clone()),
-        resolve: Default::default(),
+        removing_env: removing,
+        ..ApplyOptions::default()
     };
     if let Some(noticed) = job.noticed {
         shared.events.push_started(noticed.elapsed());
@@ -818,6 +1046,15 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         ))
     });
     let took = started.elapsed();
+    if removing && report.is_ok() && matches!(store.resource_count(env), Ok(0)) {
+        match store.preview_removed(env) {
+            Ok(()) => info!(
+                env,
+                "preview environment removed: its resources are deleted"
+            ),
+            Err(e) => error!(env, error = %e, "cannot record the preview's removal"),
+        }
+    }
     drop(target);
     drop(lock);
     if let Some(keep) = runtime.history {
@@ -879,6 +1116,14 @@ fn lease_ttl(host: &HostConfig) -> Duration {
     host.lease_ttl
 }
 
+/// Waits until `at` (never when `None`).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The next lease change, when daemons share the state (never, otherwise).
 async fn recv_lease(
     events: &mut Option<mpsc::UnboundedReceiver<LeaseEvent>>,
@@ -904,7 +1149,19 @@ fn target_under_lock(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .take();
-    let repo = ConfigRepo::open(&shared.repo)?;
+    let repo = match &job.preview {
+        Some(PreviewJob::Remove) => {
+            return Ok(Ok(Target {
+                graph: crate::graph::ResourceGraph::removed(env),
+                scope: deploy::Scope::whole(Default::default()),
+            }));
+        }
+        Some(PreviewJob::Deploy { env_type }) => ConfigRepo::open(&shared.repo)?.with_file(
+            &previews::environment_path(env),
+            &previews::environment_file(env_type),
+        ),
+        None => ConfigRepo::open(&shared.repo)?,
+    };
     let layout = repo.layout(&job.commit)?;
     let reach = if job.drift {
         Reach::Whole

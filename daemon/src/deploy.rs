@@ -541,3 +541,38 @@ pub enum DeployError {
     #[error(transparent)]
     State(#[from] StateError),
 }
+
+/// The pin (`gitplane rollback`) that holds `target`'s environment at a commit other than
+/// `commit`, if any: then `commit` is not to be applied, and its plan (JSON counts) is recorded
+/// with the pin as the newest commit held back.
+pub fn held_by_pin(
+    store: &Store,
+    target: &Target,
+    commit: &str,
+) -> Result<Option<(gitplane_state::EnvPin, String)>, StateError> {
+    let env = &target.graph.env;
+    let Some(pin) = store.pin_of(env)? else {
+        return Ok(None);
+    };
+    if pin.commit_id == commit {
+        return Ok(None);
+    }
+    let (recorded, links) = crate::reconcile::recorded_in_scope(store, target)?;
+    let plan = crate::plan::plan(&target.graph, &recorded, &links);
+    let summary = pin_plan_summary(&plan);
+    store.pin_waiting(env, commit, &summary)?;
+    Ok(Some((pin, summary)))
+}
+
+/// What a plan held back by a pin would do, as the JSON counts the pin records.
+pub fn pin_plan_summary(plan: &crate::plan::Plan) -> String {
+    use crate::plan::Action;
+    let count = |actions: &[Action]| actions.iter().map(|a| plan.count(*a)).sum::<usize>();
+    serde_json::json!({
+        "create": count(&[Action::Create]),
+        "update": count(&[Action::Update, Action::MaybeUpdate]),
+        "delete": count(&[Action::Delete, Action::Forget]),
+        "unchanged": count(&[Action::Unchanged, Action::Pinned]),
+    })
+    .to_string()
+}

@@ -164,6 +164,9 @@ pub struct ApplyOptions {
     /// GUResIDs of pinned resources (`auto_update: false`) to bind to current values anyway:
     /// `gitplane resolve`.
     pub resolve: HashSet<String>,
+    /// The environment itself goes (a preview whose branch was deleted or whose time ran out):
+    /// deleting all of it is the point, so the deletion guard does not hold it.
+    pub removing_env: bool,
 }
 
 impl ApplyOptions {
@@ -198,6 +201,9 @@ pub async fn apply(
     let plan = plan(graph, &recorded, &links);
     let (deployment, resumed) = match options.approved {
         Some(id) => (id, false),
+        None if options.removing_env => {
+            store.begin_or_resume_deployment(&graph.env, commit, false, graph.deletion_threshold)?
+        }
         None => {
             let total = match target.scope.apps {
                 None => recorded.len(),

@@ -97,6 +97,9 @@ pub struct ConfigRepo {
     /// Object databases searched before the repository's own: git's quarantine and the alternates
     /// git names in the environment, when opened with [`ConfigRepo::open_in_hook`]; else none.
     extra: Vec<gix::odb::Handle>,
+    /// Files every commit read through this handle has in addition to (or instead of) its
+    /// own: a preview environment's file, which no commit holds.
+    overlay: BTreeMap<String, Vec<u8>>,
 }
 
 /// The objects of a [`ConfigRepo`]: its extra object databases, then its own.
@@ -191,6 +194,7 @@ impl ConfigRepo {
             repo,
             path: path.to_owned(),
             extra: Vec::new(),
+            overlay: BTreeMap::new(),
         })
     }
 
@@ -393,6 +397,9 @@ impl ConfigRepo {
                 }
             }
         }
+        for (path, contents) in &self.overlay {
+            files.insert(path.clone(), contents.clone());
+        }
         Ok(Snapshot {
             commit: commit.to_owned(),
             files: Files {
@@ -464,7 +471,51 @@ impl ConfigRepo {
                 _ => {}
             }
         }
+        for (path, contents) in &self.overlay {
+            use sha2::Digest;
+            let id = sha2::Sha256::digest(contents);
+            let id: String = id.iter().map(|b| format!("{b:02x}")).collect();
+            layout.shared.insert(path.clone(), format!("overlay:{id}"));
+        }
         Ok(layout)
+    }
+
+    /// This handle with `path` holding `contents` in every commit it reads (see `overlay`).
+    pub fn with_file(mut self, path: &str, contents: &[u8]) -> Self {
+        self.overlay.insert(path.to_owned(), contents.to_vec());
+        self
+    }
+
+    /// The branches (`refs/heads/...`) and the commit each points at, by name. A branch that
+    /// does not point at a commit is left out.
+    pub fn branches(&self) -> Result<Vec<(String, String)>, RepoError> {
+        let err = |message: String| RepoError::Open {
+            path: self.path.clone(),
+            message,
+        };
+        let platform = self.repo.references().map_err(|e| err(e.to_string()))?;
+        let mut branches = Vec::new();
+        for reference in platform
+            .prefixed("refs/heads/")
+            .map_err(|e| err(e.to_string()))?
+        {
+            let Ok(mut reference) = reference else {
+                continue;
+            };
+            let name = reference.name().as_bstr().to_string();
+            let Ok(id) = reference.peel_to_id() else {
+                continue;
+            };
+            let is_commit = self
+                .repo
+                .find_object(id.detach())
+                .is_ok_and(|o| o.kind == gix::objs::Kind::Commit);
+            if is_commit {
+                branches.push((name, id.to_string()));
+            }
+        }
+        branches.sort();
+        Ok(branches)
     }
 
     /// How a failure to read `commit`'s objects is reported.

@@ -30,6 +30,8 @@ pub enum LeaseEvent {
 pub struct Shard {
     /// Every environment of the newest commit: what the daemons share out.
     envs: Mutex<BTreeSet<String>>,
+    /// The preview environments (one per matching branch): shared out too.
+    previews: Mutex<BTreeSet<String>>,
     /// Environments in the middle of a reconcile: kept even beyond this daemon's share, until
     /// the reconcile ends.
     busy: Mutex<BTreeSet<String>>,
@@ -39,6 +41,23 @@ pub struct Shard {
 impl Shard {
     pub fn set_envs(&self, envs: impl IntoIterator<Item = String>) {
         *self.envs.lock().unwrap_or_else(|e| e.into_inner()) = envs.into_iter().collect();
+    }
+
+    pub fn set_previews(&self, envs: impl IntoIterator<Item = String>) {
+        *self.previews.lock().unwrap_or_else(|e| e.into_inner()) = envs.into_iter().collect();
+    }
+
+    /// Every environment the daemons share out: the newest commit's and the previews.
+    fn all_envs(&self) -> BTreeSet<String> {
+        let mut envs = self.envs.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        envs.extend(
+            self.previews
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .cloned(),
+        );
+        envs
     }
 
     /// The lease of `env`, if this daemon holds it now.
@@ -132,7 +151,7 @@ fn keep(
     );
     let mut failing = false;
     while !stop.load(Ordering::SeqCst) {
-        let envs = shard.envs.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let envs = shard.all_envs();
         let busy = shard.busy.lock().unwrap_or_else(|e| e.into_inner()).clone();
         match leases.beat(&envs, &busy) {
             Ok(beat) => {

@@ -36,6 +36,7 @@ pub use lock::ApplyLock;
 pub use postgres::{PgTarget, is_postgres_url};
 pub use seal::{KeySource, SealError, StateKey, pending_key_path};
 pub use views::{DeploymentSummary, FailedResource, NodeRow, ResourceView};
+pub use workflow::{EnvPin, PreviewPush, PreviewRecord};
 
 const SCHEMA: &str = include_str!("../../schema.sql");
 

@@ -1,1 +1,323 @@
 //! Environment pins (`gitplane rollback`) and preview environments in the state.
+
+use crate::db::{OptionalExtension, Row, params};
+use crate::{NOW, Result, Store};
+
+/// An environment held at a commit by `gitplane rollback`, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct EnvPin {
+    pub env: String,
+    pub pinned_at: String,
+    pub commit_id: String,
+    pub pinned_by: String,
+    pub reason: String,
+    /// The rollback's deployment, once it started.
+    pub deployment_id: Option<i64>,
+    pub unpinned_by: Option<String>,
+    pub unpinned_at: Option<String>,
+    /// The newest commit held back while pinned, and its plan's counts (JSON).
+    pub waiting_commit: Option<String>,
+    pub waiting_plan: Option<String>,
+}
+
+const PIN_COLUMNS: &str = "env, pinned_at, commit_id, pinned_by, reason, deployment_id, \
+                           unpinned_by, unpinned_at, waiting_commit, waiting_plan";
+
+fn pin_of(r: &Row<'_>) -> crate::db::DbResult<EnvPin> {
+    Ok(EnvPin {
+        env: r.get(0)?,
+        pinned_at: r.get(1)?,
+        commit_id: r.get(2)?,
+        pinned_by: r.get(3)?,
+        reason: r.get(4)?,
+        deployment_id: r.get(5)?,
+        unpinned_by: r.get(6)?,
+        unpinned_at: r.get(7)?,
+        waiting_commit: r.get(8)?,
+        waiting_plan: r.get(9)?,
+    })
+}
+
+/// A preview environment, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PreviewRecord {
+    pub env: String,
+    pub branch: String,
+    pub env_type: String,
+    /// The branch head last dispatched.
+    pub commit_id: Option<String>,
+    pub created_at: String,
+    /// When its head last changed: its time to live runs from here.
+    pub pushed_at: String,
+    pub removing_at: Option<String>,
+    pub removed_at: Option<String>,
+    pub removed_why: Option<String>,
+}
+
+impl PreviewRecord {
+    /// Whether the environment exists: made, and not (being) removed.
+    pub fn live(&self) -> bool {
+        self.removing_at.is_none() && self.removed_at.is_none()
+    }
+}
+
+/// What a branch's new head does to its preview environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreviewPush {
+    /// The environment is new, or made again after it was removed.
+    Created,
+    /// The branch moved to another commit.
+    Updated,
+    /// Nothing: the head is the one recorded.
+    Same,
+}
+
+impl Store {
+    /// Pins `env` at `commit`, recorded with who and why; a pin it held before ends here.
+    pub fn pin(&self, env: &str, commit: &str, by: &str, reason: &str) -> Result<EnvPin> {
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
+                "UPDATE env_pin SET unpinned_by = ?2, unpinned_at = {NOW}
+                 WHERE env = ?1 AND unpinned_at IS NULL"
+            ))?
+            .execute(params![env, by])?;
+            tx.prepare_cached(&format!(
+                "INSERT INTO env_pin (env, pinned_at, commit_id, pinned_by, reason)
+                 VALUES (?1, {NOW}, ?2, ?3, ?4)"
+            ))?
+            .execute(params![env, commit, by, reason])?;
+            tx.prepare_cached(&format!(
+                "SELECT {PIN_COLUMNS} FROM env_pin WHERE env = ?1 AND unpinned_at IS NULL"
+            ))?
+            .query_row(params![env], pin_of)
+        })
+    }
+
+    /// Records the deployment that rolled `env` back to its pin.
+    pub fn set_pin_deployment(&self, env: &str, deployment: i64) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached(
+                "UPDATE env_pin SET deployment_id = ?2 WHERE env = ?1 AND unpinned_at IS NULL",
+            )?
+            .execute(params![env, deployment])?;
+            Ok(())
+        })
+    }
+
+    /// The pin `env` is held at, if any.
+    pub fn pin_of(&self, env: &str) -> Result<Option<EnvPin>> {
+        self.conn
+            .prepare_cached(&format!(
+                "SELECT {PIN_COLUMNS} FROM env_pin WHERE env = ?1 AND unpinned_at IS NULL"
+            ))
+            .and_then(|mut s| s.query_row(params![env], pin_of).optional())
+            .map_err(self.err())
+    }
+
+    /// Every pin ever recorded (of `env` when given), newest first.
+    pub fn pins(&self, env: Option<&str>) -> Result<Vec<EnvPin>> {
+        self.query(
+            &format!(
+                "SELECT {PIN_COLUMNS} FROM env_pin
+                 WHERE CAST(?1 AS TEXT) IS NULL OR env = ?1
+                 ORDER BY pinned_at DESC, env"
+            ),
+            params![env],
+            pin_of,
+        )
+    }
+
+    /// Releases `env`'s pin; returns it, or `None` when it was not pinned.
+    pub fn unpin(&self, env: &str, by: &str) -> Result<Option<EnvPin>> {
+        let Some(held) = self.pin_of(env)? else {
+            return Ok(None);
+        };
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
+                "UPDATE env_pin SET unpinned_by = ?3, unpinned_at = {NOW}
+                 WHERE env = ?1 AND pinned_at = ?2 AND unpinned_at IS NULL"
+            ))?
+            .execute(params![env, held.pinned_at, by])?;
+            Ok(())
+        })?;
+        Ok(Some(held))
+    }
+
+    /// Records `commit` as the newest commit a pin held back from `env`, with its plan.
+    pub fn pin_waiting(&self, env: &str, commit: &str, plan: &str) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached(
+                "UPDATE env_pin SET waiting_commit = ?2, waiting_plan = ?3
+                 WHERE env = ?1 AND unpinned_at IS NULL",
+            )?
+            .execute(params![env, commit, plan])?;
+            Ok(())
+        })
+    }
+
+    /// Every preview environment recorded, removed ones included, by name.
+    pub fn previews(&self) -> Result<Vec<PreviewRecord>> {
+        self.query(
+            "SELECT env, branch, env_type, commit_id, created_at, pushed_at, removing_at,
+                    removed_at, removed_why
+             FROM preview ORDER BY env",
+            params![],
+            |r| {
+                Ok(PreviewRecord {
+                    env: r.get(0)?,
+                    branch: r.get(1)?,
+                    env_type: r.get(2)?,
+                    commit_id: r.get(3)?,
+                    created_at: r.get(4)?,
+                    pushed_at: r.get(5)?,
+                    removing_at: r.get(6)?,
+                    removed_at: r.get(7)?,
+                    removed_why: r.get(8)?,
+                })
+            },
+        )
+    }
+
+    /// The preview environment `env`, if one was ever recorded.
+    pub fn preview(&self, env: &str) -> Result<Option<PreviewRecord>> {
+        Ok(self.previews()?.into_iter().find(|p| p.env == env))
+    }
+
+    /// Records that `branch` (preview environment `env`) has head `commit`: a new environment,
+    /// one made again after its removal (or during it: the branch came back), or a push that
+    /// restarts its time to live.
+    pub fn preview_pushed(
+        &self,
+        env: &str,
+        branch: &str,
+        env_type: &str,
+        commit: &str,
+    ) -> Result<PreviewPush> {
+        let known = self.preview(env)?;
+        let push = match &known {
+            None => PreviewPush::Created,
+            Some(p) if p.commit_id.as_deref() == Some(commit) => return Ok(PreviewPush::Same),
+            Some(p) if p.live() => PreviewPush::Updated,
+            Some(_) => PreviewPush::Created,
+        };
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
+                "INSERT INTO preview (env, branch, env_type, commit_id, created_at, pushed_at)
+                 VALUES (?1, ?2, ?3, ?4, {NOW}, {NOW})
+                 ON CONFLICT (env) DO UPDATE SET branch = excluded.branch,
+                     env_type = excluded.env_type, commit_id = excluded.commit_id,
+                     pushed_at = excluded.pushed_at,
+                     created_at = CASE WHEN preview.removing_at IS NULL
+                                        AND preview.removed_at IS NULL
+                                       THEN preview.created_at ELSE excluded.created_at END,
+                     removing_at = NULL, removed_at = NULL, removed_why = NULL"
+            ))?
+            .execute(params![env, branch, env_type, commit])?;
+            Ok(())
+        })?;
+        Ok(push)
+    }
+
+    /// Starts the removal of preview environment `env` (`why`: its branch was deleted, or its
+    /// time ran out); false when it was not live.
+    pub fn preview_removing(&self, env: &str, why: &str) -> Result<bool> {
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
+                "UPDATE preview SET removing_at = {NOW}, removed_why = ?2
+                 WHERE env = ?1 AND removing_at IS NULL AND removed_at IS NULL"
+            ))?
+            .execute(params![env, why])
+        })
+        .map(|n| n > 0)
+    }
+
+    /// Records that preview environment `env` has no resource left.
+    pub fn preview_removed(&self, env: &str) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
+                "UPDATE preview SET removed_at = {NOW}
+                 WHERE env = ?1 AND removing_at IS NOT NULL AND removed_at IS NULL"
+            ))?
+            .execute(params![env])?;
+            Ok(())
+        })
+    }
+
+    /// How long ago `at` (a time the state wrote) was, in seconds, by the database's clock.
+    pub fn seconds_since(&self, at: &str) -> Result<f64> {
+        self.conn
+            .prepare_cached("SELECT (julianday('now') - julianday(?1)) * 86400.0")
+            .and_then(|mut s| s.query_row(params![at], |r| r.get(0)))
+            .map_err(self.err())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::tests::each_backend;
+
+    use super::*;
+
+    #[test]
+    fn a_pin_holds_until_unpinned_and_stays_as_history() {
+        each_backend(|store| {
+            assert_eq!(store.pin_of("production").unwrap(), None);
+            let pin = store
+                .pin("production", "c1", "alice", "bad release")
+                .unwrap();
+            assert_eq!(
+                (pin.commit_id.as_str(), pin.pinned_by.as_str()),
+                ("c1", "alice")
+            );
+            store.set_pin_deployment("production", 7).unwrap();
+            store
+                .pin_waiting("production", "c3", "{\"created\":1}")
+                .unwrap();
+            let held = store.pin_of("production").unwrap().unwrap();
+            assert_eq!(held.deployment_id, Some(7));
+            assert_eq!(held.waiting_commit.as_deref(), Some("c3"));
+            assert_eq!(store.pin_of("development").unwrap(), None);
+            // Pinning again ends the first pin.
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            store.pin("production", "c0", "bob", "older still").unwrap();
+            let all = store.pins(Some("production")).unwrap();
+            assert_eq!(all.len(), 2);
+            assert_eq!(all[1].unpinned_by.as_deref(), Some("bob"));
+            let released = store.unpin("production", "carol").unwrap().unwrap();
+            assert_eq!(released.commit_id, "c0");
+            assert_eq!(store.pin_of("production").unwrap(), None);
+            assert_eq!(store.unpin("production", "carol").unwrap(), None);
+            assert_eq!(
+                store.pins(None).unwrap()[0].unpinned_by.as_deref(),
+                Some("carol")
+            );
+        });
+    }
+
+    #[test]
+    fn a_preview_lives_from_its_first_push_to_its_removal_and_comes_back_with_a_new_one() {
+        each_backend(|store| {
+            let pushed = |c: &str| {
+                store
+                    .preview_pushed("pr-1", "refs/heads/pr-1", "development", c)
+                    .unwrap()
+            };
+            assert_eq!(pushed("c1"), PreviewPush::Created);
+            assert_eq!(pushed("c1"), PreviewPush::Same);
+            assert_eq!(pushed("c2"), PreviewPush::Updated);
+            assert!(store.preview("pr-1").unwrap().unwrap().live());
+            assert!(store.preview_removing("pr-1", "ttl expired").unwrap());
+            assert!(!store.preview_removing("pr-1", "branch deleted").unwrap());
+            store.preview_removed("pr-1").unwrap();
+            let gone = store.preview("pr-1").unwrap().unwrap();
+            assert_eq!(gone.removed_why.as_deref(), Some("ttl expired"));
+            assert!(gone.removed_at.is_some());
+            // The same head does not bring it back; a new push does.
+            assert_eq!(pushed("c2"), PreviewPush::Same);
+            assert_eq!(pushed("c3"), PreviewPush::Created);
+            let again = store.preview("pr-1").unwrap().unwrap();
+            assert!(again.live() && again.removed_why.is_none());
+            assert!(store.seconds_since(&again.pushed_at).unwrap() < 60.0);
+        });
+    }
+}

@@ -32,3 +32,4 @@ mod soak;
 mod status_page;
 mod systemd;
 mod terraform;
+mod workflow;

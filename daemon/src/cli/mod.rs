@@ -7,6 +7,7 @@ mod manifests;
 mod output;
 mod progress;
 mod report;
+mod workflow;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -289,6 +290,33 @@ pub enum Command {
         /// The resource: a GUResID, or `app/type.class#id` (with --env when several match).
         resource: String,
     },
+    /// Deploy an earlier commit to one environment (--env) and pin it there: later commits
+    /// are planned, not applied, until `gitplane unpin`.
+    Rollback {
+        #[command(flatten)]
+        common: Common,
+        /// The commit (or branch, or tag) to go back to.
+        #[arg(long, value_name = "COMMIT")]
+        to: String,
+        /// Why, recorded with the pin and shown by `status` and `history`.
+        #[arg(long, short = 'm')]
+        reason: String,
+        /// Who pins it [default: the login user].
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Release the pin of one environment (--env) and apply the newest commit of the watched
+    /// ref to it.
+    Unpin {
+        #[command(flatten)]
+        common: Common,
+        /// Who unpins it [default: the login user].
+        #[arg(long)]
+        by: Option<String>,
+        /// Only release the pin; the next commit (or the daemon's next look) applies.
+        #[arg(long)]
+        no_apply: bool,
+    },
     /// Watch the repository and reconcile every new commit until stopped.
     Daemon {
         #[command(flatten)]
@@ -400,6 +428,10 @@ pub enum CliError {
     AmbiguousInGraph { resource: String, envs: String },
     #[error("deployment {deployment} is not held: `gitplane history` lists held deployments")]
     NotHeld { deployment: i64 },
+    #[error("environment '{env}' is not pinned: `gitplane status` shows the pins")]
+    NotPinned { env: String },
+    #[error("rollback: --reason is empty: say why, it is recorded with the pin")]
+    NoReason,
     #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]
     NoState { path: PathBuf },
     #[error("{0}")]
@@ -527,6 +559,17 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             resolve(&ctx, ctx.rev(&rev), &resource, stdout)
         }
         Command::Approve { common, deployment } => approve(&common.context()?, deployment, stdout),
+        Command::Rollback {
+            common,
+            to,
+            reason,
+            by,
+        } => workflow::rollback(&common.context()?, &to, &reason, by.as_deref(), stdout),
+        Command::Unpin {
+            common,
+            by,
+            no_apply,
+        } => workflow::unpin(&common.context()?, by.as_deref(), no_apply, stdout),
         Command::Daemon { common } => {
             let host = HostConfig::load(common.config.as_deref()).map_err(CliError::Config)?;
             // The daemon, unlike the other commands, can mirror a remote.
@@ -1082,6 +1125,24 @@ fn apply_targets(
         .map_err(CliError::Runtime)?;
     let mut outcome = CommandResult::Success;
     for t in targets {
+        // A pinned environment takes only its pin's commit (a drift run re-applies that one).
+        if !options.drift
+            && let Some((pin, plan)) = deploy::held_by_pin(store, t, commit)?
+        {
+            outcome = CommandResult::Failure;
+            writeln!(
+                stdout,
+                "{}: pinned at {} by {} ({}): commit {} is planned, not applied ({plan}).\n  \
+                 `gitplane unpin --env {}` releases the pin and applies it.",
+                t.graph.env,
+                output::short(&pin.commit_id),
+                pin.pinned_by,
+                pin.reason,
+                output::short(commit),
+                t.graph.env
+            )?;
+            continue;
+        }
         let mut progress = progress::Progress::new(&t.graph.env, commit);
         let report = runtime.block_on(reconcile::apply(
             store,
@@ -1273,10 +1334,15 @@ fn history(
     if !ctx.envs.is_empty() {
         deployments.retain(|d| ctx.envs.contains(&d.env));
     }
+    let mut pins = store.pins(None)?;
+    if !ctx.envs.is_empty() {
+        pins.retain(|p| ctx.envs.contains(&p.env));
+    }
     match format {
         Format::Json => {
-            let items: Vec<serde_json::Value> =
+            let mut items: Vec<serde_json::Value> =
                 deployments.iter().map(output::history_json).collect();
+            workflow::history_json_pins(&mut items, &pins);
             writeln!(
                 stdout,
                 "{}",
@@ -1284,7 +1350,12 @@ fn history(
                     .expect("a serde_json::Value always serialises")
             )?;
         }
-        Format::Table => write!(stdout, "{}", output::history_table(&deployments))?,
+        Format::Table => {
+            write!(stdout, "{}", output::history_table(&deployments))?;
+            if !pins.is_empty() {
+                write!(stdout, "\npins:\n{}", workflow::history_lines(&pins))?;
+            }
+        }
     }
     Ok(CommandResult::Success)
 }
@@ -1316,31 +1387,45 @@ fn status(
         .into_iter()
         .map(|l| (l.env.clone(), l))
         .collect();
+    let (pins, previews) = workflow::pins_and_previews(&store)?;
     let mut json = Vec::new();
     for env in &envs {
+        let pin = pins
+            .iter()
+            .find(|p| &p.env == env && p.unpinned_at.is_none());
+        let preview = previews.iter().find(|p| &p.env == env);
         let resources = store.resources_without_secrets(env)?;
         let deployments = store.deployments(Some(env))?;
         let commit = output::state_commit(&deployments);
         let lease = leases.get(env);
         let postgres = store.backend() == gitplane_state::db::Backend::Postgres;
         match format {
-            Format::Table => writeln!(
-                stdout,
-                "{}",
-                output::status_table(
+            Format::Table => {
+                let table = output::status_table(
                     env,
                     commit.as_deref(),
                     deployments.first(),
                     lease,
-                    &resources
-                )
-            )?,
-            Format::Json => json.push(output::status_json(
-                env,
-                commit.as_deref(),
-                postgres.then_some(lease),
-                &resources,
-            )),
+                    &resources,
+                );
+                // The pin and preview lines go under the heading line.
+                let (heading, rest) = table.split_once('\n').unwrap_or((&table, ""));
+                writeln!(
+                    stdout,
+                    "{heading}\n{}{rest}",
+                    workflow::status_lines(pin, preview)
+                )?
+            }
+            Format::Json => {
+                let mut status = output::status_json(
+                    env,
+                    commit.as_deref(),
+                    postgres.then_some(lease),
+                    &resources,
+                );
+                workflow::status_fields(&mut status, pin, preview);
+                json.push(status)
+            }
         }
     }
     if format == Format::Json {

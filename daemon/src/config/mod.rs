@@ -161,6 +161,21 @@ pub struct HostConfig {
     pub http: Option<HttpConfig>,
     /// `notify:`: where the daemon POSTs deployment events.
     pub notify: Vec<NotifyConfig>,
+    /// `previews:`: an environment per matching branch; `None`: off.
+    pub previews: Option<PreviewConfig>,
+}
+
+/// `previews: {branches: "pr-*", type: development, ttl: 72h}`: the daemon makes an
+/// environment for each branch whose name matches `branches`, of type `env_type`, and removes it
+/// when the branch is deleted or `ttl` passes without a push.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreviewConfig {
+    /// A branch name pattern: `*` stands for any run of characters, `?` for one.
+    pub branches: String,
+    /// The environment type the previews have: it chooses their definitions.
+    pub env_type: String,
+    /// How long a preview lives after its branch's last push; `None`: until the branch goes.
+    pub ttl: Option<Duration>,
 }
 
 impl Default for HostConfig {
@@ -185,6 +200,7 @@ impl Default for HostConfig {
             terraform: TerraformConfig::default(),
             http: None,
             notify: Vec::new(),
+            previews: None,
         }
     }
 }
@@ -214,6 +230,17 @@ struct HostConfigFile {
     http: Option<service::HttpFile>,
     #[serde(default)]
     notify: Vec<service::NotifyFile>,
+    previews: Option<PreviewsFile>,
+}
+
+/// `previews: {branches: "pr-*", type: development, ttl: 72h}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PreviewsFile {
+    branches: String,
+    #[serde(rename = "type")]
+    env_type: String,
+    ttl: Option<String>,
 }
 
 /// `terraform:`: how the built-in Terraform driver runs.
@@ -1056,6 +1083,49 @@ impl HostConfig {
                 }
             },
         };
+        let previews = raw.previews.and_then(|p| {
+            let mut ok = true;
+            if p.branches.trim().is_empty() || p.branches.contains(char::is_whitespace) {
+                err(
+                    "branches:",
+                    format!(
+                        "previews.branches '{}' is not a branch pattern: write e.g. \"pr-*\"",
+                        p.branches
+                    ),
+                );
+                ok = false;
+            }
+            if !crate::previews::valid_env_type(&p.env_type) {
+                err(
+                    "previews",
+                    format!(
+                        "previews.type '{}' is not an environment type: use lowercase letters, \
+                         digits and '-', e.g. development",
+                        p.env_type
+                    ),
+                );
+                ok = false;
+            }
+            let ttl = match p.ttl.as_deref().map(parse_duration) {
+                None => None,
+                Some(Ok(ttl)) if ttl >= Duration::from_secs(1) => Some(ttl),
+                Some(Ok(_)) => {
+                    err("previews", "previews.ttl must be at least 1s".to_owned());
+                    ok = false;
+                    None
+                }
+                Some(Err(message)) => {
+                    err("previews", format!("previews.ttl: {message}"));
+                    ok = false;
+                    None
+                }
+            };
+            ok.then_some(PreviewConfig {
+                branches: p.branches,
+                env_type: p.env_type,
+                ttl,
+            })
+        });
         let mut problems = Vec::new();
         let http = raw.http.and_then(|h| service::http(h, &mut problems));
         let notify = service::notify(raw.notify, &mut problems);
@@ -1095,6 +1165,7 @@ impl HostConfig {
             terraform,
             http,
             notify,
+            previews,
         })
     }
 

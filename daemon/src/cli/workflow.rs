@@ -1,0 +1,285 @@
+//! `gitplane rollback` and `gitplane unpin`, and the pin and preview lines of `status` and
+//! `history`.
+
+use std::io::Write;
+
+use gitplane_state::{ApplyLock, EnvPin, PreviewRecord, Store};
+use serde_json::{Value, json};
+
+use super::output::short;
+use super::{
+    CliError, CommandResult, Commit, Context, apply_targets, existing_store, report_rejected,
+    targets,
+};
+use crate::deploy::Reach;
+use crate::reconcile::ApplyOptions;
+
+/// Who runs the command, for the pin's record: `--by`, else the login user.
+fn who(by: Option<&str>) -> String {
+    by.map(str::to_owned)
+        .or_else(|| {
+            ["SUDO_USER", "USER", "LOGNAME"]
+                .iter()
+                .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The one environment a command works on (`--env`).
+fn one_env(ctx: &Context, command: &str) -> Result<String, CliError> {
+    match ctx.envs.as_slice() {
+        [env] => Ok(env.clone()),
+        _ => Err(CliError::OneEnv(command.to_owned())),
+    }
+}
+
+/// `gitplane rollback --env E --to COMMIT --reason WHY`: applies an earlier commit to one
+/// environment and pins it there; commits after it are planned, not applied, until `unpin`.
+pub(super) fn rollback(
+    ctx: &Context,
+    to: &str,
+    reason: &str,
+    by: Option<&str>,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    let env = one_env(ctx, "rollback")?;
+    if reason.trim().is_empty() {
+        return Err(CliError::NoReason);
+    }
+    let mut store = existing_store(ctx)?;
+    if store.latest_deployment(&env)?.is_none() {
+        return Err(CliError::UnknownStateEnv {
+            env,
+            state: store.path().to_owned(),
+            known: store.environments()?.join(", "),
+        });
+    }
+    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
+    let commit = Commit::resolve(ctx, Some(to), Some(&store))?;
+    // Built before the pin is recorded: a commit that cannot be applied pins nothing.
+    let targets = match targets(ctx, &commit, Some(&store), Reach::Whole)? {
+        Ok(targets) => targets,
+        Err(rejected) => {
+            report_rejected(commit.id(), &rejected);
+            return Ok(CommandResult::Failure);
+        }
+    };
+    let who = who(by);
+    store.pin(&env, commit.id(), &who, reason)?;
+    let before = store.latest_deployment(&env)?.map(|d| d.id);
+    let outcome = apply_targets(
+        ctx,
+        &mut store,
+        commit.id(),
+        &targets,
+        &ApplyOptions::default(),
+        stdout,
+    )?;
+    if let Some(d) = store
+        .latest_deployment(&env)?
+        .filter(|d| Some(d.id) != before)
+    {
+        store.set_pin_deployment(&env, d.id)?;
+    }
+    writeln!(
+        stdout,
+        "{env}: pinned at {} by {who}: {reason}\n  Later commits are planned, not applied, until \
+         `gitplane unpin --env {env}`.",
+        short(commit.id())
+    )?;
+    Ok(outcome)
+}
+
+/// `gitplane unpin --env E`: releases the pin and, unless `no_apply`, applies the newest commit
+/// of the watched ref, as the daemon would have.
+pub(super) fn unpin(
+    ctx: &Context,
+    by: Option<&str>,
+    no_apply: bool,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    let env = one_env(ctx, "unpin")?;
+    let mut store = existing_store(ctx)?;
+    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
+    let who = who(by);
+    let Some(pin) = store.unpin(&env, &who)? else {
+        return Err(CliError::NotPinned { env });
+    };
+    writeln!(
+        stdout,
+        "{env}: unpinned by {who} (it was pinned at {} by {}: {})",
+        short(&pin.commit_id),
+        pin.pinned_by,
+        pin.reason
+    )?;
+    if no_apply {
+        return Ok(CommandResult::Success);
+    }
+    let commit = Commit::resolve(ctx, ctx.default_rev.as_deref(), Some(&store))?;
+    let targets = match targets(ctx, &commit, Some(&store), Reach::Changes)? {
+        Ok(targets) => targets,
+        Err(rejected) => {
+            report_rejected(commit.id(), &rejected);
+            let error = rejected.errors.join("\n");
+            store.failed_deployment(&env, Some(commit.id()), &error)?;
+            return Ok(CommandResult::Failure);
+        }
+    };
+    apply_targets(
+        ctx,
+        &mut store,
+        commit.id(),
+        &targets,
+        &ApplyOptions::default(),
+        stdout,
+    )
+}
+
+/// The lines `status` shows under an environment's heading: its pin, and what it is a preview
+/// of.
+pub(super) fn status_lines(pin: Option<&EnvPin>, preview: Option<&PreviewRecord>) -> String {
+    let mut lines = String::new();
+    if let Some(pin) = pin {
+        lines.push_str(&format!(
+            "  pinned at {} by {} since {}: {}\n",
+            short(&pin.commit_id),
+            pin.pinned_by,
+            pin.pinned_at,
+            pin.reason
+        ));
+        if let Some(waiting) = &pin.waiting_commit {
+            lines.push_str(&format!(
+                "  held back: {} ({}); `gitplane unpin --env {}` applies it\n",
+                short(waiting),
+                plan_words(pin.waiting_plan.as_deref()),
+                pin.env
+            ));
+        }
+    }
+    if let Some(p) = preview {
+        let state = match (&p.removing_at, &p.removed_at) {
+            (_, Some(at)) => format!(
+                "removed at {at} ({})",
+                p.removed_why.as_deref().unwrap_or("")
+            ),
+            (Some(at), None) => format!(
+                "being removed since {at} ({})",
+                p.removed_why.as_deref().unwrap_or("")
+            ),
+            (None, None) => format!("last pushed at {}", p.pushed_at),
+        };
+        lines.push_str(&format!(
+            "  preview of branch {}: {state}\n",
+            p.branch.trim_start_matches("refs/heads/")
+        ));
+    }
+    lines
+}
+
+/// `{"create":1,...}` as words: "1 to create, 0 to update, 2 to delete".
+fn plan_words(plan: Option<&str>) -> String {
+    let counts: Value = plan
+        .and_then(|p| serde_json::from_str(p).ok())
+        .unwrap_or(Value::Null);
+    let n = |k: &str| counts.get(k).and_then(Value::as_u64).unwrap_or(0);
+    format!(
+        "{} to create, {} to update, {} to delete",
+        n("create"),
+        n("update"),
+        n("delete")
+    )
+}
+
+/// `status --format json`'s `pin` and `preview` fields.
+pub(super) fn status_fields(
+    status: &mut Value,
+    pin: Option<&EnvPin>,
+    preview: Option<&PreviewRecord>,
+) {
+    let Some(fields) = status.as_object_mut() else {
+        return;
+    };
+    if let Some(pin) = pin {
+        fields.insert("pin".to_owned(), pin_json(pin));
+    }
+    if let Some(p) = preview {
+        fields.insert(
+            "preview".to_owned(),
+            json!({
+                "branch": p.branch,
+                "type": p.env_type,
+                "commit": p.commit_id,
+                "created_at": p.created_at,
+                "pushed_at": p.pushed_at,
+                "removing_at": p.removing_at,
+                "removed_at": p.removed_at,
+                "removed_why": p.removed_why,
+            }),
+        );
+    }
+}
+
+fn pin_json(pin: &EnvPin) -> Value {
+    json!({
+        "commit": pin.commit_id,
+        "pinned_by": pin.pinned_by,
+        "reason": pin.reason,
+        "pinned_at": pin.pinned_at,
+        "deployment": pin.deployment_id,
+        "unpinned_by": pin.unpinned_by,
+        "unpinned_at": pin.unpinned_at,
+        "held_back": pin.waiting_commit.as_ref().map(|c| json!({
+            "commit": c,
+            "plan": pin.waiting_plan.as_deref().and_then(|p| serde_json::from_str::<Value>(p).ok()),
+        })),
+    })
+}
+
+/// `history`'s pins: a line per pin, newest first (after the deployments' table).
+pub(super) fn history_lines(pins: &[EnvPin]) -> String {
+    let mut out = String::new();
+    for pin in pins {
+        let deployment = pin
+            .deployment_id
+            .map(|d| format!(" (deployment {d})"))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "{} pinned at {} by {} at {}{deployment}: {}",
+            pin.env,
+            short(&pin.commit_id),
+            pin.pinned_by,
+            pin.pinned_at,
+            pin.reason
+        ));
+        match (&pin.unpinned_by, &pin.unpinned_at) {
+            (Some(by), Some(at)) => out.push_str(&format!("; unpinned by {by} at {at}")),
+            _ => out.push_str("; still pinned"),
+        }
+        if let Some(waiting) = &pin.waiting_commit {
+            out.push_str(&format!("; held back {}", short(waiting)));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// `history --format json`: each deployment a pin made carries it.
+pub(super) fn history_json_pins(items: &mut [Value], pins: &[EnvPin]) {
+    for item in items {
+        let id = item.get("id").and_then(Value::as_i64);
+        if let Some(pin) = pins
+            .iter()
+            .find(|p| p.deployment_id.is_some() && p.deployment_id == id)
+            && let Some(fields) = item.as_object_mut()
+        {
+            fields.insert("pin".to_owned(), pin_json(pin));
+        }
+    }
+}
+
+/// The pins and previews of the state, for `status` and `history`.
+pub(super) fn pins_and_previews(
+    store: &Store,
+) -> Result<(Vec<EnvPin>, Vec<PreviewRecord>), CliError> {
+    Ok((store.pins(None)?, store.previews()?))
+}

@@ -1290,6 +1290,45 @@ accounts:
     }
 
     #[test]
+    fn previews_are_read_and_each_bad_key_is_reported_with_its_line() {
+        let c = HostConfig::parse(
+            "host.yaml",
+            "previews: {branches: \"pr-*\", type: development, ttl: 72h}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.previews,
+            Some(PreviewConfig {
+                branches: "pr-*".into(),
+                env_type: "development".into(),
+                ttl: Some(Duration::from_secs(72 * 3600)),
+            })
+        );
+        let errors = |text: &str| -> Vec<String> {
+            HostConfig::parse("host.yaml", text)
+                .unwrap_err()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert_eq!(
+            errors(
+                "concurrency: 2\npreviews:\n  branches: \"pr-*\"\n  type: Dev Env\n  ttl: 3 weeks\n"
+            ),
+            [
+                "host.yaml:2: previews.type 'Dev Env' is not an environment type: use lowercase \
+                 letters, digits and '-', e.g. development",
+                "host.yaml:2: previews.ttl: '3 weeks': unknown unit 'weeks' (use ms, s, m, h or d)",
+            ]
+        );
+        assert_eq!(
+            errors("previews:\n  branches: \"\"\n  type: dev\n"),
+            ["host.yaml:2: previews.branches '' is not a branch pattern: write e.g. \"pr-*\""]
+        );
+        assert!(errors("previews: {branches: x}\n")[0].contains("missing field `type`"));
+    }
+
+    #[test]
     fn every_problem_is_reported_with_its_line() {
         let text = "concurrency: 0\ndrivers:\n  a/b:\n    exec: {command: [relative/prog]}\n  c/d:\n    http: {url: ftp://x}\n  e/f: {}\naccounts:\n  acct: {}\n";
         let errors: Vec<String> = HostConfig::parse("host.yaml", text)

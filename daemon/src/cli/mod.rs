@@ -1304,7 +1304,10 @@ fn drift(ctx: &Context, detect: bool, stdout: &mut impl Write) -> Result<Command
     for env in &envs {
         let _lock = ApplyLock::acquire(&ctx.state, env, false)?;
         let Some(commit) = store.last_good_commit(env)? else {
-            writeln!(stdout, "{env}: no deployment succeeded yet: nothing to compare")?;
+            writeln!(
+                stdout,
+                "{env}: no deployment succeeded yet: nothing to compare"
+            )?;
             continue;
         };
         let one = Context {

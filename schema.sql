@@ -709,6 +709,22 @@ CREATE TABLE drift_finding (
 );
 CREATE INDEX drift_finding_env ON drift_finding (env, deployment_id);
 
+-- The `drift` view (migration 1) speaks of runs that corrected: a detect run, which changed
+-- nothing, must not hide what the last correcting run repaired.
+DROP VIEW drift;
+CREATE VIEW drift AS
+SELECT d.env, r.app, r.type, r.class, r.res_id, o.guresid, d.id AS deployment_id,
+       d.commit_id, o.finished_at
+FROM operation o
+JOIN deployment d ON d.id = o.deployment_id
+LEFT JOIN resource r ON r.guresid = o.guresid
+WHERE d.kind = 'drift' AND d.drift_mode IS NULL AND o.status = 'succeeded'
+  AND o.outputs_changed = 1
+  AND d.id = (SELECT MAX(d2.id) FROM deployment d2
+              WHERE d2.env = d.env AND d2.kind = 'drift' AND d2.drift_mode IS NULL
+                AND d2.status != 'running')
+ORDER BY d.env, r.app, r.type, r.res_id;
+
 -- What the newest finished detect run of each environment found.
 CREATE VIEW drift_detected AS
 SELECT f.env, f.app, f.type, f.class, f.res_id, f.guresid, f.what, f.source, f.detail,

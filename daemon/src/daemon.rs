@@ -1012,6 +1012,11 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
             }
         }
     }
+    if job.drift && target.graph.drift == crate::model::DriftMode::Detect {
+        let lease = hold.as_ref().map(|(h, _)| h.clone());
+        detect_one(env, job, store, shared, &runtime, &target, lease).await;
+        return;
+    }
     let options = ApplyOptions {
         drift: job.drift,
         stop: Some(shared.stop.clone()),
@@ -1110,6 +1115,71 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         Err(e) => error!(env, error = %e, "state error during the deployment"),
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
+}
+
+/// A drift run of an environment whose file says `drift: detect`: reads and records, changes
+/// nothing. The caller holds the environment's lock.
+async fn detect_one(
+    env: &str,
+    job: &Job,
+    store: &mut Store,
+    shared: &Shared,
+    runtime: &Runtime,
+    target: &Target,
+    lease: Option<Arc<gitplane_state::LeaseHold>>,
+) {
+    let options = crate::drift::DetectOptions {
+        stop: Some(shared.stop.clone()),
+        lease,
+    };
+    let started = Instant::now();
+    let report = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(crate::drift::detect(
+            store,
+            &runtime.drivers,
+            &runtime.settings,
+            target,
+            &job.commit,
+            &options,
+        ))
+    });
+    match report {
+        Ok(r) => {
+            let mut drifted: Vec<String> = r
+                .findings
+                .iter()
+                .map(|f| format!("{} ({})", f.label, f.finding.what.as_str()))
+                .collect();
+            drifted.dedup();
+            let status = if r.failures.is_empty() {
+                DeploymentStatus::Succeeded
+            } else {
+                DeploymentStatus::Failed
+            };
+            info!(
+                env, commit = %job.commit, deployment = r.deployment,
+                differ = r.resources(), findings = r.findings.len(), failed = r.failures.len(),
+                "drift detected (not corrected)"
+            );
+            shared.events.finished(DeploymentEvent {
+                env: env.to_owned(),
+                deployment: r.deployment,
+                kind: "drift",
+                commit: Some(job.commit.clone()),
+                commit_info: commit_info(&shared.repo, &job.commit),
+                status,
+                counts: gitplane_state::Counts {
+                    unchanged: r.unchanged as i64,
+                    failed: r.failures.len() as i64,
+                    ..Default::default()
+                },
+                duration_seconds: started.elapsed().as_secs_f64(),
+                failures: r.failures.clone(),
+                drifted,
+            });
+        }
+        Err(e) => error!(env, error = %e, "state error during the drift run"),
+    }
 }
 
 fn lease_ttl(host: &HostConfig) -> Duration {

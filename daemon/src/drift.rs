@@ -1,2 +1,774 @@
 //! Detect-only drift runs: read each resource through its driver (or compare with what was
 //! recorded), record what differs, change nothing.
+//!
+//! The comparison ([`compare_read`], [`compare_inputs`], [`differences`]) is pure. [`detect`]
+//! runs it over an environment: one read per recorded resource, in parallel within the
+//! drivers' concurrency limits, transient failures retried a bounded number of times, no read
+//! started once gitplane stops or the lease is gone. It never calls a driver's put or delete
+//! and writes nothing but its own deployment row and findings, once, at the end.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use gitplane_state::{
+    DetectRunRecord, DriftFinding, ResourceRecord, ResourceStatus, StateError, Store,
+};
+use serde_json::Value;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::deploy::Target;
+use crate::drivers::{DriverError, DriverRequest, ErrorKind, ReadOutcome, Registry};
+use crate::graph::ResourceNode;
+use crate::plan::{self, Recorded};
+use crate::reconcile::Settings;
+
+/// How much of one public value a finding quotes, in characters.
+const MAX_VALUE_CHARS: usize = 80;
+/// How many differing paths one finding lists; the rest are counted.
+const MAX_PATHS: usize = 20;
+/// How deep the comparison walks into nested outputs; deeper differences are reported at
+/// this depth.
+const MAX_DEPTH: usize = 32;
+
+/// Where a finding comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The driver's read path answered.
+    Driver,
+    /// What gitplane recorded, compared with what it would send now.
+    Recorded,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Driver => "driver",
+            Source::Recorded => "recorded",
+        }
+    }
+}
+
+/// What differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum What {
+    Outputs,
+    SecretOutputs,
+    /// The driver says the resource does not exist.
+    Missing,
+    /// Something upstream changed that the resource has not taken.
+    Inputs,
+}
+
+impl What {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            What::Outputs => "outputs",
+            What::SecretOutputs => "secret outputs",
+            What::Missing => "missing",
+            What::Inputs => "inputs",
+        }
+    }
+}
+
+/// One difference of one resource. `detail` never holds a secret value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub source: Source,
+    pub what: What,
+    pub detail: String,
+}
+
+/// One path where two JSON values differ: `None` where a side has nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Difference<'a> {
+    pub path: String,
+    pub old: Option<&'a Value>,
+    pub new: Option<&'a Value>,
+}
+
+/// Where `old` and `new` differ, as dotted paths (`a.b`, `list[2]`), sorted.
+pub fn differences<'a>(old: &'a Value, new: &'a Value) -> Vec<Difference<'a>> {
+    let mut found = Vec::new();
+    walk(String::new(), Some(old), Some(new), 0, &mut found);
+    found
+}
+
+fn walk<'a>(
+    path: String,
+    old: Option<&'a Value>,
+    new: Option<&'a Value>,
+    depth: usize,
+    found: &mut Vec<Difference<'a>>,
+) {
+    if old == new {
+        return;
+    }
+    let join = |key: &str| {
+        if path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match (old, new) {
+        (Some(Value::Object(a)), Some(Value::Object(b))) if depth < MAX_DEPTH => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for key in keys {
+                walk(join(key), a.get(key), b.get(key), depth + 1, found);
+            }
+        }
+        (Some(Value::Array(a)), Some(Value::Array(b))) if depth < MAX_DEPTH => {
+            for i in 0..a.len().max(b.len()) {
+                walk(format!("{path}[{i}]"), a.get(i), b.get(i), depth + 1, found);
+            }
+        }
+        _ => found.push(Difference {
+            path: if path.is_empty() {
+                "(the whole value)".to_owned()
+            } else {
+                path
+            },
+            old,
+            new,
+        }),
+    }
+}
+
+/// A public value as a finding quotes it: compact JSON, cut short.
+fn quoted(value: Option<&Value>) -> String {
+    let Some(value) = value else {
+        return "(none)".to_owned();
+    };
+    let text = value.to_string();
+    if text.chars().count() <= MAX_VALUE_CHARS {
+        text
+    } else {
+        let mut cut: String = text.chars().take(MAX_VALUE_CHARS - 1).collect();
+        cut.push('…');
+        cut
+    }
+}
+
+/// `path: old → new; …` for public values.
+pub fn public_detail(differences: &[Difference<'_>]) -> String {
+    listed(differences, |d| {
+        format!("{}: {} → {}", d.path, quoted(d.old), quoted(d.new))
+    })
+}
+
+/// The paths alone, for secret values: which differ, never what they hold.
+pub fn secret_detail(differences: &[Difference<'_>]) -> String {
+    listed(differences, |d| d.path.clone())
+}
+
+fn listed(differences: &[Difference<'_>], show: impl Fn(&Difference<'_>) -> String) -> String {
+    let mut parts: Vec<String> = differences.iter().take(MAX_PATHS).map(show).collect();
+    if differences.len() > MAX_PATHS {
+        parts.push(format!("and {} more", differences.len() - MAX_PATHS));
+    }
+    parts.join("; ")
+}
+
+/// What a driver's read says against what was recorded for the resource.
+pub fn compare_read(recorded: &ResourceRecord, read: &ReadOutcome) -> Vec<Finding> {
+    match read {
+        ReadOutcome::NoReadPath => Vec::new(),
+        ReadOutcome::Missing => vec![Finding {
+            source: Source::Driver,
+            what: What::Missing,
+            detail: "the driver says it does not exist".to_owned(),
+        }],
+        ReadOutcome::Found {
+            outputs,
+            secret_outputs,
+        } => {
+            let mut findings = Vec::new();
+            let public = differences(&recorded.outputs, outputs);
+            if !public.is_empty() {
+                findings.push(Finding {
+                    source: Source::Driver,
+                    what: What::Outputs,
+                    detail: public_detail(&public),
+                });
+            }
+            let secret = differences(&recorded.secret_outputs, secret_outputs);
+            if !secret.is_empty() {
+                findings.push(Finding {
+                    source: Source::Driver,
+                    what: What::SecretOutputs,
+                    detail: format!("secret outputs differ: {}", secret_detail(&secret)),
+                });
+            }
+            findings
+        }
+    }
+}
+
+/// The inputs `node` resolves to now, from the recorded outputs of what it reads, against
+/// those recorded for it: a difference means something upstream changed that it has not
+/// taken. `None` when they are the same.
+pub fn compare_inputs(
+    recorded: &ResourceRecord,
+    node: &ResourceNode,
+    upstream: &Recorded<'_>,
+) -> Option<Finding> {
+    let inputs = match plan::resolve_inputs(node, upstream) {
+        Ok(inputs) => inputs,
+        Err(e) => {
+            return Some(Finding {
+                source: Source::Recorded,
+                what: What::Inputs,
+                detail: format!("its inputs no longer resolve: {e}"),
+            });
+        }
+    };
+    let hash = plan::inputs_hash(node, &inputs);
+    if plan::same_inputs(recorded, &hash, &inputs) {
+        return None;
+    }
+    let (public, secret) = plan::split_inputs(&inputs);
+    let mut parts = Vec::new();
+    if let (Ok(old), Ok(new)) = (recorded.inputs.parse(), public.parse()) {
+        let d = differences(&old, &new);
+        if !d.is_empty() {
+            parts.push(public_detail(&d));
+        }
+    }
+    if recorded.secret_inputs != secret {
+        match (recorded.secret_inputs.parse(), secret.parse()) {
+            (Ok(old), Ok(new)) => {
+                let d = differences(&old, &new);
+                if !d.is_empty() {
+                    parts.push(format!("secret inputs differ: {}", secret_detail(&d)));
+                }
+            }
+            _ => parts.push("secret inputs differ".to_owned()),
+        }
+    }
+    if parts.is_empty() {
+        // The hash covers the definition, driver and account too.
+        parts.push("its definition, driver or account changed".to_owned());
+    }
+    Some(Finding {
+        source: Source::Recorded,
+        what: What::Inputs,
+        detail: parts.join("; "),
+    })
+}
+
+/// What stops a detect run from starting new reads.
+#[derive(Clone, Default)]
+pub struct DetectOptions {
+    /// Set when gitplane is stopping.
+    pub stop: Option<Arc<AtomicBool>>,
+    /// The environment's lease, when daemons share a PostgreSQL state.
+    pub lease: Option<Arc<gitplane_state::LeaseHold>>,
+}
+
+impl DetectOptions {
+    fn halted(&self) -> bool {
+        self.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
+            || self.lease.as_ref().is_some_and(|l| !l.holds())
+    }
+}
+
+/// A finding with the resource it is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceFinding {
+    pub guresid: String,
+    /// `app/type.class#id`.
+    pub label: String,
+    pub finding: Finding,
+}
+
+/// What a detect run found.
+#[derive(Debug, Clone)]
+pub struct DetectReport {
+    pub env: String,
+    pub deployment: i64,
+    pub findings: Vec<ResourceFinding>,
+    /// Resources looked at that were as recorded.
+    pub unchanged: usize,
+    /// Reads that failed or did not run, with why.
+    pub failures: Vec<String>,
+}
+
+impl DetectReport {
+    /// How many resources differ.
+    pub fn resources(&self) -> usize {
+        let mut ids: Vec<&str> = self.findings.iter().map(|f| f.guresid.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
+    }
+}
+
+/// One read, owned, so it can move to a blocking thread.
+struct ReadJob {
+    guresid: String,
+    org: String,
+    env: String,
+    app: Option<String>,
+    res_type: String,
+    class: String,
+    res_id: String,
+    resource: Value,
+    values: Value,
+    secrets: Value,
+    account: Option<Value>,
+    cookie: Option<String>,
+}
+
+impl ReadJob {
+    fn request(&self) -> DriverRequest<'_> {
+        DriverRequest {
+            guresid: &self.guresid,
+            org: &self.org,
+            env: &self.env,
+            app: self.app.as_deref(),
+            res_type: &self.res_type,
+            class: &self.class,
+            res_id: &self.res_id,
+            resource: &self.resource,
+            values: &self.values,
+            secrets: &self.secrets,
+            account: self.account.as_ref(),
+            cookie: self.cookie.as_deref(),
+        }
+    }
+}
+
+/// The inputs recorded for `rec`, as its last put sent them (the secret half holds the
+/// resource's own inputs when a secret flowed into them).
+fn recorded_inputs(rec: &ResourceRecord) -> Result<(Value, Value, Value), String> {
+    let damaged = |half: &str| format!("its recorded {half} inputs are not JSON");
+    let mut public = rec.inputs.parse().map_err(|_| damaged("public"))?;
+    let mut secret = rec.secret_inputs.parse().map_err(|_| damaged("secret"))?;
+    let take = |v: &mut Value, key: &str| {
+        v.as_object_mut()
+            .and_then(|m| m.remove(key))
+            .unwrap_or(Value::Null)
+    };
+    let values = take(&mut public, "values");
+    let secrets = take(&mut secret, "secrets");
+    let resource = match take(&mut public, "resource") {
+        Value::Null => take(&mut secret, "resource"),
+        r => r,
+    };
+    Ok((resource, values, secrets))
+}
+
+/// Runs a detect-only drift run of `target`'s environment at `commit` (the last good one) and
+/// records it. The caller holds the environment's lock.
+pub async fn detect(
+    store: &mut Store,
+    drivers: &Registry,
+    settings: &Settings,
+    target: &Target,
+    commit: &str,
+    options: &DetectOptions,
+) -> Result<DetectReport, StateError> {
+    let started_at = chrono::Utc::now()
+        .format("%Y-%m-%dT%H:%M:%S%.3fZ")
+        .to_string();
+    let graph = &target.graph;
+    let env = graph.env.clone();
+    let recorded = store.resources(&env)?;
+    let mut upstream = Recorded::new(&recorded);
+    for rec in &recorded {
+        if rec.status == ResourceStatus::Ready
+            && let Some(node) = graph.get(rec.guresid.as_str())
+        {
+            upstream.stable(&node.guresid);
+        }
+    }
+    let mut findings: Vec<ResourceFinding> = Vec::new();
+    let mut failures = Vec::new();
+    let global = Arc::new(Semaphore::new(settings.concurrency.max(1)));
+    let mut per_driver: HashMap<String, Arc<Semaphore>> = HashMap::new();
+    let mut reads: JoinSet<(usize, Result<ReadOutcome, DriverError>)> = JoinSet::new();
+    let ready: Vec<&ResourceRecord> = recorded
+        .iter()
+        .filter(|r| r.status == ResourceStatus::Ready)
+        .collect();
+    for (i, rec) in ready.iter().enumerate() {
+        let label = plan::record_label(rec);
+        if let Some(node) = graph.get(rec.guresid.as_str())
+            && let Some(finding) = compare_inputs(rec, node, &upstream)
+        {
+            findings.push(ResourceFinding {
+                guresid: rec.guresid.clone(),
+                label: label.clone(),
+                finding,
+            });
+        }
+        let Some(registered) = drivers.get(&rec.driver) else {
+            failures.push(format!(
+                "{label}: driver '{}' is not registered on this host",
+                rec.driver
+            ));
+            continue;
+        };
+        let (resource, values, secrets) = match recorded_inputs(rec) {
+            Ok(inputs) => inputs,
+            Err(why) => {
+                failures.push(format!("{label}: {why}"));
+                continue;
+            }
+        };
+        let account = match &rec.account {
+            None => None,
+            Some(name) => match (settings.accounts)(name) {
+                Ok(v) => Some(v),
+                Err(why) => {
+                    failures.push(format!("{label}: {why}"));
+                    continue;
+                }
+            },
+        };
+        let job = ReadJob {
+            guresid: rec.guresid.clone(),
+            org: graph.org.clone(),
+            env: env.clone(),
+            app: rec.app.clone(),
+            res_type: rec.res_type.clone(),
+            class: rec.class.clone(),
+            res_id: rec.res_id.clone(),
+            resource,
+            values,
+            secrets,
+            account,
+            cookie: store.cookie(&rec.guresid)?,
+        };
+        let driver = registered.driver.clone();
+        if driver.in_process() {
+            let read = driver.read(&job.request());
+            reads.spawn(async move { (i, read) });
+            continue;
+        }
+        let limit = registered.concurrency.map(|n| {
+            per_driver
+                .entry(rec.driver.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(n.max(1))))
+                .clone()
+        });
+        let global = global.clone();
+        let retry = settings.retry;
+        let options = options.clone();
+        reads.spawn(async move {
+            let job = Arc::new(job);
+            let mut failures = 0u32;
+            loop {
+                if options.halted() {
+                    return (
+                        i,
+                        Err(DriverError::final_error(
+                            "not read: gitplane is stopping or no longer holds the environment",
+                        )),
+                    );
+                }
+                let result = {
+                    let Ok(_global) = global.acquire().await else {
+                        return (i, Err(DriverError::final_error("the run was closed")));
+                    };
+                    let _own = match &limit {
+                        Some(s) => match s.acquire().await {
+                            Ok(p) => Some(p),
+                            Err(_) => {
+                                return (i, Err(DriverError::final_error("the run was closed")));
+                            }
+                        },
+                        None => None,
+                    };
+                    let (driver, job) = (driver.clone(), job.clone());
+                    match tokio::task::spawn_blocking(move || driver.read(&job.request())).await {
+                        Ok(r) => r,
+                        Err(e) => Err(DriverError::final_error(format!("the read failed: {e}"))),
+                    }
+                };
+                match result {
+                    Err(e) if e.kind == ErrorKind::Transient && failures + 1 < retry.attempts => {
+                        failures += 1;
+                        tokio::time::sleep(crate::reconcile::backoff(
+                            &retry,
+                            failures,
+                            &job.guresid,
+                        ))
+                        .await;
+                    }
+                    other => return (i, other),
+                }
+            }
+        });
+    }
+    let mut unchanged = 0;
+    let mut read_findings: Vec<(usize, Vec<Finding>)> = Vec::new();
+    while let Some(joined) = reads.join_next().await {
+        let Ok((i, result)) = joined else {
+            failures.push("a read task failed".to_owned());
+            continue;
+        };
+        let rec = ready[i];
+        match result {
+            Ok(read) => read_findings.push((i, compare_read(rec, &read))),
+            Err(e) => failures.push(format!("{}: {e}", plan::record_label(rec))),
+        }
+    }
+    read_findings.sort_by_key(|(i, _)| *i);
+    for (i, found) in read_findings {
+        let rec = ready[i];
+        for finding in found {
+            findings.push(ResourceFinding {
+                guresid: rec.guresid.clone(),
+                label: plan::record_label(rec),
+                finding,
+            });
+        }
+    }
+    findings.sort_by(|a, b| {
+        (&a.label, a.finding.what.as_str()).cmp(&(&b.label, b.finding.what.as_str()))
+    });
+    // One finding per resource and kind (the table's key): the driver's word first.
+    findings.dedup_by(|b, a| a.guresid == b.guresid && a.finding.what == b.finding.what);
+    for rec in &ready {
+        if !findings.iter().any(|f| f.guresid == rec.guresid) {
+            unchanged += 1;
+        }
+    }
+    failures.sort();
+    let rows: Vec<DriftFinding> = findings
+        .iter()
+        .filter_map(|f| {
+            let rec = ready.iter().find(|r| r.guresid == f.guresid)?;
+            Some(DriftFinding {
+                guresid: rec.guresid.clone(),
+                app: rec.app.clone(),
+                res_type: rec.res_type.clone(),
+                class: rec.class.clone(),
+                res_id: rec.res_id.clone(),
+                source: f.finding.source.as_str().to_owned(),
+                what: f.finding.what.as_str().to_owned(),
+                detail: f.finding.detail.clone(),
+            })
+        })
+        .collect();
+    let error = (!failures.is_empty()).then(|| failures.join("\n"));
+    let deployment = store.record_detect_run(&DetectRunRecord {
+        env: &env,
+        commit,
+        started_at: &started_at,
+        unchanged: unchanged as i64,
+        failed: failures.len() as i64,
+        error: error.as_deref(),
+        findings: &rows,
+    })?;
+    Ok(DetectReport {
+        env,
+        deployment,
+        findings,
+        unchanged,
+        failures,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use gitplane_state::DeletionPolicy;
+    use serde_json::json;
+
+    use super::*;
+    use crate::graph::{GuresId, ResourceGraph};
+    use crate::plan::{inputs_hash, record_of, resolve_inputs, split_inputs};
+
+    fn record(outputs: Value, secret_outputs: Value) -> ResourceRecord {
+        ResourceRecord {
+            guresid: "g1".into(),
+            env: "development".into(),
+            app: Some("shop".into()),
+            res_type: "postgres".into(),
+            class: "default".into(),
+            res_id: "shared.db".into(),
+            definition: "pg".into(),
+            driver: "echo".into(),
+            account: None,
+            deletion_policy: DeletionPolicy::Delete,
+            template_hash: String::new(),
+            status: ResourceStatus::Ready,
+            inputs_hash: String::new(),
+            outputs,
+            secret_outputs,
+            inputs: gitplane_state::StoredJson::new(&json!({})),
+            secret_inputs: gitplane_state::StoredJson::new(&json!({})),
+            error: None,
+            commit_id: "c1".into(),
+        }
+    }
+
+    #[test]
+    fn a_read_as_recorded_finds_nothing() {
+        let rec = record(
+            json!({"host": "db", "port": 5432}),
+            json!({"password": "s3cret"}),
+        );
+        let read = ReadOutcome::Found {
+            outputs: json!({"port": 5432, "host": "db"}),
+            secret_outputs: json!({"password": "s3cret"}),
+        };
+        assert!(compare_read(&rec, &read).is_empty());
+        assert!(compare_read(&rec, &ReadOutcome::NoReadPath).is_empty());
+    }
+
+    #[test]
+    fn changed_outputs_are_named_with_public_values_and_secrets_by_name_alone() {
+        let rec = record(
+            json!({"host": "db", "port": 5432, "tags": ["a"], "gone": true}),
+            json!({"password": "s3cret", "user": "app"}),
+        );
+        let read = ReadOutcome::Found {
+            outputs: json!({"host": "db2", "port": 5432, "tags": ["a", "b"], "new": {"x": 1}}),
+            secret_outputs: json!({"password": "hunter2", "user": "app"}),
+        };
+        let findings = compare_read(&rec, &read);
+        assert_eq!(findings.len(), 2, "{findings:?}");
+        assert_eq!(findings[0].what, What::Outputs);
+        assert_eq!(findings[0].source, Source::Driver);
+        assert_eq!(
+            findings[0].detail,
+            "gone: true → (none); host: \"db\" → \"db2\"; new: (none) → {\"x\":1}; \
+             tags[1]: (none) → \"b\""
+        );
+        assert_eq!(findings[1].what, What::SecretOutputs);
+        assert_eq!(findings[1].detail, "secret outputs differ: password");
+        for f in &findings {
+            assert!(!f.detail.contains("s3cret") && !f.detail.contains("hunter2"));
+        }
+    }
+
+    #[test]
+    fn a_missing_resource_is_one_finding() {
+        let rec = record(json!({}), json!({}));
+        let findings = compare_read(&rec, &ReadOutcome::Missing);
+        assert_eq!(findings.len(), 1);
+        assert_eq!(findings[0].what, What::Missing);
+    }
+
+    #[test]
+    fn details_stay_short_however_large_the_outputs() {
+        let old: serde_json::Map<String, Value> = (0..1000)
+            .map(|i| (format!("k{i}"), json!("x".repeat(500))))
+            .collect();
+        let new: serde_json::Map<String, Value> = (0..1000)
+            .map(|i| (format!("k{i}"), json!("y".repeat(500))))
+            .collect();
+        let rec = record(Value::Object(old), json!({}));
+        let read = ReadOutcome::Found {
+            outputs: Value::Object(new),
+            secret_outputs: json!({}),
+        };
+        let detail = &compare_read(&rec, &read)[0].detail;
+        assert!(detail.chars().count() < 5_000, "{}", detail.len());
+        assert!(detail.ends_with("and 980 more"), "{detail}");
+        // Deep nesting is cut off, not recursed into without end.
+        let mut deep = json!(1);
+        for _ in 0..200 {
+            deep = json!({ "a": deep });
+        }
+        assert_eq!(differences(&deep, &json!({"a": 2})).len(), 1);
+    }
+
+    fn development(files: &std::collections::BTreeMap<String, Vec<u8>>) -> ResourceGraph {
+        let repo = crate::model::load(files).unwrap();
+        let env = repo
+            .environments
+            .iter()
+            .find(|e| e.id == "development")
+            .unwrap();
+        crate::graph::build(&repo, env).unwrap()
+    }
+
+    /// What applying `graph` with echo drivers records.
+    fn applied(graph: &ResourceGraph) -> Vec<ResourceRecord> {
+        let mut outputs: HashMap<GuresId, (Value, Value, String)> = HashMap::new();
+        let mut records = Vec::new();
+        for node in graph.provisioning_order() {
+            let inputs = resolve_inputs(node, &outputs).unwrap();
+            let (public, secret) = split_inputs(&inputs);
+            records.push(ResourceRecord {
+                status: ResourceStatus::Ready,
+                inputs_hash: inputs_hash(node, &inputs),
+                outputs: inputs.values.clone(),
+                secret_outputs: inputs.secrets.clone(),
+                inputs: public,
+                secret_inputs: secret,
+                ..record_of(node, &graph.env, "c1")
+            });
+            outputs.insert(
+                node.guresid.clone(),
+                (inputs.values, inputs.secrets, node.label()),
+            );
+        }
+        records
+    }
+
+    fn inputs_findings(
+        graph: &ResourceGraph,
+        records: &[ResourceRecord],
+    ) -> Vec<(String, Finding)> {
+        let mut upstream = Recorded::new(records);
+        for node in graph.nodes() {
+            upstream.stable(&node.guresid);
+        }
+        records
+            .iter()
+            .filter_map(|rec| {
+                let node = graph.get(rec.guresid.as_str())?;
+                compare_inputs(rec, node, &upstream).map(|f| (rec.guresid.clone(), f))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_upstream_change_not_taken_downstream_is_an_inputs_finding() {
+        let graph = development(&crate::graph::tests::template_files());
+        let mut records = applied(&graph);
+        assert!(inputs_findings(&graph, &records).is_empty());
+        // Every provider's public outputs move on outside of its consumers' knowledge.
+        let providers: Vec<String> = graph.edge_iter().map(|(_, to, _)| to.to_string()).collect();
+        for rec in records
+            .iter_mut()
+            .filter(|r| providers.contains(&r.guresid))
+        {
+            if let Value::Object(map) = &mut rec.outputs {
+                for v in map.values_mut() {
+                    if let Value::String(s) = v {
+                        s.push_str("-moved");
+                    }
+                }
+            }
+        }
+        let found = inputs_findings(&graph, &records);
+        assert!(!found.is_empty());
+        for (guresid, f) in &found {
+            assert_eq!((f.source, f.what), (Source::Recorded, What::Inputs));
+            // Public inputs are shown with their values; where a secret flowed in (a workload
+            // reading a password), the paths alone.
+            match f.detail.split_once("secret inputs differ: ") {
+                Some((_, secret)) => assert!(!secret.contains("-moved"), "{}", f.detail),
+                None => assert!(f.detail.contains("-moved"), "{guresid}: {}", f.detail),
+            }
+            // Only consumers can have taken an old value.
+            assert!(
+                graph
+                    .edge_iter()
+                    .any(|(from, _, _)| from.as_str() == guresid),
+                "{guresid}"
+            );
+        }
+    }
+}

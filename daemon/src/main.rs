@@ -32,6 +32,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(CommandResult::Success) => ExitCode::SUCCESS,
         Ok(CommandResult::Failure) => ExitCode::FAILURE,
+        // `gitplane drift` found drift: apart from failures, for cron jobs and CI.
+        Ok(CommandResult::Drifted) => ExitCode::from(2),
         Err(e) => {
             eprintln!("error: {}", message(&anyhow::Error::from(e)));
             ExitCode::FAILURE

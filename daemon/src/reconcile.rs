@@ -1969,7 +1969,7 @@ fn answer_in_process(
 
 /// `initial_delay * 2^(n-1)`, capped at `max_delay`, times a random factor in [0.5, 1.5) so
 /// resources that failed together do not retry together.
-fn backoff(retry: &RetryPolicy, failures: u32, salt: &str) -> Duration {
+pub(crate) fn backoff(retry: &RetryPolicy, failures: u32, salt: &str) -> Duration {
     let exp = retry
         .initial_delay
         .saturating_mul(1u32 << failures.saturating_sub(1).min(20));

@@ -287,6 +287,10 @@ impl Store {
                         "DELETE FROM operation WHERE deployment_id IN ({GONE})"
                     ))?
                     .execute(params![env, cut])?;
+                tx.prepare_cached(&format!(
+                    "DELETE FROM drift_finding WHERE deployment_id IN ({GONE})"
+                ))?
+                .execute(params![env, cut])?;
                 pruned.deployments += tx
                     .prepare_cached(&format!("DELETE FROM deployment WHERE id IN ({GONE})"))?
                     .execute(params![env, cut])?;

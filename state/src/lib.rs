@@ -27,6 +27,7 @@ use serde_json::Value;
 use crate::db::{Conn, DbError, DbResult, FromCell, OptionalExtension, Params, Row, Tx, params};
 
 pub use copy::{CopyError, CopyReport, copied_tables, copy_state};
+pub use drift::{DetectRun, DetectRunRecord, DriftFinding};
 pub use figures::Figures;
 pub use fingerprint::AppFingerprint;
 pub use history::{LinkChanges, Pruned, Retention};
@@ -1046,6 +1047,7 @@ impl Store {
         self.conn
             .prepare_cached(
                 "SELECT commit_id FROM deployment WHERE env = ?1 AND status = 'succeeded'
+                   AND drift_mode IS NULL
                  ORDER BY id DESC LIMIT 1",
             )
             .and_then(|mut s| s.query_row([env], |r| r.get(0)).optional())
@@ -1245,7 +1247,8 @@ impl Store {
     pub fn latest_deployment(&self, env: &str) -> Result<Option<DeploymentRecord>> {
         let id: Option<i64> = self
             .conn
-            .prepare_cached("SELECT MAX(id) FROM deployment WHERE env = ?1")
+            // A detect run looked and changed nothing: the environment is as the one before.
+            .prepare_cached("SELECT MAX(id) FROM deployment WHERE env = ?1 AND drift_mode IS NULL")
             .and_then(|mut s| s.query_row([env], |r| r.get(0)).optional())
             .map_err(self.err())?
             .flatten();
@@ -1360,6 +1363,8 @@ pub enum ReportView {
     Consumers,
     Orphans,
     Drift,
+    /// What the newest detect-only drift run of each environment found.
+    DriftDetected,
 }
 
 impl ReportView {
@@ -1373,6 +1378,7 @@ impl ReportView {
             ReportView::Consumers => "consumers",
             ReportView::Orphans => "orphans",
             ReportView::Drift => "drift",
+            ReportView::DriftDetected => "drift_detected",
         }
     }
 

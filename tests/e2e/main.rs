@@ -11,6 +11,7 @@ mod changes;
 mod choosing;
 mod compat_files;
 mod daemon;
+mod drift;
 mod explain;
 mod failover;
 mod guard;

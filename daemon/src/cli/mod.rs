@@ -322,6 +322,16 @@ pub enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Run one drift run of each environment now, at its last good commit: as its file's
+    /// `drift:` says (correct or detect), or detect-only with --detect. Exits 0 when nothing
+    /// differs, 2 when drift was found, 1 on errors.
+    Drift {
+        #[command(flatten)]
+        common: Common,
+        /// Only detect and record what differs, whatever the environment's `drift:` says.
+        #[arg(long)]
+        detect: bool,
+    },
     /// Look after the state file.
     State {
         #[command(subcommand)]
@@ -485,6 +495,8 @@ pub enum CommandResult {
     Success,
     /// The command ran and reported a failure (invalid commit, failed resources).
     Failure,
+    /// `gitplane drift` found resources that differ from what was recorded (exit code 2).
+    Drifted,
 }
 
 pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
@@ -613,6 +625,7 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             format,
             show_secrets,
         } => manifests::manifests(&common.context()?, &apps, format, show_secrets, stdout),
+        Command::Drift { common, detect } => drift(&common.context()?, detect, stdout),
         Command::State {
             action: StateCommand::Vacuum { common, keep },
         } => vacuum(&common.context()?, keep.as_deref(), stdout),
@@ -1323,6 +1336,140 @@ fn resolve(
     apply_targets(&scoped, &mut store, commit.id(), &targets, &options, stdout)
 }
 
+/// `gitplane drift`: one drift run of each environment (`--env`, else every recorded one) at
+/// its last good commit, under the environment's lock.
+fn drift(ctx: &Context, detect: bool, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
+    let mut store = existing_store(ctx)?;
+    let known = store.environments()?;
+    for env in &ctx.envs {
+        if !known.contains(env) {
+            return Err(CliError::UnknownStateEnv {
+                env: env.clone(),
+                state: store.path().to_owned(),
+                known: known.join(", "),
+            });
+        }
+    }
+    let envs = if ctx.envs.is_empty() {
+        known
+    } else {
+        ctx.envs.clone()
+    };
+    let settings = Settings::from_config(&ctx.host);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .map_err(CliError::Runtime)?;
+    let mut outcome = CommandResult::Success;
+    for env in &envs {
+        let _lock = ApplyLock::acquire(&ctx.state, env, false)?;
+        let Some(commit) = store.last_good_commit(env)? else {
+            writeln!(
+                stdout,
+                "{env}: no deployment succeeded yet: nothing to compare"
+            )?;
+            continue;
+        };
+        let one = Context {
+            envs: vec![env.clone()],
+            ..ctx.clone()
+        };
+        let resolved = Commit::resolve(&one, Some(&commit), Some(&store))?;
+        let targets = match targets(&one, &resolved, Some(&store), Reach::Whole)? {
+            Ok(targets) => targets,
+            Err(rejected) => {
+                report_rejected(resolved.id(), &rejected);
+                outcome = CommandResult::Failure;
+                continue;
+            }
+        };
+        for target in &targets {
+            let mode = if detect {
+                crate::model::DriftMode::Detect
+            } else {
+                target.graph.drift
+            };
+            if mode == crate::model::DriftMode::Correct {
+                let options = ApplyOptions {
+                    drift: true,
+                    ..ApplyOptions::default()
+                };
+                let ran = apply_targets(
+                    &one,
+                    &mut store,
+                    resolved.id(),
+                    std::slice::from_ref(target),
+                    &options,
+                    stdout,
+                )?;
+                let corrected = match store.latest_deployment(env)? {
+                    Some(d) => store.outputs_changed(d.id)?.len(),
+                    None => 0,
+                };
+                writeln!(
+                    stdout,
+                    "{env}: drift: {corrected} resource(s) had changed and were corrected"
+                )?;
+                outcome = worse(outcome, ran);
+                if corrected > 0 {
+                    outcome = worse(outcome, CommandResult::Drifted);
+                }
+                continue;
+            }
+            let report = runtime.block_on(crate::drift::detect(
+                &mut store,
+                &ctx.drivers,
+                &settings,
+                target,
+                resolved.id(),
+                &Default::default(),
+            ))?;
+            for f in &report.findings {
+                writeln!(
+                    stdout,
+                    "{env}: {}: {} ({}): {}",
+                    f.label,
+                    f.finding.what.as_str(),
+                    f.finding.source.as_str(),
+                    f.finding.detail
+                )?;
+            }
+            for failure in &report.failures {
+                eprintln!("error: {env}: {failure}");
+            }
+            writeln!(
+                stdout,
+                "{env}: drift run {} (detect) at {}: {} resource(s) differ, {} as recorded, \
+                 {} not read; nothing was changed",
+                report.deployment,
+                output::short(resolved.id()),
+                report.resources(),
+                report.unchanged,
+                report.failures.len()
+            )?;
+            if !report.failures.is_empty() {
+                outcome = worse(outcome, CommandResult::Failure);
+            }
+            if !report.findings.is_empty() {
+                outcome = worse(outcome, CommandResult::Drifted);
+            }
+        }
+    }
+    Ok(outcome)
+}
+
+/// The outcome that says more: drift found over a failure over success, so a cron job can
+/// tell "drift" (2) apart.
+fn worse(a: CommandResult, b: CommandResult) -> CommandResult {
+    use CommandResult::*;
+    match (a, b) {
+        (Drifted, _) | (_, Drifted) => Drifted,
+        (Failure, _) | (_, Failure) => Failure,
+        _ => Success,
+    }
+}
+
 /// `gitplane history`: deployments per commit, newest first.
 fn history(
     ctx: &Context,
@@ -1338,10 +1485,29 @@ fn history(
     if !ctx.envs.is_empty() {
         pins.retain(|p| ctx.envs.contains(&p.env));
     }
+    // Detect-only drift runs, said as such: they changed nothing.
+    let detect_runs: std::collections::BTreeMap<i64, gitplane_state::DetectRun> = store
+        .detect_runs(None)?
+        .into_iter()
+        .map(|r| (r.deployment, r))
+        .collect();
     match format {
         Format::Json => {
-            let mut items: Vec<serde_json::Value> =
-                deployments.iter().map(output::history_json).collect();
+            let mut items: Vec<serde_json::Value> = deployments
+                .iter()
+                .map(|d| {
+                    let mut item = output::history_json(d);
+                    if let (Some(run), Some(fields)) =
+                        (detect_runs.get(&d.id), item.as_object_mut())
+                    {
+                        fields.insert("kind".into(), "drift".into());
+                        fields.insert("drift_mode".into(), "detect".into());
+                        fields.insert("findings".into(), run.findings.into());
+                        fields.insert("resources_differ".into(), run.resources.into());
+                    }
+                    item
+                })
+                .collect();
             workflow::history_json_pins(&mut items, &pins);
             writeln!(
                 stdout,
@@ -1352,12 +1518,36 @@ fn history(
         }
         Format::Table => {
             write!(stdout, "{}", output::history_table(&deployments))?;
+            for d in &deployments {
+                if let Some(run) = detect_runs.get(&d.id) {
+                    writeln!(
+                        stdout,
+                        "deployment {}: drift run (detect): {} finding(s), {} resource(s) \
+                         differ; nothing was changed",
+                        d.id, run.findings, run.resources
+                    )?;
+                }
+            }
             if !pins.is_empty() {
                 write!(stdout, "\npins:\n{}", workflow::history_lines(&pins))?;
             }
         }
     }
     Ok(CommandResult::Success)
+}
+
+/// `drift: 2 resources differ (detected T, not corrected)`, from the newest detect run.
+fn detect_line(run: &gitplane_state::DetectRun) -> String {
+    let at = run.finished_at.as_deref().unwrap_or("-");
+    if run.resources == 0 {
+        format!("drift: none detected (checked {at})")
+    } else {
+        format!(
+            "drift: {} resource(s) differ (detected {at}, not corrected); \
+             `gitplane report drift-detected` lists them",
+            run.resources
+        )
+    }
 }
 
 fn status(
@@ -1395,7 +1585,15 @@ fn status(
             .find(|p| &p.env == env && p.unpinned_at.is_none());
         let preview = previews.iter().find(|p| &p.env == env);
         let resources = store.resources_without_secrets(env)?;
-        let deployments = store.deployments(Some(env))?;
+        let detected = store.last_detect_run(env)?;
+        let mut deployments = store.deployments(Some(env))?;
+        // A detect run changed nothing: the environment is as the deployment before it left it.
+        let detect_ids: Vec<i64> = store
+            .detect_runs(Some(env))?
+            .iter()
+            .map(|r| r.deployment)
+            .collect();
+        deployments.retain(|d| !detect_ids.contains(&d.id));
         let commit = output::state_commit(&deployments);
         let lease = leases.get(env);
         let postgres = store.backend() == gitplane_state::db::Backend::Postgres;
@@ -1424,8 +1622,25 @@ fn status(
                     &resources,
                 );
                 workflow::status_fields(&mut status, pin, preview);
-                json.push(status)
+                if let (Some(run), Some(fields)) = (&detected, status.as_object_mut()) {
+                    fields.insert(
+                        "drift".into(),
+                        serde_json::json!({
+                            "deployment": run.deployment,
+                            "commit": run.commit_id,
+                            "detected_at": run.finished_at,
+                            "status": run.status,
+                            "resources_differ": run.resources,
+                            "findings": run.findings,
+                            "corrected": false,
+                        }),
+                    );
+                }
+                json.push(status);
             }
+        }
+        if let (Format::Table, Some(run)) = (format, &detected) {
+            writeln!(stdout, "  {}", detect_line(run))?;
         }
     }
     if format == Format::Json {

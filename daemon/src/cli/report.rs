@@ -21,6 +21,8 @@ pub enum ReportName {
     Consumers,
     Orphans,
     Drift,
+    /// What the newest detect-only drift run of each environment found.
+    DriftDetected,
 }
 
 impl ReportName {
@@ -33,6 +35,7 @@ impl ReportName {
             ReportName::Consumers => ReportView::Consumers,
             ReportName::Orphans => ReportView::Orphans,
             ReportName::Drift => ReportView::Drift,
+            ReportName::DriftDetected => ReportView::DriftDetected,
         }
     }
 

@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::{Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, PutOutcome};
+use super::{Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, PutOutcome, ReadOutcome};
 
 /// Provisions nothing; it passes its inputs through, as Humanitec's `humanitec/echo` does.
 #[derive(Debug, Clone, Copy, Default)]
@@ -16,6 +16,11 @@ fn object_or_empty(v: &Value) -> Value {
 }
 
 impl Driver for EchoDriver {
+    /// Its outputs are a pure function of the request: reading is computing them again.
+    fn read(&self, request: &DriverRequest<'_>) -> Result<ReadOutcome, DriverError> {
+        super::read_by_recomputing(self, request)
+    }
+
     fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
         Ok(PutOutcome::Done {
             outputs: object_or_empty(request.values),

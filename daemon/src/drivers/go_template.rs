@@ -10,7 +10,9 @@ use serde_json::{Map, Value, json};
 
 use super::gotemplate::GoTemplate;
 use super::template::{cookie_of, kind, parse_rendered, previous_cookie, split_templates};
-use super::{Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, Manifest, PutOutcome};
+use super::{
+    Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, Manifest, PutOutcome, ReadOutcome,
+};
 
 /// The templates `values.templates` may hold, in the order they are rendered.
 const VALUE_TEMPLATES: [&str; 5] = ["init", "manifests", "outputs", "secrets", "cookie"];
@@ -22,6 +24,11 @@ const SECRET_TEMPLATES: [&str; 1] = ["outputs"];
 pub struct GoTemplateDriver;
 
 impl Driver for GoTemplateDriver {
+    /// Its outputs are a pure function of the request: reading is computing them again.
+    fn read(&self, request: &DriverRequest<'_>) -> Result<ReadOutcome, DriverError> {
+        super::read_by_recomputing(self, request)
+    }
+
     fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
         let (values, value_templates) =
             split_templates(request.values, "values", &VALUE_TEMPLATES)?;

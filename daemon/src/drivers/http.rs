@@ -23,7 +23,7 @@ use ureq::{Agent, Body};
 
 use super::{
     Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, ErrorKind, MAX_COOKIE_BYTES,
-    Manifest, PutOutcome,
+    Manifest, PutOutcome, ReadOutcome,
 };
 
 /// The request header that gives the cookie back to the remote driver.
@@ -146,6 +146,39 @@ impl Driver for HttpDriver {
                 cookie: call.cookie(&response)?,
             }),
             _ => Err(call.status_error(&mut response, "204, 202 or 404")),
+        }
+    }
+
+    /// `GET <url>/<GUResID>`: `200` with a put's answer is the resource now, `404` or `410`
+    /// says it is gone, `405` or `501` that the remote driver has no read path.
+    fn read(&self, request: &DriverRequest<'_>) -> Result<ReadOutcome, DriverError> {
+        let call = self.call("GET", request);
+        let mut builder = self.agent.get(&call.url);
+        if let Some(cookie) = request.cookie {
+            builder = builder.header(COOKIE_HEADER, cookie);
+        }
+        let mut response = builder.call().map_err(|e| call.transport_error(e))?;
+        let status = response.status();
+        match status.as_u16() {
+            200 => {
+                let bytes = call.read_body(&mut response)?;
+                let (outputs, secret_outputs, _) = parse_put_response(&bytes).map_err(|why| {
+                    call.error(
+                        ErrorKind::Final,
+                        format!(
+                            "{}: the response is not {RESPONSE_SHAPE}: {why}",
+                            status_text(status)
+                        ),
+                    )
+                })?;
+                Ok(ReadOutcome::Found {
+                    outputs,
+                    secret_outputs,
+                })
+            }
+            404 | 410 => Ok(ReadOutcome::Missing),
+            405 | 501 => Ok(ReadOutcome::NoReadPath),
+            _ => Err(call.status_error(&mut response, "200, 404, 405 or 501")),
         }
     }
 }
@@ -660,6 +693,49 @@ mod tests {
                 "secret {secret:?} in {:?}",
                 error.message
             );
+        }
+    }
+
+    #[test]
+    fn read_gets_the_resource_with_the_cookie_and_tells_missing_from_no_read_path() {
+        let (url, server) = serve(vec![
+            reply(200, done_body()),
+            reply(404, ""),
+            reply(410, ""),
+            reply(405, ""),
+            reply(501, ""),
+            reply(503, "busy with hunter2-very-secret"),
+        ]);
+        let mut inputs = inputs();
+        inputs.cookie = Some("c1".to_owned());
+        let driver = driver(&url);
+        let outcome = driver.read(&inputs.request()).unwrap();
+        let ReadOutcome::Found {
+            outputs,
+            secret_outputs,
+        } = outcome
+        else {
+            panic!("a 200 is the resource now: {outcome:?}");
+        };
+        assert!(outputs.is_object() && secret_outputs.is_object());
+        for want in [
+            ReadOutcome::Missing,
+            ReadOutcome::Missing,
+            ReadOutcome::NoReadPath,
+            ReadOutcome::NoReadPath,
+        ] {
+            assert_eq!(driver.read(&inputs.request()).unwrap(), want);
+        }
+        let err = driver.read(&inputs.request()).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Transient);
+        assert!(!err.message.contains("hunter2"), "{}", err.message);
+        let seen = server.join().unwrap();
+        assert_eq!(seen.len(), 6);
+        for s in &seen {
+            assert_eq!(s.method, "GET");
+            assert_eq!(s.path, format!("/queue/{GURESID}"));
+            assert_eq!(s.cookie.as_deref(), Some("c1"));
+            assert_eq!(s.body, Value::Null, "a read sends no inputs");
         }
     }
 

@@ -193,6 +193,20 @@ pub enum DeleteOutcome {
     InProgress { cookie: Cookie },
 }
 
+/// The answer to a read: what the driver says the resource is now, without changing it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReadOutcome {
+    /// It exists, with these outputs (JSON objects).
+    Found {
+        outputs: Value,
+        secret_outputs: Value,
+    },
+    /// The driver says it does not exist.
+    Missing,
+    /// The driver cannot tell without changing something: compare what was recorded instead.
+    NoReadPath,
+}
+
 /// Whether calling again may help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -243,6 +257,13 @@ pub trait Driver: Send + Sync {
     /// Deletes the resource; deleting one that does not exist succeeds.
     fn delete(&self, request: &DriverRequest<'_>) -> Result<DeleteOutcome, DriverError>;
 
+    /// Reads what the resource is now, changing nothing anywhere: a detect-only drift run
+    /// compares it with what was recorded. Drivers that cannot read without a side effect
+    /// keep this default.
+    fn read(&self, _request: &DriverRequest<'_>) -> Result<ReadOutcome, DriverError> {
+        Ok(ReadOutcome::NoReadPath)
+    }
+
     /// Whether a call only computes its answer from the request, at once (no I/O, no wait, no
     /// unbounded work): the reconciler then makes it in place rather than on a blocking thread,
     /// which for 50 000 resources saves a second of handing calls around.
@@ -265,9 +286,32 @@ impl Driver for ProvidedDriver {
         Ok(DeleteOutcome::Done)
     }
 
+    fn read(&self, request: &DriverRequest<'_>) -> Result<ReadOutcome, DriverError> {
+        EchoDriver.read(request)
+    }
+
     fn in_process(&self) -> bool {
         true
     }
+}
+
+/// A read by recomputing: for drivers whose outputs are a pure function of the request, with
+/// no side effect, what a put would answer is what the resource is.
+pub(crate) fn read_by_recomputing(
+    driver: &dyn Driver,
+    request: &DriverRequest<'_>,
+) -> Result<ReadOutcome, DriverError> {
+    Ok(match driver.put(request)? {
+        PutOutcome::Done {
+            outputs,
+            secret_outputs,
+            ..
+        } => ReadOutcome::Found {
+            outputs,
+            secret_outputs,
+        },
+        PutOutcome::InProgress { .. } => ReadOutcome::NoReadPath,
+    })
 }
 
 /// A driver and how many calls it may have running at once.

@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 
 use super::{
     Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, MAX_COOKIE_BYTES, PutOutcome,
+    ReadOutcome,
 };
 
 /// The templates `values.templates` may hold, in the order they are rendered.
@@ -23,6 +24,11 @@ const SECRET_TEMPLATES: [&str; 1] = ["outputs"];
 pub struct TemplateDriver;
 
 impl Driver for TemplateDriver {
+    /// Its outputs are a pure function of the request: reading is computing them again.
+    fn read(&self, request: &DriverRequest<'_>) -> Result<ReadOutcome, DriverError> {
+        super::read_by_recomputing(self, request)
+    }
+
     fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
         let (values, value_templates) =
             split_templates(request.values, "values", &VALUE_TEMPLATES)?;

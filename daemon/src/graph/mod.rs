@@ -265,6 +265,8 @@ pub struct ResourceGraph {
     pub deletion_threshold: f64,
     /// The environment's drift schedule.
     pub schedule: Option<crate::model::Schedule>,
+    /// What its drift runs do: correct or only detect.
+    pub drift: crate::model::DriftMode,
     dag: Dag<ResourceNode, EdgeKind>,
     index: HashMap<GuresId, NodeIndex>,
     /// Provisioning order: each node after everything it depends on. The one topological order
@@ -290,6 +292,7 @@ impl ResourceGraph {
             org: crate::model::DEFAULT_ORG.to_owned(),
             deletion_threshold: 0.0,
             schedule: None,
+            drift: Default::default(),
             dag: Dag::new(),
             index: HashMap::new(),
             order: Vec::new(),
@@ -455,6 +458,7 @@ impl ResourceGraph {
             org: org.to_owned(),
             deletion_threshold: env.deletion_threshold,
             schedule: env.schedule.clone(),
+            drift: env.drift,
             dag,
             index,
             order,

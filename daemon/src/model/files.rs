@@ -32,6 +32,8 @@ struct EnvironmentFile {
     /// when `gitplane.yaml` gives a default.
     #[serde(default, deserialize_with = "present")]
     schedule: Option<Option<String>>,
+    /// What a drift run does: `correct` (re-apply, the default) or `detect` (only record).
+    drift: Option<String>,
     deletion_guard: Option<DeletionGuardFile>,
     /// Resources shared by every app of the environment, by name.
     #[serde(default)]
@@ -100,6 +102,7 @@ const VALUE_SIZE_SETTING: &str = "limits.value_size in gitplane.yaml";
 struct EnvironmentDefaultsFile {
     implicit_resources: Option<Vec<String>>,
     schedule: Option<String>,
+    drift: Option<String>,
     deletion_guard: Option<DeletionGuardFile>,
 }
 
@@ -108,6 +111,7 @@ struct EnvironmentDefaultsFile {
 pub(super) struct EnvironmentDefaults {
     implicit_resources: Option<Vec<String>>,
     schedule: Option<super::Schedule>,
+    drift: Option<super::DriftMode>,
     threshold: Option<f64>,
 }
 
@@ -116,6 +120,7 @@ pub(super) struct EnvironmentDefaults {
 pub(super) struct Explicit {
     implicit_resources: bool,
     schedule: bool,
+    drift: bool,
     threshold: bool,
 }
 
@@ -591,12 +596,23 @@ impl Loader {
                 }
             },
         };
+        let drift = match defaults.drift {
+            None => None,
+            Some(d) => match super::DriftMode::parse(&d) {
+                Ok(d) => Some(d),
+                Err(reason) => {
+                    self.error(at("drift:"), LoadErrorKind::Invalid(reason));
+                    None
+                }
+            },
+        };
         if self.errors.len() > before {
             return;
         }
         self.defaults = Some(EnvironmentDefaults {
             implicit_resources: defaults.implicit_resources,
             schedule,
+            drift,
             threshold,
         });
     }
@@ -631,6 +647,7 @@ impl Loader {
         let explicit = Explicit {
             implicit_resources: file.implicit_resources.is_some(),
             schedule: file.schedule.is_some(),
+            drift: file.drift.is_some(),
             threshold: file
                 .deletion_guard
                 .as_ref()
@@ -670,6 +687,25 @@ impl Loader {
                     return;
                 }
             },
+        };
+        let drift = match file.drift.as_deref().map(super::DriftMode::parse) {
+            None => super::DriftMode::default(),
+            Some(Ok(mode)) => mode,
+            Some(Err(reason)) => {
+                self.error(
+                    SourceLocation {
+                        file: path.into(),
+                        line: file
+                            .drift
+                            .as_deref()
+                            .and_then(|d| super::line_of_key_value(text, "drift", d))
+                            .or_else(|| line_of(text, "drift:")),
+                        column: None,
+                    },
+                    LoadErrorKind::Invalid(reason),
+                );
+                return;
+            }
         };
         let mut shared_resources = BTreeMap::new();
         for (name, r) in file.shared_resources {
@@ -723,6 +759,7 @@ impl Loader {
             id,
             deletion_threshold: threshold,
             schedule,
+            drift,
             shared_resources,
             env_type: file.env_type,
             apps: file.apps,
@@ -1402,6 +1439,9 @@ impl EnvironmentDefaults {
         if let (false, Some(schedule)) = (explicit.schedule, &self.schedule) {
             env.schedule = Some(schedule.clone());
         }
+        if let (false, Some(drift)) = (explicit.drift, self.drift) {
+            env.drift = drift;
+        }
         if let (false, Some(threshold)) = (explicit.threshold, self.threshold) {
             env.deletion_threshold = threshold;
         }
@@ -1811,6 +1851,52 @@ mod tests {
                 crate::model::DEFAULT_DELETION_THRESHOLD
             );
         }
+    }
+
+    #[test]
+    fn drift_mode_is_correct_unless_a_file_or_the_defaults_say_detect() {
+        use crate::model::DriftMode;
+        let repo = load_ok(&[ENV]);
+        assert_eq!(repo.environments[0].drift, DriftMode::Correct);
+        let repo = load_ok(&[(
+            "environments/dev.yaml",
+            "type: development\ndrift: detect\n",
+        )]);
+        assert_eq!(repo.environments[0].drift, DriftMode::Detect);
+        let settings = "environment_defaults:\n  drift: detect\n";
+        let repo = load_ok(&[
+            ("gitplane.yaml", settings),
+            ("environments/dev.yaml", "type: development\n"),
+            (
+                "environments/prod.yaml",
+                "type: production\ndrift: correct\n",
+            ),
+        ]);
+        let env = |id: &str| repo.environments.iter().find(|e| e.id == id).unwrap();
+        assert_eq!(env("dev").drift, DriftMode::Detect);
+        assert_eq!(env("prod").drift, DriftMode::Correct);
+    }
+
+    #[test]
+    fn a_bad_drift_mode_names_its_line() {
+        let errors = load_errors(&[(
+            "environments/dev.yaml",
+            "type: development\n# drift: how drift runs go\ndrift: fix\n",
+        )]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("environments/dev.yaml:3: drift 'fix' is not a drift mode"),
+            "{errors:?}"
+        );
+        let errors = load_errors(&[
+            ("gitplane.yaml", "environment_defaults:\n  drift: Detect\n"),
+            ENV,
+        ]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("gitplane.yaml:2: drift 'Detect'"),
+            "{errors:?}"
+        );
     }
 
     #[test]

@@ -30,6 +30,38 @@ pub const DEFAULT_ORG: &str = "gitplane";
 /// The share (percent) of an environment's resources a commit may delete before it is held.
 pub const DEFAULT_DELETION_THRESHOLD: f64 = 50.0;
 
+/// What a drift run of an environment does (`drift:` in its file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DriftMode {
+    /// Re-apply the last good commit, calling every driver, so drivers repair what changed.
+    #[default]
+    Correct,
+    /// Read each resource (or compare what was recorded) and record what differs; change
+    /// nothing.
+    Detect,
+}
+
+impl DriftMode {
+    pub fn parse(text: &str) -> Result<DriftMode, String> {
+        match text {
+            "correct" => Ok(DriftMode::Correct),
+            "detect" => Ok(DriftMode::Detect),
+            _ => Err(format!(
+                "drift '{}' is not a drift mode: write `correct` (re-apply on the schedule, the \
+                 default) or `detect` (only record what differs)",
+                text.chars().take(40).collect::<String>()
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriftMode::Correct => "correct",
+            DriftMode::Detect => "detect",
+        }
+    }
+}
+
 /// A cron schedule for drift runs, as written and as parsed.
 #[derive(Debug, Clone)]
 pub struct Schedule {
@@ -388,6 +420,8 @@ pub struct Environment {
     pub implicit_resources: Vec<String>,
     /// Drift runs re-apply the last good commit on this schedule.
     pub schedule: Option<Schedule>,
+    /// What a drift run does here: set right what changed, or only record it.
+    pub drift: DriftMode,
     /// Resources the platform team declares for every app of the environment, by name.
     pub shared_resources: BTreeMap<String, SharedResource>,
     /// Percent of the recorded resources a commit may delete before it is held.

@@ -1,0 +1,487 @@
+//! Drift runs that only detect (`drift: detect`, `gitplane drift --detect`): the real binary
+//! reads each resource through a real HTTP driver (`GET`), records what differs, and changes
+//! nothing; `drift: correct` still re-applies. The driver here keeps its resources in memory so
+//! a test can change one "outside gitplane".
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::daemon::Daemon;
+use crate::util::Sandbox;
+
+/// The secret output the driver gives, and the one it is changed to outside gitplane.
+const PASSWORD: &str = "pw-original-5ecret";
+const ROTATED: &str = "pw-rotated-outside-5ecret";
+
+#[derive(Default)]
+struct Resources {
+    /// GUResID -> (values, secrets).
+    live: HashMap<String, (Value, Value)>,
+    /// Every request's method, in order.
+    methods: Vec<String>,
+}
+
+/// An HTTP driver that provisions into memory and answers `GET` with what it holds (or `405`
+/// when it has no read path).
+struct ReadingDriver {
+    url: String,
+    resources: Arc<Mutex<Resources>>,
+}
+
+impl ReadingDriver {
+    fn start(read_path: bool) -> ReadingDriver {
+        let server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = server.server_addr().to_ip().expect("an IP address").port();
+        let resources: Arc<Mutex<Resources>> = Arc::default();
+        let shared = resources.clone();
+        thread::spawn(move || {
+            for mut request in server.incoming_requests() {
+                let method = request.method().to_string();
+                let guresid = request.url().rsplit('/').next().unwrap_or("").to_owned();
+                let mut text = String::new();
+                let _ = request.as_reader().read_to_string(&mut text);
+                let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                let (status, answer) = {
+                    let mut r = shared.lock().unwrap_or_else(|e| e.into_inner());
+                    r.methods.push(method.clone());
+                    match method.as_str() {
+                        "PUT" => {
+                            let values = json!({
+                                "host": format!("db-{}", &guresid[..8]),
+                                "port": 5432,
+                                "echo": body["driver"]["values"],
+                            });
+                            let secrets = json!({"password": PASSWORD});
+                            r.live
+                                .insert(guresid.clone(), (values.clone(), secrets.clone()));
+                            (200, answer(&guresid, &values, &secrets))
+                        }
+                        "GET" if !read_path => (405, json!({"message": "no read path"})),
+                        "GET" => match r.live.get(&guresid) {
+                            Some((values, secrets)) => (200, answer(&guresid, values, secrets)),
+                            None => (404, json!({"message": "no such resource"})),
+                        },
+                        "DELETE" => {
+                            r.live.remove(&guresid);
+                            (204, Value::Null)
+                        }
+                        _ => (405, json!({})),
+                    }
+                };
+                let text = if status == 204 {
+                    String::new()
+                } else {
+                    answer.to_string()
+                };
+                let _ = request
+                    .respond(tiny_http::Response::from_string(text).with_status_code(status));
+            }
+        });
+        ReadingDriver {
+            url: format!("http://127.0.0.1:{port}/driver"),
+            resources,
+        }
+    }
+
+    fn methods(&self) -> Vec<String> {
+        self.lock().methods.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Resources> {
+        self.resources.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Someone changes the one resource outside gitplane: its host and its password.
+    fn tamper(&self) {
+        let mut r = self.lock();
+        assert_eq!(r.live.len(), 1, "one resource lives at the driver");
+        for (values, secrets) in r.live.values_mut() {
+            values["host"] = json!("db-moved-by-hand");
+            secrets["password"] = json!(ROTATED);
+        }
+    }
+
+    fn host(&self) -> Value {
+        let r = self.lock();
+        r.live
+            .values()
+            .next()
+            .map(|(v, _)| v["host"].clone())
+            .unwrap_or(Value::Null)
+    }
+}
+
+fn answer(guresid: &str, values: &Value, secrets: &Value) -> Value {
+    json!({"id": guresid, "type": "postgres", "resource": {"values": values, "secrets": secrets}})
+}
+
+/// A platform of one app: a workload (echo) reading a postgres the HTTP driver provisions.
+fn platform(sb: &Sandbox, driver: &ReadingDriver, env_file: &str) -> String {
+    sb.write(
+        "host.yaml",
+        &format!(
+            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 2s}}\n\
+             retry: {{attempts: 2, initial_delay: 10ms, max_delay: 20ms, poll_interval: 10ms}}\n",
+            driver.url
+        ),
+    );
+    sb.write("environments/test.yaml", env_file);
+    sb.write(
+        "definitions/platform.yaml",
+        "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: pg\nentity:\n  \
+         type: postgres\n  driver_type: test/http\n  driver_inputs:\n    values:\n      \
+         size: small\n  criteria:\n    - {}\n---\n\
+         apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: wl\nentity:\n  \
+         type: workload\n  driver_type: echo\n  driver_inputs:\n    values:\n      \
+         namespace: shop\n  criteria:\n    - {}\n",
+    );
+    sb.write(
+        "workloads/shop/api.yaml",
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: api\ncontainers:\n  main:\n    \
+         image: x\n    variables:\n      DB_HOST: ${resources.db.host}\n      \
+         DB_PASSWORD: ${resources.db.password}\nresources:\n  db:\n    type: postgres\n",
+    );
+    sb.commit("A platform with an HTTP-driven database")
+}
+
+fn config(sb: &Sandbox) -> String {
+    sb.work.join("host.yaml").to_str().unwrap().to_owned()
+}
+
+/// Everything a person or a program can read of the state and the commands, for secrets.
+fn everything_shown(sb: &Sandbox) -> String {
+    let c = config(sb);
+    let mut all = String::new();
+    for args in [
+        vec!["status", "--config", &c],
+        vec!["status", "--config", &c, "--format", "json"],
+        vec!["history", "--config", &c],
+        vec!["history", "--config", &c, "--format", "json"],
+        vec!["report", "drift-detected", "--config", &c],
+        vec![
+            "report",
+            "drift-detected",
+            "--config",
+            &c,
+            "--format",
+            "json",
+        ],
+        vec![
+            "report",
+            "drift-detected",
+            "--config",
+            &c,
+            "--format",
+            "csv",
+        ],
+    ] {
+        let run = sb.gitplane(&args).ok();
+        all.push_str(&run.stdout);
+        all.push_str(&run.stderr);
+    }
+    for row in sb.rows(
+        "SELECT deployment_id || ' ' || guresid || ' ' || what || ' ' || source || ' ' || detail \
+         FROM drift_finding",
+    ) {
+        all.push_str(&row.join(" "));
+    }
+    all
+}
+
+#[test]
+fn detect_records_what_changed_outside_and_changes_nothing() {
+    let sb = Sandbox::new();
+    let driver = ReadingDriver::start(true);
+    platform(
+        &sb,
+        &driver,
+        "type: test\nimplicit_resources: []\ndrift: detect\n",
+    );
+    let c = config(&sb);
+    sb.gitplane(&["apply", "--config", &c]).ok();
+    // As applied, nothing differs: exit 0.
+    sb.gitplane(&["drift", "--config", &c, "--env", "test"])
+        .ok()
+        .stdout_has("0 resource(s) differ");
+
+    driver.tamper();
+    let outputs_before = sb.outputs("test", "modules.api.externals.db");
+    let resources_before = sb.rows("SELECT * FROM resource ORDER BY guresid");
+    let links_before = sb.rows("SELECT * FROM link ORDER BY consumer, provider");
+    let bindings_before = sb.count("SELECT COUNT(*) FROM binding");
+    let fingerprints_before = sb.rows("SELECT * FROM app_fingerprint");
+    let calls_before = driver.methods().len();
+
+    let run = sb.gitplane(&["drift", "--config", &c, "--env", "test"]);
+    assert_eq!(run.code, Some(2), "drift found is exit code 2:{run}");
+    run.stdout_has("modules.api.externals.db")
+        .stdout_has("host: \"db-")
+        .stdout_has("\"db-moved-by-hand\"")
+        .stdout_has("secret outputs differ: password")
+        .stdout_has("nothing was changed")
+        .hides(&[PASSWORD, ROTATED]);
+
+    // The driver was read, never written.
+    let during: Vec<String> = driver.methods()[calls_before..].to_vec();
+    assert!(during.iter().any(|m| m == "GET"), "{during:?}");
+    assert!(
+        during.iter().all(|m| m == "GET"),
+        "a detect run only reads: {during:?}"
+    );
+    assert_eq!(driver.host(), json!("db-moved-by-hand"));
+    // Nothing of what gitplane recorded moved.
+    assert_eq!(
+        sb.outputs("test", "modules.api.externals.db"),
+        outputs_before
+    );
+    assert_eq!(
+        sb.rows("SELECT * FROM resource ORDER BY guresid"),
+        resources_before
+    );
+    assert_eq!(
+        sb.rows("SELECT * FROM link ORDER BY consumer, provider"),
+        links_before
+    );
+    assert_eq!(sb.count("SELECT COUNT(*) FROM binding"), bindings_before);
+    assert_eq!(
+        sb.rows("SELECT * FROM app_fingerprint"),
+        fingerprints_before
+    );
+
+    // Recorded as a detect run with one finding per difference.
+    let findings = sb.rows(
+        "SELECT f.res_id, f.what, f.source, d.kind, d.drift_mode FROM drift_finding f \
+         JOIN deployment d ON d.id = f.deployment_id ORDER BY f.deployment_id DESC, f.what",
+    );
+    assert_eq!(
+        findings,
+        [
+            [
+                "modules.api.externals.db",
+                "outputs",
+                "driver",
+                "drift",
+                "detect"
+            ],
+            [
+                "modules.api.externals.db",
+                "secret outputs",
+                "driver",
+                "drift",
+                "detect"
+            ],
+        ]
+        .map(|r| r.map(str::to_owned).to_vec())
+    );
+    let detail = sb.column("SELECT detail FROM drift_finding WHERE what = 'outputs'");
+    assert!(
+        detail[0].contains("host") && detail[0].contains("db-moved-by-hand"),
+        "{detail:?}"
+    );
+
+    // status, history and the report say so.
+    sb.gitplane(&["status", "--config", &c])
+        .ok()
+        .stdout_has("drift: 1 resource(s) differ (detected ")
+        .stdout_has("not corrected");
+    let status = sb
+        .gitplane(&["status", "--config", &c, "--format", "json"])
+        .ok()
+        .json();
+    assert_eq!(status["drift"]["resources_differ"], json!(1), "{status}");
+    assert_eq!(status["drift"]["corrected"], json!(false));
+    sb.gitplane(&["history", "--config", &c])
+        .ok()
+        .stdout_has("drift run (detect): 2 finding(s), 1 resource(s) differ");
+    let history = sb
+        .gitplane(&["history", "--config", &c, "--format", "json"])
+        .ok()
+        .json();
+    let newest = &history[0];
+    assert_eq!(
+        (&newest["kind"], &newest["drift_mode"], &newest["findings"]),
+        (&json!("drift"), &json!("detect"), &json!(2)),
+        "{history}"
+    );
+    sb.gitplane(&["report", "drift-detected", "--config", &c])
+        .ok()
+        .stdout_has("modules.api.externals.db")
+        .stdout_has("secret outputs");
+    let report = sb
+        .gitplane(&[
+            "report",
+            "drift-detected",
+            "--config",
+            &c,
+            "--format",
+            "json",
+        ])
+        .ok()
+        .json();
+    assert_eq!(report.as_array().map(Vec::len), Some(2), "{report}");
+    sb.gitplane(&[
+        "report",
+        "drift-detected",
+        "--config",
+        &c,
+        "--format",
+        "csv",
+    ])
+    .ok()
+    .stdout_has("secret outputs");
+    // The correcting runs' report is not confused by a detect run.
+    let corrected = sb
+        .gitplane(&["report", "drift", "--config", &c, "--format", "json"])
+        .ok()
+        .json();
+    assert_eq!(corrected, json!([]));
+
+    let shown = everything_shown(&sb);
+    assert!(!shown.contains(PASSWORD) && !shown.contains(ROTATED));
+    sb.assert_state_bytes_hide(&[PASSWORD, ROTATED]);
+
+    // The next apply of a new commit is a normal deployment at the new commit, not a resumed
+    // detect run, and the last good commit is still the applied one.
+    sb.edit(
+        "environments/test.yaml",
+        "drift: detect\n",
+        "drift: detect\n# a comment\n",
+    );
+    let next = sb.commit("A comment");
+    sb.gitplane(&["apply", "--config", &c]).ok();
+    let last = sb.last_deployment("test");
+    assert_eq!(
+        (last.commit.as_str(), last.status.as_str()),
+        (next.as_str(), "succeeded")
+    );
+}
+
+#[test]
+fn drift_correct_still_re_applies() {
+    let sb = Sandbox::new();
+    let driver = ReadingDriver::start(true);
+    platform(&sb, &driver, "type: test\nimplicit_resources: []\n");
+    let c = config(&sb);
+    sb.gitplane(&["apply", "--config", &c]).ok();
+    driver.tamper();
+    let before = driver.methods().len();
+    sb.gitplane(&["drift", "--config", &c, "--env", "test"])
+        .ok()
+        .stdout_has("test: drift:");
+    let during: Vec<String> = driver.methods()[before..].to_vec();
+    assert!(during.iter().any(|m| m == "PUT"), "{during:?}");
+    // The driver set the resource back; nothing was recorded as detected.
+    assert_ne!(driver.host(), json!("db-moved-by-hand"));
+    assert_eq!(sb.count("SELECT COUNT(*) FROM drift_finding"), 0);
+    assert_eq!(
+        sb.count("SELECT COUNT(*) FROM deployment WHERE drift_mode IS NOT NULL"),
+        0
+    );
+
+    // --detect only looks, whatever the file says.
+    driver.tamper();
+    let before = driver.methods().len();
+    let run = sb.gitplane(&["drift", "--config", &c, "--env", "test", "--detect"]);
+    assert_eq!(run.code, Some(2), "{run}");
+    assert!(driver.methods()[before..].iter().all(|m| m == "GET"));
+}
+
+#[test]
+fn a_driver_without_read_path_falls_back_to_the_recorded_comparison() {
+    let sb = Sandbox::new();
+    let driver = ReadingDriver::start(false);
+    platform(
+        &sb,
+        &driver,
+        "type: test\nimplicit_resources: []\ndrift: detect\n",
+    );
+    let c = config(&sb);
+    sb.gitplane(&["apply", "--config", &c]).ok();
+    driver.tamper();
+    let before = driver.methods().len();
+    // The driver cannot tell; what was recorded agrees with itself: nothing found, exit 0,
+    // and no read is an error.
+    sb.gitplane(&["drift", "--config", &c, "--env", "test"])
+        .ok()
+        .stdout_has("0 resource(s) differ, 2 as recorded, 0 not read");
+    let during: Vec<String> = driver.methods()[before..].to_vec();
+    assert_eq!(during, ["GET"], "asked once, answered 405, never written");
+    assert_eq!(sb.count("SELECT COUNT(*) FROM drift_finding"), 0);
+}
+
+#[test]
+fn a_bad_drift_mode_is_refused_with_its_line_and_changes_nothing() {
+    let sb = Sandbox::new();
+    let driver = ReadingDriver::start(true);
+    platform(&sb, &driver, "type: test\nimplicit_resources: []\n");
+    let c = config(&sb);
+    sb.gitplane(&["apply", "--config", &c]).ok();
+    let resources = sb.rows("SELECT * FROM resource ORDER BY guresid");
+    let calls = driver.methods().len();
+    sb.write(
+        "environments/test.yaml",
+        "type: test\nimplicit_resources: []\ndrift: sometimes\n",
+    );
+    sb.commit("A drift mode that does not exist");
+    sb.gitplane(&["apply", "--config", &c])
+        .fails()
+        .stderr_has("environments/test.yaml:3: drift 'sometimes' is not a drift mode");
+    sb.gitplane(&["validate", "--config", &c])
+        .fails()
+        .stderr_has("environments/test.yaml:3:");
+    assert_eq!(
+        sb.rows("SELECT * FROM resource ORDER BY guresid"),
+        resources
+    );
+    assert_eq!(driver.methods().len(), calls);
+}
+
+#[test]
+fn the_daemon_detects_on_its_schedule() {
+    let sb = Sandbox::new();
+    let driver = ReadingDriver::start(true);
+    // Every second (six fields: with seconds).
+    platform(
+        &sb,
+        &driver,
+        "type: test\nimplicit_resources: []\ndrift: detect\nschedule: \"* * * * * *\"\n",
+    );
+    let c = config(&sb);
+    let origin = sb.origin.to_str().unwrap().to_owned();
+    let state = sb.state.to_str().unwrap().to_owned();
+    let mut daemon = Daemon::start(&sb, &["--config", &c, "--repo", &origin, "--state", &state]);
+    daemon.wait_for_log("deployment succeeded", Duration::from_secs(30));
+    daemon.wait_for_log("drift detected (not corrected)", Duration::from_secs(30));
+    let before = driver.methods().len();
+    driver.tamper();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sb.count("SELECT COUNT(*) FROM drift_finding") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no finding recorded:\n{}",
+            daemon.log()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let (code, _) = daemon.terminate();
+    assert_eq!(code, Some(0), "{}", daemon.log());
+    let during: Vec<String> = driver.methods()[before..].to_vec();
+    assert!(
+        during.iter().all(|m| m == "GET"),
+        "scheduled detect runs only read: {during:?}"
+    );
+    assert_eq!(driver.host(), json!("db-moved-by-hand"));
+    let found = sb.column("SELECT DISTINCT res_id || ' ' || what FROM drift_finding ORDER BY 1");
+    assert_eq!(
+        found,
+        [
+            "modules.api.externals.db outputs",
+            "modules.api.externals.db secret outputs"
+        ]
+    );
+    assert!(!daemon.log().contains(PASSWORD) && !daemon.log().contains(ROTATED));
+}

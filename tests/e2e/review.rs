@@ -246,3 +246,213 @@ fn a_ref_that_names_nothing_is_a_clear_error() {
         assert!(run.stdout.is_empty(), "{run}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The pull-request webhook
+
+/// `POST url` with `headers` and `body`: the status.
+fn post(url: &str, headers: &[(&str, &str)], body: &[u8]) -> u16 {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(10)))
+        .build()
+        .into();
+    let mut request = agent.post(url);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    request
+        .send(body)
+        .expect("the listener answers")
+        .status()
+        .as_u16()
+}
+
+fn hmac_hex(secret: &str, body: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body);
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A POST the plan hook received: its Authorization header and its body as JSON.
+fn received(server: &tiny_http::Server, within: std::time::Duration) -> Option<(String, Value)> {
+    let mut request = server
+        .recv_timeout(within)
+        .expect("the test server works")?;
+    let auth = request
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("Authorization"))
+        .map(|h| h.value.to_string())
+        .unwrap_or_default();
+    let mut body = String::new();
+    request.as_reader().read_to_string(&mut body).unwrap();
+    request
+        .respond(tiny_http::Response::from_string("ok"))
+        .unwrap();
+    Some((
+        auth,
+        serde_json::from_str(&body).expect("the plan hook's body is JSON"),
+    ))
+}
+
+#[test]
+fn a_signed_pull_request_webhook_posts_the_plan_of_its_head_and_an_unsigned_one_nothing() {
+    let sb = Sandbox::template();
+    let plan_server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let plan_port = plan_server.server_addr().to_ip().unwrap().port();
+    let port = crate::service::free_port();
+    let secret = "whsec-pr-4b8e11";
+    let token = "plan-bot-token-77a2";
+    let secret_file = sb.root.join("webhook-secret");
+    let token_file = sb.root.join("plan-token");
+    std::fs::write(&secret_file, secret).unwrap();
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "repo: {}\nstate: {}\nhttp:\n  listen: 127.0.0.1:{port}\n  webhook_secret_file: {}\n  \
+             plan_hook:\n    url: http://127.0.0.1:{plan_port}/plan\n    token_file: {}\n    \
+             timeout: 10s\n",
+            sb.origin.display(),
+            sb.state.display(),
+            secret_file.display(),
+            token_file.display()
+        ),
+    )
+    .unwrap();
+    let daemon = crate::daemon::Daemon::start(&sb, &["--config", config.to_str().unwrap()]);
+    crate::daemon::wait_deployed(
+        &sb,
+        &sb.head(),
+        &["development", "production"],
+        std::time::Duration::from_secs(30),
+    );
+
+    sb.git(&["checkout", "--quiet", "-b", "feature"]);
+    let backend = sb.read("workloads/shop/backend.yaml");
+    sb.write(
+        "workloads/shop/backend.yaml",
+        &format!("{backend}  queue:\n    type: redis\n"),
+    );
+    sb.git(&["add", "-A"]);
+    sb.git(&["commit", "--quiet", "-m", "A queue"]);
+    sb.git(&["push", "--quiet", "origin", "feature"]);
+    let head = sb.head();
+    let hook = format!("http://127.0.0.1:{port}/hooks/git");
+    let github = format!(
+        r#"{{"action":"opened","number":7,"pull_request":{{"number":7,"title":"A queue",
+        "head":{{"sha":"{head}","ref":"feature"}},"base":{{"sha":"{head}","ref":"main"}}}}}}"#
+    );
+    let body = github.as_bytes();
+
+    // Unsigned, or signed with another secret: 401, and nothing is posted.
+    assert_eq!(
+        post(&hook, &[("X-GitHub-Event", "pull_request")], body),
+        401
+    );
+    let wrong = format!("sha256={}", hmac_hex("guess", body));
+    assert_eq!(
+        post(
+            &hook,
+            &[
+                ("X-GitHub-Event", "pull_request"),
+                ("X-Hub-Signature-256", &wrong)
+            ],
+            body
+        ),
+        401
+    );
+    assert!(
+        received(&plan_server, std::time::Duration::from_secs(2)).is_none(),
+        "a refused webhook posted a plan"
+    );
+    // Signed but malformed: 400.
+    let malformed = br#"{"action":"opened","pull_request":{"number":"seven"}}"#;
+    let signature = format!("sha256={}", hmac_hex(secret, malformed));
+    assert_eq!(
+        post(
+            &hook,
+            &[
+                ("X-GitHub-Event", "pull_request"),
+                ("X-Hub-Signature-256", &signature)
+            ],
+            malformed
+        ),
+        400
+    );
+
+    let signature = format!("sha256={}", hmac_hex(secret, body));
+    assert_eq!(
+        post(
+            &hook,
+            &[
+                ("X-GitHub-Event", "pull_request"),
+                ("X-Hub-Signature-256", &signature)
+            ],
+            body
+        ),
+        202
+    );
+    let (auth, posted) = received(&plan_server, std::time::Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no plan was posted:\n{}", daemon.log()));
+    assert_eq!(auth, format!("Bearer {token}"));
+    assert_eq!(posted["pull_request"], 7);
+    assert_eq!(posted["head"], head.as_str());
+    assert_eq!(posted["head_ref"], "feature");
+    assert_eq!(posted["base_ref"], "main");
+    assert_eq!(posted["provider"], "github");
+    let markdown = posted["markdown"].as_str().unwrap();
+    assert!(
+        markdown.starts_with(&format!(
+            "**gitplane plan** for `{}` (ref `feature`)",
+            &head[..12]
+        )),
+        "{markdown}"
+    );
+    assert!(
+        markdown.contains("create `shop/redis.default#modules.backend.externals.queue`"),
+        "{markdown}"
+    );
+    assert_eq!(posted["plan"]["summary"]["create"], 2);
+    assert!(!markdown.contains("dev-password-change-me"));
+
+    // A GitLab merge request, with GitLab's token.
+    let gitlab = format!(
+        r#"{{"object_kind":"merge_request","object_attributes":{{"iid":3,"action":"update",
+        "source_branch":"feature","target_branch":"main","last_commit":{{"id":"{head}"}}}}}}"#
+    );
+    assert_eq!(
+        post(
+            &hook,
+            &[
+                ("X-Gitlab-Event", "Merge Request Hook"),
+                ("X-Gitlab-Token", secret)
+            ],
+            gitlab.as_bytes()
+        ),
+        202
+    );
+    let (_, posted) = received(&plan_server, std::time::Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no plan was posted:\n{}", daemon.log()));
+    assert_eq!(posted["pull_request"], 3);
+    assert_eq!(posted["provider"], "gitlab");
+    assert!(posted["markdown"].as_str().unwrap().contains("queue"));
+
+    // No deployment came of the branch, and no secret reached the log.
+    assert_eq!(
+        sb.count(&format!(
+            "SELECT COUNT(*) FROM deployment WHERE commit_id = '{head}'"
+        )),
+        0
+    );
+    let log = daemon.log();
+    assert!(!log.contains(token) && !log.contains(secret), "{log}");
+    assert!(log.contains("plan posted"), "{log}");
+}

@@ -236,6 +236,31 @@ fn a_branch_that_would_delete_most_resources_shows_as_held() {
 }
 
 #[test]
+fn a_branch_that_does_not_load_reviews_as_rejected_and_exits_non_zero() {
+    let sb = Sandbox::applied();
+    sb.git(&["checkout", "--quiet", "-b", "broken"]);
+    sb.write(
+        "workloads/shop/backend.yaml",
+        "apiVersion: score.dev/v1b1\ncontainers: [\n",
+    );
+    sb.git(&["add", "-A"]);
+    sb.git(&["commit", "--quiet", "-m", "Broken"]);
+    sb.git(&["push", "--quiet", "origin", "broken"]);
+    let md = sb
+        .gitplane(&["plan", "--ref", "broken", "--format", "markdown"])
+        .fails();
+    let first = md.stdout.lines().next().unwrap_or_default();
+    assert!(first.contains(": rejected: 1 error(s)"), "{md}");
+    md.stdout_has("workloads/shop/backend.yaml");
+    let j = sb
+        .gitplane(&["plan", "--ref", "broken", "--format", "review-json"])
+        .fails()
+        .json();
+    assert_eq!(j["rejected"]["errors"].as_array().unwrap().len(), 1, "{j}");
+    assert_eq!(j["environments"], serde_json::json!([]));
+}
+
+#[test]
 fn a_ref_that_names_nothing_is_a_clear_error() {
     let sb = Sandbox::applied();
     for format in ["markdown", "review-json", "text"] {

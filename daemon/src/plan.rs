@@ -613,11 +613,15 @@ fn input_changes(rec: &ResourceRecord, inputs: &ResolvedInputs) -> Vec<String> {
     let old_inputs = rec.inputs.parse().unwrap_or(Value::Null);
     let old_values = old_inputs.get("values").unwrap_or(&Value::Null);
     diff_values("values", old_values, &inputs.values, false, &mut out);
-    if !inputs.resource_is_secret {
+    let old_secret_inputs = rec.secret_inputs.parse().unwrap_or(Value::Null);
+    if inputs.resource_is_secret {
+        // Which parts changed, never to what: a secret flowed into them.
+        let old = old_secret_inputs.get("resource").unwrap_or(&Value::Null);
+        diff_values("resource", old, &inputs.resource, true, &mut out);
+    } else {
         let old = old_inputs.get("resource").unwrap_or(&Value::Null);
         diff_values("resource", old, &inputs.resource, false, &mut out);
     }
-    let old_secret_inputs = rec.secret_inputs.parse().unwrap_or(Value::Null);
     let old_secrets = old_secret_inputs.get("secrets").unwrap_or(&Value::Null);
     diff_values("secrets", old_secrets, &inputs.secrets, true, &mut out);
     out
@@ -692,6 +696,57 @@ pub fn bindings_of(node: &ResourceNode, upstream: &impl Outputs) -> Vec<BindingR
                     && (resolved.value.is_object() || resolved.value.is_array()),
                 value: (!secret).then_some(resolved.value),
                 secret,
+            });
+        }
+    }
+    out
+}
+
+/// A placeholder of a resource as the binding it would record once applied: its value when it
+/// is known before apply and not secret.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedBinding {
+    pub needed_path: String,
+    pub provided: GuresId,
+    pub provided_path: String,
+    pub secret: bool,
+    /// `None` for a secret, or for a value known only after apply.
+    pub value: Option<Value>,
+    /// Whether the value is known before apply (the provider stays as recorded).
+    pub known: bool,
+}
+
+/// Every placeholder of `node` that reads another resource, resolved against `upstream` where
+/// it can be: what [`bindings_of`] would record after apply, as far as a plan can tell.
+pub fn planned_bindings(node: &ResourceNode, upstream: &impl Outputs) -> Vec<PlannedBinding> {
+    let mut out = Vec::new();
+    for (template, prefix) in [
+        (&node.values, "values"),
+        (&node.secrets, "secrets"),
+        (&node.params, "resource"),
+    ] {
+        for placed in template.placeholders(prefix) {
+            let Some((provided, provided_path)) = placed.expr.provided() else {
+                continue;
+            };
+            let declared_secret = match placed.expr {
+                Binding::Output { property, .. } => property.as_ref().is_some_and(|p| p.secret),
+                _ => false,
+            };
+            let (secret, value, known) = match resolve_binding(upstream, placed.expr) {
+                Ok(r) => {
+                    let secret = r.secret || prefix == "secrets";
+                    (secret, (!secret).then_some(r.value), true)
+                }
+                Err(_) => (prefix == "secrets" || declared_secret, None, false),
+            };
+            out.push(PlannedBinding {
+                needed_path: placed.path,
+                provided: provided.clone(),
+                provided_path,
+                secret,
+                value,
+                known,
             });
         }
     }

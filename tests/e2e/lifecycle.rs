@@ -475,7 +475,7 @@ fn reapplying_a_commit_changes_nothing() {
 
     // The plan agrees: nothing to do, and planning records nothing. The app is as last
     // deployed (same files, same definitions), so it is not even read: no step is listed.
-    let plan = sb.gitplane(&["plan", "--format", "json"]).ok().json();
+    let plan = sb.gitplane(&["plan", "--format", "steps-json"]).ok().json();
     let plans = plan
         .as_array()
         .unwrap_or_else(|| panic!("not an array: {plan}"));
@@ -487,7 +487,7 @@ fn reapplying_a_commit_changes_nothing() {
         assert_eq!(p["unchanged_resources"], 6, "{p}");
     }
     let one = sb
-        .gitplane(&["plan", "--env", "production", "--format", "json"])
+        .gitplane(&["plan", "--env", "production", "--format", "steps-json"])
         .ok()
         .json();
     assert_eq!(one["env"], "production");
@@ -502,7 +502,7 @@ fn plan_shows_what_a_change_would_do_and_changes_nothing() {
     let sb = Sandbox::template();
     // Planning never creates a state file.
     let plan = sb
-        .gitplane(&["plan", "--env", "development", "--format", "json"])
+        .gitplane(&["plan", "--env", "development", "--format", "steps-json"])
         .ok()
         .json();
     assert!(!sb.state.exists(), "plan created {}", sb.state.display());
@@ -527,7 +527,7 @@ fn plan_shows_what_a_change_would_do_and_changes_nothing() {
     );
     sb.commit("Change and remove");
     let plan = sb
-        .gitplane(&["plan", "--env", "development", "--format", "json"])
+        .gitplane(&["plan", "--env", "development", "--format", "steps-json"])
         .ok()
         .json();
     let actions: BTreeMap<String, String> = plan["steps"]

@@ -409,7 +409,7 @@ fn auto_update_moves_what_is_bound_and_a_pinned_resource_waits_for_resolve() {
     sb.commit("Move the development database again");
     // The plan says what is pinned and stale.
     let plan = sb
-        .gitplane(&["plan", "--env", "development", "--format", "json"])
+        .gitplane(&["plan", "--env", "development", "--format", "steps-json"])
         .ok()
         .json();
     let db = plan["steps"]

@@ -26,6 +26,7 @@ mod notifications;
 mod postgres;
 mod reconcile;
 mod reports;
+mod review;
 mod secret_stores;
 mod secrets;
 mod service;

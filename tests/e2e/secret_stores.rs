@@ -164,7 +164,7 @@ fn stored_secrets_reach_the_driver_and_no_output_or_report() {
     for args in [
         &["status", "--format", "json"][..],
         &["graph", "--format", "json"],
-        &["plan", "--format", "json"],
+        &["plan", "--format", "steps-json"],
         &["report", "links", "--format", "json"],
         &["report", "resources"],
         &["history"],

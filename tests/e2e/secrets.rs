@@ -58,8 +58,8 @@ fn check_commands(sb: &Sandbox, commands: &[&[&str]]) {
 const READ_COMMANDS: &[&[&str]] = &[
     &["validate"],
     &["plan"],
-    &["plan", "--format", "json"],
-    &["plan", "--env", "development", "--format", "json"],
+    &["plan", "--format", "steps-json"],
+    &["plan", "--env", "development", "--format", "steps-json"],
     &["status"],
     &["status", "--format", "json"],
     &["graph"],
@@ -150,7 +150,7 @@ fn secrets_stay_out_of_every_command_output() {
         &[
             &["validate"],
             &["plan"],
-            &["plan", "--format", "json"],
+            &["plan", "--format", "steps-json"],
             &["graph", "--format", "json"],
         ],
     );

@@ -178,9 +178,25 @@ impl Context {
 
 #[derive(Debug, Clone, Args)]
 pub struct Rev {
-    /// A branch, tag or commit id; default: the repository's HEAD.
-    #[arg(long)]
+    /// A branch, tag or commit id (full or short); default: the host config's ref, else the
+    /// repository's HEAD.
+    #[arg(long, visible_alias = "ref", value_name = "REF")]
     pub rev: Option<String>,
+}
+
+/// How `gitplane plan` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PlanFormat {
+    /// Every step of each environment, with its reason.
+    Table,
+    /// What would change, by environment and app, as JSON (docs/plan.md).
+    Json,
+    /// What would change, by environment and app, for a terminal.
+    Text,
+    /// What would change, by environment and app: a pull-request comment.
+    Markdown,
+    /// Every step of each environment with its reason, as JSON (the table's content).
+    StepsJson,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -219,14 +235,15 @@ pub enum Command {
         #[arg(long, conflicts_with = "rev")]
         pre_receive: bool,
     },
-    /// Show what apply would do, with reasons; changes nothing.
+    /// Show what apply would do, with reasons; changes nothing. `--ref BRANCH --format
+    /// markdown` reviews a pull request's head.
     Plan {
         #[command(flatten)]
         common: Common,
         #[command(flatten)]
         rev: Rev,
-        #[arg(long, value_enum, default_value_t = Format::Table)]
-        format: Format,
+        #[arg(long, value_enum, default_value_t = PlanFormat::Table)]
+        format: PlanFormat,
     },
     /// Reconcile once: provision, update and delete resources, and record it all.
     Apply {
@@ -888,9 +905,33 @@ pub(crate) fn validate(
 fn show_plan(
     ctx: &Context,
     rev: Option<&str>,
-    format: Format,
+    format: PlanFormat,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
+    let format = match format {
+        PlanFormat::Table => Format::Table,
+        PlanFormat::StepsJson => Format::Json,
+        PlanFormat::Text | PlanFormat::Markdown | PlanFormat::Json => {
+            let review = review(ctx, rev)?;
+            let text = match format {
+                PlanFormat::Text => review.to_text(),
+                PlanFormat::Markdown => review.to_markdown(),
+                _ => {
+                    serde_json::to_string_pretty(&review.to_json())
+                        .expect("a serde_json::Value always serialises")
+                        + "\n"
+                }
+            };
+            stdout.write_all(text.as_bytes())?;
+            if !review.rejected.is_empty() {
+                for e in &review.rejected {
+                    eprintln!("error: {e}");
+                }
+                return Ok(CommandResult::Failure);
+            }
+            return Ok(CommandResult::Success);
+        }
+    };
     // Planning never creates a state file.
     let store = if ctx.state_exists() {
         Some(ctx.open_store()?)
@@ -921,6 +962,82 @@ fn show_plan(
         print_json(stdout, json)?;
     }
     Ok(CommandResult::Success)
+}
+
+/// What `rev` would change in each selected environment, against the state: the plan of each,
+/// the deletion guard's verdict, and the links and bindings that would come and go. Reads the
+/// state, writes nothing (not even a state file).
+pub(crate) fn review(ctx: &Context, rev: Option<&str>) -> Result<crate::review::Review, CliError> {
+    let store = if ctx.state_exists() {
+        Some(ctx.open_store()?)
+    } else {
+        None
+    };
+    let commit = Commit::resolve(ctx, rev, store.as_ref())?;
+    let mut review = crate::review::Review {
+        commit: commit.id().to_owned(),
+        reference: rev.map(str::to_owned),
+        environments: Vec::new(),
+        rejected: Vec::new(),
+    };
+    let targets = match targets(ctx, &commit, store.as_ref(), Reach::Changes)? {
+        Ok(targets) => targets,
+        Err(rejected) => {
+            review.rejected = rejected.errors;
+            return Ok(review);
+        }
+    };
+    let no_bindings = std::collections::HashMap::new();
+    for t in &targets {
+        let graph = &t.graph;
+        let Some(store) = &store else {
+            let p = plan::plan(graph, &[], &[]);
+            review
+                .environments
+                .push(crate::review::compare(&crate::review::EnvState {
+                    graph,
+                    plan: &p,
+                    recorded: &[],
+                    links: &[],
+                    bindings: &no_bindings,
+                    held: None,
+                }));
+            continue;
+        };
+        let (recorded, links) = reconcile::recorded_in_scope(store, t)?;
+        let p = plan::plan(graph, &recorded, &links);
+        // Judged as an apply would judge it (see `reconcile::apply`).
+        let total = match t.scope.apps {
+            None => recorded.len(),
+            Some(_) => usize::try_from(store.resource_count(&graph.env)?).unwrap_or(usize::MAX),
+        };
+        let threshold = match store.threshold_in_force(&graph.env)? {
+            Some(in_force) => in_force.min(graph.deletion_threshold),
+            None => graph.deletion_threshold,
+        };
+        let held = plan::deletion_guard(&p, total, threshold);
+        let to_read = crate::review::bindings_to_read(&p, graph, &recorded);
+        let mut bindings = std::collections::HashMap::new();
+        if !to_read.is_empty() {
+            let bound = store.bound(&graph.env)?;
+            for id in to_read {
+                if bound.contains(id.as_str()) {
+                    bindings.insert(id.to_string(), store.current_bindings(id.as_str())?);
+                }
+            }
+        }
+        review
+            .environments
+            .push(crate::review::compare(&crate::review::EnvState {
+                graph,
+                plan: &p,
+                recorded: &recorded,
+                links: &links,
+                bindings: &bindings,
+                held,
+            }));
+    }
+    Ok(review)
 }
 
 fn show_graph(

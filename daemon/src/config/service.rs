@@ -20,6 +20,20 @@ pub struct HttpConfig {
     pub token: Option<SecretSource>,
     /// The shared secret push webhooks are signed with; without it `/hooks/git` is off.
     pub webhook_secret: Option<SecretSource>,
+    /// Where the plan of a pull request's head is POSTed; without it pull-request webhooks
+    /// are acknowledged and ignored.
+    pub plan_hook: Option<PlanHook>,
+}
+
+/// `http.plan_hook`: where the daemon POSTs the plan of a pull request's head commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanHook {
+    /// Never logged: it may carry a token of its own.
+    pub url: String,
+    /// Sent as `Authorization: Bearer`, read at each POST (a rotated file is seen at once).
+    pub token: Option<SecretSource>,
+    /// How long one POST may take.
+    pub timeout: Duration,
 }
 
 /// Where a secret the host config needs comes from.
@@ -148,6 +162,15 @@ pub(super) struct HttpFile {
     token_secret: Option<SecretRefFile>,
     webhook_secret_file: Option<PathBuf>,
     webhook_secret: Option<SecretRefFile>,
+    plan_hook: Option<PlanHookFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PlanHookFile {
+    url: String,
+    token_file: Option<PathBuf>,
+    timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -246,10 +269,62 @@ pub(super) fn http(raw: HttpFile, problems: &mut Vec<Problem>) -> Option<HttpCon
             ),
         ));
     }
+    let plan_hook = raw.plan_hook.and_then(|h| plan_hook(h, problems));
+    if plan_hook.is_some() && webhook_secret.is_none() {
+        problems.push((
+            "plan_hook:".to_owned(),
+            "http.plan_hook needs http.webhook_secret_file (or webhook_secret): pull-request \
+             webhooks must be signed"
+                .to_owned(),
+        ));
+    }
     Some(HttpConfig {
         listen,
         token,
         webhook_secret,
+        plan_hook,
+    })
+}
+
+fn plan_hook(raw: PlanHookFile, problems: &mut Vec<Problem>) -> Option<PlanHook> {
+    if !(raw.url.starts_with("http://") || raw.url.starts_with("https://")) {
+        problems.push((
+            "plan_hook:".to_owned(),
+            "http.plan_hook.url must start with http:// or https://".to_owned(),
+        ));
+        return None;
+    }
+    let token = match raw.token_file {
+        Some(path) if path.is_absolute() => Some(SecretSource::File(path)),
+        Some(path) => {
+            problems.push((
+                "token_file:".to_owned(),
+                format!(
+                    "http.plan_hook.token_file '{}' must be an absolute path",
+                    path.display()
+                ),
+            ));
+            return None;
+        }
+        None => None,
+    };
+    let timeout = match raw.timeout.as_deref() {
+        None => Duration::from_secs(30),
+        Some(t) => match parse_duration(t).and_then(|d| nonzero(t, d, "timeout")) {
+            Ok(d) => d,
+            Err(message) => {
+                problems.push((
+                    "timeout:".to_owned(),
+                    format!("http.plan_hook.timeout {message}"),
+                ));
+                return None;
+            }
+        },
+    };
+    Some(PlanHook {
+        url: raw.url,
+        token,
+        timeout,
     })
 }
 
@@ -381,6 +456,33 @@ mod tests {
             e[0].starts_with("host.yaml:3: http: secret store 'v' is not configured"),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn a_plan_hook_is_checked() {
+        let e = errors(
+            "http:\n  listen: 127.0.0.1:1\n  webhook_secret_file: /s\n  plan_hook: {url: ftp://x}\n",
+        );
+        assert!(e[0].contains("plan_hook.url must start with http"), "{e:?}");
+        let e = errors("http:\n  listen: 127.0.0.1:1\n  plan_hook: {url: http://x}\n");
+        assert!(
+            e[0].starts_with("host.yaml:3: http.plan_hook needs http.webhook_secret_file"),
+            "{e:?}"
+        );
+        let e = errors(
+            "http:\n  listen: 127.0.0.1:1\n  webhook_secret_file: /s\n  plan_hook:\n    \
+             url: http://x\n    token_file: t\n",
+        );
+        assert!(e[0].contains("must be an absolute path"), "{e:?}");
+        let config = HostConfig::parse(
+            "host.yaml",
+            "http:\n  listen: 127.0.0.1:1\n  webhook_secret_file: /s\n  plan_hook:\n    \
+             url: https://bot.example/plan\n    token_file: /t\n    timeout: 5s\n",
+        )
+        .unwrap();
+        let hook = config.http.unwrap().plan_hook.unwrap();
+        assert_eq!(hook.url, "https://bot.example/plan");
+        assert_eq!(hook.timeout, std::time::Duration::from_secs(5));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The daemon's HTTP listener (`http:` in the host config): the status page and its data,
-//! Prometheus metrics, health checks and push webhooks, on the daemon's own runtime.
+//! Prometheus metrics, health checks and push and pull-request webhooks, on the daemon's own
+//! runtime.
 //!
 //! Everything but `POST /hooks/git` is read-only, and nothing it serves holds a secret value:
 //! the page's data comes from the state's non-secret columns and views. A token, when set, is
@@ -87,6 +88,8 @@ pub struct Shared {
     pub stop: watch::Receiver<bool>,
     /// One connection for the page's reads, opened on first use.
     store: Mutex<Option<Store>>,
+    /// The pull-request plans under way.
+    plans: hooks::PlanQueue,
 }
 
 impl Shared {
@@ -108,6 +111,7 @@ impl Shared {
             ready: AtomicBool::new(false),
             stop,
             store: Mutex::new(None),
+            plans: hooks::PlanQueue::default(),
         }
     }
 

@@ -1,0 +1,299 @@
+use std::collections::BTreeMap;
+
+use gitplane_state::ResourceStatus;
+
+use super::*;
+use crate::graph::tests::template_files;
+use crate::model;
+use crate::plan::{bindings_of, inputs_hash, plan, record_of, resolve_inputs, split_inputs};
+
+fn graph(files: &BTreeMap<String, Vec<u8>>, env: &str) -> ResourceGraph {
+    let repo = model::load(files).unwrap();
+    let env = repo.environments.iter().find(|e| e.id == env).unwrap();
+    crate::graph::build(&repo, env).unwrap()
+}
+
+/// What applying `graph` with echo drivers records: resources, links and bindings.
+struct Applied {
+    records: Vec<ResourceRecord>,
+    links: Vec<LinkRecord>,
+    bindings: HashMap<String, Vec<BindingRecord>>,
+}
+
+fn applied(graph: &ResourceGraph) -> Applied {
+    let mut outputs: HashMap<GuresId, (Value, Value, String)> = HashMap::new();
+    let mut records = Vec::new();
+    let mut bindings = HashMap::new();
+    for node in graph.provisioning_order() {
+        let inputs = resolve_inputs(node, &outputs).unwrap();
+        bindings.insert(node.guresid.to_string(), bindings_of(node, &outputs));
+        let (public, secret) = split_inputs(&inputs);
+        records.push(ResourceRecord {
+            status: ResourceStatus::Ready,
+            inputs_hash: inputs_hash(node, &inputs),
+            outputs: inputs.values.clone(),
+            secret_outputs: inputs.secrets.clone(),
+            inputs: public,
+            secret_inputs: secret,
+            ..record_of(node, &graph.env, "c1")
+        });
+        outputs.insert(
+            node.guresid.clone(),
+            (inputs.values, inputs.secrets, node.label()),
+        );
+    }
+    let links = graph
+        .edge_iter()
+        .map(|(from, to, kind)| LinkRecord {
+            consumer: from.to_string(),
+            provider: to.to_string(),
+            kind: kind.as_str().to_owned(),
+            update_type: "None".to_owned(),
+        })
+        .collect();
+    Applied {
+        records,
+        links,
+        bindings,
+    }
+}
+
+fn edit(files: &mut BTreeMap<String, Vec<u8>>, path: &str, from: &str, to: &str) {
+    let text = String::from_utf8(files[path].clone()).unwrap();
+    assert!(text.contains(from), "{from} not in {path}");
+    files.insert(path.into(), text.replacen(from, to, 1).into_bytes());
+}
+
+/// The template applied to `env`, then `change` made to its files: the review of `env`.
+fn review_after(env: &str, change: impl FnOnce(&mut BTreeMap<String, Vec<u8>>)) -> Review {
+    let mut files = template_files();
+    let before = applied(&graph(&files, env));
+    change(&mut files);
+    let g = graph(&files, env);
+    let p = plan(&g, &before.records, &before.links);
+    let held = crate::plan::deletion_guard(&p, before.records.len(), 50.0);
+    let e = compare(&EnvState {
+        graph: &g,
+        plan: &p,
+        recorded: &before.records,
+        links: &before.links,
+        bindings: &before.bindings,
+        held,
+    });
+    Review {
+        commit: "0123456789abcdef0123456789abcdef01234567".into(),
+        reference: Some("feature".into()),
+        environments: vec![e],
+        rejected: Vec::new(),
+    }
+}
+
+/// The edits of the e2e test: a resource added, a secret changed, a workload removed and a
+/// variable that reads another output.
+fn feature(files: &mut BTreeMap<String, Vec<u8>>) {
+    edit(
+        files,
+        "definitions/base-env.yaml",
+        "pgpassword: prod-password-change-me",
+        "pgpassword: rotated-prod-secret",
+    );
+    edit(
+        files,
+        "workloads/shop/backend.yaml",
+        "DB_PORT: ${resources.db.port}",
+        "DB_PORT: ${resources.db.host}",
+    );
+    files.remove("workloads/shop/frontend.yaml");
+    let backend = String::from_utf8(files["workloads/shop/backend.yaml"].clone()).unwrap();
+    files.insert(
+        "workloads/shop/backend.yaml".into(),
+        format!("{backend}  queue:\n    type: redis\n").into_bytes(),
+    );
+}
+
+fn labels(resources: &[Resource]) -> Vec<&str> {
+    resources.iter().map(|r| r.label.as_str()).collect()
+}
+
+#[test]
+fn nothing_changed_reviews_as_no_changes() {
+    let r = review_after("development", |_| {});
+    assert!(r.environments[0].apps.is_empty());
+    assert!(
+        r.to_markdown()
+            .starts_with("**gitplane plan** for `0123456789ab` (ref `feature`): no changes\n")
+    );
+    assert_eq!(r.to_json()["summary"]["environments_changed"], 0);
+}
+
+#[test]
+fn creations_updates_deletions_links_and_bindings_are_listed_by_app() {
+    let r = review_after("production", feature);
+    let e = &r.environments[0];
+    assert_eq!(e.apps.len(), 1);
+    let shop = &e.apps[0];
+    assert_eq!(shop.app.as_deref(), Some("shop"));
+    assert_eq!(
+        labels(&shop.created),
+        ["shop/redis.default#modules.backend.externals.queue"]
+    );
+    let updated: Vec<(&str, bool)> = shop
+        .updated
+        .iter()
+        .map(|u| (u.resource.label.as_str(), u.maybe))
+        .collect();
+    assert_eq!(
+        updated,
+        [
+            ("shop/base-env.default#base-env", false),
+            ("shop/postgres.default#modules.backend.externals.db", true),
+            ("shop/redis.default#shared.cache", true),
+            ("shop/workload.default#modules.backend", true),
+        ]
+    );
+    assert_eq!(
+        shop.updated[0].changes,
+        ["secrets.pgpassword: changed (secret)"]
+    );
+    let deleted: Vec<&str> = shop
+        .deleted
+        .iter()
+        .map(|d| d.resource.label.as_str())
+        .collect();
+    assert_eq!(
+        deleted,
+        [
+            "shop/dns.default#modules.frontend.externals.dns",
+            "shop/workload.default#modules.frontend"
+        ]
+    );
+    let added: Vec<(&str, &str)> = shop
+        .wiring
+        .links_added
+        .iter()
+        .map(|l| (l.consumer.as_str(), l.provider.as_str()))
+        .collect();
+    assert_eq!(
+        added,
+        [
+            (
+                "shop/redis.default#modules.backend.externals.queue",
+                "shop/base-env.default#base-env"
+            ),
+            (
+                "shop/workload.default#modules.backend",
+                "shop/redis.default#modules.backend.externals.queue"
+            ),
+        ]
+    );
+    assert_eq!(shop.wiring.links_removed.len(), 3);
+    // The new queue reads the base's host, known after apply: the base changes first.
+    let (key, end) = &shop.wiring.bindings_added[0];
+    assert_eq!(
+        key.resource,
+        "shop/redis.default#modules.backend.externals.queue"
+    );
+    assert_eq!(end.value, BoundValue::KnownAfterApply);
+    // DB_PORT reads the database's host now: a changed binding, from one output to another.
+    let (key, from, to) = &shop.wiring.bindings_changed[0];
+    assert_eq!(key.input, "resource.containers.api.variables.DB_PORT");
+    assert_eq!(
+        (from.output.as_str(), to.output.as_str()),
+        ("outputs.port", "outputs.host")
+    );
+    assert_eq!(shop.wiring.bindings_removed, []);
+}
+
+#[test]
+fn a_binding_to_an_unchanged_provider_shows_its_value() {
+    let r = review_after("production", |files| {
+        edit(
+            files,
+            "workloads/shop/backend.yaml",
+            "DB_PORT: ${resources.db.port}",
+            "DB_PORT: ${resources.db.host}",
+        )
+    });
+    let shop = &r.environments[0].apps[0];
+    let (key, from, to) = &shop.wiring.bindings_changed[0];
+    assert_eq!(key.resource, "shop/workload.default#modules.backend");
+    assert_eq!(from.value, BoundValue::Value(json!(5432)));
+    assert_eq!(to.value, BoundValue::Value(json!("pg-ha.prod.internal")));
+    let j = r.to_json();
+    let changed = &j["environments"][0]["apps"][0]["bindings"]["changed"][0];
+    assert_eq!(changed["from"]["output"], "outputs.port");
+    assert_eq!(changed["to"]["value"], "pg-ha.prod.internal");
+}
+
+#[test]
+fn no_secret_value_reaches_any_form() {
+    let r = review_after("production", feature);
+    for text in [
+        r.to_markdown(),
+        r.to_text(),
+        serde_json::to_string(&r.to_json()).unwrap(),
+    ] {
+        for secret in [
+            "rotated-prod-secret",
+            "prod-password-change-me",
+            "shop_prod",
+        ] {
+            assert!(!text.contains(secret), "{secret} in:\n{text}");
+        }
+        assert!(text.contains("secrets.pgpassword: changed (secret)"));
+    }
+}
+
+#[test]
+fn the_markdown_has_a_summary_a_table_and_details_and_is_stable() {
+    let r = review_after("production", feature);
+    let md = r.to_markdown();
+    let first = md.lines().next().unwrap();
+    assert_eq!(
+        first,
+        "**gitplane plan** for `0123456789ab` (ref `feature`): 1 to create, 1 to update, 2 to \
+         delete, 3 may update, 5 link change(s), 2 binding change(s) in 1 environment"
+    );
+    assert!(
+        md.contains("| shop | 1 | 1 (+3 may) | 2 | +2 −3 | +1 −0 ~1 |"),
+        "{md}"
+    );
+    assert!(md.contains("<details><summary>production: changes by resource</summary>"));
+    assert!(md.trim_end().ends_with("</details>"));
+    assert_eq!(md, review_after("production", feature).to_markdown());
+}
+
+#[test]
+fn a_mass_deletion_shows_as_held() {
+    let r = review_after("development", |files| {
+        files.remove("workloads/shop/frontend.yaml");
+        files.remove("workloads/shop/backend.yaml");
+    });
+    let e = &r.environments[0];
+    let held = e.held.as_ref().expect("held");
+    assert_eq!(held.deletions.len(), 6);
+    let j = r.to_json();
+    assert_eq!(
+        j["environments"][0]["held"]["resources"]
+            .as_array()
+            .unwrap()
+            .len(),
+        6
+    );
+    assert_eq!(j["summary"]["environments_held"], 1);
+    assert!(r.to_markdown().contains("**Held by the deletion guard**"));
+}
+
+#[test]
+fn user_text_cannot_break_out_of_the_markdown() {
+    assert_eq!(code("a`b"), "`` a`b ``");
+    assert_eq!(code("plain|<x>"), "`plain|<x>`");
+    assert_eq!(code("two\nlines"), "`two lines`");
+    assert_eq!(escape("a|b<c>`d`*e*"), "a\\|b\\<c\\>\\`d\\`\\*e\\*");
+    assert_eq!(html("<b>&"), "&lt;b&gt;&amp;");
+    let mut r = review_after("production", feature);
+    r.environments[0].apps[0].app = Some("sh|op<script>`".into());
+    let md = r.to_markdown();
+    assert!(md.contains("| sh\\|op\\<script\\>\\` |"), "{md}");
+    assert!(md.contains("**app `` sh|op<script>` ``**"), "{md}");
+}

@@ -1,0 +1,483 @@
+//! `gitplane plan --ref BRANCH` as a pull request's review: what a branch pushed to the bare
+//! repository would change against the applied state, as Markdown, text and JSON, secrets
+//! hidden, state untouched; and the daemon's pull-request webhook that posts it.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use crate::util::Sandbox;
+
+/// A secret the branch rotates: in the repository, never in any output.
+const NEW_SECRET: &str = "rotated-9f3c1e-password";
+/// Secrets the template holds.
+const OLD_SECRETS: [&str; 2] = ["dev-password-change-me", "prod-password-change-me"];
+
+/// The template applied on main, then branch `feature` pushed: a queue added to the backend, the
+/// development database password rotated, the frontend removed, and the backend's DB_PORT
+/// reading the database's host instead of its port.
+fn applied_with_feature_branch() -> Sandbox {
+    let sb = Sandbox::applied();
+    sb.git(&["checkout", "--quiet", "-b", "feature"]);
+    sb.edit(
+        "definitions/base-env.yaml",
+        "pgpassword: dev-password-change-me",
+        &format!("pgpassword: {NEW_SECRET}"),
+    );
+    sb.edit(
+        "workloads/shop/backend.yaml",
+        "DB_PORT: ${resources.db.port}",
+        "DB_PORT: ${resources.db.host}",
+    );
+    let backend = sb.read("workloads/shop/backend.yaml");
+    sb.write(
+        "workloads/shop/backend.yaml",
+        &format!("{backend}  queue:\n    type: redis\n"),
+    );
+    sb.remove("workloads/shop/frontend.yaml");
+    sb.git(&["add", "-A"]);
+    sb.git(&[
+        "commit",
+        "--quiet",
+        "-m",
+        "Queue, rotated password, no frontend",
+    ]);
+    sb.git(&["push", "--quiet", "origin", "feature"]);
+    sb
+}
+
+/// The values of `key` in each object of `items`.
+fn field(items: &Value, key: &str) -> BTreeSet<String> {
+    items
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {items}"))
+        .iter()
+        .map(|i| i[key].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn a_branch_plan_lists_exactly_what_it_changes_hides_secrets_and_changes_no_state() {
+    let sb = applied_with_feature_branch();
+    let deployments = sb.count("SELECT COUNT(*) FROM deployment");
+    let state_before = std::fs::read(&sb.state).unwrap();
+
+    let run = sb
+        .gitplane(&[
+            "plan",
+            "--ref",
+            "feature",
+            "--env",
+            "development",
+            "--format",
+            "json",
+        ])
+        .ok();
+    run.hides(&[NEW_SECRET])
+        .hides(&OLD_SECRETS)
+        .hides(&["shop_dev"]);
+    let j = run.json();
+    assert_eq!(j["commit"], sb.rev_parse("feature"));
+    assert_eq!(j["ref"], "feature");
+    assert_eq!(j["rejected"], Value::Null);
+    let env = &j["environments"][0];
+    assert_eq!(env["env"], "development");
+    assert_eq!(env["held"], Value::Null);
+    let apps = env["apps"].as_array().unwrap();
+    assert_eq!(apps.len(), 1, "{env}");
+    let shop = &apps[0];
+    assert_eq!(shop["app"], "shop");
+    assert_eq!(
+        field(&shop["created"], "resource"),
+        set(&["shop/redis.default#modules.backend.externals.queue"])
+    );
+    assert_eq!(
+        field(&shop["deleted"], "resource"),
+        set(&[
+            "shop/dns.default#modules.frontend.externals.dns",
+            "shop/workload.default#modules.frontend"
+        ])
+    );
+    // The base's password changes for sure; what reads the base may change once it has.
+    let updated = shop["updated"].as_array().unwrap();
+    let certain: BTreeSet<String> = updated
+        .iter()
+        .filter(|u| u["maybe"] == false)
+        .map(|u| u["resource"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(certain, set(&["shop/base-env.default#base-env"]));
+    let base = updated.iter().find(|u| u["maybe"] == false).unwrap();
+    assert_eq!(
+        base["changes"],
+        serde_json::json!(["secrets.pgpassword: changed (secret)"])
+    );
+    assert_eq!(
+        field(&shop["links"]["added"], "consumer"),
+        set(&[
+            "shop/redis.default#modules.backend.externals.queue",
+            "shop/workload.default#modules.backend"
+        ])
+    );
+    assert_eq!(
+        field(&shop["links"]["removed"], "consumer"),
+        set(&[
+            "shop/dns.default#modules.frontend.externals.dns",
+            "shop/workload.default#modules.frontend"
+        ])
+    );
+    let changed = shop["bindings"]["changed"].as_array().unwrap();
+    assert_eq!(changed.len(), 1, "{shop}");
+    assert_eq!(
+        changed[0]["resource"],
+        "shop/workload.default#modules.backend"
+    );
+    assert_eq!(
+        changed[0]["input"],
+        "resource.containers.api.variables.DB_PORT"
+    );
+    assert_eq!(changed[0]["from"]["output"], "outputs.port");
+    assert_eq!(changed[0]["to"]["output"], "outputs.host");
+    assert_eq!(
+        field(&shop["bindings"]["added"], "resource"),
+        set(&["shop/redis.default#modules.backend.externals.queue"])
+    );
+    assert_eq!(shop["bindings"]["removed"], serde_json::json!([]));
+    assert_eq!(j["summary"]["create"], 1);
+    assert_eq!(j["summary"]["update"], 1);
+    assert_eq!(j["summary"]["delete"], 2);
+
+    let md = sb
+        .gitplane(&["plan", "--ref", "feature", "--format", "markdown"])
+        .ok();
+    md.hides(&[NEW_SECRET]).hides(&OLD_SECRETS);
+    let first = md.stdout.lines().next().unwrap();
+    let short = &sb.rev_parse("feature")[..12];
+    assert!(
+        first.starts_with(&format!(
+            "**gitplane plan** for `{short}` (ref `feature`): 2 to create, 2 to update, 4 to \
+             delete"
+        )) && first.ends_with("in 2 environments"),
+        "{first}"
+    );
+    assert!(
+        md.stdout
+            .contains("<details><summary>development: changes by resource</summary>")
+    );
+    assert!(
+        md.stdout
+            .contains("<details><summary>production: changes by resource</summary>")
+    );
+    assert!(md.stdout.contains("</details>"));
+    md.stdout_has("create `shop/redis.default#modules.backend.externals.queue`")
+        .stdout_has("delete `shop/workload.default#modules.frontend`")
+        .stdout_has("`secrets.pgpassword: changed (secret)`");
+
+    // Byte for byte the same the second time, and the short id names the same commit.
+    let again = sb
+        .gitplane(&["plan", "--ref", "feature", "--format", "markdown"])
+        .ok();
+    assert_eq!(md.stdout, again.stdout);
+    let full = sb
+        .gitplane(&["plan", "--ref", "feature", "--format", "json"])
+        .ok()
+        .json();
+    let by_id = sb
+        .gitplane(&["plan", "--ref", short, "--format", "json"])
+        .ok()
+        .json();
+    assert_eq!(by_id["commit"], full["commit"]);
+    assert_eq!(by_id["environments"], full["environments"]);
+    let text = sb
+        .gitplane(&["plan", "--ref", "feature", "--format", "text"])
+        .ok();
+    text.hides(&[NEW_SECRET]).hides(&OLD_SECRETS);
+    text.stdout_has("development: 1 to create, 1 to update, 2 to delete");
+
+    // Nothing was recorded: no deployment, not a byte of the state file.
+    assert_eq!(sb.count("SELECT COUNT(*) FROM deployment"), deployments);
+    assert_eq!(std::fs::read(&sb.state).unwrap(), state_before);
+}
+
+#[test]
+fn a_branch_that_would_delete_most_resources_shows_as_held() {
+    let sb = Sandbox::applied();
+    sb.git(&["checkout", "--quiet", "-b", "cleanup"]);
+    sb.remove("workloads/shop");
+    sb.write("workloads/other/api.yaml", "apiVersion: score.dev/v1b1\nmetadata:\n  name: api\ncontainers:\n  main:\n    image: nginx\n");
+    sb.git(&["add", "-A"]);
+    sb.git(&["commit", "--quiet", "-m", "Remove the shop"]);
+    sb.git(&["push", "--quiet", "origin", "cleanup"]);
+    let run = sb
+        .gitplane(&[
+            "plan",
+            "--ref",
+            "cleanup",
+            "--env",
+            "development",
+            "--format",
+            "json",
+        ])
+        .ok();
+    let j = run.json();
+    let held = &j["environments"][0]["held"];
+    assert!(
+        held["reason"].as_str().unwrap().contains("it would delete"),
+        "{held}"
+    );
+    assert_eq!(held["resources"].as_array().unwrap().len(), 6, "{held}");
+    assert_eq!(j["summary"]["environments_held"], 1);
+    sb.gitplane(&["plan", "--ref", "cleanup", "--format", "markdown"])
+        .ok()
+        .stdout_has("**Held by the deletion guard**");
+}
+
+#[test]
+fn a_branch_that_does_not_load_reviews_as_rejected_and_exits_non_zero() {
+    let sb = Sandbox::applied();
+    sb.git(&["checkout", "--quiet", "-b", "broken"]);
+    sb.write(
+        "workloads/shop/backend.yaml",
+        "apiVersion: score.dev/v1b1\ncontainers: [\n",
+    );
+    sb.git(&["add", "-A"]);
+    sb.git(&["commit", "--quiet", "-m", "Broken"]);
+    sb.git(&["push", "--quiet", "origin", "broken"]);
+    let md = sb
+        .gitplane(&["plan", "--ref", "broken", "--format", "markdown"])
+        .fails();
+    let first = md.stdout.lines().next().unwrap_or_default();
+    assert!(first.contains(": rejected: 1 error(s)"), "{md}");
+    md.stdout_has("workloads/shop/backend.yaml");
+    let j = sb
+        .gitplane(&["plan", "--ref", "broken", "--format", "json"])
+        .fails()
+        .json();
+    assert_eq!(j["rejected"]["errors"].as_array().unwrap().len(), 1, "{j}");
+    assert_eq!(j["environments"], serde_json::json!([]));
+}
+
+#[test]
+fn a_ref_that_names_nothing_is_a_clear_error() {
+    let sb = Sandbox::applied();
+    for format in ["markdown", "json", "text"] {
+        let run = sb
+            .gitplane(&["plan", "--ref", "no-such-branch", "--format", format])
+            .fails();
+        run.stderr_has("no-such-branch");
+        assert!(run.stdout.is_empty(), "{run}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pull-request webhook
+
+/// `POST url` with `headers` and `body`: the status.
+fn post(url: &str, headers: &[(&str, &str)], body: &[u8]) -> u16 {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(10)))
+        .build()
+        .into();
+    let mut request = agent.post(url);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    request
+        .send(body)
+        .expect("the listener answers")
+        .status()
+        .as_u16()
+}
+
+fn hmac_hex(secret: &str, body: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body);
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A POST the plan hook received: its Authorization header and its body as JSON.
+fn received(server: &tiny_http::Server, within: std::time::Duration) -> Option<(String, Value)> {
+    let mut request = server
+        .recv_timeout(within)
+        .expect("the test server works")?;
+    let auth = request
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("Authorization"))
+        .map(|h| h.value.to_string())
+        .unwrap_or_default();
+    let mut body = String::new();
+    request.as_reader().read_to_string(&mut body).unwrap();
+    request
+        .respond(tiny_http::Response::from_string("ok"))
+        .unwrap();
+    Some((
+        auth,
+        serde_json::from_str(&body).expect("the plan hook's body is JSON"),
+    ))
+}
+
+#[test]
+fn a_signed_pull_request_webhook_posts_the_plan_of_its_head_and_an_unsigned_one_nothing() {
+    let sb = Sandbox::template();
+    let plan_server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let plan_port = plan_server.server_addr().to_ip().unwrap().port();
+    let port = crate::service::free_port();
+    let secret = "whsec-pr-4b8e11";
+    let token = "plan-bot-token-77a2";
+    let secret_file = sb.root.join("webhook-secret");
+    let token_file = sb.root.join("plan-token");
+    std::fs::write(&secret_file, secret).unwrap();
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "repo: {}\nstate: {}\nhttp:\n  listen: 127.0.0.1:{port}\n  webhook_secret_file: {}\n  \
+             plan_hook:\n    url: http://127.0.0.1:{plan_port}/plan\n    token_file: {}\n    \
+             timeout: 10s\n",
+            sb.origin.display(),
+            sb.state.display(),
+            secret_file.display(),
+            token_file.display()
+        ),
+    )
+    .unwrap();
+    let daemon = crate::daemon::Daemon::start(&sb, &["--config", config.to_str().unwrap()]);
+    crate::daemon::wait_deployed(
+        &sb,
+        &sb.head(),
+        &["development", "production"],
+        std::time::Duration::from_secs(30),
+    );
+
+    sb.git(&["checkout", "--quiet", "-b", "feature"]);
+    let backend = sb.read("workloads/shop/backend.yaml");
+    sb.write(
+        "workloads/shop/backend.yaml",
+        &format!("{backend}  queue:\n    type: redis\n"),
+    );
+    sb.git(&["add", "-A"]);
+    sb.git(&["commit", "--quiet", "-m", "A queue"]);
+    sb.git(&["push", "--quiet", "origin", "feature"]);
+    let head = sb.head();
+    let hook = format!("http://127.0.0.1:{port}/hooks/git");
+    let github = format!(
+        r#"{{"action":"opened","number":7,"pull_request":{{"number":7,"title":"A queue",
+        "head":{{"sha":"{head}","ref":"feature"}},"base":{{"sha":"{head}","ref":"main"}}}}}}"#
+    );
+    let body = github.as_bytes();
+
+    // Unsigned, or signed with another secret: 401, and nothing is posted.
+    assert_eq!(
+        post(&hook, &[("X-GitHub-Event", "pull_request")], body),
+        401
+    );
+    let wrong = format!("sha256={}", hmac_hex("guess", body));
+    assert_eq!(
+        post(
+            &hook,
+            &[
+                ("X-GitHub-Event", "pull_request"),
+                ("X-Hub-Signature-256", &wrong)
+            ],
+            body
+        ),
+        401
+    );
+    assert!(
+        received(&plan_server, std::time::Duration::from_secs(2)).is_none(),
+        "a refused webhook posted a plan"
+    );
+    // Signed but malformed: 400.
+    let malformed = br#"{"action":"opened","pull_request":{"number":"seven"}}"#;
+    let signature = format!("sha256={}", hmac_hex(secret, malformed));
+    assert_eq!(
+        post(
+            &hook,
+            &[
+                ("X-GitHub-Event", "pull_request"),
+                ("X-Hub-Signature-256", &signature)
+            ],
+            malformed
+        ),
+        400
+    );
+
+    let signature = format!("sha256={}", hmac_hex(secret, body));
+    assert_eq!(
+        post(
+            &hook,
+            &[
+                ("X-GitHub-Event", "pull_request"),
+                ("X-Hub-Signature-256", &signature)
+            ],
+            body
+        ),
+        202
+    );
+    let (auth, posted) = received(&plan_server, std::time::Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no plan was posted:\n{}", daemon.log()));
+    assert_eq!(auth, format!("Bearer {token}"));
+    assert_eq!(posted["pull_request"], 7);
+    assert_eq!(posted["head"], head.as_str());
+    assert_eq!(posted["head_ref"], "feature");
+    assert_eq!(posted["base_ref"], "main");
+    assert_eq!(posted["provider"], "github");
+    let markdown = posted["markdown"].as_str().unwrap();
+    assert!(
+        markdown.starts_with(&format!(
+            "**gitplane plan** for `{}` (ref `feature`)",
+            &head[..12]
+        )),
+        "{markdown}"
+    );
+    assert!(
+        markdown.contains("create `shop/redis.default#modules.backend.externals.queue`"),
+        "{markdown}"
+    );
+    assert_eq!(posted["plan"]["summary"]["create"], 2);
+    assert!(!markdown.contains("dev-password-change-me"));
+
+    // A GitLab merge request, with GitLab's token.
+    let gitlab = format!(
+        r#"{{"object_kind":"merge_request","object_attributes":{{"iid":3,"action":"update",
+        "source_branch":"feature","target_branch":"main","last_commit":{{"id":"{head}"}}}}}}"#
+    );
+    assert_eq!(
+        post(
+            &hook,
+            &[
+                ("X-Gitlab-Event", "Merge Request Hook"),
+                ("X-Gitlab-Token", secret)
+            ],
+            gitlab.as_bytes()
+        ),
+        202
+    );
+    let (_, posted) = received(&plan_server, std::time::Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no plan was posted:\n{}", daemon.log()));
+    assert_eq!(posted["pull_request"], 3);
+    assert_eq!(posted["provider"], "gitlab");
+    assert!(posted["markdown"].as_str().unwrap().contains("queue"));
+
+    // No deployment came of the branch, and no secret reached the log.
+    assert_eq!(
+        sb.count(&format!(
+            "SELECT COUNT(*) FROM deployment WHERE commit_id = '{head}'"
+        )),
+        0
+    );
+    let log = daemon.log();
+    assert!(!log.contains(token) && !log.contains(secret), "{log}");
+    assert!(log.contains("plan posted"), "{log}");
+}

@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::deploy::Target;
-use crate::drivers::{DriverError, DriverRequest, ErrorKind, ReadOutcome, Registry};
+use crate::drivers::{DriverError, ErrorKind, OwnedRequest, ReadOutcome, Registry};
 use crate::graph::ResourceNode;
 use crate::plan::{self, Recorded};
 use crate::reconcile::Settings;
@@ -307,41 +307,6 @@ impl DetectReport {
     }
 }
 
-/// One read, owned, so it can move to a blocking thread.
-struct ReadJob {
-    guresid: String,
-    org: String,
-    env: String,
-    app: Option<String>,
-    res_type: String,
-    class: String,
-    res_id: String,
-    resource: Value,
-    values: Value,
-    secrets: Value,
-    account: Option<Value>,
-    cookie: Option<String>,
-}
-
-impl ReadJob {
-    fn request(&self) -> DriverRequest<'_> {
-        DriverRequest {
-            guresid: &self.guresid,
-            org: &self.org,
-            env: &self.env,
-            app: self.app.as_deref(),
-            res_type: &self.res_type,
-            class: &self.class,
-            res_id: &self.res_id,
-            resource: &self.resource,
-            values: &self.values,
-            secrets: &self.secrets,
-            account: self.account.as_ref(),
-            cookie: self.cookie.as_deref(),
-        }
-    }
-}
-
 /// The inputs recorded for `rec`, as its last put sent them (the secret half holds the
 /// resource's own inputs when a secret flowed into them).
 fn recorded_inputs(rec: &ResourceRecord) -> Result<(Value, Value, Value), String> {
@@ -430,7 +395,7 @@ pub async fn detect(
                 }
             },
         };
-        let job = ReadJob {
+        let job = OwnedRequest {
             guresid: rec.guresid.clone(),
             org: graph.org.clone(),
             env: env.clone(),

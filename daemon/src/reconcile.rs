@@ -34,7 +34,7 @@ use tokio::task::JoinSet;
 use crate::config::{HostConfig, RetryPolicy};
 use crate::deploy::{Scope, Target};
 use crate::drivers::{
-    Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, ErrorKind, Manifest, PutOutcome,
+    Cookie, DeleteOutcome, Driver, DriverError, ErrorKind, Manifest, OwnedRequest, PutOutcome,
     Registry,
 };
 use crate::graph::{EdgeKind, GuresId, ResourceGraph, ResourceNode};
@@ -486,37 +486,7 @@ impl Operation {
 /// Everything one driver call needs, owned, so it can move to a blocking thread.
 struct Job {
     operation: Operation,
-    guresid: String,
-    org: String,
-    env: String,
-    app: Option<String>,
-    res_type: String,
-    class: String,
-    res_id: String,
-    resource: Value,
-    values: Value,
-    secrets: Value,
-    account: Option<Value>,
-    cookie: Option<String>,
-}
-
-impl Job {
-    fn request(&self) -> DriverRequest<'_> {
-        DriverRequest {
-            guresid: &self.guresid,
-            org: &self.org,
-            env: &self.env,
-            app: self.app.as_deref(),
-            res_type: &self.res_type,
-            class: &self.class,
-            res_id: &self.res_id,
-            resource: &self.resource,
-            values: &self.values,
-            secrets: &self.secrets,
-            account: self.account.as_ref(),
-            cookie: self.cookie.as_deref(),
-        }
-    }
+    call: OwnedRequest,
 }
 
 /// A job ready to start once its operation is journalled.
@@ -1233,18 +1203,20 @@ impl<'a> Run<'a, '_> {
         };
         let job = Job {
             operation: Operation::Put,
-            guresid: node.guresid.to_string(),
-            org: self.graph.org.clone(),
-            env: self.graph.env.clone(),
-            app: node.app.clone(),
-            res_type: node.res_type.clone(),
-            class: node.class.clone(),
-            res_id: node.res_id.clone(),
-            resource: inputs.resource.clone(),
-            values: inputs.values.clone(),
-            secrets: inputs.secrets.clone(),
-            account,
-            cookie: self.store.cookie(node.guresid.as_str())?,
+            call: OwnedRequest {
+                guresid: node.guresid.to_string(),
+                org: self.graph.org.clone(),
+                env: self.graph.env.clone(),
+                app: node.app.clone(),
+                res_type: node.res_type.clone(),
+                class: node.class.clone(),
+                res_id: node.res_id.clone(),
+                resource: inputs.resource.clone(),
+                values: inputs.values.clone(),
+                secrets: inputs.secrets.clone(),
+                account,
+                cookie: self.store.cookie(node.guresid.as_str())?,
+            },
         };
         Ok(Started::Job(Box::new(Ready {
             job,
@@ -1403,22 +1375,24 @@ impl<'a> Run<'a, '_> {
         };
         let job = Job {
             operation: Operation::Delete,
-            guresid: rec.guresid.clone(),
-            org: self.graph.org.clone(),
-            env: rec.env.clone(),
-            app: rec.app.clone(),
-            res_type: rec.res_type.clone(),
-            class: rec.class.clone(),
-            res_id: rec.res_id.clone(),
-            resource: inputs
-                .get("resource")
-                .or_else(|| secret_inputs.get("resource"))
-                .cloned()
-                .unwrap_or(Value::Null),
-            values: inputs.get("values").cloned().unwrap_or(Value::Null),
-            secrets: secret_inputs.get("secrets").cloned().unwrap_or(Value::Null),
-            account,
-            cookie: self.store.cookie(&rec.guresid)?,
+            call: OwnedRequest {
+                guresid: rec.guresid.clone(),
+                org: self.graph.org.clone(),
+                env: rec.env.clone(),
+                app: rec.app.clone(),
+                res_type: rec.res_type.clone(),
+                class: rec.class.clone(),
+                res_id: rec.res_id.clone(),
+                resource: inputs
+                    .get("resource")
+                    .or_else(|| secret_inputs.get("resource"))
+                    .cloned()
+                    .unwrap_or(Value::Null),
+                values: inputs.get("values").cloned().unwrap_or(Value::Null),
+                secrets: secret_inputs.get("secrets").cloned().unwrap_or(Value::Null),
+                account,
+                cookie: self.store.cookie(&rec.guresid)?,
+            },
         };
         Ok(Started::Job(Box::new(Ready {
             job,
@@ -1739,7 +1713,7 @@ async fn call_until_done(
             let call_started = Instant::now();
             let answer = tokio::task::spawn_blocking(move || {
                 let answer = match job.operation {
-                    Operation::Put => driver.put(&job.request()).map(|o| match o {
+                    Operation::Put => driver.put(&job.call.request()).map(|o| match o {
                         PutOutcome::Done {
                             outputs,
                             secret_outputs,
@@ -1755,7 +1729,7 @@ async fn call_until_done(
                         ),
                         PutOutcome::InProgress { cookie } => (None, cookie),
                     }),
-                    Operation::Delete => driver.delete(&job.request()).map(|o| match o {
+                    Operation::Delete => driver.delete(&job.call.request()).map(|o| match o {
                         DeleteOutcome::Done => (Some(Answer::none()), Cookie::Cleared),
                         DeleteOutcome::InProgress { cookie } => (None, cookie),
                     }),
@@ -1782,12 +1756,12 @@ async fn call_until_done(
         };
         match &cookie {
             Cookie::Unchanged => {}
-            Cookie::Set(c) => job.cookie = Some(c.clone()),
-            Cookie::Cleared => job.cookie = None,
+            Cookie::Set(c) => job.call.cookie = Some(c.clone()),
+            Cookie::Cleared => job.call.cookie = None,
         }
         // The receiver lives as long as any job; a send can only fail when it is gone.
         let _ = calls.send(CallEnded {
-            guresid: job.guresid.clone(),
+            guresid: job.call.guresid.clone(),
             operation,
             attempts,
             cookie,
@@ -1830,7 +1804,7 @@ async fn call_until_done(
                         )),
                     );
                 }
-                tokio::time::sleep(backoff(&retry, transient_failures, &job.guresid)).await;
+                tokio::time::sleep(backoff(&retry, transient_failures, &job.call.guresid)).await;
             }
             Err(DriverError {
                 kind: ErrorKind::Final,
@@ -1904,7 +1878,7 @@ fn answer_in_process(
     job: &Job,
     (driver_type, observer): (&str, Option<&dyn CallObserver>),
 ) -> Option<CallOutcome> {
-    let request = job.request();
+    let request = job.call.request();
     let started = Instant::now();
     let observe = |result: CallResult| {
         if let Some(o) = observer {

@@ -1378,6 +1378,26 @@ fn approve(
     }
 }
 
+/// The environments a reading command looks at: `--env` (each must be recorded), else every
+/// recorded one.
+fn recorded_envs(ctx: &Context, store: &Store) -> Result<Vec<String>, CliError> {
+    let known = store.environments()?;
+    for env in &ctx.envs {
+        if !known.contains(env) {
+            return Err(CliError::UnknownStateEnv {
+                env: env.clone(),
+                state: store.path().to_owned(),
+                known: known.join(", "),
+            });
+        }
+    }
+    Ok(if ctx.envs.is_empty() {
+        known
+    } else {
+        ctx.envs.clone()
+    })
+}
+
 /// The state file, which must exist: reading commands never create one.
 pub(crate) fn existing_store(ctx: &Context) -> Result<Store, CliError> {
     if !ctx.state_exists() {
@@ -1457,21 +1477,7 @@ fn resolve(
 /// its last good commit, under the environment's lock.
 fn drift(ctx: &Context, detect: bool, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
     let mut store = existing_store(ctx)?;
-    let known = store.environments()?;
-    for env in &ctx.envs {
-        if !known.contains(env) {
-            return Err(CliError::UnknownStateEnv {
-                env: env.clone(),
-                state: store.path().to_owned(),
-                known: known.join(", "),
-            });
-        }
-    }
-    let envs = if ctx.envs.is_empty() {
-        known
-    } else {
-        ctx.envs.clone()
-    };
+    let envs = recorded_envs(ctx, &store)?;
     let settings = Settings::from_config(&ctx.host);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -1673,21 +1679,7 @@ fn status(
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let store = existing_store(ctx)?;
-    let known = store.environments()?;
-    for env in &ctx.envs {
-        if !known.contains(env) {
-            return Err(CliError::UnknownStateEnv {
-                env: env.clone(),
-                state: store.path().to_owned(),
-                known: known.join(", "),
-            });
-        }
-    }
-    let envs = if ctx.envs.is_empty() {
-        known
-    } else {
-        ctx.envs.clone()
-    };
+    let envs = recorded_envs(ctx, &store)?;
     // Only daemons sharing a PostgreSQL state hold leases: a SQLite state has none.
     let leases: std::collections::BTreeMap<String, gitplane_state::LeaseRecord> = store
         .leases()?

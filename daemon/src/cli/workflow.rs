@@ -57,7 +57,7 @@ pub(super) fn rollback(
     let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let commit = Commit::resolve(ctx, Some(to), Some(&store))?;
     // Built before the pin is recorded: a commit that cannot be applied pins nothing.
-    let targets = match targets(ctx, &commit, Some(&store), Reach::Whole)? {
+    let targets = match targets(ctx, &commit, Some(&store), Reach::Changes)? {
         Ok(targets) => targets,
         Err(rejected) => {
             report_rejected(commit.id(), &rejected);

@@ -37,6 +37,42 @@ pub const PROVIDED_DRIVER: &str = "gitplane/provided";
 /// The most a driver cookie may hold, in bytes (the Humanitec Driver Interface's limit).
 pub const MAX_COOKIE_BYTES: usize = 10_240;
 
+/// A [`DriverRequest`] that owns its parts, so a call can move to a blocking thread.
+#[derive(Debug, Clone)]
+pub struct OwnedRequest {
+    pub guresid: String,
+    pub org: String,
+    pub env: String,
+    pub app: Option<String>,
+    pub res_type: String,
+    pub class: String,
+    pub res_id: String,
+    pub resource: Value,
+    pub values: Value,
+    pub secrets: Value,
+    pub account: Option<Value>,
+    pub cookie: Option<String>,
+}
+
+impl OwnedRequest {
+    pub fn request(&self) -> DriverRequest<'_> {
+        DriverRequest {
+            guresid: &self.guresid,
+            org: &self.org,
+            env: &self.env,
+            app: self.app.as_deref(),
+            res_type: &self.res_type,
+            class: &self.class,
+            res_id: &self.res_id,
+            resource: &self.resource,
+            values: &self.values,
+            secrets: &self.secrets,
+            account: self.account.as_ref(),
+            cookie: self.cookie.as_deref(),
+        }
+    }
+}
+
 /// One call for one resource: everything a driver needs to provision or delete it.
 #[derive(Debug, Clone, Copy)]
 pub struct DriverRequest<'a> {

@@ -654,16 +654,29 @@ impl Daemon {
             let branches = repo.branches()?;
             let watched = rev.clone().or_else(|| repo.head_ref());
             let store = store.lock().unwrap_or_else(|e| e.into_inner());
-            // Never a preview over an environment of the watched ref, nor one with resources
-            // recorded outside the previews.
-            let mut taken: std::collections::BTreeSet<String> =
-                store.environments_with_resources()?.into_iter().collect();
-            if let Ok(commit) = repo.resolve(rev.as_deref()) {
-                taken.extend(deploy::environments_in(&repo.layout(&commit)?));
-            }
             let recorded = store.previews()?;
+            // Never a preview over an environment of the watched ref, nor one with resources
+            // recorded outside the previews. Only a branch without a preview yet needs to
+            // know, so the common look (no new branch) reads neither.
+            let known: std::collections::BTreeSet<&str> =
+                recorded.iter().map(|r| r.env.as_str()).collect();
+            let new_branch = branches.iter().any(|(branch, _)| {
+                branch
+                    .strip_prefix("refs/heads/")
+                    .filter(|name| previews::matches(&config.branches, name))
+                    .and_then(previews::env_of_branch)
+                    .is_some_and(|env| !known.contains(env.as_str()))
+            });
+            let mut taken = std::collections::BTreeSet::new();
+            if new_branch {
+                taken.extend(store.environments_with_resources()?);
+                if let Ok(commit) = repo.resolve(rev.as_deref()) {
+                    taken.extend(deploy::environments_in(&repo.layout(&commit)?));
+                }
+            }
+            // Removed previews stay recorded for history; only the others have a time to run.
             let mut ages = std::collections::BTreeMap::new();
-            for r in &recorded {
+            for r in recorded.iter().filter(|r| r.removed_at.is_none()) {
                 ages.insert(r.env.clone(), store.seconds_since(&r.pushed_at)?);
             }
             let decisions = previews::decide(

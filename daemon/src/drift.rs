@@ -542,14 +542,13 @@ pub async fn detect(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
     use gitplane_state::DeletionPolicy;
     use serde_json::json;
 
     use super::*;
-    use crate::graph::{GuresId, ResourceGraph};
-    use crate::plan::{inputs_hash, record_of, resolve_inputs, split_inputs};
+    use crate::graph::ResourceGraph;
+    use crate::plan::test_support;
 
     fn record(outputs: Value, secret_outputs: Value) -> ResourceRecord {
         ResourceRecord {
@@ -647,40 +646,6 @@ mod tests {
         assert_eq!(differences(&deep, &json!({"a": 2})).len(), 1);
     }
 
-    fn development(files: &std::collections::BTreeMap<String, Vec<u8>>) -> ResourceGraph {
-        let repo = crate::model::load(files).unwrap();
-        let env = repo
-            .environments
-            .iter()
-            .find(|e| e.id == "development")
-            .unwrap();
-        crate::graph::build(&repo, env).unwrap()
-    }
-
-    /// What applying `graph` with echo drivers records.
-    fn applied(graph: &ResourceGraph) -> Vec<ResourceRecord> {
-        let mut outputs: HashMap<GuresId, (Value, Value, String)> = HashMap::new();
-        let mut records = Vec::new();
-        for node in graph.provisioning_order() {
-            let inputs = resolve_inputs(node, &outputs).unwrap();
-            let (public, secret) = split_inputs(&inputs);
-            records.push(ResourceRecord {
-                status: ResourceStatus::Ready,
-                inputs_hash: inputs_hash(node, &inputs),
-                outputs: inputs.values.clone(),
-                secret_outputs: inputs.secrets.clone(),
-                inputs: public,
-                secret_inputs: secret,
-                ..record_of(node, &graph.env, "c1")
-            });
-            outputs.insert(
-                node.guresid.clone(),
-                (inputs.values, inputs.secrets, node.label()),
-            );
-        }
-        records
-    }
-
     fn inputs_findings(
         graph: &ResourceGraph,
         records: &[ResourceRecord],
@@ -700,8 +665,8 @@ mod tests {
 
     #[test]
     fn an_upstream_change_not_taken_downstream_is_an_inputs_finding() {
-        let graph = development(&crate::graph::tests::template_files());
-        let mut records = applied(&graph);
+        let graph = test_support::graph(&crate::graph::tests::template_files(), "development");
+        let mut records = test_support::applied(&graph).records;
         assert!(inputs_findings(&graph, &records).is_empty());
         // Every provider's public outputs move on outside of its consumers' knowledge.
         let providers: Vec<String> = graph.edge_iter().map(|(_, to, _)| to.to_string()).collect();

@@ -923,30 +923,39 @@ pub fn deletion_order<'a>(
     }
 }
 
+/// What tests of the planning code start from: a commit's graph, and what applying it with
+/// echo drivers records, computed without I/O.
 #[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
+pub(crate) mod test_support {
+    use std::collections::{BTreeMap, HashMap};
 
-    use super::*;
-    use crate::graph::tests::template_files;
-    use crate::model;
+    use gitplane_state::{BindingRecord, LinkRecord, ResourceRecord, ResourceStatus};
+    use serde_json::Value;
 
-    fn graph(files: &BTreeMap<String, Vec<u8>>) -> ResourceGraph {
-        let repo = model::load(files).unwrap();
-        let env = repo
-            .environments
-            .iter()
-            .find(|e| e.id == "development")
-            .unwrap();
+    use super::{bindings_of, inputs_hash, record_of, resolve_inputs, split_inputs};
+    use crate::graph::{GuresId, ResourceGraph};
+
+    /// Environment `env`'s graph of `files`.
+    pub(crate) fn graph(files: &BTreeMap<String, Vec<u8>>, env: &str) -> ResourceGraph {
+        let repo = crate::model::load(files).unwrap();
+        let env = repo.environments.iter().find(|e| e.id == env).unwrap();
         crate::graph::build(&repo, env).unwrap()
     }
 
-    /// What applying `graph` with echo drivers records, computed without I/O.
-    fn applied(graph: &ResourceGraph) -> (Vec<ResourceRecord>, Vec<LinkRecord>) {
+    /// What applying a graph with echo drivers records: resources, links and bindings.
+    pub(crate) struct Applied {
+        pub records: Vec<ResourceRecord>,
+        pub links: Vec<LinkRecord>,
+        pub bindings: HashMap<String, Vec<BindingRecord>>,
+    }
+
+    pub(crate) fn applied(graph: &ResourceGraph) -> Applied {
         let mut outputs: HashMap<GuresId, (Value, Value, String)> = HashMap::new();
         let mut records = Vec::new();
+        let mut bindings = HashMap::new();
         for node in graph.provisioning_order() {
             let inputs = resolve_inputs(node, &outputs).unwrap();
+            bindings.insert(node.guresid.to_string(), bindings_of(node, &outputs));
             let (public, secret) = split_inputs(&inputs);
             records.push(ResourceRecord {
                 status: ResourceStatus::Ready,
@@ -955,7 +964,6 @@ mod tests {
                 secret_outputs: inputs.secrets.clone(),
                 inputs: public,
                 secret_inputs: secret,
-                commit_id: "c1".into(),
                 ..record_of(node, &graph.env, "c1")
             });
             outputs.insert(
@@ -972,7 +980,28 @@ mod tests {
                 update_type: "None".to_owned(),
             })
             .collect();
-        (records, links)
+        Applied {
+            records,
+            links,
+            bindings,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::graph::tests::template_files;
+
+    fn graph(files: &BTreeMap<String, Vec<u8>>) -> ResourceGraph {
+        test_support::graph(files, "development")
+    }
+
+    fn applied(graph: &ResourceGraph) -> (Vec<ResourceRecord>, Vec<LinkRecord>) {
+        let applied = test_support::applied(graph);
+        (applied.records, applied.links)
     }
 
     /// The template applied, then one edit planned: the plan, and each step that is not

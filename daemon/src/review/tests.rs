@@ -1,62 +1,9 @@
 use std::collections::BTreeMap;
 
-use gitplane_state::ResourceStatus;
-
 use super::*;
 use crate::graph::tests::template_files;
-use crate::model;
-use crate::plan::{bindings_of, inputs_hash, plan, record_of, resolve_inputs, split_inputs};
-
-fn graph(files: &BTreeMap<String, Vec<u8>>, env: &str) -> ResourceGraph {
-    let repo = model::load(files).unwrap();
-    let env = repo.environments.iter().find(|e| e.id == env).unwrap();
-    crate::graph::build(&repo, env).unwrap()
-}
-
-/// What applying `graph` with echo drivers records: resources, links and bindings.
-struct Applied {
-    records: Vec<ResourceRecord>,
-    links: Vec<LinkRecord>,
-    bindings: HashMap<String, Vec<BindingRecord>>,
-}
-
-fn applied(graph: &ResourceGraph) -> Applied {
-    let mut outputs: HashMap<GuresId, (Value, Value, String)> = HashMap::new();
-    let mut records = Vec::new();
-    let mut bindings = HashMap::new();
-    for node in graph.provisioning_order() {
-        let inputs = resolve_inputs(node, &outputs).unwrap();
-        bindings.insert(node.guresid.to_string(), bindings_of(node, &outputs));
-        let (public, secret) = split_inputs(&inputs);
-        records.push(ResourceRecord {
-            status: ResourceStatus::Ready,
-            inputs_hash: inputs_hash(node, &inputs),
-            outputs: inputs.values.clone(),
-            secret_outputs: inputs.secrets.clone(),
-            inputs: public,
-            secret_inputs: secret,
-            ..record_of(node, &graph.env, "c1")
-        });
-        outputs.insert(
-            node.guresid.clone(),
-            (inputs.values, inputs.secrets, node.label()),
-        );
-    }
-    let links = graph
-        .edge_iter()
-        .map(|(from, to, kind)| LinkRecord {
-            consumer: from.to_string(),
-            provider: to.to_string(),
-            kind: kind.as_str().to_owned(),
-            update_type: "None".to_owned(),
-        })
-        .collect();
-    Applied {
-        records,
-        links,
-        bindings,
-    }
-}
+use crate::plan::plan;
+use crate::plan::test_support::{applied, graph};
 
 fn edit(files: &mut BTreeMap<String, Vec<u8>>, path: &str, from: &str, to: &str) {
     let text = String::from_utf8(files[path].clone()).unwrap();

@@ -735,3 +735,48 @@ WHERE d.id = (SELECT MAX(d2.id) FROM deployment d2
               WHERE d2.env = f.env AND d2.kind = 'drift' AND d2.drift_mode = 'detect'
                 AND d2.status != 'running')
 ORDER BY f.env, f.app, f.type, f.res_id, f.what;
+
+-- migration 9
+
+-- Trust boundaries. The repository a state belongs to: recorded the first time a daemon or
+-- command reads one with it, so a daemon or command reading another repository is refused
+-- instead of deploying that repository's commits over these environments. One row.
+CREATE TABLE repository (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    root_commit TEXT NOT NULL,             -- the root commit of the watched ref's history
+    url         TEXT NOT NULL,             -- where it was read from (a path or a URL, no credentials)
+    recorded_at TEXT NOT NULL
+);
+
+-- A known text sealed with the state key when the key is first used: a daemon whose key cannot
+-- open it refuses to start (and takes no lease), without opening any real secret. One row.
+CREATE TABLE key_canary (
+    id        INTEGER PRIMARY KEY CHECK (id = 1),
+    sealed    TEXT NOT NULL,               -- `gp1:<key id>:...`, resealed by `state rekey`
+    sealed_at TEXT NOT NULL
+);
+
+-- Who changed the state by hand, from where: every command that changes state (apply,
+-- approve, rollback, unpin, resolve, state vacuum, state rekey, ...) adds a row.
+CREATE TABLE action (
+    at            TEXT NOT NULL,
+    command       TEXT NOT NULL,           -- `approve`, `rollback`, `state rekey`, ...
+    env           TEXT,                    -- NULL for what concerns the whole state
+    actor         TEXT NOT NULL,           -- --by, else the login name of the uid, else `uid:N`
+    host          TEXT NOT NULL,           -- the host it ran on
+    deployment_id INTEGER,                 -- the deployment it started or released, if any
+    detail        TEXT                     -- what it did, in words (never a secret)
+);
+CREATE INDEX action_env ON action (env, at);
+
+-- A rollback to a commit outside the watched ref's history (and never deployed to the
+-- environment) needs --force, recorded with its pin.
+ALTER TABLE env_pin ADD COLUMN forced INTEGER NOT NULL DEFAULT 0;
+
+-- Previews are built from the branch's `workloads/` and the watched ref's platform (everything
+-- else), unless `previews.trust: branch`. The watched ref's commit a preview's platform came
+-- from, and the newest branch head that was not deployed with why (it changes files outside
+-- `workloads/`, say), for `gitplane status`.
+ALTER TABLE preview ADD COLUMN platform_commit TEXT;
+ALTER TABLE preview ADD COLUMN refused_commit TEXT;
+ALTER TABLE preview ADD COLUMN refused_why TEXT;

@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch as latest};
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
-use crate::config::{HostConfig, RepoSource};
+use crate::config::{HostConfig, PreviewTrust, RepoSource};
 use crate::deploy::{self, Reach, Target};
 use crate::drivers::Registry;
 use crate::events::{DeploymentEvent, Events};
@@ -100,8 +100,12 @@ struct Job {
 /// What a preview environment's job does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum PreviewJob {
-    /// Deploy the branch head, built as an environment of this type.
-    Deploy { env_type: String },
+    /// Deploy the branch head, built as an environment of this type; with `platform`, only the
+    /// branch's `workloads/` are read, everything else from that commit of the watched ref.
+    Deploy {
+        env_type: String,
+        platform: Option<String>,
+    },
     /// Delete every resource of the environment.
     Remove,
 }
@@ -123,6 +127,8 @@ struct Shared {
     state_key: Option<gitplane_state::KeySource>,
     /// The local repository: the one people push to, or the mirror of a remote.
     repo: PathBuf,
+    /// The watched ref (`ref:`; `None`: the repository's HEAD).
+    git_ref: Option<String>,
     /// Parsed files of the last commit read: a new commit parses only what it changed.
     cache: Arc<Mutex<LoadCache>>,
     runtime: RwLock<Arc<Runtime>>,
@@ -162,9 +168,13 @@ struct Daemon {
     lease_events: Option<mpsc::UnboundedReceiver<LeaseEvent>>,
     /// The lease thread: it gives the leases up when the daemon stops.
     lease_thread: Option<(std::thread::JoinHandle<()>, Arc<AtomicBool>)>,
-    /// Preview environments: the branch head each was last handed to its worker, and when a
-    /// removal was last handed over (one that fails is tried again after a while).
-    preview_heads: HashMap<String, String>,
+    /// Preview environments: the branch head and the platform each was last handed to its
+    /// worker with, and when a removal was last handed over (one that fails is tried again
+    /// after a while).
+    preview_heads: HashMap<String, (String, String)>,
+    /// Whether a branch head may be previewed with the watched ref's platform (`None`) or not
+    /// (why), by (head, watched commit): judged once per pair, not at every look.
+    preview_verdicts: Arc<Mutex<HashMap<(String, String), Option<String>>>>,
     preview_removals: HashMap<String, Instant>,
     /// When the next preview's time runs out.
     preview_due: Option<Instant>,
@@ -206,6 +216,7 @@ impl Daemon {
             state: options.state.clone(),
             state_key: options.host.state_key.clone(),
             repo: repo_path.clone(),
+            git_ref: options.host.git_ref.clone(),
             cache: Arc::default(),
             runtime: RwLock::new(Arc::new(runtime_of(&options.host, &events))),
             stop,
@@ -227,6 +238,7 @@ impl Daemon {
             lease_events,
             lease_thread,
             preview_heads: HashMap::new(),
+            preview_verdicts: Arc::default(),
             preview_removals: HashMap::new(),
             preview_due: None,
             preview_skipped: Vec::new(),
@@ -649,30 +661,47 @@ impl Daemon {
         let path = self.repo_path.clone();
         let rev = self.options.host.git_ref.clone();
         let store = self.store.clone();
+        let verdicts = self.preview_verdicts.clone();
         let looked = tokio::task::spawn_blocking(move || {
             let repo = ConfigRepo::open(&path)?;
             let branches = repo.branches()?;
             let watched = rev.clone().or_else(|| repo.head_ref());
+            // The watched ref's newest commit: the environments it declares never get a
+            // preview, and its platform is what previews run with (unless trust: branch).
+            let platform = match repo.resolve(rev.as_deref()) {
+                Ok(commit) => {
+                    let layout = repo.layout(&commit)?;
+                    Some((commit, layout))
+                }
+                Err(e) => {
+                    warn!(error = %e, "previews: the watched ref does not resolve");
+                    None
+                }
+            };
+            let declared = platform
+                .as_ref()
+                .map(|(_, layout)| deploy::environments_in(layout))
+                .unwrap_or_default();
             let store = store.lock().unwrap_or_else(|e| e.into_inner());
             let recorded = store.previews()?;
-            // Never a preview over an environment of the watched ref, nor one with resources
-            // recorded outside the previews. Only a branch without a preview yet needs to
-            // know, so the common look (no new branch) reads neither.
-            let known: std::collections::BTreeSet<&str> =
-                recorded.iter().map(|r| r.env.as_str()).collect();
+            // Nor a preview over an environment with resources recorded outside the live
+            // previews. Only a branch without a live preview needs to know, so the common
+            // look (no new branch) does not read them.
+            let live: std::collections::BTreeSet<&str> = recorded
+                .iter()
+                .filter(|r| r.live())
+                .map(|r| r.env.as_str())
+                .collect();
             let new_branch = branches.iter().any(|(branch, _)| {
                 branch
                     .strip_prefix("refs/heads/")
                     .filter(|name| previews::matches(&config.branches, name))
                     .and_then(previews::env_of_branch)
-                    .is_some_and(|env| !known.contains(env.as_str()))
+                    .is_some_and(|env| !live.contains(env.as_str()))
             });
             let mut taken = std::collections::BTreeSet::new();
             if new_branch {
                 taken.extend(store.environments_with_resources()?);
-                if let Ok(commit) = repo.resolve(rev.as_deref()) {
-                    taken.extend(deploy::environments_in(&repo.layout(&commit)?));
-                }
             }
             // Removed previews stay recorded for history; only the others have a time to run.
             let mut ages = std::collections::BTreeMap::new();
@@ -684,9 +713,11 @@ impl Daemon {
                 &branches,
                 &recorded,
                 &ages,
-                &taken,
+                (&declared, &taken),
                 watched.as_deref(),
             );
+            let mut verdicts = verdicts.lock().unwrap_or_else(|e| e.into_inner());
+            let mut judged = HashMap::new();
             let mut jobs = Vec::new();
             for action in &decisions.actions {
                 match action {
@@ -695,7 +726,37 @@ impl Daemon {
                         branch,
                         commit,
                     } => {
-                        let push = store.preview_pushed(env, branch, &config.env_type, commit)?;
+                        let with_platform = match (config.trust, &platform) {
+                            (PreviewTrust::Branch, _) => None,
+                            (PreviewTrust::Workloads, Some((watched, layout))) => {
+                                let key = (commit.clone(), watched.clone());
+                                let verdict = match verdicts.get(&key) {
+                                    Some(v) => v.clone(),
+                                    None => trust_verdict(&repo, commit, watched)?,
+                                };
+                                judged.insert(key, verdict.clone());
+                                if let Some(why) = verdict {
+                                    if store.preview_refused(
+                                        env,
+                                        branch,
+                                        &config.env_type,
+                                        (commit, &why),
+                                    )? {
+                                        warn!(env, branch, commit, "no preview deployed: {why}");
+                                    }
+                                    continue;
+                                }
+                                Some((watched.clone(), platform_print(layout)))
+                            }
+                            // Without the watched ref there is no platform to run it with.
+                            (PreviewTrust::Workloads, None) => continue,
+                        };
+                        let push = store.preview_pushed(
+                            env,
+                            branch,
+                            &config.env_type,
+                            (commit, with_platform.as_ref().map(|(c, _)| c.as_str())),
+                        )?;
                         if push != PreviewPush::Same {
                             info!(
                                 env,
@@ -708,10 +769,16 @@ impl Daemon {
                                 }
                             );
                         }
+                        let (platform, print) = with_platform.unzip();
                         let job = PreviewJob::Deploy {
                             env_type: config.env_type.clone(),
+                            platform,
                         };
-                        jobs.push((env.clone(), commit.clone(), job));
+                        jobs.push((
+                            env.clone(),
+                            (commit.clone(), print.unwrap_or_default()),
+                            job,
+                        ));
                     }
                     PreviewAction::Remove { env, why } => {
                         if store.preview_removing(env, why)? {
@@ -725,10 +792,21 @@ impl Daemon {
                             .find(|r| &r.env == env)
                             .and_then(|r| r.commit_id.clone())
                             .unwrap_or_default();
-                        jobs.push((env.clone(), last, PreviewJob::Remove));
+                        jobs.push((env.clone(), (last, String::new()), PreviewJob::Remove));
+                    }
+                    PreviewAction::Close { env } => {
+                        if store.preview_closed(env, previews::DECLARED)? {
+                            warn!(
+                                env,
+                                "the watched ref declares environment {env}: its preview record \
+                                 is closed and the watched ref's deployments own it"
+                            );
+                        }
                     }
                 }
             }
+            // Only the pairs still in question are kept.
+            *verdicts = judged;
             Ok::<_, deploy::DeployError>((decisions, jobs))
         })
         .await;
@@ -757,17 +835,20 @@ impl Daemon {
             shard.set_previews(jobs.iter().map(|(env, _, _)| env.clone()));
         }
         let held = self.shared.shard.as_ref().map(|s| s.held());
-        for (env, commit, job) in jobs {
+        for (env, (commit, print), job) in jobs {
             if held.as_ref().is_some_and(|h| !h.contains(&env)) {
                 continue;
             }
             match &job {
                 PreviewJob::Deploy { .. } => {
-                    if self.preview_heads.get(&env) == Some(&commit) {
+                    // A new platform (definitions, settings) deploys a preview again too;
+                    // a commit of the watched ref that changed only its own workloads does not.
+                    let key = (commit.clone(), print);
+                    if self.preview_heads.get(&env) == Some(&key) {
                         continue;
                     }
                     self.preview_removals.remove(&env);
-                    self.preview_heads.insert(env.clone(), commit.clone());
+                    self.preview_heads.insert(env.clone(), key);
                 }
                 PreviewJob::Remove => {
                     let recent = self
@@ -954,16 +1035,11 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
         error!(env, error = %e, "cannot read the state");
         return;
     }
-    match store.preview(env) {
-        // A preview is deployed from its branch alone: a job of the watched ref that reaches
-        // it (a lease moved, say) leaves it be.
-        Ok(Some(p)) if job.preview.is_none() && p.removed_at.is_none() => {
-            warn!(env, branch = %p.branch, "a preview environment: the watched ref does not deploy it");
-            return;
-        }
-        Ok(_) => {}
+    match tokio::task::block_in_place(|| preview_allowed(env, job, store, shared)) {
+        Ok(true) => {}
+        Ok(false) => return,
         Err(e) => {
-            error!(env, error = %e, "cannot read the state");
+            error!(env, error = %e, "cannot read the repository or the state");
             return;
         }
     }
@@ -1239,10 +1315,16 @@ fn target_under_lock(
                 scope: deploy::Scope::whole(Default::default()),
             }));
         }
-        Some(PreviewJob::Deploy { env_type }) => ConfigRepo::open(&shared.repo)?.with_file(
-            &previews::environment_path(env),
-            &previews::environment_file(env_type),
-        ),
+        Some(PreviewJob::Deploy { env_type, platform }) => {
+            let repo = ConfigRepo::open(&shared.repo)?.with_file(
+                &previews::environment_path(env),
+                &previews::environment_file(env_type),
+            );
+            match platform {
+                Some(platform) => repo.with_platform(platform)?,
+                None => repo,
+            }
+        }
         None => ConfigRepo::open(&shared.repo)?,
     };
     let layout = repo.layout(&job.commit)?;
@@ -1281,6 +1363,107 @@ fn target_under_lock(
     drop(cache);
     let read = deploy::read_target_secrets(std::slice::from_mut(&mut target), &runtime.stores);
     Ok(read.map(|()| target))
+}
+
+/// Whether `job` may run on `env` as far as previews go. A preview is deployed from its branch
+/// alone: a job of the watched ref that reaches it (a lease moved, say) leaves it be, unless
+/// the watched ref's commit declares the environment: the declaration always wins, and the
+/// preview's record is closed. For the same reason a preview job never runs on an environment
+/// the watched ref's newest commit declares.
+fn preview_allowed(
+    env: &str,
+    job: &Job,
+    store: &Store,
+    shared: &Shared,
+) -> Result<bool, deploy::DeployError> {
+    let declares = |commit: &str| -> Result<bool, RepoError> {
+        let layout = ConfigRepo::open(&shared.repo)?.layout(commit)?;
+        Ok(deploy::environments_in(&layout).contains(env))
+    };
+    let close = || -> Result<bool, deploy::DeployError> {
+        if store.preview_closed(env, previews::DECLARED)? {
+            warn!(
+                env,
+                "the watched ref declares environment {env}: its preview record is closed and \
+                 the watched ref's deployments own it"
+            );
+        }
+        Ok(true)
+    };
+    if job.preview.is_none() {
+        return match store.preview(env)? {
+            Some(p) if p.removed_at.is_none() => {
+                if declares(&job.commit)? {
+                    return close();
+                }
+                warn!(env, branch = %p.branch, "a preview environment: the watched ref does not deploy it");
+                Ok(false)
+            }
+            _ => Ok(true),
+        };
+    }
+    let repo = ConfigRepo::open(&shared.repo)?;
+    let watched = match repo.resolve(shared.git_ref.as_deref()) {
+        Ok(commit) => commit,
+        // With nothing to declare it, the environment is the preview's.
+        Err(RepoError::Unborn { .. } | RepoError::Revision { .. }) => return Ok(true),
+        Err(e) => return Err(e.into()),
+    };
+    if declares(&watched)? {
+        close()?;
+        warn!(env, commit = %job.commit, "not deployed as a preview: the watched ref declares the environment");
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// Whether branch head `head` may be previewed with the platform of the watched ref's
+/// `watched`: `None` when it changes nothing outside `workloads/` since the two histories met,
+/// else why not.
+fn trust_verdict(
+    repo: &ConfigRepo,
+    head: &str,
+    watched: &str,
+) -> Result<Option<String>, RepoError> {
+    const SHOWN: usize = 5;
+    let Some(base) = repo.merge_base(head, watched)? else {
+        return Ok(Some(
+            "its history never meets the watched ref's: previews run only branches of it \
+             (previews.trust: branch runs any)"
+                .to_owned(),
+        ));
+    };
+    let changed = repo.changed_outside_workloads(&base, head, SHOWN + 1)?;
+    if changed.is_empty() {
+        return Ok(None);
+    }
+    let mut list = changed
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if changed.len() > SHOWN {
+        list.push_str(", ...");
+    }
+    Ok(Some(format!(
+        "it changes files outside workloads/ ({list}); a preview runs a branch's workloads \
+         with the watched ref's platform, so changes to definitions, environments or \
+         gitplane.yaml are planned, not deployed, until merged (previews.trust: branch \
+         deploys whole branches)"
+    )))
+}
+
+/// What a preview takes from the watched ref's commit of `layout`, as text: two commits with
+/// the same print give previews the same platform.
+fn platform_print(layout: &crate::repo::Layout) -> String {
+    layout
+        .shared
+        .iter()
+        .filter(|(path, _)| !path.starts_with("environments/"))
+        .map(|(path, id)| format!("{path}={id}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A new commit, loaded.

@@ -856,24 +856,45 @@ pub struct Held {
     pub reason: String,
 }
 
+/// How many resources an environment has recorded, and how many of them a plan's scope
+/// covers (the apps a commit made gitplane read; all of them for a whole deployment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordedCount {
+    pub environment: usize,
+    pub in_scope: usize,
+}
+
+impl RecordedCount {
+    /// A plan of the whole environment.
+    pub fn whole(recorded: usize) -> RecordedCount {
+        RecordedCount {
+            environment: recorded,
+            in_scope: recorded,
+        }
+    }
+}
+
 /// The deletion guard: holds a plan that would delete more than `threshold` percent of the
-/// `recorded` resources of its environment, or that would leave it with none.
-pub fn deletion_guard(plan: &Plan, recorded: usize, threshold: f64) -> Option<Held> {
+/// resources its environment has recorded, or that would leave it with none. Judged on the
+/// whole environment whatever part of it the plan covers: the resources outside its scope stay.
+pub fn deletion_guard(plan: &Plan, recorded: RecordedCount, threshold: f64) -> Option<Held> {
     let deletions: Vec<String> = plan
         .steps
         .iter()
         .filter(|s| s.action == Action::Delete)
         .map(Step::label)
         .collect();
-    if deletions.is_empty() || recorded == 0 {
+    if deletions.is_empty() || recorded.environment == 0 {
         return None;
     }
-    let remaining = plan
+    let kept_in_scope = plan
         .steps
         .iter()
         .filter(|s| !matches!(s.action, Action::Delete | Action::Forget))
         .count();
-    let share = deletions.len() as f64 * 100.0 / recorded as f64;
+    let remaining = recorded.environment.saturating_sub(recorded.in_scope) + kept_in_scope;
+    let total = recorded.environment;
+    let share = deletions.len() as f64 * 100.0 / total as f64;
     let reason = if remaining == 0 {
         format!(
             "it would delete all {} resources of environment {}",
@@ -882,7 +903,7 @@ pub fn deletion_guard(plan: &Plan, recorded: usize, threshold: f64) -> Option<He
         )
     } else if share > threshold {
         format!(
-            "it would delete {} of {recorded} resources of environment {} ({share:.0}%, above \
+            "it would delete {} of {total} resources of environment {} ({share:.0}%, above \
              the {threshold}% threshold)",
             deletions.len(),
             plan.env
@@ -1029,6 +1050,40 @@ mod tests {
         let text = String::from_utf8(files[path].clone()).unwrap();
         assert!(text.contains(from), "{from} not in {path}");
         files.insert(path.into(), text.replacen(from, to, 1).into_bytes());
+    }
+
+    /// Finding: removing some apps was judged on the part the commit made gitplane read, so it
+    /// was held as "all resources" although the other apps stay, while the same removal with a
+    /// definition change (every app read) went through. The verdict counts the whole
+    /// environment.
+    #[test]
+    fn the_deletion_guard_judges_the_whole_environment_whatever_the_scope_read() {
+        let (records, links) = applied(&graph(&template_files()));
+        assert_eq!(records.len(), 6);
+        // The part read holds six resources, and the commit deletes all of them.
+        let p = plan(&ResourceGraph::removed("development"), &records, &links);
+        let part = |environment| RecordedCount {
+            environment,
+            in_scope: 6,
+        };
+        assert_eq!(
+            deletion_guard(&p, part(12), 50.0),
+            None,
+            "6 of 12 is not above 50%"
+        );
+        let held = deletion_guard(&p, part(10), 50.0).unwrap();
+        assert_eq!(held.deletions.len(), 6);
+        assert!(
+            held.reason
+                .starts_with("it would delete 6 of 10 resources of environment development (60%"),
+            "{}",
+            held.reason
+        );
+        let all = deletion_guard(&p, RecordedCount::whole(6), 90.0).unwrap();
+        assert_eq!(
+            all.reason,
+            "it would delete all 6 resources of environment development"
+        );
     }
 
     #[test]

@@ -20,6 +20,9 @@ const MAX_ENV_ID: usize = 63;
 /// Why a preview environment is removed.
 pub const BRANCH_DELETED: &str = "branch deleted";
 pub const TTL_EXPIRED: &str = "ttl expired";
+/// Why a preview's record is closed without deleting anything: the watched ref declares an
+/// environment of that name, and its deployments own the resources from then on.
+pub const DECLARED: &str = "the watched ref declares it";
 
 /// What to do with one preview environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +36,9 @@ pub enum PreviewAction {
     /// Delete every resource of `env`: its branch went, or its time ran out (`why`); also
     /// given again for a removal that has not finished.
     Remove { env: String, why: &'static str },
+    /// Close `env`'s preview record, deleting nothing: the watched ref declares `env`, and the
+    /// watched ref's declaration always wins.
+    Close { env: String },
 }
 
 /// What [`decide`] found.
@@ -113,16 +119,18 @@ pub fn environment_path(env: &str) -> String {
 /// - `branches`: every branch of the repository (full ref, commit),
 /// - `recorded`: every preview the state recorded,
 /// - `age`: how long ago each recorded preview was last pushed (seconds),
-/// - `taken`: environments that are not previews (declared by the watched ref's commit, or with
-///   resources recorded outside any preview): a branch whose name gives one of these gets no
-///   preview, so a preview never touches another environment,
+/// - `declared`: the environments the watched ref's newest commit declares: never a preview,
+///   whatever the state recorded (a preview record of one is closed),
+/// - `taken`: environments with resources recorded outside any live preview: a branch whose
+///   name gives one of these gets no preview unless that preview is live, so a preview never
+///   touches another environment,
 /// - `watched`: the watched ref, which never gets a preview.
 pub fn decide(
     config: &PreviewConfig,
     branches: &[(String, String)],
     recorded: &[PreviewRecord],
     age: &BTreeMap<String, f64>,
-    taken: &BTreeSet<String>,
+    (declared, taken): (&BTreeSet<String>, &BTreeSet<String>),
     watched: Option<&str>,
 ) -> Decisions {
     let mut out = Decisions::default();
@@ -145,7 +153,14 @@ pub fn decide(
                 .push(format!("branch {name}: its name gives no environment id"));
             continue;
         };
-        if taken.contains(&env) && !by_env.contains_key(env.as_str()) {
+        if declared.contains(&env) {
+            out.skipped.push(format!(
+                "branch {name}: the watched ref declares environment {env}: no preview made"
+            ));
+            continue;
+        }
+        let live = by_env.get(env.as_str()).is_some_and(|r| r.live());
+        if taken.contains(&env) && !live {
             out.skipped.push(format!(
                 "branch {name}: environment {env} exists and is not a preview: no preview made"
             ));
@@ -199,6 +214,14 @@ pub fn decide(
         }
     }
     for record in recorded {
+        if declared.contains(&record.env) {
+            if record.removed_why.as_deref() != Some(DECLARED) {
+                out.actions.push(PreviewAction::Close {
+                    env: record.env.clone(),
+                });
+            }
+            continue;
+        }
         if wanted.contains_key(&record.env) || record.removed_at.is_some() {
             continue;
         }
@@ -224,12 +247,14 @@ fn removal_why(record: &PreviewRecord) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::PreviewTrust;
 
     fn config(ttl: Option<u64>) -> PreviewConfig {
         PreviewConfig {
             branches: "pr-*".into(),
             env_type: "development".into(),
             ttl: ttl.map(Duration::from_secs),
+            trust: PreviewTrust::Workloads,
         }
     }
 
@@ -244,6 +269,9 @@ mod tests {
             removing_at: None,
             removed_at: None,
             removed_why: None,
+            platform_commit: None,
+            refused_commit: None,
+            refused_why: None,
         }
     }
 
@@ -297,7 +325,10 @@ mod tests {
             ],
             &[record("pr-2", "old")],
             &BTreeMap::new(),
-            &BTreeSet::from(["development".to_owned()]),
+            (
+                &BTreeSet::new(),
+                &BTreeSet::from(["development".to_owned()]),
+            ),
             Some("refs/heads/main"),
         );
         assert_eq!(d.actions, vec![deploy("pr-1", "a"), deploy("pr-2", "b")]);
@@ -324,7 +355,7 @@ mod tests {
                 record("pr-9", "z"),
             ],
             &BTreeMap::from([("pr-1".to_owned(), 61.0), ("pr-2".to_owned(), 10.0)]),
-            &BTreeSet::new(),
+            (&BTreeSet::new(), &BTreeSet::new()),
             None,
         );
         assert_eq!(
@@ -354,7 +385,7 @@ mod tests {
             &[],
             std::slice::from_ref(&removing),
             &BTreeMap::new(),
-            &BTreeSet::new(),
+            (&BTreeSet::new(), &BTreeSet::new()),
             None,
         );
         assert_eq!(
@@ -369,7 +400,7 @@ mod tests {
             &[branch("pr-1", "new")],
             &[removing],
             &BTreeMap::new(),
-            &BTreeSet::new(),
+            (&BTreeSet::new(), &BTreeSet::new()),
             None,
         );
         assert_eq!(d.actions, vec![deploy("pr-1", "new")]);
@@ -390,7 +421,7 @@ mod tests {
             ],
             &[],
             &BTreeMap::new(),
-            &BTreeSet::from(["production".to_owned()]),
+            (&BTreeSet::new(), &BTreeSet::from(["production".to_owned()])),
             Some("refs/heads/main"),
         );
         assert_eq!(
@@ -402,5 +433,61 @@ mod tests {
             }]
         );
         assert_eq!(d.skipped.len(), 2, "{:?}", d.skipped);
+    }
+
+    /// Finding: a preview `pr-x` expired, the watched ref then declared `pr-x`, and a new push
+    /// of branch `pr-x` deployed over the watched ref's environment because a stale preview
+    /// record let it past the check. The declaration wins whatever is recorded.
+    #[test]
+    fn an_environment_the_watched_ref_declares_never_gets_a_preview_and_its_record_closes() {
+        let mut expired = record("pr-x", "old");
+        expired.removing_at = Some("t".into());
+        expired.removed_at = Some("t".into());
+        expired.removed_why = Some(TTL_EXPIRED.into());
+        let live = record("pr-y", "y1");
+        let declared = BTreeSet::from(["pr-x".to_owned(), "pr-y".to_owned()]);
+        let d = decide(
+            &config(Some(60)),
+            &[branch("pr-x", "new"), branch("pr-y", "y2")],
+            &[expired.clone(), live.clone()],
+            &BTreeMap::new(),
+            (&declared, &BTreeSet::new()),
+            None,
+        );
+        assert_eq!(
+            d.actions,
+            vec![
+                PreviewAction::Close { env: "pr-x".into() },
+                PreviewAction::Close { env: "pr-y".into() },
+            ],
+            "nothing deployed, nothing removed"
+        );
+        assert_eq!(d.skipped.len(), 2, "{:?}", d.skipped);
+
+        // Closed once: a record closed for this reason needs nothing more, and a deleted
+        // branch of a declared environment never removes it.
+        let mut closed = live;
+        closed.removed_why = Some(DECLARED.into());
+        closed.removed_at = Some("t".into());
+        let d = decide(
+            &config(None),
+            &[],
+            &[closed],
+            &BTreeMap::new(),
+            (&declared, &BTreeSet::new()),
+            None,
+        );
+        assert_eq!(d.actions, vec![]);
+
+        // Resources recorded outside a live preview keep a stale record's branch out too.
+        let d = decide(
+            &config(None),
+            &[branch("pr-x", "new")],
+            &[expired],
+            &BTreeMap::new(),
+            (&BTreeSet::new(), &BTreeSet::from(["pr-x".to_owned()])),
+            None,
+        );
+        assert_eq!(d.actions, vec![]);
     }
 }

@@ -182,6 +182,50 @@ fn halted(stop: &Option<Arc<AtomicBool>>, lease: &Option<Arc<gitplane_state::Lea
         || lease.as_ref().is_some_and(|l| !l.holds())
 }
 
+/// The deletion guard's verdict on `plan`, the plan of `target` against the `in_scope`
+/// resources its scope read: the one verdict `apply`, `plan` and the pull-request review give.
+///
+/// It is judged on the whole environment's recorded resources, whatever part of it the commit
+/// made gitplane read, so removing apps is judged alike whether or not the commit also changed
+/// what every app reads. A commit is judged by the threshold in force, or by its own where that
+/// is lower: a commit that raises the threshold must not let through its own mass deletion.
+pub fn guard_verdict(
+    store: &Store,
+    target: &Target,
+    plan: &Plan,
+    in_scope: usize,
+) -> Result<Option<crate::plan::Held>, StateError> {
+    let graph = &target.graph;
+    let environment = match target.scope.apps {
+        None => in_scope,
+        Some(_) => usize::try_from(store.resource_count(&graph.env)?).unwrap_or(usize::MAX),
+    };
+    let threshold = match store.threshold_in_force(&graph.env)? {
+        Some(in_force) => in_force.min(graph.deletion_threshold),
+        None => graph.deletion_threshold,
+    };
+    let recorded = crate::plan::RecordedCount {
+        environment,
+        in_scope,
+    };
+    let Some(mut held) = deletion_guard(plan, recorded, threshold) else {
+        return Ok(None);
+    };
+    if graph.env_removed {
+        held.reason.push_str(&format!(
+            " (the commit has no environments/{}.yaml: the environment was removed)",
+            graph.env
+        ));
+    }
+    if threshold < graph.deletion_threshold {
+        held.reason.push_str(&format!(
+            " (this commit raises the threshold to {}%, which takes effect once it is applied)",
+            graph.deletion_threshold
+        ));
+    }
+    Ok(Some(held))
+}
+
 /// Applies `target` (built from `commit`) to its environment.
 ///
 /// A plan that trips the deletion guard is recorded as a held deployment and nothing changes,
@@ -205,30 +249,7 @@ pub async fn apply(
             store.begin_or_resume_deployment(&graph.env, commit, false, graph.deletion_threshold)?
         }
         None => {
-            let total = match target.scope.apps {
-                None => recorded.len(),
-                Some(_) => store.resource_count(&graph.env)? as usize,
-            };
-            // A commit is judged by the threshold in force, or by its own where that is lower:
-            // a commit that raises the threshold must not let through its own mass deletion.
-            let threshold = match store.threshold_in_force(&graph.env)? {
-                Some(in_force) => in_force.min(graph.deletion_threshold),
-                None => graph.deletion_threshold,
-            };
-            if let Some(mut held) = deletion_guard(&plan, total, threshold) {
-                if graph.is_empty() {
-                    held.reason.push_str(&format!(
-                        " (the commit has no environments/{}.yaml: the environment was removed)",
-                        graph.env
-                    ));
-                }
-                if threshold < graph.deletion_threshold {
-                    held.reason.push_str(&format!(
-                        " (this commit raises the threshold to {}%, which takes effect once it \
-                         is applied)",
-                        graph.deletion_threshold
-                    ));
-                }
+            if let Some(held) = guard_verdict(store, target, &plan, recorded.len())? {
                 let id = store.held_deployment(
                     &graph.env,
                     commit,

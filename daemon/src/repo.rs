@@ -90,6 +90,30 @@ fn wanted_dir(dir: &str) -> bool {
         .any(|top| dir == *top || dir.strip_prefix(top).is_some_and(|r| r.starts_with('/')))
 }
 
+/// The entries of tree `tree`.
+fn tree_entries(
+    objects: &impl Find,
+    tree: &gix::oid,
+    buf: &mut Vec<u8>,
+) -> Result<Vec<RootEntry>, String> {
+    objects
+        .find_tree_iter(tree, buf)
+        .and_then(|t| t.collect::<Result<Vec<_>, _>>().map_err(Into::into))
+        .map(|entries| {
+            entries
+                .into_iter()
+                .map(|e| {
+                    (
+                        e.filename.to_str_lossy().into_owned(),
+                        e.mode,
+                        e.oid.to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .map_err(|e| e.to_string())
+}
+
 /// A config repository, bare or not, opened isolated from the user's git configuration.
 pub struct ConfigRepo {
     repo: gix::Repository,
@@ -100,7 +124,14 @@ pub struct ConfigRepo {
     /// Files every commit read through this handle has in addition to (or instead of) its
     /// own: a preview environment's file, which no commit holds.
     overlay: BTreeMap<String, Vec<u8>>,
+    /// The commit everything but `workloads/` is read from, whatever commit is asked for: a
+    /// preview runs its branch's workloads with the watched ref's platform (see
+    /// [`ConfigRepo::with_platform`]).
+    platform: Option<gix::ObjectId>,
 }
+
+/// A root tree's entry: its name, whether it is a tree, and its object id.
+type RootEntry = (String, gix::objs::tree::EntryMode, gix::ObjectId);
 
 /// The objects of a [`ConfigRepo`]: its extra object databases, then its own.
 struct Objects<'r> {
@@ -195,6 +226,7 @@ impl ConfigRepo {
             path: path.to_owned(),
             extra: Vec::new(),
             overlay: BTreeMap::new(),
+            platform: None,
         })
     }
 
@@ -354,44 +386,40 @@ impl ConfigRepo {
         let read_err = self.read_err(commit);
         let objects = self.objects();
         let mut buf = Vec::new();
-        let tree = self.root_tree(commit)?;
         let mut files = BTreeMap::new();
         let mut links = BTreeMap::new();
-        // Folders still to read, with their path ("" for the root); only folders that can hold
-        // a wanted file are read.
-        let mut folders = vec![(String::new(), tree)];
+        // Folders still to read, with their path and entries ("" for the root); only folders
+        // that can hold a wanted file are read.
+        let mut folders = vec![(String::new(), self.root_entries(commit)?)];
         let mut tree_buf = Vec::new();
-        while let Some((dir, tree)) = folders.pop() {
-            let entries = objects
-                .find_tree_iter(&tree, &mut tree_buf)
-                .and_then(|t| t.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| read_err(format!("{dir}/: {e}")))?;
-            for entry in entries {
-                let name = entry.filename.to_str_lossy();
-                let skipped = entry.mode.is_tree()
+        while let Some((dir, entries)) = folders.pop() {
+            for (name, mode, oid) in entries {
+                let skipped = mode.is_tree()
                     && match apps {
                         None => false,
-                        Some(apps) if dir == "workloads" => !apps.contains(&*name),
+                        Some(apps) if dir == "workloads" => !apps.contains(&name),
                         Some(apps) => dir.is_empty() && name == "definitions" && apps.is_empty(),
                     };
                 let path = if dir.is_empty() {
-                    name.into_owned()
+                    name
                 } else {
                     format!("{dir}/{name}")
                 };
-                if entry.mode.is_tree() {
+                if mode.is_tree() {
                     if wanted_dir(&path) && !skipped {
-                        folders.push((path, entry.oid.to_owned()));
+                        let entries = tree_entries(&objects, &oid, &mut tree_buf)
+                            .map_err(|e| read_err(format!("{path}/: {e}")))?;
+                        folders.push((path, entries));
                     }
-                } else if entry.mode.is_blob() && wanted(&path) {
+                } else if mode.is_blob() && wanted(&path) {
                     let blob = objects
-                        .find_blob(entry.oid, &mut buf)
+                        .find_blob(&oid, &mut buf)
                         .map_err(|e| read_err(format!("{path}: {e}")))?;
                     files.insert(path, blob.data.to_vec());
-                } else if entry.mode.is_link() && (wanted(&path) || wanted_dir(&path)) {
+                } else if mode.is_link() && (wanted(&path) || wanted_dir(&path)) {
                     // A link's blob is the path it names.
                     let blob = objects
-                        .find_blob(entry.oid, &mut buf)
+                        .find_blob(&oid, &mut buf)
                         .map_err(|e| read_err(format!("{path}: {e}")))?;
                     links.insert(path, blob.data.to_str_lossy().into_owned());
                 }
@@ -438,9 +466,8 @@ impl ConfigRepo {
             apps: BTreeMap::new(),
             shared: BTreeMap::new(),
         };
-        let root = self.root_tree(commit)?;
-        for (name, is_tree, oid) in entries_of(&root, "")? {
-            match (name.as_str(), is_tree) {
+        for (name, mode, oid) in self.root_entries(commit)? {
+            match (name.as_str(), mode.is_tree()) {
                 ("definitions", true) => {
                     layout
                         .shared
@@ -484,6 +511,120 @@ impl ConfigRepo {
     pub fn with_file(mut self, path: &str, contents: &[u8]) -> Self {
         self.overlay.insert(path.to_owned(), contents.to_vec());
         self
+    }
+
+    /// This handle reading only `workloads/` from the commits it is asked for, and everything
+    /// else (`gitplane.yaml`, `environments/`, `definitions/`) from `platform`.
+    pub fn with_platform(mut self, platform: &str) -> Result<Self, RepoError> {
+        let id = gix::ObjectId::from_hex(platform.as_bytes())
+            .map_err(|e| self.read_err(platform)(e.to_string()))?;
+        self.platform = Some(id);
+        Ok(self)
+    }
+
+    /// The entries of `commit`'s root tree, with everything but `workloads` taken from the
+    /// platform commit when there is one.
+    fn root_entries(&self, commit: &str) -> Result<Vec<RootEntry>, RepoError> {
+        let own = self.entries_of_root(commit)?;
+        let Some(platform) = self.platform else {
+            return Ok(own);
+        };
+        let platform = platform.to_string();
+        let mut entries: Vec<RootEntry> = self
+            .entries_of_root(&platform)?
+            .into_iter()
+            .filter(|(name, _, _)| name != "workloads")
+            .collect();
+        entries.extend(own.into_iter().filter(|(name, _, _)| name == "workloads"));
+        Ok(entries)
+    }
+
+    fn entries_of_root(&self, commit: &str) -> Result<Vec<RootEntry>, RepoError> {
+        let tree = self.root_tree(commit)?;
+        tree_entries(&self.objects(), &tree, &mut Vec::new())
+            .map_err(|e| self.read_err(commit)(format!("/: {e}")))
+    }
+
+    /// The common ancestor of `a` and `b` that git's `merge-base` gives; `None` when their
+    /// histories never meet.
+    pub fn merge_base(&self, a: &str, b: &str) -> Result<Option<String>, RepoError> {
+        let id = |c: &str| {
+            gix::ObjectId::from_hex(c.as_bytes()).map_err(|e| self.read_err(c)(e.to_string()))
+        };
+        self.repo
+            .merge_base(id(a)?, id(b)?)
+            .map(|base| base.map(|id| id.to_string()))
+            .map_err(|e| self.read_err(a)(format!("merge base with {b}: {e}")))
+    }
+
+    /// The paths outside `workloads/` whose contents differ between commits `from` and `to`
+    /// (at most `limit`, files by their full path, in path order); empty when only
+    /// `workloads/` changed. Only trees that differ are read.
+    pub fn changed_outside_workloads(
+        &self,
+        from: &str,
+        to: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, RepoError> {
+        let (old, new) = (self.entries_of_root(from)?, self.entries_of_root(to)?);
+        let mut changed = Vec::new();
+        let mut buf = Vec::new();
+        self.diff_entries("", old, new, limit, &mut changed, &mut buf)
+            .map_err(|e| self.read_err(to)(e))?;
+        changed.sort();
+        Ok(changed)
+    }
+
+    fn diff_entries(
+        &self,
+        dir: &str,
+        old: Vec<RootEntry>,
+        new: Vec<RootEntry>,
+        limit: usize,
+        changed: &mut Vec<String>,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        let old: BTreeMap<String, (gix::objs::tree::EntryMode, gix::ObjectId)> =
+            old.into_iter().map(|(n, m, o)| (n, (m, o))).collect();
+        let new: BTreeMap<String, (gix::objs::tree::EntryMode, gix::ObjectId)> =
+            new.into_iter().map(|(n, m, o)| (n, (m, o))).collect();
+        let names: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+        for name in names {
+            if changed.len() >= limit {
+                return Ok(());
+            }
+            if dir.is_empty() && name == "workloads" {
+                continue;
+            }
+            let path = if dir.is_empty() {
+                name.clone()
+            } else {
+                format!("{dir}/{name}")
+            };
+            let (a, b) = (old.get(name), new.get(name));
+            if a == b {
+                continue;
+            }
+            let objects = self.objects();
+            let children = |side: Option<&(gix::objs::tree::EntryMode, gix::ObjectId)>,
+                            buf: &mut Vec<u8>| match side {
+                Some((mode, oid)) if mode.is_tree() => {
+                    tree_entries(&objects, oid, buf).map_err(|e| format!("{path}/: {e}"))
+                }
+                _ => Ok(Vec::new()),
+            };
+            // A folder on both sides (or on one, the other missing) is compared file by file.
+            let folder = |side: Option<&(gix::objs::tree::EntryMode, gix::ObjectId)>| {
+                side.is_none_or(|(mode, _)| mode.is_tree())
+            };
+            if folder(a) && folder(b) {
+                let (ca, cb) = (children(a, buf)?, children(b, buf)?);
+                self.diff_entries(&path, ca, cb, limit, changed, buf)?;
+            } else {
+                changed.push(path);
+            }
+        }
+        Ok(())
     }
 
     /// The branches (`refs/heads/...`) and the commit each points at, by name. A branch that
@@ -593,5 +734,106 @@ mod tests {
         for dir in ["environments2", "docs", "src/definitions", ".github"] {
             assert!(!wanted_dir(dir), "{dir}");
         }
+    }
+
+    /// A repository made with `git`: `main` changes a definition after `pr` branched off, and
+    /// `pr` changes a workload, then (in a second commit) a definition of its own.
+    fn branched_repo() -> (tempfile::TempDir, [String; 4]) {
+        let dir = tempfile::tempdir().unwrap();
+        let git = |args: &[&str]| {
+            let out = std::process::Command::new("git")
+                .args([
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@t",
+                    "-c",
+                    "init.defaultBranch=main",
+                ])
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        };
+        let write = |path: &str, text: &str| {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        git(&["init", "-q"]);
+        write("definitions/db.yaml", "db v1\n");
+        write("workloads/shop/web.yaml", "web v1\n");
+        write("environments/test.yaml", "type: test\n");
+        git(&["add", "-A"]);
+        git(&["commit", "-qm", "base"]);
+        let base = git(&["rev-parse", "HEAD"]);
+        git(&["checkout", "-qb", "pr"]);
+        write("workloads/shop/web.yaml", "web v2\n");
+        git(&["commit", "-qam", "workload"]);
+        let workloads_only = git(&["rev-parse", "HEAD"]);
+        write("definitions/nested/tf.yaml", "local-exec\n");
+        git(&["add", "-A"]);
+        git(&["commit", "-qm", "a definition"]);
+        let with_definition = git(&["rev-parse", "HEAD"]);
+        git(&["checkout", "-q", "main"]);
+        write("definitions/db.yaml", "db v2\n");
+        git(&["commit", "-qam", "platform"]);
+        let main = git(&["rev-parse", "HEAD"]);
+        (dir, [base, workloads_only, with_definition, main])
+    }
+
+    #[test]
+    fn a_branch_is_read_with_another_commits_platform_and_its_changes_outside_workloads_listed() {
+        let (dir, [base, workloads_only, with_definition, main]) = branched_repo();
+        let repo = ConfigRepo::open(dir.path()).unwrap();
+        assert_eq!(
+            repo.merge_base(&with_definition, &main).unwrap(),
+            Some(base.clone())
+        );
+        assert!(
+            repo.changed_outside_workloads(&base, &workloads_only, 10)
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            repo.changed_outside_workloads(&base, &with_definition, 10)
+                .unwrap(),
+            ["definitions/nested/tf.yaml"]
+        );
+        assert_eq!(
+            repo.changed_outside_workloads(&with_definition, &main, 1)
+                .unwrap()
+                .len(),
+            1,
+            "at most the limit"
+        );
+
+        let composed = ConfigRepo::open(dir.path())
+            .unwrap()
+            .with_platform(&main)
+            .unwrap();
+        let files = composed.snapshot(&with_definition).unwrap().files;
+        assert_eq!(
+            files["workloads/shop/web.yaml"], b"web v2\n",
+            "the branch's workload"
+        );
+        assert_eq!(
+            files["definitions/db.yaml"], b"db v2\n",
+            "the platform's definition"
+        );
+        assert!(
+            !files.contains_key("definitions/nested/tf.yaml"),
+            "not the branch's"
+        );
+        let layout = composed.layout(&with_definition).unwrap();
+        let plain = repo.layout(&main).unwrap();
+        assert_eq!(layout.shared, plain.shared);
+        assert_eq!(layout.apps, repo.layout(&with_definition).unwrap().apps);
     }
 }

@@ -52,6 +52,13 @@ pub struct PreviewRecord {
     pub removing_at: Option<String>,
     pub removed_at: Option<String>,
     pub removed_why: Option<String>,
+    /// The watched ref's commit its platform (everything but `workloads/`) was last read from;
+    /// `None` when the whole branch is deployed (`previews.trust: branch`).
+    pub platform_commit: Option<String>,
+    /// The newest branch head that was not deployed, and why (it changes files outside
+    /// `workloads/`); `None` once a head is deployed again.
+    pub refused_commit: Option<String>,
+    pub refused_why: Option<String>,
 }
 
 impl PreviewRecord {
@@ -159,7 +166,7 @@ impl Store {
     pub fn previews(&self) -> Result<Vec<PreviewRecord>> {
         self.query(
             "SELECT env, branch, env_type, commit_id, created_at, pushed_at, removing_at,
-                    removed_at, removed_why
+                    removed_at, removed_why, platform_commit, refused_commit, refused_why
              FROM preview ORDER BY env",
             params![],
             |r| {
@@ -173,6 +180,9 @@ impl Store {
                     removing_at: r.get(6)?,
                     removed_at: r.get(7)?,
                     removed_why: r.get(8)?,
+                    platform_commit: r.get(9)?,
+                    refused_commit: r.get(10)?,
+                    refused_why: r.get(11)?,
                 })
             },
         )
@@ -183,39 +193,101 @@ impl Store {
         Ok(self.previews()?.into_iter().find(|p| p.env == env))
     }
 
-    /// Records that `branch` (preview environment `env`) has head `commit`: a new environment,
-    /// one made again after its removal (or during it: the branch came back), or a push that
-    /// restarts its time to live.
+    /// Records that `branch` (preview environment `env`) has head `commit`, deployed with the
+    /// platform of the watched ref's commit `platform` (`None`: the branch's own): a new
+    /// environment, one made again after its removal (or during it: the branch came back), or a
+    /// push that restarts its time to live. A new platform alone does not restart it.
     pub fn preview_pushed(
         &self,
         env: &str,
         branch: &str,
         env_type: &str,
-        commit: &str,
+        (commit, platform): (&str, Option<&str>),
     ) -> Result<PreviewPush> {
         let known = self.preview(env)?;
         let push = match &known {
             None => PreviewPush::Created,
-            Some(p) if p.commit_id.as_deref() == Some(commit) => return Ok(PreviewPush::Same),
+            Some(p) if p.live() && p.commit_id.as_deref() == Some(commit) => {
+                if p.platform_commit.as_deref() != platform || p.refused_commit.is_some() {
+                    self.write(|tx| {
+                        tx.prepare_cached(
+                            "UPDATE preview SET platform_commit = ?2, refused_commit = NULL,
+                                 refused_why = NULL
+                             WHERE env = ?1",
+                        )?
+                        .execute(params![env, platform])?;
+                        Ok(())
+                    })?;
+                }
+                return Ok(PreviewPush::Same);
+            }
             Some(p) if p.live() => PreviewPush::Updated,
             Some(_) => PreviewPush::Created,
         };
         self.write(|tx| {
             tx.prepare_cached(&format!(
-                "INSERT INTO preview (env, branch, env_type, commit_id, created_at, pushed_at)
-                 VALUES (?1, ?2, ?3, ?4, {NOW}, {NOW})
+                "INSERT INTO preview (env, branch, env_type, commit_id, created_at, pushed_at,
+                                      platform_commit)
+                 VALUES (?1, ?2, ?3, ?4, {NOW}, {NOW}, ?5)
                  ON CONFLICT (env) DO UPDATE SET branch = excluded.branch,
                      env_type = excluded.env_type, commit_id = excluded.commit_id,
-                     pushed_at = excluded.pushed_at,
+                     pushed_at = excluded.pushed_at, platform_commit = excluded.platform_commit,
                      created_at = CASE WHEN preview.removing_at IS NULL
                                         AND preview.removed_at IS NULL
                                        THEN preview.created_at ELSE excluded.created_at END,
-                     removing_at = NULL, removed_at = NULL, removed_why = NULL"
+                     removing_at = NULL, removed_at = NULL, removed_why = NULL,
+                     refused_commit = NULL, refused_why = NULL"
             ))?
-            .execute(params![env, branch, env_type, commit])?;
+            .execute(params![env, branch, env_type, commit, platform])?;
             Ok(())
         })?;
         Ok(push)
+    }
+
+    /// Records that `branch`'s head `commit` is not deployed to preview environment `env`, and
+    /// why; what the environment holds stays as it is. A branch without a record gets one (no
+    /// commit deployed), so `gitplane status` can say why it has no preview. False when this
+    /// head's refusal was recorded already.
+    pub fn preview_refused(
+        &self,
+        env: &str,
+        branch: &str,
+        env_type: &str,
+        (commit, why): (&str, &str),
+    ) -> Result<bool> {
+        if self
+            .preview(env)?
+            .is_some_and(|p| p.refused_commit.as_deref() == Some(commit))
+        {
+            return Ok(false);
+        }
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
+                "INSERT INTO preview (env, branch, env_type, created_at, pushed_at,
+                                      refused_commit, refused_why)
+                 VALUES (?1, ?2, ?3, {NOW}, {NOW}, ?4, ?5)
+                 ON CONFLICT (env) DO UPDATE SET refused_commit = excluded.refused_commit,
+                     refused_why = excluded.refused_why"
+            ))?
+            .execute(params![env, branch, env_type, commit, why])?;
+            Ok(())
+        })?;
+        Ok(true)
+    }
+
+    /// Closes preview environment `env`'s record without deleting anything (`why`: the watched
+    /// ref declares the environment, whose deployments own its resources from then on); false
+    /// when it was closed for that reason already.
+    pub fn preview_closed(&self, env: &str, why: &str) -> Result<bool> {
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
+                "UPDATE preview SET removing_at = COALESCE(removing_at, {NOW}),
+                     removed_at = COALESCE(removed_at, {NOW}), removed_why = ?2
+                 WHERE env = ?1 AND (removed_why IS NULL OR removed_why != ?2)"
+            ))?
+            .execute(params![env, why])
+        })
+        .map(|n| n > 0)
     }
 
     /// Starts the removal of preview environment `env` (`why`: its branch was deleted, or its

@@ -24,6 +24,7 @@ mod links;
 mod manifests;
 mod notifications;
 mod postgres;
+mod previews;
 mod reconcile;
 mod reports;
 mod review;

@@ -12,7 +12,7 @@ use crate::util::Sandbox;
 
 /// An HTTP-driver platform: environment `test`, app `shop` with a workload `web` that reads a
 /// postgres. The postgres of a `preview` environment has its own definition (its type chooses).
-fn write_platform(sb: &Sandbox, version: &str) {
+pub(crate) fn write_platform(sb: &Sandbox, version: &str) {
     sb.write("environments/test.yaml", "type: test\n");
     let def = |id: &str, res_type: &str, values: &str, criteria: &str| {
         format!(
@@ -39,7 +39,7 @@ fn write_platform(sb: &Sandbox, version: &str) {
     write_workload(sb, version);
 }
 
-fn write_workload(sb: &Sandbox, version: &str) {
+pub(crate) fn write_workload(sb: &Sandbox, version: &str) {
     sb.write(
         "workloads/shop/web.yaml",
         &format!(
@@ -50,7 +50,7 @@ fn write_workload(sb: &Sandbox, version: &str) {
     );
 }
 
-fn host_config(sb: &Sandbox, server: &DriverServer, extra: &str) -> Vec<String> {
+pub(crate) fn host_config(sb: &Sandbox, server: &DriverServer, extra: &str) -> Vec<String> {
     let config = sb.root.join("host.yaml");
     std::fs::write(
         &config,
@@ -66,26 +66,26 @@ fn host_config(sb: &Sandbox, server: &DriverServer, extra: &str) -> Vec<String> 
     args
 }
 
-fn strs(args: &[String]) -> Vec<&str> {
+pub(crate) fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }
 
 /// Commits the clone's changes on `branch` and pushes it.
-fn push_branch(sb: &Sandbox, branch: &str, message: &str) -> String {
+pub(crate) fn push_branch(sb: &Sandbox, branch: &str, message: &str) -> String {
     sb.git(&["add", "-A"]);
     sb.git(&["commit", "--quiet", "-m", message]);
     sb.git(&["push", "--quiet", "origin", branch]);
     sb.head()
 }
 
-fn guresids(sb: &Sandbox, env: &str) -> BTreeSet<String> {
+pub(crate) fn guresids(sb: &Sandbox, env: &str) -> BTreeSet<String> {
     sb.column(&format!("SELECT guresid FROM resource WHERE env = '{env}'"))
         .into_iter()
         .collect()
 }
 
 /// The requests `method` the driver received for `ids`, in arrival order (type of each).
-fn calls(server: &DriverServer, method: &str, ids: &BTreeSet<String>) -> Vec<String> {
+pub(crate) fn calls(server: &DriverServer, method: &str, ids: &BTreeSet<String>) -> Vec<String> {
     let mut received = server.received();
     received.sort_by_key(|r| r.arrived);
     received
@@ -96,7 +96,12 @@ fn calls(server: &DriverServer, method: &str, ids: &BTreeSet<String>) -> Vec<Str
 }
 
 #[track_caller]
-fn wait_until(what: &str, daemon: &Daemon, timeout: Duration, mut done: impl FnMut() -> bool) {
+pub(crate) fn wait_until(
+    what: &str,
+    daemon: &Daemon,
+    timeout: Duration,
+    mut done: impl FnMut() -> bool,
+) {
     let deadline = Instant::now() + timeout;
     while !done() {
         assert!(

@@ -953,9 +953,33 @@ fn show_plan(
             None => (Vec::new(), Vec::new()),
         };
         let p = plan::plan(&t.graph, &recorded, &links);
+        // The verdict apply would give: judged here as there.
+        let held = match &store {
+            Some(s) => reconcile::guard_verdict(s, t, &p, recorded.len())?,
+            None => None,
+        };
         match format {
-            Format::Table => write!(stdout, "{}", output::plan_table(&p, &t.scope, commit.id()))?,
-            Format::Json => json.push(output::plan_json(&p, &t.scope, commit.id())),
+            Format::Table => {
+                write!(stdout, "{}", output::plan_table(&p, &t.scope, commit.id()))?;
+                if let Some(held) = &held {
+                    writeln!(
+                        stdout,
+                        "  held by the deletion guard: {}; apply records it held, and \
+                         `gitplane approve` releases it",
+                        held.reason
+                    )?;
+                }
+            }
+            Format::Json => {
+                let mut value = output::plan_json(&p, &t.scope, commit.id());
+                if let (Some(held), Some(fields)) = (&held, value.as_object_mut()) {
+                    fields.insert(
+                        "held".to_owned(),
+                        serde_json::json!({"reason": held.reason, "deletions": held.deletions}),
+                    );
+                }
+                json.push(value);
+            }
         }
     }
     if format == Format::Json {
@@ -1006,16 +1030,7 @@ pub(crate) fn review(ctx: &Context, rev: Option<&str>) -> Result<crate::review::
         };
         let (recorded, links) = reconcile::recorded_in_scope(store, t)?;
         let p = plan::plan(graph, &recorded, &links);
-        // Judged as an apply would judge it (see `reconcile::apply`).
-        let total = match t.scope.apps {
-            None => recorded.len(),
-            Some(_) => usize::try_from(store.resource_count(&graph.env)?).unwrap_or(usize::MAX),
-        };
-        let threshold = match store.threshold_in_force(&graph.env)? {
-            Some(in_force) => in_force.min(graph.deletion_threshold),
-            None => graph.deletion_threshold,
-        };
-        let held = plan::deletion_guard(&p, total, threshold);
+        let held = reconcile::guard_verdict(store, t, &p, recorded.len())?;
         let to_read = crate::review::bindings_to_read(&p, graph, &recorded);
         let mut bindings = std::collections::HashMap::new();
         if !to_read.is_empty() {
@@ -1679,14 +1694,22 @@ fn status(
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let store = existing_store(ctx)?;
-    let envs = recorded_envs(ctx, &store)?;
+    let (pins, previews) = workflow::pins_and_previews(&store)?;
+    let mut envs = recorded_envs(ctx, &store)?;
+    if ctx.envs.is_empty() {
+        // A branch whose head was refused a preview has no deployment yet: status says why.
+        for p in previews.iter().filter(|p| p.refused_commit.is_some()) {
+            if let Err(at) = envs.binary_search(&p.env) {
+                envs.insert(at, p.env.clone());
+            }
+        }
+    }
     // Only daemons sharing a PostgreSQL state hold leases: a SQLite state has none.
     let leases: std::collections::BTreeMap<String, gitplane_state::LeaseRecord> = store
         .leases()?
         .into_iter()
         .map(|l| (l.env.clone(), l))
         .collect();
-    let (pins, previews) = workflow::pins_and_previews(&store)?;
     let mut json = Vec::new();
     for env in &envs {
         let pin = pins

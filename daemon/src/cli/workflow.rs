@@ -157,21 +157,41 @@ pub(super) fn status_lines(pin: Option<&EnvPin>, preview: Option<&PreviewRecord>
         }
     }
     if let Some(p) = preview {
-        let state = match (&p.removing_at, &p.removed_at) {
-            (_, Some(at)) => format!(
+        let branch = p.branch.trim_start_matches("refs/heads/");
+        if p.removed_why.as_deref() == Some(crate::previews::DECLARED) {
+            lines.push_str(&format!(
+                "  no longer a preview (it was branch {branch}'s): the watched ref declares it \
+                 since {}\n",
+                p.removed_at.as_deref().unwrap_or("")
+            ));
+            return lines;
+        }
+        let state = match (&p.removing_at, &p.removed_at, &p.commit_id) {
+            (_, Some(at), _) => format!(
                 "removed at {at} ({})",
                 p.removed_why.as_deref().unwrap_or("")
             ),
-            (Some(at), None) => format!(
+            (Some(at), None, _) => format!(
                 "being removed since {at} ({})",
                 p.removed_why.as_deref().unwrap_or("")
             ),
-            (None, None) => format!("last pushed at {}", p.pushed_at),
+            (None, None, Some(_)) => format!("last pushed at {}", p.pushed_at),
+            (None, None, None) => "never deployed".to_owned(),
         };
+        let platform = p
+            .platform_commit
+            .as_deref()
+            .map(|c| format!(", with the platform of {}", short(c)))
+            .unwrap_or_default();
         lines.push_str(&format!(
-            "  preview of branch {}: {state}\n",
-            p.branch.trim_start_matches("refs/heads/")
+            "  preview of branch {branch}: {state}{platform}\n"
         ));
+        if let (Some(commit), Some(why)) = (&p.refused_commit, &p.refused_why) {
+            lines.push_str(&format!(
+                "  not deployed: {branch} at {}: {why}\n",
+                short(commit)
+            ));
+        }
     }
     lines
 }
@@ -214,6 +234,11 @@ pub(super) fn status_fields(
                 "removing_at": p.removing_at,
                 "removed_at": p.removed_at,
                 "removed_why": p.removed_why,
+                "platform_commit": p.platform_commit,
+                "refused": p.refused_commit.as_ref().map(|c| json!({
+                    "commit": c,
+                    "why": p.refused_why,
+                })),
             }),
         );
     }

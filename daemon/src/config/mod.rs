@@ -176,6 +176,22 @@ pub struct PreviewConfig {
     pub env_type: String,
     /// How long a preview lives after its branch's last push; `None`: until the branch goes.
     pub ttl: Option<Duration>,
+    /// What a preview takes from its branch (`previews.trust`).
+    pub trust: PreviewTrust,
+}
+
+/// `previews.trust`: how much of a branch a preview environment runs.
+///
+/// Whoever can push a matching branch decides what the preview deploys. With `workloads` (the
+/// default) that is the branch's Score files alone: definitions, environment files,
+/// `gitplane.yaml` (and so drivers, accounts, secret stores and Terraform) come from the
+/// watched ref, which the platform team reviews. With `branch` the whole branch is deployed, so
+/// whoever can push a matching branch can run code on the host with its credentials.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PreviewTrust {
+    #[default]
+    Workloads,
+    Branch,
 }
 
 impl Default for HostConfig {
@@ -241,6 +257,7 @@ struct PreviewsFile {
     #[serde(rename = "type")]
     env_type: String,
     ttl: Option<String>,
+    trust: Option<String>,
 }
 
 /// `terraform:`: how the built-in Terraform driver runs.
@@ -1120,10 +1137,27 @@ impl HostConfig {
                     None
                 }
             };
+            let trust = match p.trust.as_deref() {
+                None | Some("workloads") => PreviewTrust::Workloads,
+                Some("branch") => PreviewTrust::Branch,
+                Some(other) => {
+                    err(
+                        "trust:",
+                        format!(
+                            "previews.trust '{other}' is not 'workloads' (a preview runs the \
+                             branch's workloads with the watched ref's platform) or 'branch' (it \
+                             runs the whole branch: whoever can push one can run code on the host)"
+                        ),
+                    );
+                    ok = false;
+                    PreviewTrust::Workloads
+                }
+            };
             ok.then_some(PreviewConfig {
                 branches: p.branches,
                 env_type: p.env_type,
                 ttl,
+                trust,
             })
         });
         let mut problems = Vec::new();
@@ -1302,8 +1336,15 @@ accounts:
                 branches: "pr-*".into(),
                 env_type: "development".into(),
                 ttl: Some(Duration::from_secs(72 * 3600)),
+                trust: PreviewTrust::Workloads,
             })
         );
+        let trusting = HostConfig::parse(
+            "host.yaml",
+            "previews: {branches: \"pr-*\", type: development, trust: branch}\n",
+        )
+        .unwrap();
+        assert_eq!(trusting.previews.unwrap().trust, PreviewTrust::Branch);
         let errors = |text: &str| -> Vec<String> {
             HostConfig::parse("host.yaml", text)
                 .unwrap_err()
@@ -1326,6 +1367,10 @@ accounts:
             ["host.yaml:2: previews.branches '' is not a branch pattern: write e.g. \"pr-*\""]
         );
         assert!(errors("previews: {branches: x}\n")[0].contains("missing field `type`"));
+        assert!(
+            errors("previews:\n  branches: x\n  type: dev\n  trust: everyone\n")[0]
+                .starts_with("host.yaml:4: previews.trust 'everyone' is not 'workloads'"),
+        );
     }
 
     #[test]

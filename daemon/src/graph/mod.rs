@@ -267,6 +267,9 @@ pub struct ResourceGraph {
     pub schedule: Option<crate::model::Schedule>,
     /// What its drift runs do: correct or only detect.
     pub drift: crate::model::DriftMode,
+    /// The commit has no file for the environment ([`ResourceGraph::removed`]): every
+    /// resource recorded for it goes.
+    pub env_removed: bool,
     dag: Dag<ResourceNode, EdgeKind>,
     index: HashMap<GuresId, NodeIndex>,
     /// Provisioning order: each node after everything it depends on. The one topological order
@@ -293,6 +296,7 @@ impl ResourceGraph {
             deletion_threshold: 0.0,
             schedule: None,
             drift: Default::default(),
+            env_removed: true,
             dag: Dag::new(),
             index: HashMap::new(),
             order: Vec::new(),
@@ -459,6 +463,7 @@ impl ResourceGraph {
             deletion_threshold: env.deletion_threshold,
             schedule: env.schedule.clone(),
             drift: env.drift,
+            env_removed: false,
             dag,
             index,
             order,

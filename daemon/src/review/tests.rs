@@ -18,7 +18,11 @@ fn review_after(env: &str, change: impl FnOnce(&mut BTreeMap<String, Vec<u8>>)) 
     change(&mut files);
     let g = graph(&files, env);
     let p = plan(&g, &before.records, &before.links);
-    let held = crate::plan::deletion_guard(&p, before.records.len(), 50.0);
+    let held = crate::plan::deletion_guard(
+        &p,
+        crate::plan::RecordedCount::whole(before.records.len()),
+        50.0,
+    );
     let e = compare(&EnvState {
         graph: &g,
         plan: &p,

@@ -15,6 +15,7 @@ mod drift;
 mod explain;
 mod failover;
 mod guard;
+mod guard_verdict;
 mod history;
 mod hook;
 mod host_config;

@@ -1528,11 +1528,7 @@ fn mirror_path(state: &Path) -> PathBuf {
 }
 
 fn git_dir(repo: &Path) -> Result<PathBuf, DaemonError> {
-    let r = gix::discover_opts(repo, Default::default(), gix::open::Options::isolated()).map_err(
-        |e| RepoError::Open {
-            path: repo.to_owned(),
-            message: e.to_string(),
-        },
-    )?;
+    let r = gix::discover_opts(repo, Default::default(), gix::open::Options::isolated())
+        .map_err(|e| crate::repo::open_error(repo, &e))?;
     Ok(r.git_dir().to_owned())
 }

@@ -58,6 +58,16 @@ pub struct Layout {
 pub enum RepoError {
     #[error("{path}: not a git repository (or none above it): {message}")]
     Open { path: PathBuf, message: String },
+    #[error(
+        "{path}: cannot open the repository: the process is out of file descriptors ({source}); \
+         raise the open files limit (LimitNOFILE= in the systemd unit, ulimit -n) or find what \
+         holds them (ls /proc/<pid>/fd)"
+    )]
+    OutOfFiles {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path}: cannot resolve revision '{rev}': {message}")]
     Revision {
         path: PathBuf,
@@ -88,6 +98,40 @@ fn wanted_dir(dir: &str) -> bool {
     ["environments", "workloads", "definitions"]
         .iter()
         .any(|top| dir == *top || dir.strip_prefix(top).is_some_and(|r| r.starts_with('/')))
+}
+
+/// Why `path` did not open as a repository. gix reports any failure to read it as "not a
+/// repository"; when the process has no file descriptor left (EMFILE, or ENFILE for the whole
+/// system) that is said instead, since the repository is fine and the fix is elsewhere.
+pub(crate) fn open_error(path: &Path, error: &(dyn std::error::Error + 'static)) -> RepoError {
+    const EMFILE: i32 = 24;
+    const ENFILE: i32 = 23;
+    let exhausted = |e: &std::io::Error| matches!(e.raw_os_error(), Some(EMFILE | ENFILE));
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && exhausted(io)
+        {
+            return RepoError::OutOfFiles {
+                path: path.to_owned(),
+                source: std::io::Error::from_raw_os_error(io.raw_os_error().unwrap_or(EMFILE)),
+            };
+        }
+        cause = e.source();
+    }
+    // gix may keep only the message of what failed: ask the file system itself.
+    if let Err(io) = std::fs::File::open(path)
+        && exhausted(&io)
+    {
+        return RepoError::OutOfFiles {
+            path: path.to_owned(),
+            source: io,
+        };
+    }
+    RepoError::Open {
+        path: path.to_owned(),
+        message: error.to_string(),
+    }
 }
 
 /// The entries of tree `tree`.
@@ -217,10 +261,7 @@ impl ConfigRepo {
     /// Opens the repository at `path`, or the one that contains it.
     pub fn open(path: &Path) -> Result<Self, RepoError> {
         let repo = gix::discover_opts(path, Default::default(), gix::open::Options::isolated())
-            .map_err(|e| RepoError::Open {
-                path: path.to_owned(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| open_error(path, &e))?;
         Ok(ConfigRepo {
             repo,
             path: path.to_owned(),
@@ -835,5 +876,25 @@ mod tests {
         let plain = repo.layout(&main).unwrap();
         assert_eq!(layout.shared, plain.shared);
         assert_eq!(layout.apps, repo.layout(&with_definition).unwrap().apps);
+    }
+
+    /// A daemon out of file descriptors (EMFILE) once reported "not a git repository": the
+    /// cause is named, whatever error wraps it.
+    #[test]
+    fn running_out_of_file_descriptors_is_reported_as_such() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("could not open the git directory")]
+        struct Wrapper(#[source] std::io::Error);
+        let e = Wrapper(std::io::Error::from_raw_os_error(24));
+        let err = open_error(Path::new("/srv/git/platform.git"), &e);
+        assert!(matches!(err, RepoError::OutOfFiles { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("out of file descriptors"), "{text}");
+        assert!(text.contains("LimitNOFILE"), "{text}");
+        let other = Wrapper(std::io::Error::from_raw_os_error(2));
+        assert!(matches!(
+            open_error(Path::new("/nowhere"), &other),
+            RepoError::Open { .. }
+        ));
     }
 }

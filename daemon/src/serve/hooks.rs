@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use hmac::{Hmac, Mac};
@@ -84,10 +84,8 @@ async fn push(State(shared): State<Arc<Shared>>, request: Request) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             "too many webhooks at once: send it again later\n",
         );
-        busy.headers_mut().insert(
-            axum::http::header::RETRY_AFTER,
-            axum::http::HeaderValue::from_static("5"),
-        );
+        busy.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
         return busy;
     };
     let body = match read_body(body, limits.max_body, limits.body_timeout).await {

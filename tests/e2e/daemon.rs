@@ -25,9 +25,20 @@ impl Daemon {
 
     /// [`Daemon::start`] with more variables in the daemon's environment.
     pub(crate) fn start_with_env(sb: &Sandbox, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::spawn(sb, Command::new(env!("CARGO_BIN_EXE_gitplane")), args, env)
+    }
+
+    /// [`Daemon::start`] under an open-file limit of `files` (`ulimit -n`, soft and hard), as
+    /// systemd's default of 1024 would have it.
+    pub(crate) fn start_with_open_files(sb: &Sandbox, args: &[&str], files: u64) -> Daemon {
+        Daemon::spawn(sb, open_files_limited(files), args, &[])
+    }
+
+    /// Runs `program daemon ARGS` (a `sh` that execs the binary keeps its process id).
+    fn spawn(sb: &Sandbox, mut program: Command, args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let log = unique(sb.root.join("daemon.log"));
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_gitplane"))
+        let child = program
             .arg("daemon")
             .args(args)
             .envs(env.iter().copied())
@@ -94,6 +105,19 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A command that runs `gitplane` (the arguments to add) with its open-file limit set to
+/// `files`: `sh` sets it and execs the binary.
+pub(crate) fn open_files_limited(files: u64) -> Command {
+    let mut command = Command::new("sh");
+    command.args([
+        "-c",
+        "ulimit -n \"$0\" && exec \"$@\"",
+        &files.to_string(),
+        env!("CARGO_BIN_EXE_gitplane"),
+    ]);
+    command
 }
 
 fn unique(path: PathBuf) -> PathBuf {

@@ -22,6 +22,7 @@ mod host_config;
 mod hpo_templates;
 mod lifecycle;
 mod links;
+mod listener;
 mod manifests;
 mod notifications;
 mod postgres;

@@ -22,7 +22,7 @@ pub(crate) fn free_port() -> u16 {
 }
 
 /// A blocking HTTP client that hands back every status instead of failing on 4xx and 5xx.
-fn client() -> ureq::Agent {
+pub(crate) fn client() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(10)))
@@ -32,7 +32,7 @@ fn client() -> ureq::Agent {
 }
 
 /// `GET url` with `headers`: the status and body.
-fn get(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
+pub(crate) fn get(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
     let mut request = client().get(url);
     for (k, v) in headers {
         request = request.header(*k, *v);
@@ -46,7 +46,7 @@ fn get(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
 }
 
 /// `POST url` with `headers` and `body`: the status and body.
-fn post(url: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+pub(crate) fn post(url: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
     let mut request = client().post(url);
     for (k, v) in headers {
         request = request.header(*k, *v);
@@ -60,7 +60,7 @@ fn post(url: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
 }
 
 /// Writes a host config for the sandbox's repository and state with `extra` appended.
-fn host_config(sb: &Sandbox, extra: &str) -> PathBuf {
+pub(crate) fn host_config(sb: &Sandbox, extra: &str) -> PathBuf {
     let path = sb.root.join("host.yaml");
     let text = format!(
         "repo: {}\nstate: {}\n{extra}",
@@ -265,7 +265,7 @@ fn slow_remote_config(sb: &Sandbox, port: u16, secret_file: &Path) -> PathBuf {
     path
 }
 
-fn hmac_hex(secret: &str, body: &[u8]) -> String {
+pub(crate) fn hmac_hex(secret: &str, body: &[u8]) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
     mac.update(body);
     mac.finalize()

@@ -193,6 +193,14 @@ fn unit_keeps_the_daemon_contract() {
     assert_eq!(unit.service("RuntimeDirectory"), "gitplane");
     assert_eq!(unit.service("UMask"), "0077");
 
+    // systemd's default of 1024 open files is what the HTTP listener's clients once used up:
+    // the unit raises it well above the default connection cap and the daemon's own files.
+    let files: u64 = unit
+        .service("LimitNOFILE")
+        .parse()
+        .expect("LimitNOFILE= is a number");
+    assert!(files >= 4096, "LimitNOFILE={files}");
+
     assert_eq!(unit.all("Install", "WantedBy"), ["multi-user.target"]);
 }
 

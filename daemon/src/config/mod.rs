@@ -21,7 +21,8 @@ use crate::stores::{SecretStores, StoreConfig};
 mod service;
 
 pub use service::{
-    HttpConfig, NotifyConfig, NotifyEvent, NotifyFormat, NotifyUrl, SecretSource, SecretSourceError,
+    DEFAULT_MAX_CONNECTIONS, HttpConfig, HttpLimits, NotifyConfig, NotifyEvent, NotifyFormat,
+    NotifyUrl, SecretSource, SecretSourceError,
 };
 
 /// The default host configuration file, read when it exists and `--config` is not given.

@@ -23,6 +23,42 @@ pub struct HttpConfig {
     /// Where the plan of a pull request's head is POSTed; without it pull-request webhooks
     /// are acknowledged and ignored.
     pub plan_hook: Option<PlanHook>,
+    pub limits: HttpLimits,
+}
+
+/// What clients may hold of the listener: connections, time and bytes. Anyone who can reach
+/// the port gets this far, token or not, so every one of them is bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Connections served at once; more are answered 503 at once. `None`: the default,
+    /// [`DEFAULT_MAX_CONNECTIONS`], lowered to what the open-file limit allows.
+    pub max_connections: Option<usize>,
+    /// How long a client has to send a request's headers, from when its connection opens or
+    /// its previous response ends (so it also closes kept-alive connections that send nothing).
+    pub header_timeout: Duration,
+    /// How long reading a request's body (a webhook, the login form) may take.
+    pub body_timeout: Duration,
+    /// A connection on which no byte moves either way for this long is closed.
+    pub idle_timeout: Duration,
+    /// The largest webhook body, in bytes.
+    pub max_body: usize,
+}
+
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// GitHub caps its webhook payloads at 25 MB: no forge sends more.
+pub const MAX_BODY_CEILING: usize = 25 * 1024 * 1024;
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_connections: None,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            // A push or pull-request payload of GitHub, GitLab or Gitea is tens of KiB.
+            max_body: 1024 * 1024,
+        }
+    }
 }
 
 /// `http.plan_hook`: where the daemon POSTs the plan of a pull request's head commit.
@@ -163,6 +199,19 @@ pub(super) struct HttpFile {
     webhook_secret_file: Option<PathBuf>,
     webhook_secret: Option<SecretRefFile>,
     plan_hook: Option<PlanHookFile>,
+    max_connections: Option<u32>,
+    header_timeout: Option<String>,
+    body_timeout: Option<String>,
+    idle_timeout: Option<String>,
+    max_body: Option<SizeFile>,
+}
+
+/// `65536` or `1MiB`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum SizeFile {
+    Bytes(u64),
+    Text(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -278,12 +327,68 @@ pub(super) fn http(raw: HttpFile, problems: &mut Vec<Problem>) -> Option<HttpCon
                 .to_owned(),
         ));
     }
+    let limits = HttpLimits {
+        max_connections: match raw.max_connections {
+            Some(0) => {
+                problems.push((
+                    "max_connections:".to_owned(),
+                    "http.max_connections must be at least 1".to_owned(),
+                ));
+                None
+            }
+            n => n.map(|n| n as usize),
+        },
+        header_timeout: limit_time("header_timeout", raw.header_timeout, problems)
+            .unwrap_or(HttpLimits::default().header_timeout),
+        body_timeout: limit_time("body_timeout", raw.body_timeout, problems)
+            .unwrap_or(HttpLimits::default().body_timeout),
+        idle_timeout: limit_time("idle_timeout", raw.idle_timeout, problems)
+            .unwrap_or(HttpLimits::default().idle_timeout),
+        max_body: raw
+            .max_body
+            .and_then(|m| max_body(m, problems))
+            .unwrap_or(HttpLimits::default().max_body),
+    };
     Some(HttpConfig {
         listen,
         token,
         webhook_secret,
         plan_hook,
+        limits,
     })
+}
+
+/// One of `http:`'s time limits, when set and valid.
+fn limit_time(key: &str, text: Option<String>, problems: &mut Vec<Problem>) -> Option<Duration> {
+    let text = text?;
+    match parse_duration(&text).and_then(|d| nonzero(&text, d, key)) {
+        Ok(d) => Some(d),
+        Err(message) => {
+            problems.push((format!("{key}:"), format!("http.{key} {message}")));
+            None
+        }
+    }
+}
+
+/// `http.max_body`, when valid: more than nothing, at most what a forge sends.
+fn max_body(raw: SizeFile, problems: &mut Vec<Problem>) -> Option<usize> {
+    use crate::model::yaml::{parse_size, show_size};
+    let bytes = match raw {
+        SizeFile::Bytes(n) => Ok(n),
+        SizeFile::Text(t) => parse_size(&t),
+    };
+    let problem = match bytes {
+        Ok(0) => "must be more than 0: write e.g. 1MiB".to_owned(),
+        Ok(n) if n > MAX_BODY_CEILING as u64 => format!(
+            "{} is more than any forge sends (at most {})",
+            show_size(n),
+            show_size(MAX_BODY_CEILING as u64)
+        ),
+        Ok(n) => return Some(n as usize),
+        Err(message) => message,
+    };
+    problems.push(("max_body:".to_owned(), format!("http.max_body {problem}")));
+    None
 }
 
 fn plan_hook(raw: PlanHookFile, problems: &mut Vec<Problem>) -> Option<PlanHook> {
@@ -455,6 +560,53 @@ mod tests {
         assert!(
             e[0].starts_with("host.yaml:3: http: secret store 'v' is not configured"),
             "{e:?}"
+        );
+    }
+
+    #[test]
+    fn the_listener_limits_have_defaults_and_are_checked() {
+        let config = HostConfig::parse("host.yaml", "http: {listen: 127.0.0.1:1}\n").unwrap();
+        let limits = config.http.unwrap().limits;
+        assert_eq!(limits, super::HttpLimits::default());
+        assert_eq!(limits.max_connections, None);
+        assert_eq!(limits.max_body, 1 << 20);
+        let config = HostConfig::parse(
+            "host.yaml",
+            "http:\n  listen: 127.0.0.1:1\n  max_connections: 64\n  header_timeout: 2s\n  \
+             body_timeout: 500ms\n  idle_timeout: 1m\n  max_body: 64KiB\n",
+        )
+        .unwrap();
+        let limits = config.http.unwrap().limits;
+        assert_eq!(limits.max_connections, Some(64));
+        assert_eq!(limits.header_timeout, std::time::Duration::from_secs(2));
+        assert_eq!(limits.body_timeout, std::time::Duration::from_millis(500));
+        assert_eq!(limits.idle_timeout, std::time::Duration::from_secs(60));
+        assert_eq!(limits.max_body, 65536);
+        let e = errors(
+            "http:\n  listen: 127.0.0.1:1\n  max_connections: 0\n  header_timeout: 0s\n  \
+             body_timeout: soon\n  max_body: 26MiB\n  idle_timeout: 1y\n",
+        );
+        assert_eq!(
+            e,
+            [
+                "host.yaml:3: http.max_connections must be at least 1",
+                "host.yaml:4: http.header_timeout '0s' is no time at all: a time limit must be \
+                 longer than zero, e.g. 30s, 2m or 500ms",
+                "host.yaml:5: http.body_timeout 'soon' is not a duration: write e.g. 30s, 2m, \
+                 500ms, 90d",
+                "host.yaml:7: http.idle_timeout '1y': unknown unit 'y' (use ms, s, m, h or d)",
+                "host.yaml:6: http.max_body 26 MiB is more than any forge sends (at most 25 MiB)",
+            ]
+        );
+        let e = errors("http:\n  listen: 127.0.0.1:1\n  max_body: 0\n");
+        assert_eq!(
+            e,
+            ["host.yaml:3: http.max_body must be more than 0: write e.g. 1MiB"]
+        );
+        let e = errors("http:\n  listen: 127.0.0.1:1\n  max_body: lots\n");
+        assert_eq!(
+            e,
+            ["host.yaml:3: http.max_body 'lots' is not a size: write e.g. 65536, 64KiB or 1MiB"]
         );
     }
 

@@ -39,7 +39,8 @@ const QUERY_MAX: usize = 200;
 const COMMIT_CACHE: usize = 1_024;
 /// The shortest time between two events of one stream: a burst of changes is one refresh.
 const EVENT_GAP: Duration = Duration::from_millis(250);
-/// A comment on an idle stream, so proxies and the browser keep it open.
+/// A comment on an idle stream, so proxies and the browser keep it open (and the listener:
+/// more often when `http.idle_timeout` is shorter).
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// The app filter's name for the resources no app owns.
 pub const GLOBAL_APP: &str = "(global)";
@@ -750,7 +751,7 @@ async fn events(
         shared.stop.clone(),
         EVENT_GAP,
     ))
-    .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+    .keep_alive(KeepAlive::new().interval(KEEP_ALIVE.min(shared.limits().idle_timeout / 2)))
 }
 
 /// A `hello` event, then a `change` event (its data: the change counter) after each change of

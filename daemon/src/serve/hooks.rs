@@ -4,33 +4,34 @@
 //!
 //! The request must be signed with the shared secret (`http.webhook_secret_file`): GitHub's
 //! and Gitea's `sha256=` HMAC of the body, or GitLab's token. Anything else gets 401 and
-//! changes nothing. A verified push only says "fetch now", and the daemon reads what the
-//! remote holds; of a verified pull request only its number, head commit and branches are
-//! read, and the head commit is planned only once it is in the repository.
+//! changes nothing. The headers are checked before the body is read: a request without a
+//! well-formed signature, or with GitLab's token wrong, is refused after its headers, and a
+//! declared length over `http.max_body` gets 413; the body is then read within
+//! `http.body_timeout` and that size, a few requests at a time. A verified push only says
+//! "fetch now", and the daemon reads what the remote holds; of a verified pull request only its
+//! number, head commit and branches are read, and the head commit is planned only once it is
+//! in the repository.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tracing::{info, warn};
 
-use super::{Shared, same};
+use super::{Shared, closing, read_body, same};
 
-/// GitHub caps its payloads at 25 MB; a push payload is far smaller, and the body is only
-/// hashed, never parsed.
-const BODY_LIMIT: usize = 25 * 1024 * 1024;
+/// Webhook bodies read at once, at most: each may take `http.max_body` of memory before its
+/// signature can be checked. More wait for a turn, up to `http.body_timeout`.
+pub const MAX_BODIES: usize = 8;
 
 pub fn routes() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/hooks/git", post(push))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+    Router::new().route("/hooks/git", post(push))
 }
 
 /// Who signed a request, and how.
@@ -42,8 +43,22 @@ enum Signed {
     Token,
 }
 
-async fn push(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+/// What a request's headers claim, before its body is read.
+#[derive(Debug, PartialEq, Eq)]
+enum Claim {
+    /// An HMAC-SHA256 of the body, to check once it is read.
+    Hmac(Vec<u8>),
+    /// GitLab's token, already checked.
+    Token,
+}
+
+const REFUSED: &str =
+    "missing or wrong signature (X-Hub-Signature-256, X-Gitea-Signature or X-Gitlab-Token)\n";
+
+async fn push(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let arrived = Instant::now();
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     let secret = shared
         .secrets
         .read()
@@ -51,19 +66,39 @@ async fn push(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         .webhook
         .clone();
     let Some(secret) = secret else {
-        return (
+        return closing(
             StatusCode::NOT_FOUND,
             "push webhooks are off: set http.webhook_secret_file in the host config\n",
-        )
-            .into_response();
+        );
     };
-    let Some(signed) = verify(&headers, &body, &secret) else {
+    // Refused after the headers: an unsigned request's body is never read.
+    let Some(claim) = claim(&headers, &secret) else {
         warn!("push webhook refused: missing or wrong signature");
-        return (
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong signature (X-Hub-Signature-256, X-Gitea-Signature or X-Gitlab-Token)\n",
-        )
-            .into_response();
+        return closing(StatusCode::UNAUTHORIZED, REFUSED);
+    };
+    let limits = shared.limits();
+    let Ok(Ok(turn)) = tokio::time::timeout(limits.body_timeout, shared.bodies.acquire()).await
+    else {
+        warn!("push webhook refused: {MAX_BODIES} webhook bodies are being read already");
+        let mut busy = closing(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many webhooks at once: send it again later\n",
+        );
+        busy.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        return busy;
+    };
+    let body = match read_body(body, limits.max_body, limits.body_timeout).await {
+        Ok(body) => body,
+        Err(e) => {
+            warn!("push webhook refused: {e}");
+            return e.into_response();
+        }
+    };
+    drop(turn);
+    let Some(signed) = claim.verify(&body, &secret) else {
+        warn!("push webhook refused: missing or wrong signature");
+        return (StatusCode::UNAUTHORIZED, REFUSED).into_response();
     };
     let event = event_of(&headers);
     match event.as_deref() {
@@ -417,8 +452,10 @@ fn event_of(headers: &HeaderMap) -> Option<String> {
     .map(str::to_owned)
 }
 
-/// How the request is signed, if it is, with `secret`.
-fn verify(headers: &HeaderMap, body: &[u8], secret: &str) -> Option<Signed> {
+/// What the headers claim of a request signed with `secret`, if they are well formed: a
+/// GitHub or Gitea HMAC header of 64 hex digits (checked once the body is read), or GitLab's
+/// token, compared now.
+fn claim(headers: &HeaderMap, secret: &str) -> Option<Claim> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let hmac_hex = header("x-hub-signature-256")
         .and_then(|v| v.strip_prefix("sha256="))
@@ -426,14 +463,33 @@ fn verify(headers: &HeaderMap, body: &[u8], secret: &str) -> Option<Signed> {
         .or_else(|| header("x-forgejo-signature"));
     if let Some(hex) = hmac_hex {
         let signature = decode_hex(hex.trim())?;
-        let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).ok()?;
-        mac.update(body);
-        // verify_slice compares in constant time.
-        return mac.verify_slice(&signature).ok().map(|()| Signed::Hmac);
+        // SHA-256: anything else can never match.
+        return (signature.len() == 32).then_some(Claim::Hmac(signature));
     }
     header("x-gitlab-token")
         .filter(|token| same(token, secret))
-        .map(|_| Signed::Token)
+        .map(|_| Claim::Token)
+}
+
+impl Claim {
+    /// How the request is signed, if its `body` matches what its headers claim.
+    fn verify(&self, body: &[u8], secret: &str) -> Option<Signed> {
+        match self {
+            Claim::Token => Some(Signed::Token),
+            Claim::Hmac(signature) => {
+                let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).ok()?;
+                mac.update(body);
+                // verify_slice compares in constant time.
+                mac.verify_slice(signature).ok().map(|()| Signed::Hmac)
+            }
+        }
+    }
+}
+
+/// How the request is signed, if it is, with `secret`.
+#[cfg(test)]
+fn verify(headers: &HeaderMap, body: &[u8], secret: &str) -> Option<Signed> {
+    claim(headers, secret)?.verify(body, secret)
 }
 
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
@@ -540,6 +596,13 @@ mod tests {
         assert_eq!(verify(&bad_hex, body, "s3cret"), None);
         let wrong = headers(&[("x-gitlab-token", "s3cre".to_owned())]);
         assert_eq!(verify(&wrong, body, "s3cret"), None);
+        // Before the body: a token is checked, an HMAC header must be 64 hex digits.
+        assert_eq!(claim(&gitlab, "s3cret"), Some(Claim::Token));
+        assert_eq!(claim(&wrong, "s3cret"), None);
+        assert!(matches!(claim(&github, "other"), Some(Claim::Hmac(_))));
+        let short = headers(&[("x-hub-signature-256", format!("sha256={}", &good[..62]))]);
+        assert_eq!(claim(&short, "s3cret"), None);
+        assert_eq!(claim(&HeaderMap::new(), "s3cret"), None);
         // A GitHub header without its `sha256=` prefix is not accepted as one.
         let bare = headers(&[("x-hub-signature-256", good)]);
         assert_eq!(verify(&bare, body, "s3cret"), None);

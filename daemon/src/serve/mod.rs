@@ -5,32 +5,38 @@
 //! Everything but `POST /hooks/git` is read-only, and nothing it serves holds a secret value:
 //! the page's data comes from the state's non-secret columns and views. A token, when set, is
 //! required on every route but the webhook (which carries its own signature) and the health
-//! checks.
+//! checks. What any client may hold of the listener, token or not, is bounded (`listener`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use futures_util::StreamExt;
 use gitplane_state::{KeySource, Store};
 use subtle::ConstantTimeEq;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 
-use crate::config::{HostConfig, HttpConfig, SecretSourceError};
+use crate::config::{HostConfig, HttpConfig, HttpLimits, SecretSourceError};
 use crate::events::Events;
 
 mod api;
 mod hooks;
 mod layout;
+mod listener;
 pub mod metrics;
 mod page;
+mod session;
+
+pub use listener::{Bound, bind, serve};
 
 /// Why the listener cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +48,9 @@ pub enum ServeError {
     },
     #[error("{0}; the listener does not start without it")]
     Secret(#[from] SecretSourceError),
+    /// The connection cap does not fit in the open-file limit.
+    #[error("{0}")]
+    OpenFiles(String),
 }
 
 /// The secrets requests are checked against, read from the host config's sources.
@@ -90,6 +99,11 @@ pub struct Shared {
     store: Mutex<Option<Store>>,
     /// The pull-request plans under way.
     plans: hooks::PlanQueue,
+    /// Webhook bodies being read at once, at most [`hooks::MAX_BODIES`]: each may be
+    /// `http.max_body` in memory until its signature is checked.
+    bodies: Semaphore,
+    /// The browsers signed in with the token.
+    sessions: session::Sessions,
 }
 
 impl Shared {
@@ -112,7 +126,20 @@ impl Shared {
             stop,
             store: Mutex::new(None),
             plans: hooks::PlanQueue::default(),
+            bodies: Semaphore::new(hooks::MAX_BODIES),
+            sessions: session::Sessions::default(),
         }
+    }
+
+    /// The limits on requests in force (re-read on SIGHUP).
+    fn limits(&self) -> HttpLimits {
+        self.host
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .http
+            .as_ref()
+            .map(|h| h.limits)
+            .unwrap_or_default()
     }
 
     /// Runs `read` on the page's state connection, on a blocking thread.
@@ -175,30 +202,6 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Binds the listener: before the daemon's first reconcile, so a port in use stops it at once.
-pub async fn bind(config: &HttpConfig) -> Result<tokio::net::TcpListener, ServeError> {
-    tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: config.listen,
-            source,
-        })
-}
-
-/// Serves until `stop` turns true.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
-) -> std::io::Result<()> {
-    let app = router(shared);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|s| *s).await;
-        })
-        .await
-}
-
 /// Every route.
 pub fn router(shared: Arc<Shared>) -> Router {
     let guarded = Router::new()
@@ -215,7 +218,68 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/login", get(page::login).post(login))
         .merge(hooks::routes())
         .merge(guarded)
+        // What extractors read of a body (the login form) at most; webhooks read theirs with
+        // `http.max_body`.
+        .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .with_state(shared)
+}
+
+/// The largest form body (`POST /login`).
+const FORM_LIMIT: usize = 16 * 1024;
+
+/// Why a request's body was not read whole.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    #[error("the body is larger than {0} bytes (http.max_body)")]
+    TooLarge(usize),
+    #[error("the body did not arrive within {0:?} (http.body_timeout)")]
+    Slow(Duration),
+    #[error("the body could not be read")]
+    Broken,
+}
+
+impl IntoResponse for BodyError {
+    fn into_response(self) -> Response {
+        let status = match self {
+            BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyError::Slow(_) => StatusCode::REQUEST_TIMEOUT,
+            BodyError::Broken => StatusCode::BAD_REQUEST,
+        };
+        closing(status, format!("{self}\n"))
+    }
+}
+
+/// Reads `body` whole: at most `limit` bytes (a larger declared length is refused before a
+/// byte is read), within `within`.
+pub(crate) async fn read_body(
+    body: Body,
+    limit: usize,
+    within: Duration,
+) -> Result<Bytes, BodyError> {
+    if body.size_hint().lower() > limit as u64 {
+        return Err(BodyError::TooLarge(limit));
+    }
+    let read = async {
+        let mut bytes = Vec::new();
+        let mut chunks = body.into_data_stream();
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|_| BodyError::Broken)?;
+            if bytes.len() + chunk.len() > limit {
+                return Err(BodyError::TooLarge(limit));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(Bytes::from(bytes))
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .unwrap_or(Err(BodyError::Slow(within)))
+}
+
+/// An answer after which the connection is closed: sent before a body was read, so the rest
+/// of it is not waited for.
+pub(crate) fn closing(status: StatusCode, text: impl Into<String>) -> Response {
+    (status, [(header::CONNECTION, "close")], text.into()).into_response()
 }
 
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
@@ -238,11 +302,11 @@ async fn metrics_text(State(shared): State<Arc<Shared>>) -> Result<Response, Api
     Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response())
 }
 
-/// The cookie a browser carries the token in, set by `POST /login`.
-const TOKEN_COOKIE: &str = "gitplane_token";
+/// The cookie a browser carries its session in, set by `POST /login`.
+const SESSION_COOKIE: &str = "gitplane_session";
 
-/// With a token configured, a request needs it: as `Authorization: Bearer TOKEN`, or from a
-/// browser in the cookie `POST /login` sets.
+/// With a token configured, a request needs it, as `Authorization: Bearer TOKEN`, or the
+/// session cookie `POST /login` sets in a browser.
 async fn require_token(
     State(shared): State<Arc<Shared>>,
     request: Request,
@@ -251,11 +315,12 @@ async fn require_token(
     let Some(token) = shared.token() else {
         return next.run(request).await;
     };
-    if presented(request.headers()).is_some_and(|p| same(&p, &token)) {
+    let headers = request.headers();
+    let bearer = bearer(headers).is_some_and(|b| same(b, &token));
+    if bearer || session_of(headers).is_some_and(|id| shared.sessions.check(id, &token)) {
         return next.run(request).await;
     }
-    let browser = request
-        .headers()
+    let browser = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("text/html"));
@@ -270,23 +335,25 @@ async fn require_token(
         .into_response()
 }
 
-/// The token a request carries, if any.
-fn presented(headers: &HeaderMap) -> Option<String> {
-    if let Some(bearer) = headers
+/// The bearer token a request carries, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-    {
-        return Some(bearer.trim().to_owned());
-    }
+        .map(str::trim)
+}
+
+/// The session id a request's cookie carries, if any.
+fn session_of(headers: &HeaderMap) -> Option<&str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(name, _)| *name == TOKEN_COOKIE)
-        .map(|(_, value)| value.to_owned())
+        .find(|(name, _)| *name == SESSION_COOKIE)
+        .map(|(_, value)| value)
 }
 
 /// Compares secrets in time that does not depend on where they differ.
@@ -294,29 +361,63 @@ pub(crate) fn same(a: &str, b: &str) -> bool {
     a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 
+/// Whether the request reached a TLS proxy in front of the listener: its cookie may then
+/// travel over HTTPS alone.
+fn behind_tls(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .is_some_and(|p| p.trim().eq_ignore_ascii_case("https"))
+}
+
 #[derive(serde::Deserialize)]
 struct LoginForm {
     token: String,
 }
 
-/// `POST /login`: a browser trades the token for a cookie that carries it.
-async fn login(
-    State(shared): State<Arc<Shared>>,
-    axum::Form(form): axum::Form<LoginForm>,
-) -> Response {
-    match shared.token() {
-        Some(token) if same(form.token.trim(), &token) => (
-            StatusCode::SEE_OTHER,
-            [
-                (header::LOCATION, "/".to_owned()),
-                (
-                    header::SET_COOKIE,
-                    format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"),
-                ),
-            ],
-        )
-            .into_response(),
-        Some(_) => (StatusCode::UNAUTHORIZED, "wrong token\n").into_response(),
-        None => (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response(),
+/// `POST /login`: a browser that gives the token gets a session, in a cookie that holds the
+/// session's id, never the token.
+async fn login(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let Some(token) = shared.token() else {
+        return (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
+    };
+    let secure = behind_tls(request.headers());
+    let within = shared.limits().body_timeout;
+    let form = match tokio::time::timeout(
+        within,
+        axum::Form::<LoginForm>::from_request(request, &shared),
+    )
+    .await
+    {
+        Ok(Ok(axum::Form(form))) => form,
+        Ok(Err(rejection)) => return rejection.into_response(),
+        Err(_) => return BodyError::Slow(within).into_response(),
+    };
+    if !same(form.token.trim(), &token) {
+        return (StatusCode::UNAUTHORIZED, "wrong token\n").into_response();
     }
+    let id = match shared.sessions.open(&token) {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::error!("{e}");
+            return (StatusCode::INTERNAL_SERVER_ERROR, "cannot make a session\n").into_response();
+        }
+    };
+    let cookie = format!(
+        "{SESSION_COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        session::LIFETIME.as_secs(),
+        if secure { "; Secure" } else { "" }
+    );
+    let Ok(cookie) = HeaderValue::from_str(&cookie) else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "cannot make a session\n").into_response();
+    };
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::LOCATION, HeaderValue::from_static("/")),
+            (header::SET_COOKIE, cookie),
+        ],
+    )
+        .into_response()
 }

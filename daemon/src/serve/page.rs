@@ -51,11 +51,14 @@ fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse {
     )
 }
 
-/// `GET /login`: where a browser gives the token.
+/// `GET /login`: where a browser gives the token, and where to find it.
 pub async fn login() -> Html<&'static str> {
     Html(
         "<!doctype html><meta charset=utf-8><title>gitplane: sign in</title>\
          <form method=post action=/login><label>Token <input name=token type=password \
-         autofocus></label> <button>Sign in</button></form>",
+         autofocus></label> <button>Sign in</button></form>\
+         <p>The token is the one the daemon's host config names in <code>http.token_file</code> \
+         (or <code>http.token_secret</code>). Signing in keeps a session for 12 hours; the \
+         browser's cookie holds the session, not the token.</p>",
     )
 }

@@ -27,6 +27,7 @@ mod postgres;
 mod reconcile;
 mod reports;
 mod review;
+mod secret_outputs;
 mod secret_stores;
 mod secrets;
 mod service;

@@ -32,7 +32,7 @@ fn client() -> ureq::Agent {
 }
 
 /// `GET url` with `headers`: the status and body.
-fn get(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
+pub(crate) fn get(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
     let mut request = client().get(url);
     for (k, v) in headers {
         request = request.header(*k, *v);

@@ -487,8 +487,9 @@ impl Operation {
 struct Job {
     operation: Operation,
     call: OwnedRequest,
-    /// For a put whose call receives secrets: what its public outputs are checked against.
-    leaks: Option<Box<LeakCheck>>,
+    /// For a put whose call receives secrets: what its public outputs (and recorded
+    /// manifests) are checked against.
+    leaks: Option<Arc<LeakCheck>>,
 }
 
 /// The secret values a put's call received, and whose they are: no public output of its
@@ -595,6 +596,8 @@ struct JobResult {
     /// For puts: what the resource is recorded with on success.
     hash: String,
     inputs: Option<ResolvedInputs>,
+    /// For puts: the secrets its call received, to hide in the manifests it records.
+    leaks: Option<Arc<LeakCheck>>,
 }
 
 /// What starting a resource led to.
@@ -989,6 +992,7 @@ impl<'a> Run<'a, '_> {
         let mut results = Vec::with_capacity(answered.len());
         for (i, ready, outcome) in answered {
             let Ready {
+                job,
                 action,
                 reason,
                 hash,
@@ -1004,6 +1008,7 @@ impl<'a> Run<'a, '_> {
                 outcome,
                 hash,
                 inputs,
+                leaks: job.leaks,
             });
         }
         let finished = self.finished(steps, results, operation);
@@ -1044,6 +1049,7 @@ impl<'a> Run<'a, '_> {
             let calls = calls_tx.clone();
             let stop = (self.options.stop.clone(), self.options.lease.clone());
             let observer = self.settings.calls.clone().map(|o| (driver_type, o));
+            let leaks = job.leaks.clone();
             tasks.spawn(async move {
                 let (attempts, outcome) = call_until_done(
                     job,
@@ -1062,6 +1068,7 @@ impl<'a> Run<'a, '_> {
                     outcome,
                     hash,
                     inputs,
+                    leaks,
                 }
             });
         }
@@ -1261,7 +1268,7 @@ impl<'a> Run<'a, '_> {
             Action::MaybeUpdate | Action::Unchanged => "inputs changed".to_owned(),
             _ => step.reason.clone(),
         };
-        let leaks = LeakCheck::of(node, &inputs, account.as_ref()).map(Box::new);
+        let leaks = LeakCheck::of(node, &inputs, account.as_ref()).map(Arc::new);
         let job = Job {
             operation: Operation::Put,
             leaks,
@@ -1340,10 +1347,12 @@ impl<'a> Run<'a, '_> {
                     ));
                 }
                 // Secret values reach manifests through the driver's secret inputs, its secret
-                // outputs, or (in a workload's Score file) the secret outputs it reads.
+                // outputs, or (in a workload's Score file) the secret outputs it reads; and,
+                // encoded or not, through anything its call received, the account included.
                 let mut secrets = vec![&inputs.secrets, secret_outputs];
                 secrets.extend(&inputs.resource_secrets);
-                let manifests = manifests::to_record(manifests, &secrets);
+                let needles = result.leaks.as_ref().map(|l| &l.needles);
+                let manifests = manifests::to_record(manifests, &secrets, needles);
                 Finished::Put {
                     step: result.step,
                     result,

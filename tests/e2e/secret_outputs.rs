@@ -57,11 +57,7 @@ fn platform(sb: &Sandbox, id: &str, entity: &str, read: &str) {
 fn host_config(sb: &Sandbox, extra: &str) -> (PathBuf, u16) {
     let port = free_port();
     let path = sb.root.join("host.yaml");
-    std::fs::write(
-        &path,
-        format!("http:\n  listen: 127.0.0.1:{port}\n{extra}"),
-    )
-    .unwrap();
+    std::fs::write(&path, format!("http:\n  listen: 127.0.0.1:{port}\n{extra}")).unwrap();
     (path, port)
 }
 
@@ -153,6 +149,7 @@ fn apply_and_check(sb: &Sandbox, config: &Path, port: u16, expect: &Expect<'_>) 
         vec!["history", "--format", "json"],
         vec!["plan"],
         vec!["plan", "--format", "json"],
+        vec!["manifests", "--env", ENV],
     ];
     for g in [&leaky, &reader] {
         commands.push(vec!["explain", g]);
@@ -199,7 +196,10 @@ fn apply_and_check(sb: &Sandbox, config: &Path, port: u16, expect: &Expect<'_>) 
     let log = daemon.log();
     drop(daemon);
     for secret in &hidden {
-        assert!(!log.contains(secret), "{secret:?} in the daemon's log:\n{log}");
+        assert!(
+            !log.contains(secret),
+            "{secret:?} in the daemon's log:\n{log}"
+        );
     }
     sb.assert_state_bytes_hide(&hidden);
     public
@@ -207,7 +207,8 @@ fn apply_and_check(sb: &Sandbox, config: &Path, port: u16, expect: &Expect<'_>) 
 
 /// `humanitec/template` (Go templates): the secret copied as it is, through `.init`, `printf`,
 /// `toJson .` (JSON-escaped), `b64enc` and `urlquery`; a detect-only drift run of a leaking
-/// output that changes quotes no secret either.
+/// output that changes quotes no secret either, and a manifest holding it base64-encoded inside
+/// a longer text is recorded hidden.
 #[test]
 fn go_template_outputs_holding_a_secret_are_secret_outputs() {
     const CORE: &str = "GoTmplCore42";
@@ -223,6 +224,16 @@ fn go_template_outputs_holding_a_secret_are_secret_outputs() {
       templates:
         init: |
           pw: {{{{ .driver.secrets.password | quote }}}}
+        manifests: |
+          config.yaml:
+            location: namespace
+            data:
+              apiVersion: v1
+              kind: ConfigMap
+              metadata: {{name: leaky}}
+              data:
+                auth: {{{{ printf "Bearer %s" .driver.secrets.password | b64enc }}}}
+                host: db.internal
         outputs: |
           host: db.internal
           leak: {{{{ .driver.secrets.password | quote }}}}
@@ -256,13 +267,22 @@ fn go_template_outputs_holding_a_secret_are_secret_outputs() {
                 "query",
                 "session",
             ],
-            hidden: vec![CORE.to_owned(), STANDARD.encode(&secret)],
+            hidden: vec![
+                CORE.to_owned(),
+                STANDARD.encode(&secret),
+                STANDARD.encode(format!("Bearer {secret}")),
+            ],
             got: secret.clone(),
         },
     );
     assert_eq!(public, json!({"host": "db.internal"}));
-
     let config = config.to_str().unwrap();
+    let manifests = sb
+        .gitplane(&["manifests", "--env", ENV, "--config", config])
+        .ok();
+    manifests.stdout_has("auth: (secret)");
+    manifests.stdout_has("host: db.internal");
+
     let drift = sb.gitplane(&["drift", "--detect", "--config", config]);
     assert_eq!(drift.code, Some(2), "drift found:{drift}");
     drift.hides(&[CORE]);
@@ -378,11 +398,7 @@ printf '{"status": "done", "resource": {"values": {"host": "db.internal", "leak"
         &Expect {
             definition: "leaky-exec",
             leaked: &["leak", "encoded", "auth"],
-            hidden: vec![
-                SECRET.to_owned(),
-                STANDARD.encode(SECRET),
-                TOKEN.to_owned(),
-            ],
+            hidden: vec![SECRET.to_owned(), STANDARD.encode(SECRET), TOKEN.to_owned()],
             got: SECRET.to_owned(),
         },
     );
@@ -457,7 +473,9 @@ fn http_outputs_holding_a_secret_or_a_credential_are_secret_outputs() {
     );
     assert_eq!(
         keys(&public),
-        ["echo", "guresid", "instance", "name"].into_iter().collect(),
+        ["echo", "guresid", "instance", "name"]
+            .into_iter()
+            .collect(),
         "{public}"
     );
     assert_eq!(secret_outputs(&sb, LEAKY)["token"], json!("tok-1"));

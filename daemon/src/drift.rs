@@ -351,8 +351,7 @@ fn secure_read(read: ReadOutcome, needles: &Needles, rec: &ResourceRecord) -> Re
         let kept_secret: Vec<String> = public
             .keys()
             .filter(|name| {
-                recorded_secret.contains_key(*name)
-                    && rec.outputs.get(name.as_str()).is_none()
+                recorded_secret.contains_key(*name) && rec.outputs.get(name.as_str()).is_none()
             })
             .cloned()
             .collect();
@@ -700,7 +699,10 @@ mod tests {
         assert!(compare_read(&rec, &read).is_empty(), "{read:?}");
 
         // A record made before outputs were checked: compared as it would be recorded now.
-        let old = record(json!({"host": "db", "dsn": "postgres://u:s3cret-pw@db"}), json!({}));
+        let old = record(
+            json!({"host": "db", "dsn": "postgres://u:s3cret-pw@db"}),
+            json!({}),
+        );
         let changed = ReadOutcome::Found {
             outputs: json!({"host": "db2", "dsn": "postgres://u:s3cret-pw@db2"}),
             secret_outputs: json!({}),

@@ -66,7 +66,8 @@ impl Needles {
             return true;
         }
         if text.contains('%') {
-            return self.raw(&percent_decoded(text, false)) || self.raw(&percent_decoded(text, true));
+            return self.raw(&percent_decoded(text, false))
+                || self.raw(&percent_decoded(text, true));
         }
         text.contains('+') && self.raw(&percent_decoded(text, true))
     }
@@ -391,7 +392,10 @@ mod tests {
         let mut outputs = json!({"password": SECRET, SECRET: "x", "ok": "fine"});
         let mut secrets = json!({"password": "the driver's own"});
         let leaks = separate(&n, &mut outputs, &mut secrets);
-        assert!(leaks.contains(&Leak::Shadowed("password".into())), "{leaks:?}");
+        assert!(
+            leaks.contains(&Leak::Shadowed("password".into())),
+            "{leaks:?}"
+        );
         assert!(leaks.contains(&Leak::Unnameable), "{leaks:?}");
         assert_eq!(outputs, json!({"ok": "fine"}));
         assert_eq!(secrets, json!({"password": "the driver's own"}));

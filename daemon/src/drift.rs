@@ -310,8 +310,9 @@ impl DetectReport {
 }
 
 /// The inputs recorded for `rec`, as its last put sent them (the secret half holds the
-/// resource's own inputs when a secret flowed into them).
-fn recorded_inputs(rec: &ResourceRecord) -> Result<(Value, Value, Value), String> {
+/// resource's own inputs when a secret flowed into them), and whether the resource's own
+/// inputs are public.
+fn recorded_inputs(rec: &ResourceRecord) -> Result<(Value, Value, Value, bool), String> {
     let damaged = |half: &str| format!("its recorded {half} inputs are not JSON");
     let mut public = rec.inputs.parse().map_err(|_| damaged("public"))?;
     let mut secret = rec.secret_inputs.parse().map_err(|_| damaged("secret"))?;
@@ -322,11 +323,11 @@ fn recorded_inputs(rec: &ResourceRecord) -> Result<(Value, Value, Value), String
     };
     let values = take(&mut public, "values");
     let secrets = take(&mut secret, "secrets");
-    let resource = match take(&mut public, "resource") {
-        Value::Null => take(&mut secret, "resource"),
-        r => r,
+    let (resource, shown) = match take(&mut public, "resource") {
+        Value::Null => (take(&mut secret, "resource"), false),
+        r => (r, true),
     };
-    Ok((resource, values, secrets))
+    Ok((resource, values, secrets, shown))
 }
 
 /// A read as a put's answer would be recorded: a public output holding a secret the call
@@ -436,7 +437,7 @@ pub async fn detect(
             ));
             continue;
         };
-        let (resource, values, secrets) = match recorded_inputs(rec) {
+        let (resource, values, secrets, resource_shown) = match recorded_inputs(rec) {
             Ok(inputs) => inputs,
             Err(why) => {
                 failures.push(format!("{label}: {why}"));
@@ -453,7 +454,15 @@ pub async fn detect(
                 }
             },
         };
-        needles.insert(i, Needles::of(std::iter::once(&secrets).chain(&account)));
+        // As the put's: what the public inputs show is not looked for.
+        let shown = resource_shown.then_some(&resource);
+        needles.insert(
+            i,
+            Needles::of_call(
+                std::iter::once(&secrets).chain(&account),
+                std::iter::once(&values).chain(shown),
+            ),
+        );
         let job = OwnedRequest {
             guresid: rec.guresid.clone(),
             org: graph.org.clone(),

@@ -505,10 +505,12 @@ impl LeakCheck {
     /// The check of a put of `node` with `inputs` and the account's credentials; `None` when
     /// the call receives no secret to look for.
     fn of(node: &ResourceNode, inputs: &ResolvedInputs, account: Option<&Value>) -> Option<Self> {
-        let needles = leaks::Needles::of(
+        let shown = (!inputs.resource_is_secret).then_some(&inputs.resource);
+        let needles = leaks::Needles::of_call(
             std::iter::once(&inputs.secrets)
                 .chain(&inputs.resource_secrets)
                 .chain(account),
+            std::iter::once(&inputs.values).chain(shown),
         );
         (!needles.is_empty()).then(|| LeakCheck {
             needles,

@@ -33,11 +33,28 @@ pub struct Needles {
 impl Needles {
     /// The needles for every string and number inside `secrets`.
     pub fn of<'v>(secrets: impl IntoIterator<Item = &'v Value>) -> Needles {
+        Needles::of_call(secrets, std::iter::empty())
+    }
+
+    /// The needles of a call: every string and number inside `secrets`, but those that a
+    /// string or number of `shown` (the call's public inputs, which state and commands show)
+    /// holds already. Those are public anyway: a definition that puts a public output, or text
+    /// its public inputs hold, under `secrets` (a database user name it passes on) does not
+    /// make every output that mentions it secret.
+    pub fn of_call<'s, 'p>(
+        secrets: impl IntoIterator<Item = &'s Value>,
+        shown: impl IntoIterator<Item = &'p Value>,
+    ) -> Needles {
         let mut values = Vec::new();
         for secret in secrets {
             leaves(secret, &mut values);
         }
         values.retain(|v| v.len() >= MIN_SECRET_BYTES);
+        let mut public = Vec::new();
+        for value in shown {
+            leaves(value, &mut public);
+        }
+        values.retain(|v| !public.iter().any(|p| p.contains(v.as_str())));
         values.sort_unstable();
         values.dedup();
         let mut forms = Vec::with_capacity(values.len() * 12);
@@ -409,6 +426,16 @@ mod tests {
         let mut secrets = Value::Null;
         separate(&n, &mut outputs, &mut secrets);
         assert_eq!(secrets, json!({"dsn": SECRET}));
+    }
+
+    #[test]
+    fn values_the_public_inputs_show_are_not_looked_for() {
+        let n = Needles::of_call(
+            [&json!({"user": "shop_dev", "password": "hunter2-pw"})],
+            [&json!({"name": "shop_development", "port": 5432})],
+        );
+        assert!(!n.found_in("shop_development"));
+        assert!(n.found_in("hunter2-pw"));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! started once gitplane stops or the lease is gone. It never calls a driver's put or delete
 //! and writes nothing but its own deployment row and findings, once, at the end.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +20,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::deploy::Target;
+use crate::drivers::leaks::{self, Needles};
 use crate::drivers::{DriverError, ErrorKind, OwnedRequest, ReadOutcome, Registry};
 use crate::graph::ResourceNode;
 use crate::plan::{self, Recorded};
@@ -308,8 +310,9 @@ impl DetectReport {
 }
 
 /// The inputs recorded for `rec`, as its last put sent them (the secret half holds the
-/// resource's own inputs when a secret flowed into them).
-fn recorded_inputs(rec: &ResourceRecord) -> Result<(Value, Value, Value), String> {
+/// resource's own inputs when a secret flowed into them), and whether the resource's own
+/// inputs are public.
+fn recorded_inputs(rec: &ResourceRecord) -> Result<(Value, Value, Value, bool), String> {
     let damaged = |half: &str| format!("its recorded {half} inputs are not JSON");
     let mut public = rec.inputs.parse().map_err(|_| damaged("public"))?;
     let mut secret = rec.secret_inputs.parse().map_err(|_| damaged("secret"))?;
@@ -320,11 +323,65 @@ fn recorded_inputs(rec: &ResourceRecord) -> Result<(Value, Value, Value), String
     };
     let values = take(&mut public, "values");
     let secrets = take(&mut secret, "secrets");
-    let resource = match take(&mut public, "resource") {
-        Value::Null => take(&mut secret, "resource"),
-        r => r,
+    let (resource, shown) = match take(&mut public, "resource") {
+        Value::Null => (take(&mut secret, "resource"), false),
+        r => (r, true),
     };
-    Ok((resource, values, secrets))
+    Ok((resource, values, secrets, shown))
+}
+
+/// A read as a put's answer would be recorded: a public output holding a secret the call
+/// received, or recorded as a secret output alone (one a put found holding a secret, maybe
+/// one that reached the driver through its resource's inputs), is secret. Warns of each
+/// leak, naming the definition and the output, never the value.
+fn secure_read(read: ReadOutcome, needles: &Needles, rec: &ResourceRecord) -> ReadOutcome {
+    let ReadOutcome::Found {
+        mut outputs,
+        mut secret_outputs,
+    } = read
+    else {
+        return read;
+    };
+    let label = plan::record_label(rec);
+    for leak in leaks::separate(needles, &mut outputs, &mut secret_outputs) {
+        tracing::warn!("{}", leak.message(&rec.definition, &label));
+    }
+    if let (Value::Object(public), Value::Object(recorded_secret)) =
+        (&mut outputs, &rec.secret_outputs)
+    {
+        let kept_secret: Vec<String> = public
+            .keys()
+            .filter(|name| {
+                recorded_secret.contains_key(*name) && rec.outputs.get(name.as_str()).is_none()
+            })
+            .cloned()
+            .collect();
+        if !kept_secret.is_empty() && !secret_outputs.is_object() {
+            secret_outputs = Value::Object(Default::default());
+        }
+        for name in kept_secret {
+            if let (Some(value), Value::Object(secret)) =
+                (public.remove(&name), &mut secret_outputs)
+            {
+                secret.entry(name).or_insert(value);
+            }
+        }
+    }
+    ReadOutcome::Found {
+        outputs,
+        secret_outputs,
+    }
+}
+
+/// The record to compare a read with: one made before public outputs were checked for secrets
+/// is compared as a put would record it now, so that a finding never quotes a secret.
+fn secure_record<'r>(rec: &'r ResourceRecord, needles: &Needles) -> Cow<'r, ResourceRecord> {
+    if !needles.found_in_value(&rec.outputs) {
+        return Cow::Borrowed(rec);
+    }
+    let mut secured = rec.clone();
+    leaks::separate(needles, &mut secured.outputs, &mut secured.secret_outputs);
+    Cow::Owned(secured)
 }
 
 /// Runs a detect-only drift run of `target`'s environment at `commit` (the last good one) and
@@ -356,6 +413,8 @@ pub async fn detect(
     let global = Arc::new(Semaphore::new(settings.concurrency.max(1)));
     let mut per_driver: HashMap<String, Arc<Semaphore>> = HashMap::new();
     let mut reads: JoinSet<(usize, Result<ReadOutcome, DriverError>)> = JoinSet::new();
+    // Per read: the secret values its call receives, which no public output may hold.
+    let mut needles: HashMap<usize, Needles> = HashMap::new();
     let ready: Vec<&ResourceRecord> = recorded
         .iter()
         .filter(|r| r.status == ResourceStatus::Ready)
@@ -378,7 +437,7 @@ pub async fn detect(
             ));
             continue;
         };
-        let (resource, values, secrets) = match recorded_inputs(rec) {
+        let (resource, values, secrets, resource_shown) = match recorded_inputs(rec) {
             Ok(inputs) => inputs,
             Err(why) => {
                 failures.push(format!("{label}: {why}"));
@@ -395,6 +454,15 @@ pub async fn detect(
                 }
             },
         };
+        // As the put's: what the public inputs show is not looked for.
+        let shown = resource_shown.then_some(&resource);
+        needles.insert(
+            i,
+            Needles::of_call(
+                std::iter::once(&secrets).chain(&account),
+                std::iter::once(&values).chain(shown),
+            ),
+        );
         let job = OwnedRequest {
             guresid: rec.guresid.clone(),
             org: graph.org.clone(),
@@ -479,7 +547,12 @@ pub async fn detect(
         };
         let rec = ready[i];
         match result {
-            Ok(read) => read_findings.push((i, compare_read(rec, &read))),
+            Ok(read) => {
+                let needles = needles.remove(&i).unwrap_or_default();
+                let read = secure_read(read, &needles, rec);
+                let recorded = secure_record(rec, &needles);
+                read_findings.push((i, compare_read(&recorded, &read)));
+            }
             Err(e) => failures.push(format!("{}: {e}", plan::record_label(rec))),
         }
     }
@@ -612,6 +685,43 @@ mod tests {
         for f in &findings {
             assert!(!f.detail.contains("s3cret") && !f.detail.contains("hunter2"));
         }
+    }
+
+    #[test]
+    fn a_read_holding_a_secret_compares_as_a_put_records_it_and_quotes_no_secret() {
+        let needles = Needles::of([&json!({"password": "s3cret-pw"})]);
+        // What a put recorded: the leaking dsn moved to the secret outputs, and `token`, which
+        // held a secret of the Score file (not among the read's secrets), too.
+        let rec = record(
+            json!({"host": "db"}),
+            json!({"dsn": "postgres://u:s3cret-pw@db", "token": "from-the-score-file"}),
+        );
+        let read = ReadOutcome::Found {
+            outputs: json!({
+                "host": "db",
+                "dsn": "postgres://u:s3cret-pw@db",
+                "token": "from-the-score-file",
+            }),
+            secret_outputs: json!({}),
+        };
+        let read = secure_read(read, &needles, &rec);
+        assert!(compare_read(&rec, &read).is_empty(), "{read:?}");
+
+        // A record made before outputs were checked: compared as it would be recorded now.
+        let old = record(
+            json!({"host": "db", "dsn": "postgres://u:s3cret-pw@db"}),
+            json!({}),
+        );
+        let changed = ReadOutcome::Found {
+            outputs: json!({"host": "db2", "dsn": "postgres://u:s3cret-pw@db2"}),
+            secret_outputs: json!({}),
+        };
+        let changed = secure_read(changed, &needles, &old);
+        let findings = compare_read(&secure_record(&old, &needles), &changed);
+        assert_eq!(findings.len(), 2, "{findings:?}");
+        assert_eq!(findings[0].detail, "host: \"db\" → \"db2\"");
+        assert_eq!(findings[1].detail, "secret outputs differ: dsn");
+        assert!(matches!(secure_record(&rec, &needles), Cow::Borrowed(_)));
     }
 
     #[test]

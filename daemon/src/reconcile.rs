@@ -35,7 +35,7 @@ use crate::config::{HostConfig, RetryPolicy};
 use crate::deploy::{Scope, Target};
 use crate::drivers::{
     Cookie, DeleteOutcome, Driver, DriverError, ErrorKind, Manifest, OwnedRequest, PutOutcome,
-    Registry,
+    Registry, leaks,
 };
 use crate::graph::{EdgeKind, GuresId, ResourceGraph, ResourceNode};
 use crate::manifests;
@@ -508,6 +508,69 @@ impl Operation {
 struct Job {
     operation: Operation,
     call: OwnedRequest,
+    /// For a put whose call receives secrets: what its public outputs (and recorded
+    /// manifests) are checked against.
+    leaks: Option<Arc<LeakCheck>>,
+}
+
+/// The secret values a put's call received, and whose they are: no public output of its
+/// answer may hold one (see [`leaks`]).
+struct LeakCheck {
+    needles: leaks::Needles,
+    /// The definition's id and the resource's label, for the warning.
+    definition: String,
+    label: String,
+}
+
+impl LeakCheck {
+    /// The check of a put of `node` with `inputs` and the account's credentials; `None` when
+    /// the call receives no secret to look for.
+    fn of(node: &ResourceNode, inputs: &ResolvedInputs, account: Option<&Value>) -> Option<Self> {
+        let shown = (!inputs.resource_is_secret).then_some(&inputs.resource);
+        let needles = leaks::Needles::of_call(
+            std::iter::once(&inputs.secrets)
+                .chain(&inputs.resource_secrets)
+                .chain(account),
+            std::iter::once(&inputs.values).chain(shown),
+        );
+        (!needles.is_empty()).then(|| LeakCheck {
+            needles,
+            definition: node.definition.clone(),
+            label: node.label(),
+        })
+    }
+
+    /// Moves every public output holding a secret into the secret outputs, with a warning
+    /// that names the output but never its value.
+    fn secure(&self, outputs: &mut Value, secret_outputs: &mut Value) {
+        for leak in leaks::separate(&self.needles, outputs, secret_outputs) {
+            tracing::warn!("{}", leak.message(&self.definition, &self.label));
+        }
+    }
+}
+
+/// A put's answer as the reconciler takes it: done (its public outputs checked for secrets the
+/// call received) or not yet, and the cookie.
+fn put_answer(outcome: PutOutcome, leaks: Option<&LeakCheck>) -> (Option<Answer>, Cookie) {
+    match outcome {
+        PutOutcome::Done {
+            mut outputs,
+            mut secret_outputs,
+            cookie,
+            manifests,
+        } => {
+            if let Some(check) = leaks {
+                check.secure(&mut outputs, &mut secret_outputs);
+            }
+            let answer = Answer {
+                outputs,
+                secret_outputs,
+                manifests,
+            };
+            (Some(answer), cookie)
+        }
+        PutOutcome::InProgress { cookie } => (None, cookie),
+    }
 }
 
 /// A job ready to start once its operation is journalled.
@@ -556,6 +619,8 @@ struct JobResult {
     /// For puts: what the resource is recorded with on success.
     hash: String,
     inputs: Option<ResolvedInputs>,
+    /// For puts: the secrets its call received, to hide in the manifests it records.
+    leaks: Option<Arc<LeakCheck>>,
 }
 
 /// What starting a resource led to.
@@ -950,6 +1015,7 @@ impl<'a> Run<'a, '_> {
         let mut results = Vec::with_capacity(answered.len());
         for (i, ready, outcome) in answered {
             let Ready {
+                job,
                 action,
                 reason,
                 hash,
@@ -965,6 +1031,7 @@ impl<'a> Run<'a, '_> {
                 outcome,
                 hash,
                 inputs,
+                leaks: job.leaks,
             });
         }
         let finished = self.finished(steps, results, operation);
@@ -1005,6 +1072,7 @@ impl<'a> Run<'a, '_> {
             let calls = calls_tx.clone();
             let stop = (self.options.stop.clone(), self.options.lease.clone());
             let observer = self.settings.calls.clone().map(|o| (driver_type, o));
+            let leaks = job.leaks.clone();
             tasks.spawn(async move {
                 let (attempts, outcome) = call_until_done(
                     job,
@@ -1023,6 +1091,7 @@ impl<'a> Run<'a, '_> {
                     outcome,
                     hash,
                     inputs,
+                    leaks,
                 }
             });
         }
@@ -1222,8 +1291,10 @@ impl<'a> Run<'a, '_> {
             Action::MaybeUpdate | Action::Unchanged => "inputs changed".to_owned(),
             _ => step.reason.clone(),
         };
+        let leaks = LeakCheck::of(node, &inputs, account.as_ref()).map(Arc::new);
         let job = Job {
             operation: Operation::Put,
+            leaks,
             call: OwnedRequest {
                 guresid: node.guresid.to_string(),
                 org: self.graph.org.clone(),
@@ -1299,10 +1370,12 @@ impl<'a> Run<'a, '_> {
                     ));
                 }
                 // Secret values reach manifests through the driver's secret inputs, its secret
-                // outputs, or (in a workload's Score file) the secret outputs it reads.
+                // outputs, or (in a workload's Score file) the secret outputs it reads; and,
+                // encoded or not, through anything its call received, the account included.
                 let mut secrets = vec![&inputs.secrets, secret_outputs];
                 secrets.extend(&inputs.resource_secrets);
-                let manifests = manifests::to_record(manifests, &secrets);
+                let needles = result.leaks.as_ref().map(|l| &l.needles);
+                let manifests = manifests::to_record(manifests, &secrets, needles);
                 Finished::Put {
                     step: result.step,
                     result,
@@ -1396,6 +1469,7 @@ impl<'a> Run<'a, '_> {
         };
         let job = Job {
             operation: Operation::Delete,
+            leaks: None,
             call: OwnedRequest {
                 guresid: rec.guresid.clone(),
                 org: self.graph.org.clone(),
@@ -1734,22 +1808,9 @@ async fn call_until_done(
             let call_started = Instant::now();
             let answer = tokio::task::spawn_blocking(move || {
                 let answer = match job.operation {
-                    Operation::Put => driver.put(&job.call.request()).map(|o| match o {
-                        PutOutcome::Done {
-                            outputs,
-                            secret_outputs,
-                            cookie,
-                            manifests,
-                        } => (
-                            Some(Answer {
-                                outputs,
-                                secret_outputs,
-                                manifests,
-                            }),
-                            cookie,
-                        ),
-                        PutOutcome::InProgress { cookie } => (None, cookie),
-                    }),
+                    Operation::Put => driver
+                        .put(&job.call.request())
+                        .map(|o| put_answer(o, job.leaks.as_deref())),
                     Operation::Delete => driver.delete(&job.call.request()).map(|o| match o {
                         DeleteOutcome::Done => (Some(Answer::none()), Cookie::Cleared),
                         DeleteOutcome::InProgress { cookie } => (None, cookie),
@@ -1924,16 +1985,12 @@ fn answer_in_process(
                 Err(e) => failed(e),
             });
             match answer {
-                Ok(PutOutcome::Done {
-                    outputs,
-                    secret_outputs,
-                    cookie: Cookie::Unchanged,
-                    manifests,
-                }) => Some(Ok(Answer {
-                    outputs,
-                    secret_outputs,
-                    manifests,
-                })),
+                Ok(
+                    done @ PutOutcome::Done {
+                        cookie: Cookie::Unchanged,
+                        ..
+                    },
+                ) => put_answer(done, job.leaks.as_deref()).0.map(Ok),
                 Err(DriverError {
                     kind: ErrorKind::Final,
                     message,

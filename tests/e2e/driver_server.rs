@@ -26,6 +26,10 @@ pub struct Behavior {
     pub drifting: bool,
     /// Answer 503 to about this percent of calls, at random (a fixed sequence per server).
     pub flaky_percent: u32,
+    /// Copy every string the driver received in `driver.secrets` (the account's included)
+    /// into its public outputs, hex-encoded (`leak_hex`) and URL-encoded (`leak_url`), as a
+    /// careless driver might.
+    pub leak_secrets: bool,
 }
 
 /// One request the driver received.
@@ -243,6 +247,21 @@ fn answer(
             if behavior.drifting {
                 values["observed"] = json!(*provisioned);
             }
+            if behavior.leak_secrets {
+                let mut leaves = Vec::new();
+                string_leaves(&body["driver"]["secrets"], &mut leaves);
+                let hex: Vec<String> = leaves
+                    .iter()
+                    .map(|s| s.bytes().map(|b| format!("{b:02x}")).collect())
+                    .collect();
+                let query: Vec<String> = leaves
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| format!("s{i}={}", url_encoded(s)))
+                    .collect();
+                values["leak_hex"] = json!(hex.join(","));
+                values["leak_url"] = json!(format!("https://db.example/?{}", query.join("&")));
+            }
             let mut answer = json!({"id": guresid, "type": body["type"], "resource": {
                 "values": values,
                 "secrets": {"token": format!("tok-{instance}")},
@@ -262,4 +281,26 @@ fn answer(
         }
         _ => (405, json!({"message": "method not allowed"}), None),
     }
+}
+
+/// Every string inside `value`.
+fn string_leaves(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(items) => items.iter().for_each(|v| string_leaves(v, out)),
+        Value::Object(map) => map.values().for_each(|v| string_leaves(v, out)),
+        _ => {}
+    }
+}
+
+/// `text` percent-encoded as a query value: every byte but the unreserved ones escaped.
+pub fn url_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

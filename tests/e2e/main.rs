@@ -30,6 +30,7 @@ mod previews;
 mod reconcile;
 mod reports;
 mod review;
+mod secret_outputs;
 mod secret_stores;
 mod secrets;
 mod service;

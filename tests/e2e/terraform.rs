@@ -12,7 +12,7 @@ const RES_ID: &str = "modules.web.externals.data";
 const SECRET_TOKEN: &str = "tok-S3CR3T-terraform-42";
 
 /// Whether `terraform` or `tofu` is on PATH; says why the test is skipped otherwise.
-fn installed() -> bool {
+pub(crate) fn installed() -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let found = std::env::split_paths(&path)
         .any(|dir| dir.join("terraform").is_file() || dir.join("tofu").is_file());

@@ -11,6 +11,7 @@ mod go_template;
 pub(crate) mod gotemplate;
 mod http;
 mod k8s;
+pub mod leaks;
 mod template;
 mod terraform;
 

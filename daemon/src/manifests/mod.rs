@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use gitplane_state::{LinkRecord, ManifestsRecord, ResourceRecord};
 use serde_json::{Map, Value};
 
+use crate::drivers::leaks::Needles;
 use crate::drivers::{Manifest, ManifestLocation};
 
 mod workload;
@@ -29,9 +30,14 @@ pub fn has_pod_template(manifests: &[Manifest]) -> bool {
 }
 
 /// The manifests of a put as state records them: every string that holds a secret value (any
-/// string leaf of `secrets`) hidden as a whole, and every value of a `Secret` object's `data`
-/// and `stringData`; the full list is kept besides (sealed) only when something was hidden.
-pub fn to_record(manifests: Vec<Manifest>, secrets: &[&Value]) -> ManifestsRecord {
+/// string leaf of `secrets`, or any of `needles` in one of its encoded forms) hidden as a
+/// whole, and every value of a `Secret` object's `data` and `stringData`; the full list is
+/// kept besides (sealed) only when something was hidden.
+pub fn to_record(
+    manifests: Vec<Manifest>,
+    secrets: &[&Value],
+    needles: Option<&Needles>,
+) -> ManifestsRecord {
     if manifests.is_empty() {
         return ManifestsRecord {
             shown: "[]".to_owned(),
@@ -54,7 +60,7 @@ pub fn to_record(manifests: Vec<Manifest>, secrets: &[&Value]) -> ManifestsRecor
         for item in items {
             if let Some(data) = item.get_mut("data") {
                 hid |= hide_secret_object(data);
-                hid |= hide_strings(data, &values);
+                hid |= hide_strings(data, &values, needles);
             }
         }
     }
@@ -93,19 +99,24 @@ fn hide_secret_object(object: &mut Value) -> bool {
     hid
 }
 
-/// Hides, as a whole, every string of `value` that contains one of `secrets`; whether it did.
-fn hide_strings(value: &mut Value, secrets: &BTreeSet<String>) -> bool {
+/// Hides, as a whole, every string of `value` that contains one of `secrets`, or one of
+/// `needles` in any of its forms; whether it did.
+fn hide_strings(value: &mut Value, secrets: &BTreeSet<String>, needles: Option<&Needles>) -> bool {
     match value {
-        Value::String(s) if s != HIDDEN && secrets.iter().any(|secret| s.contains(secret)) => {
+        Value::String(s)
+            if s != HIDDEN
+                && (secrets.iter().any(|secret| s.contains(secret))
+                    || needles.is_some_and(|n| n.found_in(s))) =>
+        {
             *s = HIDDEN.to_owned();
             true
         }
         Value::Array(items) => items
             .iter_mut()
-            .fold(false, |hid, v| hide_strings(v, secrets) | hid),
+            .fold(false, |hid, v| hide_strings(v, secrets, needles) | hid),
         Value::Object(map) => map
             .values_mut()
-            .fold(false, |hid, v| hide_strings(v, secrets) | hid),
+            .fold(false, |hid, v| hide_strings(v, secrets, needles) | hid),
         _ => false,
     }
 }
@@ -358,6 +369,7 @@ mod tests {
         let record = to_record(
             vec![secret, config],
             &[&json!({"password": "hunter2"}), &json!({"empty": ""})],
+            None,
         );
         assert!(!record.shown.contains("hunter2"), "{}", record.shown);
         assert!(!record.shown.contains("aHVudGVyMg=="), "{}", record.shown);
@@ -380,8 +392,29 @@ mod tests {
                 json!({"kind": "Namespace"}),
             )],
             &[&json!({"password": "hunter2"})],
+            None,
         );
         assert_eq!(record.full, None);
-        assert!(to_record(Vec::new(), &[]).is_empty());
+        assert!(to_record(Vec::new(), &[], None).is_empty());
+    }
+
+    #[test]
+    fn encoded_secrets_and_credentials_the_call_received_are_hidden() {
+        let config = manifest(
+            "config.yaml",
+            ManifestLocation::Namespace,
+            json!({"kind": "ConfigMap", "data": {
+                "token": "QmVhcmVyIGFjY3QtdG9rZW4tOTk=",
+                "key": "acct-token-99",
+                "host": "db",
+            }}),
+        );
+        let needles = Needles::of([&json!({"account": {"key": "acct-token-99"}})]);
+        let record = to_record(vec![config], &[&json!({})], Some(&needles));
+        let shown: Value = serde_json::from_str(&record.shown).unwrap();
+        assert_eq!(shown[0]["data"]["data"]["token"], HIDDEN, "base64 of it");
+        assert_eq!(shown[0]["data"]["data"]["key"], HIDDEN);
+        assert_eq!(shown[0]["data"]["data"]["host"], "db");
+        assert!(record.full.is_some_and(|f| f.contains("acct-token-99")));
     }
 }

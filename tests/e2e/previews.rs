@@ -15,17 +15,6 @@ use crate::workflow::{
 
 const CREDENTIAL: &str = "AKIA-preview-credential-7Qx9";
 
-/// Whether `terraform` or `tofu` is on PATH; says why the test is skipped otherwise.
-fn terraform_installed() -> bool {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&path)
-        .any(|dir| dir.join("terraform").is_file() || dir.join("tofu").is_file());
-    if !found {
-        eprintln!("skipped: neither terraform nor tofu is installed");
-    }
-    found
-}
-
 /// A definition a branch adds: the postgres of its preview, by Terraform code that runs a
 /// program on the host (touching `marker`) and publishes the account's credential as a plain
 /// output.
@@ -66,7 +55,7 @@ entity:
 /// which a later commit of the watched ref updates.
 #[test]
 fn a_preview_runs_its_branchs_workloads_with_the_watched_refs_platform_only() {
-    if !terraform_installed() {
+    if !crate::terraform::installed() {
         return;
     }
     let sb = Sandbox::new();

@@ -65,7 +65,7 @@ pub(super) fn rollback(
         }
     };
     let who = who(by);
-    store.pin(&env, commit.id(), &who, reason)?;
+    store.pin(&env, commit.id(), &who, reason, false)?;
     let before = store.latest_deployment(&env)?.map(|d| d.id);
     let outcome = apply_targets(
         ctx,

@@ -25,6 +25,14 @@ impl Daemon {
 
     /// [`Daemon::start`] with more variables in the daemon's environment.
     pub(crate) fn start_with_env(sb: &Sandbox, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let daemon = Daemon::spawn(sb, args, env);
+        daemon.wait_for_log("gitplane daemon ready", Duration::from_secs(20));
+        daemon
+    }
+
+    /// Starts the daemon without waiting for it to be ready: for one that should refuse to
+    /// start (see [`Daemon::wait_for_exit`]).
+    pub(crate) fn spawn(sb: &Sandbox, args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let log = unique(sb.root.join("daemon.log"));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_gitplane"))
@@ -42,9 +50,20 @@ impl Daemon {
             .stderr(file)
             .spawn()
             .expect("start the daemon");
-        let daemon = Daemon { child, log };
-        daemon.wait_for_log("gitplane daemon ready", Duration::from_secs(20));
-        daemon
+        Daemon { child, log }
+    }
+
+    /// Waits up to `timeout` for the daemon to exit by itself: its exit code, or `None` (killed
+    /// by a signal, or still running, which the caller's assertion reports with the log).
+    pub(crate) fn wait_for_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("wait for the daemon") {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
     }
 
     pub(crate) fn log(&self) -> String {

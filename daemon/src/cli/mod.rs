@@ -24,6 +24,7 @@ use crate::plan;
 use crate::reconcile::{self, ApplyOptions, Event, Settings};
 use crate::repo::{ConfigRepo, RepoError, Snapshot};
 use crate::stores::SecretStores;
+use crate::trust::TrustError;
 
 pub use init::TEMPLATE;
 
@@ -173,6 +174,28 @@ impl Context {
     /// The revision to read: `--rev`, else the host config's ref, else HEAD.
     fn rev<'a>(&'a self, rev: &'a Rev) -> Option<&'a str> {
         rev.rev.as_deref().or(self.default_rev.as_deref())
+    }
+
+    /// Checks that `repo` is the repository `store` serves (see [`crate::trust`]); with
+    /// `record`, a state that records none yet records this one.
+    fn check_repository(
+        &self,
+        repo: &ConfigRepo,
+        store: &Store,
+        record: bool,
+    ) -> Result<(), CliError> {
+        let shown = crate::trust::shown_location(&self.repo, None);
+        crate::trust::check_repository(store, repo, &shown, self.default_rev.as_deref(), record)?;
+        Ok(())
+    }
+}
+
+/// Checks that the repository a command reads (`--repo`) is the one `store` serves, when there
+/// is one to read: `explain` shows a recorded resource even without it.
+pub(crate) fn check_repository(ctx: &Context, store: &Store) -> Result<(), CliError> {
+    match ConfigRepo::open(&ctx.repo) {
+        Ok(repo) => ctx.check_repository(&repo, store, false),
+        Err(_) => Ok(()),
     }
 }
 
@@ -459,6 +482,8 @@ pub enum CliError {
     NotPinned { env: String },
     #[error("rollback: --reason is empty: say why, it is recorded with the pin")]
     NoReason,
+    #[error(transparent)]
+    Trust(#[from] TrustError),
     #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]
     NoState { path: PathBuf },
     #[error("{0}")]
@@ -1155,6 +1180,7 @@ fn apply(
 ) -> Result<CommandResult, CliError> {
     let mut store = ctx.open_store()?;
     let commit = Commit::resolve(ctx, rev, Some(&store))?;
+    commit.claim(ctx, &store)?;
     // Locked before anything is read from the state: which apps changed is judged against the
     // fingerprints another apply could be writing.
     let _locks = commit
@@ -1193,13 +1219,17 @@ pub(crate) struct Commit {
 
 impl Commit {
     /// The commit `rev` names; with `store`, its environments include those removed since
-    /// (recorded resources, no file), whose resources a deployment deletes.
+    /// (recorded resources, no file), whose resources a deployment deletes, and the repository
+    /// must be the one the state serves.
     pub(crate) fn resolve(
         ctx: &Context,
         rev: Option<&str>,
         store: Option<&Store>,
     ) -> Result<Commit, CliError> {
         let repo = ConfigRepo::open(&ctx.repo)?;
+        if let Some(store) = store {
+            ctx.check_repository(&repo, store, false)?;
+        }
         let id = repo.resolve(rev)?;
         let layout = repo.layout(&id)?;
         let known = deploy::environments_to_deploy(&layout, store)?;
@@ -1210,6 +1240,12 @@ impl Commit {
     /// The commit's id.
     pub(crate) fn id(&self) -> &str {
         &self.layout.commit
+    }
+
+    /// Records the repository as the one `store` serves, if it records none yet: a command
+    /// that writes with a repository does, before it writes.
+    pub(crate) fn claim(&self, ctx: &Context, store: &Store) -> Result<(), CliError> {
+        ctx.check_repository(&self.repo, store, true)
     }
 }
 
@@ -1239,6 +1275,9 @@ pub(crate) fn targets(
 
 /// Reconciles each target in turn, with progress on stderr and a summary line per environment.
 /// The caller holds the environments' apply locks.
+///
+/// The state key is checked first: a key that is not the one the state is sealed with stops
+/// the command before any deployment is recorded or driver called.
 fn apply_targets(
     ctx: &Context,
     store: &mut Store,
@@ -1247,6 +1286,7 @@ fn apply_targets(
     options: &ApplyOptions,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
+    store.check_key()?;
     let settings = Settings::from_config(&ctx.host);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -1356,6 +1396,7 @@ fn approve(
         ..ctx.clone()
     };
     let resolved = Commit::resolve(&held, Some(&commit), Some(&store))?;
+    resolved.claim(&held, &store)?;
     match targets(&held, &resolved, Some(&store), Reach::Whole)? {
         Ok(targets) => {
             let options = ApplyOptions {
@@ -1459,6 +1500,7 @@ fn resolve(
     };
     let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let commit = Commit::resolve(&scoped, rev, Some(&store))?;
+    commit.claim(&scoped, &store)?;
     let targets = match targets(&scoped, &commit, Some(&store), Reach::Whole)? {
         Ok(targets) => targets,
         Err(rejected) => {
@@ -1499,6 +1541,7 @@ fn drift(ctx: &Context, detect: bool, stdout: &mut impl Write) -> Result<Command
             ..ctx.clone()
         };
         let resolved = Commit::resolve(&one, Some(&commit), Some(&store))?;
+        resolved.claim(&one, &store)?;
         let targets = match targets(&one, &resolved, Some(&store), Reach::Whole)? {
             Ok(targets) => targets,
             Err(rejected) => {

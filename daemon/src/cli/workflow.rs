@@ -56,6 +56,7 @@ pub(super) fn rollback(
     }
     let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let commit = Commit::resolve(ctx, Some(to), Some(&store))?;
+    commit.claim(ctx, &store)?;
     // Built before the pin is recorded: a commit that cannot be applied pins nothing.
     let targets = match targets(ctx, &commit, Some(&store), Reach::Changes)? {
         Ok(targets) => targets,
@@ -100,6 +101,14 @@ pub(super) fn unpin(
 ) -> Result<CommandResult, CliError> {
     let env = one_env(ctx, "unpin")?;
     let mut store = existing_store(ctx)?;
+    // Read first: the pin is released only once the repository is known to be the state's.
+    let commit = if no_apply {
+        None
+    } else {
+        let commit = Commit::resolve(ctx, ctx.default_rev.as_deref(), Some(&store))?;
+        commit.claim(ctx, &store)?;
+        Some(commit)
+    };
     let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let who = who(by);
     let Some(pin) = store.unpin(&env, &who)? else {
@@ -112,10 +121,9 @@ pub(super) fn unpin(
         pin.pinned_by,
         pin.reason
     )?;
-    if no_apply {
+    let Some(commit) = commit else {
         return Ok(CommandResult::Success);
-    }
-    let commit = Commit::resolve(ctx, ctx.default_rev.as_deref(), Some(&store))?;
+    };
     let targets = match targets(ctx, &commit, Some(&store), Reach::Changes)? {
         Ok(targets) => targets,
         Err(rejected) => {

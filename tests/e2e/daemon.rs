@@ -310,7 +310,7 @@ fn a_mass_deletion_is_held_until_approved() {
     assert!(h.iter().any(|d| d["status"] == "held"));
     // Approve while the daemon runs.
     for id in &held {
-        sb.gitplane(&["approve", &id.to_string()]).ok();
+        sb.gitplane(&["approve", "--yes", &id.to_string()]).ok();
     }
     assert_eq!(sb.count("SELECT COUNT(*) FROM resource"), 0);
     assert_eq!(

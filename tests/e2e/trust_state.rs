@@ -1,11 +1,13 @@
-//! Trust boundaries of the state: a state serves one repository, and a daemon whose state key
-//! does not open the state refuses to start and takes no lease.
+//! Trust boundaries of the state: a state serves one repository, a daemon whose state key does
+//! not open the state refuses to start and takes no lease, and deliberate actions are listed,
+//! asked for and attributed.
 //!
 //! Each test is one finding of the trust-boundaries review, run as a user would: real pushes,
 //! the real binary and daemons, a real SQLite file or a real PostgreSQL server (the tests that
 //! are about a shared database skip, saying why, on a machine without PostgreSQL).
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gitplane_testkit::Postgres;
@@ -15,6 +17,20 @@ use crate::util::{Run, Sandbox};
 
 /// The template's secret values.
 const SECRETS: [&str; 2] = ["dev-password-change-me", "prod-password-change-me"];
+
+/// The login name of the user running the tests, and the host name, as gitplane should record
+/// them: from the user database and uname, not from `$USER`.
+fn login_and_host() -> (String, String) {
+    let out = |program: &str, args: &[&str]| {
+        let out = Command::new(program).args(args).output().unwrap();
+        assert!(out.status.success(), "{program} {args:?}");
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    (out("id", &["-un"]), out("uname", &["-n"]))
+}
+
+/// The environment of a systemd unit or a root shell: no `$USER` or `$LOGNAME` to go by.
+const NO_USER: [(&str, &str); 2] = [("USER", ""), ("LOGNAME", "")];
 
 /// Polls `done` every 100 ms for up to `limit`, failing with `what` and `context()`.
 #[track_caller]
@@ -352,4 +368,210 @@ fn a_daemon_with_the_wrong_state_key_refuses_to_start_and_takes_no_lease() {
         [["0"]]
     );
     drop(first);
+}
+
+// --- Finding 8: `approve` deleted hundreds of resources with no list, no question, no name. ---
+
+/// Runs gitplane with `args` in a pseudo-terminal (util-linux `script`), typing `answer`; `None`
+/// when `script` is not installed.
+fn in_terminal(sb: &Sandbox, args: &[&str], answer: &str) -> Option<Run> {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped the terminal half: no `script` (util-linux) here");
+        return None;
+    }
+    let line = std::iter::once(env!("CARGO_BIN_EXE_gitplane"))
+        .chain(args.iter().copied())
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut cmd = Command::new("script");
+    cmd.args(["-qec", &line, "/dev/null"])
+        .current_dir(&sb.root)
+        .env("SHELL", "/bin/sh")
+        .env_remove("GITPLANE_REPO")
+        .env_remove("GITPLANE_STATE")
+        .env_remove("GITPLANE_CONFIG")
+        .envs(NO_USER)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start script");
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(answer.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    Some(Run {
+        command: format!("script -qec {line} /dev/null <<< {answer:?}"),
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+#[test]
+fn approve_lists_the_held_deletions_by_app_and_asks_before_it_deletes() {
+    let sb = Sandbox::applied();
+    // Renaming the only app deletes every resource it has: held.
+    sb.git(&["mv", "workloads/shop", "workloads/store"]);
+    sb.commit("Rename the app");
+    sb.gitplane(&["apply", "--env", "production"])
+        .fails()
+        .stdout_has("held by the deletion guard");
+    let held = sb.last_deployment("production");
+    assert_eq!(held.status, "held");
+    let id = held.id.to_string();
+    let resources = sb.resource_rows();
+    let unchanged = |sb: &Sandbox| {
+        assert_eq!(sb.resource_rows(), resources, "nothing deleted");
+        assert_eq!(sb.last_deployment("production"), held, "still held");
+        assert_eq!(
+            sb.count("SELECT COUNT(*) FROM action WHERE command = 'approve'"),
+            0
+        );
+    };
+
+    // No terminal to ask on and no --yes: the list, a refusal, nothing changed.
+    let run = sb.gitplane(&["approve", &id]).fails();
+    run.stdout_has(&format!("Deployment {id} of production (commit"))
+        .stdout_has("It deletes 6 resource(s):\n  app shop (6):\n")
+        .stdout_has("    postgres.default#modules.backend.externals.db\n")
+        .stdout_has("    workload.default#modules.frontend\n")
+        .stderr_has(&format!(
+            "approve: deployment {id} deletes 6 resource(s) of production, and there is no \
+             terminal to ask on: pass --yes to approve it; nothing was changed"
+        ));
+    unchanged(&sb);
+
+    let state = sb.state.to_str().unwrap();
+    let origin = sb.origin.to_str().unwrap();
+    let approve = ["approve", &id, "--repo", origin, "--state", state];
+    // On a terminal: asked, and "no" changes nothing.
+    if let Some(no) = in_terminal(&sb, &approve, "n\n") {
+        assert_eq!(no.code, Some(1), "{no}");
+        no.stdout_has("app shop (6):")
+            .stdout_has("Delete these 6 resource(s) of production? [y/N]")
+            .stdout_has(&format!("Not approved: deployment {id} stays held"));
+        unchanged(&sb);
+    }
+    // "y" (on a terminal), else --yes, with no $USER: approved, and attributed to the user.
+    let yes = match in_terminal(&sb, &approve, "y\n") {
+        Some(yes) => yes,
+        None => sb.gitplane_env(&["approve", &id, "--yes"], &NO_USER),
+    };
+    assert_eq!(yes.code, Some(0), "{yes}");
+    let done = sb.last_deployment("production");
+    assert_eq!((done.id, done.status.as_str()), (held.id, "succeeded"));
+    assert_eq!(done.counts[2], 6, "{done:?}");
+
+    let (login, host) = login_and_host();
+    assert_eq!(
+        sb.rows(
+            "SELECT env, actor, host, deployment_id, detail FROM action WHERE command = 'approve'"
+        ),
+        [[
+            "production".to_owned(),
+            login.clone(),
+            host.clone(),
+            id.clone(),
+            "approved 6 deletion(s); commit ".to_owned()
+                + &done.commit[..12]
+                + ": succeeded: 6 created, 0 updated, 6 deleted, 0 failed",
+        ]]
+    );
+    sb.gitplane(&["history"]).ok().stdout_has(&format!(
+        "approve by {login} on {host} production (deployment {id}): approved 6 deletion(s)"
+    ));
+    let history = sb
+        .gitplane(&["history", "--env", "production", "--format", "json"])
+        .ok()
+        .json();
+    let approved = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["id"] == held.id)
+        .unwrap();
+    let commands: Vec<&str> = approved["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["command"].as_str().unwrap())
+        .collect();
+    assert_eq!(commands, ["approve", "apply"], "newest first: {approved}");
+    assert_eq!(approved["actions"][0]["by"], login.as_str());
+    assert_eq!(approved["actions"][0]["host"], host.as_str());
+}
+
+#[test]
+fn every_command_that_changes_state_records_who_and_from_where() {
+    let sb = Sandbox::template();
+    let first = sb.head();
+    sb.gitplane_env(&["apply"], &NO_USER).ok();
+    sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
+    sb.commit("A new cache port");
+    sb.gitplane_env(
+        &["apply", "--env", "development", "--by", "ci-bot"],
+        &NO_USER,
+    )
+    .ok();
+    sb.gitplane(&[
+        "rollback",
+        "--env",
+        "development",
+        "--to",
+        &first,
+        "-m",
+        "the port",
+        "--by",
+        "alice",
+    ])
+    .ok();
+    sb.gitplane(&["unpin", "--env", "development", "--no-apply", "--by", "bob"])
+        .ok();
+    sb.gitplane_env(&["drift", "--env", "production", "--detect"], &NO_USER)
+        .ok();
+    sb.gitplane_env(&["state", "vacuum", "--keep", "1000"], &NO_USER)
+        .ok();
+    sb.gitplane_env(&["state", "rekey", "--by", "carol"], &NO_USER)
+        .ok();
+
+    let (login, host) = login_and_host();
+    let rows = sb.rows(
+        "SELECT command, COALESCE(env, '-'), actor, host, deployment_id IS NOT NULL FROM action \
+         ORDER BY at, command, env",
+    );
+    let expected: Vec<[&str; 5]> = vec![
+        ["apply", "development", &login, &host, "1"],
+        ["apply", "production", &login, &host, "1"],
+        ["apply", "development", "ci-bot", &host, "1"],
+        ["rollback", "development", "alice", &host, "1"],
+        ["unpin", "development", "bob", &host, "0"],
+        ["drift", "production", &login, &host, "1"],
+        ["state vacuum", "-", &login, &host, "0"],
+        ["state rekey", "-", "carol", &host, "0"],
+    ];
+    let expected: Vec<Vec<String>> = expected
+        .iter()
+        .map(|r| r.iter().map(|c| c.to_string()).collect())
+        .collect();
+    assert_eq!(rows, expected);
+    assert!(
+        !sb.column("SELECT actor FROM action")
+            .iter()
+            .any(|a| a == "unknown" || a.is_empty()),
+        "every action names someone"
+    );
+    let history = sb.gitplane(&["history"]).ok();
+    history
+        .stdout_has("\nactions:\n")
+        .stdout_has(&format!("state rekey by carol on {host}: "))
+        .stdout_has(&format!(
+            "drift by {login} on {host} production (deployment"
+        ))
+        .stdout_has("unpin by bob on ");
+    // The rollback's pin names who made it from the same source.
+    assert_eq!(sb.column("SELECT pinned_by FROM env_pin"), ["alice"]);
+    assert_eq!(sb.column("SELECT unpinned_by FROM env_pin"), ["bob"]);
 }

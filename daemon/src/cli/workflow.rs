@@ -1,29 +1,19 @@
-//! `gitplane rollback` and `gitplane unpin`, and the pin and preview lines of `status` and
-//! `history`.
+//! `gitplane rollback` and `gitplane unpin`, and the pin, preview and action lines of `status`
+//! and `history`.
 
 use std::io::Write;
 
-use gitplane_state::{ApplyLock, EnvPin, PreviewRecord, Store};
+use gitplane_state::{ActionRecord, ApplyLock, EnvPin, PreviewRecord, Store};
 use serde_json::{Value, json};
 
+use super::actor::Actor;
 use super::output::short;
 use super::{
-    CliError, CommandResult, Commit, Context, apply_targets, existing_store, report_rejected,
-    targets,
+    Attribution, CliError, CommandResult, Commit, Context, apply_targets, existing_store,
+    report_rejected, targets,
 };
 use crate::deploy::Reach;
 use crate::reconcile::ApplyOptions;
-
-/// Who runs the command, for the pin's record: `--by`, else the login user.
-fn who(by: Option<&str>) -> String {
-    by.map(str::to_owned)
-        .or_else(|| {
-            ["SUDO_USER", "USER", "LOGNAME"]
-                .iter()
-                .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
-        })
-        .unwrap_or_else(|| "unknown".to_owned())
-}
 
 /// The one environment a command works on (`--env`).
 fn one_env(ctx: &Context, command: &str) -> Result<String, CliError> {
@@ -33,15 +23,22 @@ fn one_env(ctx: &Context, command: &str) -> Result<String, CliError> {
     }
 }
 
+/// What `gitplane rollback` was asked.
+pub(super) struct Rollback<'a> {
+    /// The commit (branch, tag) to go back to.
+    pub to: &'a str,
+    pub reason: &'a str,
+}
+
 /// `gitplane rollback --env E --to COMMIT --reason WHY`: applies an earlier commit to one
 /// environment and pins it there; commits after it are planned, not applied, until `unpin`.
 pub(super) fn rollback(
     ctx: &Context,
-    to: &str,
-    reason: &str,
-    by: Option<&str>,
+    asked: Rollback<'_>,
+    actor: &Actor,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
+    let Rollback { to, reason } = asked;
     let env = one_env(ctx, "rollback")?;
     if reason.trim().is_empty() {
         return Err(CliError::NoReason);
@@ -65,15 +62,21 @@ pub(super) fn rollback(
             return Ok(CommandResult::Failure);
         }
     };
-    let who = who(by);
-    store.pin(&env, commit.id(), &who, reason, false)?;
+    let who = &actor.name;
+    store.pin(&env, commit.id(), who, reason, false)?;
     let before = store.latest_deployment(&env)?.map(|d| d.id);
+    let attribution = Attribution {
+        actor,
+        command: "rollback",
+        detail: Some(format!("pinned at {}: {reason}", short(commit.id()))),
+    };
     let outcome = apply_targets(
         ctx,
         &mut store,
         commit.id(),
         &targets,
         &ApplyOptions::default(),
+        &attribution,
         stdout,
     )?;
     if let Some(d) = store
@@ -84,8 +87,8 @@ pub(super) fn rollback(
     }
     writeln!(
         stdout,
-        "{env}: pinned at {} by {who}: {reason}\n  Later commits are planned, not applied, until \
-         `gitplane unpin --env {env}`.",
+        "{env}: pinned at {} by {who}: {reason}\n  Later commits are planned, not applied, \
+         until `gitplane unpin --env {env}`.",
         short(commit.id())
     )?;
     Ok(outcome)
@@ -95,7 +98,7 @@ pub(super) fn rollback(
 /// of the watched ref, as the daemon would have.
 pub(super) fn unpin(
     ctx: &Context,
-    by: Option<&str>,
+    actor: &Actor,
     no_apply: bool,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
@@ -110,8 +113,8 @@ pub(super) fn unpin(
         Some(commit)
     };
     let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
-    let who = who(by);
-    let Some(pin) = store.unpin(&env, &who)? else {
+    let who = &actor.name;
+    let Some(pin) = store.unpin(&env, who)? else {
         return Err(CliError::NotPinned { env });
     };
     writeln!(
@@ -121,7 +124,14 @@ pub(super) fn unpin(
         pin.pinned_by,
         pin.reason
     )?;
+    let released = format!(
+        "released the pin at {} ({} by {})",
+        short(&pin.commit_id),
+        pin.reason,
+        pin.pinned_by
+    );
     let Some(commit) = commit else {
+        actor.record(&store, "unpin", Some(&env), None, &released)?;
         return Ok(CommandResult::Success);
     };
     let targets = match targets(ctx, &commit, Some(&store), Reach::Changes)? {
@@ -129,9 +139,16 @@ pub(super) fn unpin(
         Err(rejected) => {
             report_rejected(commit.id(), &rejected);
             let error = rejected.errors.join("\n");
-            store.failed_deployment(&env, Some(commit.id()), &error)?;
+            let id = store.failed_deployment(&env, Some(commit.id()), &error)?;
+            let detail = format!("{released}; commit {} rejected", short(commit.id()));
+            actor.record(&store, "unpin", Some(&env), Some(id), &detail)?;
             return Ok(CommandResult::Failure);
         }
+    };
+    let attribution = Attribution {
+        actor,
+        command: "unpin",
+        detail: Some(released),
     };
     apply_targets(
         ctx,
@@ -139,6 +156,7 @@ pub(super) fn unpin(
         commit.id(),
         &targets,
         &ApplyOptions::default(),
+        &attribution,
         stdout,
     )
 }
@@ -281,6 +299,55 @@ pub(super) fn history_json_pins(items: &mut [Value], pins: &[EnvPin]) {
             && let Some(fields) = item.as_object_mut()
         {
             fields.insert("pin".to_owned(), pin_json(pin));
+        }
+    }
+}
+
+/// `history`'s actions: who did what by hand, from which host, newest first.
+pub(super) fn action_lines(actions: &[ActionRecord]) -> String {
+    let mut out = String::new();
+    for a in actions {
+        let env = a
+            .env
+            .as_deref()
+            .map(|e| format!(" {e}"))
+            .unwrap_or_default();
+        let deployment = a
+            .deployment_id
+            .map(|d| format!(" (deployment {d})"))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "{} {} by {} on {}{env}{deployment}: {}\n",
+            a.at,
+            a.command,
+            a.actor,
+            a.host,
+            a.detail.as_deref().unwrap_or("-")
+        ));
+    }
+    out
+}
+
+/// `history --format json`: each deployment carries the actions that started or released it
+/// (`[]` for one the daemon made).
+pub(super) fn history_json_actions(items: &mut [Value], actions: &[ActionRecord]) {
+    for item in items {
+        let id = item.get("id").and_then(Value::as_i64);
+        let of_it: Vec<Value> = actions
+            .iter()
+            .filter(|a| a.deployment_id.is_some() && a.deployment_id == id)
+            .map(|a| {
+                json!({
+                    "command": a.command,
+                    "by": a.actor,
+                    "host": a.host,
+                    "at": a.at,
+                    "detail": a.detail,
+                })
+            })
+            .collect();
+        if let Some(fields) = item.as_object_mut() {
+            fields.insert("actions".to_owned(), Value::Array(of_it));
         }
     }
 }

@@ -1,6 +1,6 @@
-//! Trust boundaries of the state: a state serves one repository, a daemon whose state key does
-//! not open the state refuses to start and takes no lease, and deliberate actions are listed,
-//! asked for and attributed.
+//! Trust boundaries of the state: a rollback goes only to reviewed commits unless forced, a
+//! state serves one repository, a daemon whose state key does not open the state refuses to
+//! start and takes no lease, and deliberate actions are listed, asked for and attributed.
 //!
 //! Each test is one finding of the trust-boundaries review, run as a user would: real pushes,
 //! the real binary and daemons, a real SQLite file or a real PostgreSQL server (the tests that
@@ -64,6 +64,142 @@ fn another_repository() -> Sandbox {
 /// `path` as the state records a local repository: its canonical path.
 fn shown(path: &Path) -> String {
     path.canonicalize().unwrap().display().to_string()
+}
+
+// --- Finding 3: `rollback --to` accepted any commit, an unmerged branch included. ---
+
+#[test]
+fn rollback_to_an_unmerged_commit_is_refused_unless_forced() {
+    let sb = Sandbox::applied();
+    // A branch nobody merged drops the backend's database and the frontend's DNS name.
+    sb.git(&["checkout", "--quiet", "-b", "feature"]);
+    let backend = sb.read("workloads/shop/backend.yaml");
+    let backend: String = backend
+        .lines()
+        .filter(|l| !l.contains("resources.db.") && !l.contains("db:") && !l.contains("Private"))
+        .filter(|l| !l.contains("type: postgres"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    sb.write("workloads/shop/backend.yaml", &backend);
+    sb.edit(
+        "workloads/shop/frontend.yaml",
+        "      PUBLIC_URL: https://${resources.dns.host}\n",
+        "",
+    );
+    sb.edit(
+        "workloads/shop/frontend.yaml",
+        "  dns:\n    type: dns\n",
+        "",
+    );
+    sb.git(&[
+        "commit",
+        "--quiet",
+        "-am",
+        "Unreviewed: no database, no DNS",
+    ]);
+    sb.git(&["push", "--quiet", "origin", "feature"]);
+    let feature = sb.head();
+    sb.git(&["checkout", "--quiet", "main"]);
+
+    let resources = sb.resource_rows();
+    let deployments = sb.max_id("deployment");
+    let run = sb
+        .gitplane(&[
+            "rollback",
+            "--env",
+            "production",
+            "--to",
+            &feature,
+            "-m",
+            "hotfix",
+        ])
+        .fails();
+    run.stderr_has(&format!(
+        "rollback: commit {} is not in the history of refs/heads/main and was never deployed to \
+         production",
+        &feature[..12]
+    ))
+    .stderr_has("Pass --force to pin production there anyway")
+    .stderr_has("nothing was changed");
+    assert_eq!(sb.resource_rows(), resources, "nothing deleted");
+    assert_eq!(sb.max_id("deployment"), deployments, "no deployment");
+    assert_eq!(sb.count("SELECT COUNT(*) FROM env_pin"), 0, "no pin");
+    assert_eq!(
+        sb.count("SELECT COUNT(*) FROM action WHERE command = 'rollback'"),
+        0
+    );
+
+    // A commit deployed to the environment before is one people chose to run there.
+    sb.gitplane(&["apply", "--env", "development", "--rev", "feature"])
+        .ok();
+    sb.gitplane(&[
+        "rollback",
+        "--env",
+        "development",
+        "--to",
+        &feature,
+        "-m",
+        "keep the branch",
+        "--by",
+        "bob",
+    ])
+    .ok();
+    assert_eq!(
+        sb.column("SELECT forced FROM env_pin WHERE env = 'development'"),
+        ["0"]
+    );
+
+    // Forced: done, and recorded with the pin, in status, history and the action log.
+    let run = sb
+        .gitplane(&[
+            "rollback",
+            "--env",
+            "production",
+            "--to",
+            &feature,
+            "-m",
+            "hotfix",
+            "--force",
+            "--by",
+            "alice",
+        ])
+        .ok();
+    run.stdout_has("by alice (forced: not in the history of refs/heads/main and never deployed to production): hotfix");
+    let rolled = sb.last_deployment("production");
+    assert_eq!(
+        (rolled.commit.as_str(), rolled.status.as_str()),
+        (feature.as_str(), "succeeded")
+    );
+    assert_eq!(
+        rolled.counts[2], 2,
+        "the database and the DNS name: {rolled:?}"
+    );
+    assert_eq!(
+        sb.rows("SELECT pinned_by, forced FROM env_pin WHERE env = 'production'"),
+        [["alice", "1"]]
+    );
+    sb.gitplane(&["status", "--env", "production"])
+        .ok()
+        .stdout_has("(forced: outside the watched ref's history): hotfix");
+    let status = sb
+        .gitplane(&["status", "--env", "production", "--format", "json"])
+        .ok()
+        .json();
+    assert_eq!(status["pin"]["forced"], true);
+    sb.gitplane(&["history"])
+        .ok()
+        .stdout_has("(forced: outside the watched ref's history): hotfix");
+    let action = sb.rows(
+        "SELECT actor, deployment_id, detail FROM action WHERE command = 'rollback' \
+         AND env = 'production'",
+    );
+    assert_eq!(action.len(), 1, "{action:?}");
+    assert_eq!(action[0][0], "alice");
+    assert_eq!(action[0][1], rolled.id.to_string());
+    assert!(
+        action[0][2].contains("forced: not in the history of refs/heads/main"),
+        "{action:?}"
+    );
 }
 
 // --- Finding 6: two daemons of different repositories on one database shared environments. ---

@@ -363,6 +363,10 @@ pub enum Command {
         /// Why, recorded with the pin and shown by `status` and `history`.
         #[arg(long, short = 'm')]
         reason: String,
+        /// Pin a commit that is neither in the watched ref's history nor was ever deployed to
+        /// the environment (an unmerged branch, say); recorded with the pin.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         by: By,
     },
@@ -510,6 +514,16 @@ pub enum CliError {
     NotPinned { env: String },
     #[error("rollback: --reason is empty: say why, it is recorded with the pin")]
     NoReason,
+    #[error(
+        "rollback: commit {commit} is not in the history of {watched} and was never deployed \
+         to {env}: it may be unreviewed. Pass --force to pin {env} there anyway (recorded with \
+         the pin); nothing was changed"
+    )]
+    OutsideHistory {
+        commit: String,
+        env: String,
+        watched: String,
+    },
     #[error(
         "approve: deployment {deployment} deletes {count} resource(s) of {env}, and there is no \
          terminal to ask on: pass --yes to approve it; nothing was changed"
@@ -667,12 +681,14 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             common,
             to,
             reason,
+            force,
             by,
         } => workflow::rollback(
             &common.context()?,
             workflow::Rollback {
                 to: &to,
                 reason: &reason,
+                force,
             },
             &Actor::of(by.by.as_deref()),
             stdout,

@@ -14,6 +14,7 @@ use super::{
 };
 use crate::deploy::Reach;
 use crate::reconcile::ApplyOptions;
+use crate::repo::ConfigRepo;
 
 /// The one environment a command works on (`--env`).
 fn one_env(ctx: &Context, command: &str) -> Result<String, CliError> {
@@ -28,17 +29,23 @@ pub(super) struct Rollback<'a> {
     /// The commit (branch, tag) to go back to.
     pub to: &'a str,
     pub reason: &'a str,
+    /// Pin a commit outside the watched ref's history that was never deployed there.
+    pub force: bool,
 }
 
 /// `gitplane rollback --env E --to COMMIT --reason WHY`: applies an earlier commit to one
 /// environment and pins it there; commits after it are planned, not applied, until `unpin`.
+///
+/// Only a commit of the watched ref's history, or one deployed to the environment before, is
+/// taken: anything else (an unmerged branch) could be code nobody reviewed, and needs
+/// `--force`, which the pin records. A refused rollback writes nothing.
 pub(super) fn rollback(
     ctx: &Context,
     asked: Rollback<'_>,
     actor: &Actor,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let Rollback { to, reason } = asked;
+    let Rollback { to, reason, force } = asked;
     let env = one_env(ctx, "rollback")?;
     if reason.trim().is_empty() {
         return Err(CliError::NoReason);
@@ -49,6 +56,14 @@ pub(super) fn rollback(
             env,
             state: store.path().to_owned(),
             known: store.environments()?.join(", "),
+        });
+    }
+    let outside = outside_history(ctx, &store, &env, to)?;
+    if let (Some(outside), false) = (&outside, force) {
+        return Err(CliError::OutsideHistory {
+            commit: short(&outside.commit).to_owned(),
+            env,
+            watched: outside.watched.clone(),
         });
     }
     let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
@@ -63,12 +78,21 @@ pub(super) fn rollback(
         }
     };
     let who = &actor.name;
-    store.pin(&env, commit.id(), who, reason, false)?;
+    let forced = outside.as_ref().map(|o| {
+        format!(
+            "forced: not in the history of {} and never deployed to {env}",
+            o.watched
+        )
+    });
+    store.pin(&env, commit.id(), who, reason, forced.is_some())?;
     let before = store.latest_deployment(&env)?.map(|d| d.id);
     let attribution = Attribution {
         actor,
         command: "rollback",
-        detail: Some(format!("pinned at {}: {reason}", short(commit.id()))),
+        detail: Some(match &forced {
+            Some(forced) => format!("pinned at {} ({forced}): {reason}", short(commit.id())),
+            None => format!("pinned at {}: {reason}", short(commit.id())),
+        }),
     };
     let outcome = apply_targets(
         ctx,
@@ -85,13 +109,43 @@ pub(super) fn rollback(
     {
         store.set_pin_deployment(&env, d.id)?;
     }
+    let forced = forced.map(|f| format!(" ({f})")).unwrap_or_default();
     writeln!(
         stdout,
-        "{env}: pinned at {} by {who}: {reason}\n  Later commits are planned, not applied, \
-         until `gitplane unpin --env {env}`.",
+        "{env}: pinned at {} by {who}{forced}: {reason}\n  Later commits are planned, not \
+         applied, until `gitplane unpin --env {env}`.",
         short(commit.id())
     )?;
     Ok(outcome)
+}
+
+/// A rollback's commit that is outside the watched ref's history.
+struct Outside {
+    commit: String,
+    /// The watched ref, as people name it (`refs/heads/main`).
+    watched: String,
+}
+
+/// `Some` when `to` is neither the watched ref's head nor in its history, and was never
+/// deployed to `env`: a rollback there needs `--force`.
+fn outside_history(
+    ctx: &Context,
+    store: &Store,
+    env: &str,
+    to: &str,
+) -> Result<Option<Outside>, CliError> {
+    let repo = ConfigRepo::open(&ctx.repo)?;
+    ctx.check_repository(&repo, store, false)?;
+    let commit = repo.resolve(Some(to))?;
+    let watched = ctx.default_rev.clone();
+    let head = repo.resolve(watched.as_deref())?;
+    if repo.is_ancestor(&commit, &head)? || store.deployed_before(env, &commit)? {
+        return Ok(None);
+    }
+    let watched = watched
+        .or_else(|| repo.head_ref())
+        .unwrap_or_else(|| "HEAD".to_owned());
+    Ok(Some(Outside { commit, watched }))
 }
 
 /// `gitplane unpin --env E`: releases the pin and, unless `no_apply`, applies the newest commit
@@ -167,10 +221,11 @@ pub(super) fn status_lines(pin: Option<&EnvPin>, preview: Option<&PreviewRecord>
     let mut lines = String::new();
     if let Some(pin) = pin {
         lines.push_str(&format!(
-            "  pinned at {} by {} since {}: {}\n",
+            "  pinned at {} by {} since {}{}: {}\n",
             short(&pin.commit_id),
             pin.pinned_by,
             pin.pinned_at,
+            forced_words(pin),
             pin.reason
         ));
         if let Some(waiting) = &pin.waiting_commit {
@@ -245,11 +300,21 @@ pub(super) fn status_fields(
     }
 }
 
+/// ` (forced: outside the watched ref's history)` for a pin made with `--force`.
+fn forced_words(pin: &EnvPin) -> &'static str {
+    if pin.forced {
+        " (forced: outside the watched ref's history)"
+    } else {
+        ""
+    }
+}
+
 fn pin_json(pin: &EnvPin) -> Value {
     json!({
         "commit": pin.commit_id,
         "pinned_by": pin.pinned_by,
         "reason": pin.reason,
+        "forced": pin.forced,
         "pinned_at": pin.pinned_at,
         "deployment": pin.deployment_id,
         "unpinned_by": pin.unpinned_by,
@@ -270,11 +335,12 @@ pub(super) fn history_lines(pins: &[EnvPin]) -> String {
             .map(|d| format!(" (deployment {d})"))
             .unwrap_or_default();
         out.push_str(&format!(
-            "{} pinned at {} by {} at {}{deployment}: {}",
+            "{} pinned at {} by {} at {}{deployment}{}: {}",
             pin.env,
             short(&pin.commit_id),
             pin.pinned_by,
             pin.pinned_at,
+            forced_words(pin),
             pin.reason
         ));
         match (&pin.unpinned_by, &pin.unpinned_at) {

@@ -244,12 +244,14 @@ impl Store {
         })
     }
 
-    /// The actions recorded (of `env` when given: those of the whole state too), newest first.
+    /// The actions recorded (of `env` when given: those of the whole state too), newest first;
+    /// actions of one millisecond (one command's environments) by their deployments, newest
+    /// first, so both backends list them alike.
     pub fn actions(&self, env: Option<&str>) -> Result<Vec<ActionRecord>> {
         self.query(
             "SELECT at, command, env, actor, host, deployment_id, detail FROM action
              WHERE CAST(?1 AS TEXT) IS NULL OR env = ?1 OR env IS NULL
-             ORDER BY at DESC, command",
+             ORDER BY at DESC, COALESCE(deployment_id, 0) DESC, command, COALESCE(env, '')",
             params![env],
             action_of,
         )
@@ -349,6 +351,23 @@ mod tests {
             let production = store.actions(Some("production")).unwrap();
             let production: Vec<&str> = production.iter().map(|a| a.command.as_str()).collect();
             assert_eq!(production, ["state rekey", "apply"]);
+
+            // One command's environments in one millisecond: by deployment, newest first.
+            for (env, deployment) in [("development", 3), ("production", 4)] {
+                store
+                    .conn
+                    .execute(
+                        "INSERT INTO action (at, command, env, actor, host, deployment_id)
+                         VALUES ('2999-01-01T00:00:00.000Z', 'apply', ?1, 'bob', 'h', ?2)",
+                        params![env, deployment],
+                    )
+                    .unwrap();
+            }
+            let newest: Vec<Option<i64>> = store.actions(None).unwrap()[..2]
+                .iter()
+                .map(|a| a.deployment_id)
+                .collect();
+            assert_eq!(newest, [Some(4), Some(3)]);
         });
     }
 

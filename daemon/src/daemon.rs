@@ -66,6 +66,12 @@ pub enum DaemonError {
     Signals(std::io::Error),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error("refusing to start, no lease taken: {0}")]
+    Trust(#[from] crate::trust::TrustError),
+    /// The state key does not open the state's key canary (or, before there is one, its
+    /// sealed values).
+    #[error("refusing to start, no lease taken: {0}")]
+    Key(StateError),
 }
 
 /// Runs the daemon until SIGTERM or SIGINT.
@@ -189,14 +195,24 @@ impl Daemon {
 
     fn start(options: DaemonOptions) -> Result<Daemon, DaemonError> {
         let store = Store::open_keyed(&options.state, options.host.state_key.as_ref())?;
-        let repo_path = match &options.source {
-            RepoSource::Local(path) => path.clone(),
+        let (repo_path, remote) = match &options.source {
+            RepoSource::Local(path) => (path.clone(), None),
             RepoSource::Remote { url, .. } => {
                 let mirror = mirror_path(&options.state);
                 watch::fetch_mirror(url, &mirror, FETCH_LIMIT)?;
-                mirror
+                (mirror, Some(url.as_str()))
             }
         };
+        // Before any lease: a daemon of another repository, or with a key that does not open
+        // this state, would take its share of the environments and deploy or fail there.
+        crate::trust::check_repository(
+            &store,
+            &ConfigRepo::open(&repo_path)?,
+            &crate::trust::shown_location(&repo_path, remote),
+            options.host.git_ref.as_deref(),
+            true,
+        )?;
+        store.check_key().map_err(DaemonError::Key)?;
         let events = Arc::new(Events::new(&options.host.notify));
         let stop = Arc::new(AtomicBool::new(false));
         let (shard, lease_events, lease_thread) =

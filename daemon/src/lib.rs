@@ -24,4 +24,5 @@ pub mod review;
 pub mod serve;
 pub mod shard;
 pub mod stores;
+pub mod trust;
 pub mod watch;

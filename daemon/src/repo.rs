@@ -741,6 +741,60 @@ impl ConfigRepo {
         let commit = self.resolve(rev)?;
         self.snapshot(&commit)
     }
+
+    /// The root commit of `commit`'s history: first parents followed to a commit that has
+    /// none. It walks the whole first-parent history, so it is asked once, when a state records
+    /// its repository (or to explain why another repository is refused).
+    pub fn root_commit(&self, commit: &str) -> Result<String, RepoError> {
+        let read_err = self.read_err(commit);
+        let mut id =
+            gix::ObjectId::from_hex(commit.as_bytes()).map_err(|e| read_err(e.to_string()))?;
+        let mut buf = Vec::new();
+        loop {
+            let parent = self
+                .objects()
+                .find_commit_iter(&id, &mut buf)
+                .map_err(|e| read_err(e.to_string()))?
+                .parent_ids()
+                .next();
+            match parent {
+                Some(parent) => id = parent,
+                None => return Ok(id.to_string()),
+            }
+        }
+    }
+
+    /// Whether `id` (a full commit id) is a commit of this repository's object database: one
+    /// lookup, no walk.
+    pub fn has_commit(&self, id: &str) -> bool {
+        let Ok(id) = gix::ObjectId::from_hex(id.as_bytes()) else {
+            return false;
+        };
+        let mut buf = Vec::new();
+        self.objects()
+            .try_find(&id, &mut buf)
+            .ok()
+            .flatten()
+            .is_some_and(|data| data.kind == gix::objs::Kind::Commit)
+    }
+
+    /// Whether `ancestor` is `commit` or in its history: their merge base is `ancestor`.
+    /// git's merge-base walk, which stops where the two histories meet (no further back than
+    /// the older of the two when one is in the other's history).
+    pub fn is_ancestor(&self, ancestor: &str, commit: &str) -> Result<bool, RepoError> {
+        if ancestor == commit {
+            return Ok(true);
+        }
+        let read_err = self.read_err(commit);
+        let parse =
+            |id: &str| gix::ObjectId::from_hex(id.as_bytes()).map_err(|e| read_err(e.to_string()));
+        let (a, c) = (parse(ancestor)?, parse(commit)?);
+        let base = self
+            .repo
+            .merge_base(a, c)
+            .map_err(|e| read_err(e.to_string()))?;
+        Ok(base.is_some_and(|b| b.detach() == a))
+    }
 }
 
 #[cfg(test)]

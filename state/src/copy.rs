@@ -4,8 +4,9 @@
 //! Which tables move is derived from `schema.sql` itself (the tables its migrations leave, in
 //! foreign-key order, with every column by name), checked against the two lists below: a
 //! migration that adds a table stops every copy until it says here whether that table moves.
-//! Rows are read in pages by primary key, inside one snapshot of the source, and written in one
-//! transaction on the destination, ids kept, so a copy cut off half-way leaves the destination
+//! Rows are read in pages by primary key (a table without one, such as the action log, by every
+//! column in turn), inside one snapshot of the source, and written in one transaction on the
+//! destination, ids kept, so a copy cut off half-way leaves the destination
 //! empty. Sealed secrets move as they are (their associated data names the table, column and
 //! GUResID, which the copy keeps): both sides must use the same state key.
 
@@ -19,7 +20,7 @@ use crate::db::{Arg, Backend, Cell, Conn, DbError, DbResult, Tx, params};
 use crate::{StateError, Store, state_error};
 
 /// The tables that move, whatever their order here (the copy orders them by foreign key).
-const COPIED: [&str; 14] = [
+const COPIED: [&str; 17] = [
     "deployment",
     "resource",
     "resource_secret",
@@ -34,6 +35,10 @@ const COPIED: [&str; 14] = [
     "preview",
     "env_pin",
     "drift_finding",
+    // The repository the state belongs to, the key canary and who did what move with it.
+    "repository",
+    "key_canary",
+    "action",
 ];
 
 /// The tables that stay behind: who holds which environment right now, which means nothing to
@@ -99,7 +104,9 @@ struct TablePlan {
     name: String,
     /// Every column, by name.
     columns: Vec<String>,
-    /// The primary key's columns: pages are read in their order.
+    /// The primary key's columns: pages are read in their order. Empty for a table without
+    /// one, read in the order of all its columns, page after page by offset (the source is
+    /// one snapshot, so the offsets hold).
     key: Vec<String>,
     /// The key is SQLite's rowid, an identity column on PostgreSQL, whose sequence must be
     /// moved past the copied ids.
@@ -157,11 +164,6 @@ fn plan_of(migrations: &[String]) -> std::result::Result<Vec<TablePlan>, String>
             columns.push(column);
         }
         key.sort();
-        if key.is_empty() {
-            return Err(format!(
-                "table {name} has no primary key, by which the copy reads it in pages"
-            ));
-        }
         let identity = key.len() == 1 && key[0].2.eq_ignore_ascii_case("INTEGER");
         let references: BTreeSet<String> = conn
             .prepare(&format!("PRAGMA foreign_key_list({name})"))
@@ -330,6 +332,9 @@ fn copy_table(
     let columns = table.columns.join(", ");
     let key = table.key.join(", ");
     let width = table.columns.len();
+    if table.key.is_empty() {
+        return copy_by_offset(source, tx, table, page_rows, from_err, to_err);
+    }
     let first_page = format!(
         "SELECT {columns} FROM {t} ORDER BY {key} LIMIT {page_rows}",
         t = table.name
@@ -378,6 +383,50 @@ fn copy_table(
         }
     }
     Ok(copied)
+}
+
+/// Copies a table without a primary key: pages in the order of all its columns, by offset.
+fn copy_by_offset(
+    source: &Conn,
+    tx: &Tx<'_>,
+    table: &TablePlan,
+    page_rows: usize,
+    from_err: &impl Fn(DbError) -> CopyError,
+    to_err: &impl Fn(DbError) -> CopyError,
+) -> std::result::Result<u64, CopyError> {
+    let columns = table.columns.join(", ");
+    let width = table.columns.len();
+    let rows_per_insert = (MAX_PARAMETERS / width.max(1)).clamp(1, page_rows.max(1));
+    let mut copied = 0u64;
+    loop {
+        let page = source
+            .table(
+                &format!(
+                    "SELECT {columns} FROM {t} ORDER BY {columns} LIMIT {page_rows} OFFSET {copied}",
+                    t = table.name
+                ),
+                params![],
+            )
+            .map_err(from_err)?;
+        if page.columns.len() != width {
+            return Err(from_err(DbError::Damaged {
+                table: "schema",
+                row: table.name.clone(),
+                reason: format!(
+                    "table {} has columns {} where {columns} were expected",
+                    table.name,
+                    page.columns.join(", ")
+                ),
+            }));
+        }
+        for rows in page.rows.chunks(rows_per_insert) {
+            insert(tx, table, &columns, rows).map_err(to_err)?;
+        }
+        copied += page.rows.len() as u64;
+        if page.rows.len() < page_rows {
+            return Ok(copied);
+        }
+    }
 }
 
 /// One INSERT of `rows` (each with every column of `table`, in its order).
@@ -563,6 +612,26 @@ mod tests {
                          'shared.db', 'driver', 'outputs', 'outputs.host')"
             ))
             .unwrap();
+        // The repository, the key canary and two actions (one of the whole state) move too.
+        store
+            .record_repository("r0", "/srv/git/platform.git")
+            .unwrap();
+        store.check_key().unwrap();
+        for (command, env, deployment) in [
+            ("apply", Some("development"), Some(d1)),
+            ("state vacuum", None, None),
+        ] {
+            store
+                .record_action(&crate::Action {
+                    command,
+                    env,
+                    actor: "alice",
+                    host: "mgmt-1",
+                    deployment_id: deployment,
+                    detail: Some("by hand"),
+                })
+                .unwrap();
+        }
         // Who holds what: never moved.
         store
             .conn
@@ -581,11 +650,12 @@ mod tests {
             .unwrap()
             .iter()
             .map(|t| {
+                let order = if t.key.is_empty() { &t.columns } else { &t.key };
                 let sql = format!(
                     "SELECT {} FROM {} ORDER BY {}",
                     t.columns.join(", "),
                     t.name,
-                    t.key.join(", ")
+                    order.join(", ")
                 );
                 (
                     t.name.clone(),
@@ -613,6 +683,10 @@ mod tests {
             format!("{:?}", store.manifests("development", true).unwrap()),
             format!("{:?}", store.links("development").unwrap()),
             format!("{:?}", store.current_bindings("g1").unwrap()),
+            // The canary came along: the key opens it.
+            format!("{:?}", store.check_key().unwrap()),
+            format!("{:?}", store.repository().unwrap()),
+            format!("{:?}", store.actions(None).unwrap()),
         ];
         for d in store.deployments(None).unwrap() {
             out.push(format!(

@@ -16,6 +16,7 @@ mod lease;
 mod lock;
 mod postgres;
 mod seal;
+mod trust;
 mod views;
 mod workflow;
 
@@ -36,6 +37,7 @@ pub use lease::{Beat, Fence, LeaseHold, LeaseRecord, Leases};
 pub use lock::ApplyLock;
 pub use postgres::{PgTarget, is_postgres_url};
 pub use seal::{KeySource, SealError, StateKey, pending_key_path};
+pub use trust::{Action, ActionRecord, KeyCheck, RepositoryIdentity};
 pub use views::{DeploymentSummary, FailedResource, NodeRow, ResourceView};
 pub use workflow::{EnvPin, PreviewPush, PreviewRecord};
 
@@ -1095,13 +1097,15 @@ impl Store {
         })
     }
 
-    /// The key id the state file's sealed secrets carry, if it has any.
+    /// The key id the state file's sealed secrets (and its key canary) carry, if it has any.
     fn sealed_with(&self) -> Result<Option<String>> {
         let sample: Option<String> = self
             .conn
             .query_row(
                 "SELECT v FROM (
-                   SELECT outputs AS v FROM resource_secret WHERE outputs LIKE 'gp1:%'
+                   SELECT sealed AS v FROM key_canary WHERE sealed LIKE 'gp1:%'
+                   UNION ALL
+                   SELECT outputs FROM resource_secret WHERE outputs LIKE 'gp1:%'
                    UNION ALL
                    SELECT cookie FROM driver_cookie WHERE cookie LIKE 'gp1:%') AS sealed
                  LIMIT 1",
@@ -1151,9 +1155,9 @@ impl Store {
             .clone()
     }
 
-    /// Seals every secret again with `new`, in one transaction; from then on `new` is the key.
-    /// The caller puts `new` where the key source reads it once this returns. Returns how many
-    /// values were sealed again.
+    /// Seals every secret again with `new`, the key canary too, in one transaction; from then
+    /// on `new` is the key. The caller puts `new` where the key source reads it once this
+    /// returns. Returns how many secret values were sealed again (the canary not counted).
     pub fn rekey(&mut self, new: &StateKey) -> Result<usize> {
         let old = self.key()?;
         let reseal = |value: String, aad: &str| -> DbResult<String> {
@@ -1188,6 +1192,9 @@ impl Store {
                     count += 1;
                 }
             }
+            // The canary moves to the new key with the secrets, or a daemon with the new key
+            // would be refused.
+            trust::reseal_canary(tx, &old, new)?;
             Ok(count)
         })?;
         let mut ring = self.keyring.lock().unwrap_or_else(|e| e.into_inner());

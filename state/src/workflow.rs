@@ -18,10 +18,13 @@ pub struct EnvPin {
     /// The newest commit held back while pinned, and its plan's counts (JSON).
     pub waiting_commit: Option<String>,
     pub waiting_plan: Option<String>,
+    /// Pinned with `--force` at a commit outside the watched ref's history that was never
+    /// deployed to the environment.
+    pub forced: bool,
 }
 
 const PIN_COLUMNS: &str = "env, pinned_at, commit_id, pinned_by, reason, deployment_id, \
-                           unpinned_by, unpinned_at, waiting_commit, waiting_plan";
+                           unpinned_by, unpinned_at, waiting_commit, waiting_plan, forced";
 
 fn pin_of(r: &Row<'_>) -> crate::db::DbResult<EnvPin> {
     Ok(EnvPin {
@@ -35,6 +38,7 @@ fn pin_of(r: &Row<'_>) -> crate::db::DbResult<EnvPin> {
         unpinned_at: r.get(7)?,
         waiting_commit: r.get(8)?,
         waiting_plan: r.get(9)?,
+        forced: r.get::<_, i64>(10)? != 0,
     })
 }
 
@@ -80,8 +84,16 @@ pub enum PreviewPush {
 }
 
 impl Store {
-    /// Pins `env` at `commit`, recorded with who and why; a pin it held before ends here.
-    pub fn pin(&self, env: &str, commit: &str, by: &str, reason: &str) -> Result<EnvPin> {
+    /// Pins `env` at `commit`, recorded with who and why (and whether it was forced past the
+    /// watched ref's history); a pin it held before ends here.
+    pub fn pin(
+        &self,
+        env: &str,
+        commit: &str,
+        by: &str,
+        reason: &str,
+        forced: bool,
+    ) -> Result<EnvPin> {
         self.write(|tx| {
             tx.prepare_cached(&format!(
                 "UPDATE env_pin SET unpinned_by = ?2, unpinned_at = {NOW}
@@ -89,15 +101,26 @@ impl Store {
             ))?
             .execute(params![env, by])?;
             tx.prepare_cached(&format!(
-                "INSERT INTO env_pin (env, pinned_at, commit_id, pinned_by, reason)
-                 VALUES (?1, {NOW}, ?2, ?3, ?4)"
+                "INSERT INTO env_pin (env, pinned_at, commit_id, pinned_by, reason, forced)
+                 VALUES (?1, {NOW}, ?2, ?3, ?4, ?5)"
             ))?
-            .execute(params![env, commit, by, reason])?;
+            .execute(params![env, commit, by, reason, i64::from(forced)])?;
             tx.prepare_cached(&format!(
                 "SELECT {PIN_COLUMNS} FROM env_pin WHERE env = ?1 AND unpinned_at IS NULL"
             ))?
             .query_row(params![env], pin_of)
         })
+    }
+
+    /// Whether `commit` was deployed to `env` before: a deployment of it there succeeded.
+    pub fn deployed_before(&self, env: &str, commit: &str) -> Result<bool> {
+        self.conn
+            .prepare_cached(
+                "SELECT 1 FROM deployment
+                 WHERE env = ?1 AND commit_id = ?2 AND status = 'succeeded' LIMIT 1",
+            )
+            .and_then(|mut s| s.exists(params![env, commit]))
+            .map_err(self.err())
     }
 
     /// Records the deployment that rolled `env` back to its pin.
@@ -326,6 +349,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use crate::DeploymentStatus;
     use crate::tests::each_backend;
 
     use super::*;
@@ -335,7 +359,7 @@ mod tests {
         each_backend(|store| {
             assert_eq!(store.pin_of("production").unwrap(), None);
             let pin = store
-                .pin("production", "c1", "alice", "bad release")
+                .pin("production", "c1", "alice", "bad release", false)
                 .unwrap();
             assert_eq!(
                 (pin.commit_id.as_str(), pin.pinned_by.as_str()),
@@ -351,9 +375,12 @@ mod tests {
             assert_eq!(store.pin_of("development").unwrap(), None);
             // Pinning again ends the first pin.
             std::thread::sleep(std::time::Duration::from_millis(5));
-            store.pin("production", "c0", "bob", "older still").unwrap();
+            store
+                .pin("production", "c0", "bob", "older still", true)
+                .unwrap();
             let all = store.pins(Some("production")).unwrap();
             assert_eq!(all.len(), 2);
+            assert_eq!((all[0].forced, all[1].forced), (true, false));
             assert_eq!(all[1].unpinned_by.as_deref(), Some("bob"));
             let released = store.unpin("production", "carol").unwrap().unwrap();
             assert_eq!(released.commit_id, "c0");
@@ -363,6 +390,26 @@ mod tests {
                 store.pins(None).unwrap()[0].unpinned_by.as_deref(),
                 Some("carol")
             );
+        });
+    }
+
+    #[test]
+    fn only_a_succeeded_deployment_of_the_environment_counts_as_deployed_before() {
+        each_backend(|store| {
+            let d = store.begin_deployment("production", "c1").unwrap();
+            assert!(
+                !store.deployed_before("production", "c1").unwrap(),
+                "still running"
+            );
+            store
+                .finish_deployment(d, DeploymentStatus::Succeeded, &Default::default(), None)
+                .unwrap();
+            assert!(store.deployed_before("production", "c1").unwrap());
+            assert!(!store.deployed_before("development", "c1").unwrap());
+            store
+                .failed_deployment("production", Some("c2"), "bad")
+                .unwrap();
+            assert!(!store.deployed_before("production", "c2").unwrap());
         });
     }
 

@@ -202,9 +202,19 @@ fn rejected_commit(sb: &Sandbox, edit: fn(&Sandbox), config: Option<&Path>, expe
     if let Some(rows) = now.get_mut("deployment") {
         rows.retain(|r| r[0].parse::<i64>().is_ok_and(|id| id <= deployments));
     }
+    // Who ran the apply, recorded with each failed deployment (`action.deployment_id`).
+    if let Some(rows) = now.get_mut("action") {
+        let is_new = |r: &Vec<String>| r[5].parse::<i64>().is_ok_and(|id| id > deployments);
+        assert_eq!(
+            rows.iter().filter(|r| is_new(r)).count(),
+            new.len(),
+            "{rows:?}"
+        );
+        rows.retain(|r| !is_new(r));
+    }
     assert_eq!(
         now, tables,
-        "apply changed more than its failed deployments"
+        "apply changed more than its failed deployments and their actions"
     );
 
     // The last good commit is still the one that counts.

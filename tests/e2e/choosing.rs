@@ -252,7 +252,7 @@ fn resource_ref_binds_user_provided_and_global_resources() {
     let held = sb.gitplane(&["apply"]).fails();
     held.stdout_has("held by the deletion guard");
     let id = sb.last_deployment("development").id.to_string();
-    sb.gitplane(&["approve", &id]).ok();
+    sb.gitplane(&["approve", "--yes", &id]).ok();
     let ops = sb.rows(&format!(
         "SELECT action, res_id FROM operation WHERE deployment_id = {id} ORDER BY id"
     ));

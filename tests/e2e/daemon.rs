@@ -25,17 +25,32 @@ impl Daemon {
 
     /// [`Daemon::start`] with more variables in the daemon's environment.
     pub(crate) fn start_with_env(sb: &Sandbox, args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        Daemon::spawn(sb, Command::new(env!("CARGO_BIN_EXE_gitplane")), args, env)
+        let daemon = Daemon::spawn(sb, args, env);
+        daemon.wait_for_log("gitplane daemon ready", Duration::from_secs(20));
+        daemon
     }
 
     /// [`Daemon::start`] under an open-file limit of `files` (`ulimit -n`, soft and hard), as
     /// systemd's default of 1024 would have it.
     pub(crate) fn start_with_open_files(sb: &Sandbox, args: &[&str], files: u64) -> Daemon {
-        Daemon::spawn(sb, open_files_limited(files), args, &[])
+        let daemon = Daemon::spawn_program(sb, open_files_limited(files), args, &[]);
+        daemon.wait_for_log("gitplane daemon ready", Duration::from_secs(20));
+        daemon
+    }
+
+    /// Starts the daemon without waiting for it to be ready: for one that should refuse to
+    /// start (see [`Daemon::wait_for_exit`]).
+    pub(crate) fn spawn(sb: &Sandbox, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::spawn_program(sb, Command::new(env!("CARGO_BIN_EXE_gitplane")), args, env)
     }
 
     /// Runs `program daemon ARGS` (a `sh` that execs the binary keeps its process id).
-    fn spawn(sb: &Sandbox, mut program: Command, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+    fn spawn_program(
+        sb: &Sandbox,
+        mut program: Command,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let log = unique(sb.root.join("daemon.log"));
         let file = std::fs::File::create(&log).unwrap();
         let child = program
@@ -53,9 +68,20 @@ impl Daemon {
             .stderr(file)
             .spawn()
             .expect("start the daemon");
-        let daemon = Daemon { child, log };
-        daemon.wait_for_log("gitplane daemon ready", Duration::from_secs(20));
-        daemon
+        Daemon { child, log }
+    }
+
+    /// Waits up to `timeout` for the daemon to exit by itself: its exit code, or `None` (killed
+    /// by a signal, or still running, which the caller's assertion reports with the log).
+    pub(crate) fn wait_for_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("wait for the daemon") {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
     }
 
     pub(crate) fn log(&self) -> String {
@@ -315,7 +341,7 @@ fn a_mass_deletion_is_held_until_approved() {
     assert!(h.iter().any(|d| d["status"] == "held"));
     // Approve while the daemon runs.
     for id in &held {
-        sb.gitplane(&["approve", &id.to_string()]).ok();
+        sb.gitplane(&["approve", "--yes", &id.to_string()]).ok();
     }
     assert_eq!(sb.count("SELECT COUNT(*) FROM resource"), 0);
     assert_eq!(

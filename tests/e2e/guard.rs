@@ -25,7 +25,9 @@ fn a_superseded_held_deployment_cannot_be_approved() {
     let resources = sb.resource_rows();
     let newest = sb.last_deployment("development");
 
-    let run = sb.gitplane(&["approve", &held.id.to_string()]).fails();
+    let run = sb
+        .gitplane(&["approve", "--yes", &held.id.to_string()])
+        .fails();
     run.stderr_has(&format!(
         "deployment {} was superseded by deployment {}",
         held.id, newest.id
@@ -70,11 +72,12 @@ fn a_newer_held_deployment_supersedes_an_older_one() {
     let second = sb.last_deployment("production");
     assert_eq!(second.status, "held");
 
-    sb.gitplane(&["approve", &first.id.to_string()])
+    sb.gitplane(&["approve", "--yes", &first.id.to_string()])
         .fails()
         .stderr_has("was superseded by deployment");
     // The newest is approved and runs the newest commit.
-    sb.gitplane(&["approve", &second.id.to_string()]).ok();
+    sb.gitplane(&["approve", "--yes", &second.id.to_string()])
+        .ok();
     let status = sb
         .gitplane(&["status", "--env", "production", "--format", "json"])
         .ok()
@@ -120,7 +123,8 @@ fn a_commit_cannot_raise_its_own_deletion_threshold() {
     // Once approved, the commit's threshold is in force: the next commit that replaces the
     // whole app passes at 100%.
     let held = sb.last_deployment("development");
-    sb.gitplane(&["approve", &held.id.to_string()]).ok();
+    sb.gitplane(&["approve", "--yes", &held.id.to_string()])
+        .ok();
     sb.git(&["mv", "workloads/tiny", "workloads/small"]);
     sb.commit("Rename the tiny app");
     sb.gitplane(&["apply", "--env", "development"]).ok();
@@ -148,7 +152,8 @@ fn removing_an_environment_file_deletes_its_resources_through_the_guard() {
     // Approved, every resource goes, the base-env last.
     let held = sb.last_deployment("production");
     assert_eq!(held.status, "held");
-    sb.gitplane(&["approve", &held.id.to_string()]).ok();
+    sb.gitplane(&["approve", "--yes", &held.id.to_string()])
+        .ok();
     let d = sb.last_deployment("production");
     assert_eq!(d.status, "succeeded", "{d:?}");
     assert_eq!(d.counts, [0, 0, 6, 0, 0], "{d:?}");

@@ -410,7 +410,7 @@ fn removing_a_workload_deletes_its_private_resources_in_reverse_order() {
     // Approving releases each: the whole app goes, base-env last.
     for d in &held {
         let id = d.id.to_string();
-        sb.gitplane(&["approve", &id]).ok();
+        sb.gitplane(&["approve", "--yes", &id]).ok();
         let d = sb
             .deployments_after(before)
             .into_iter()
@@ -435,7 +435,7 @@ fn removing_a_workload_deletes_its_private_resources_in_reverse_order() {
         );
         assert_eq!(order[3], "base-env", "{env}: {ops:?}");
     }
-    sb.gitplane(&["approve", &held[0].id.to_string()])
+    sb.gitplane(&["approve", "--yes", &held[0].id.to_string()])
         .fails()
         .stderr_has("is not held");
     assert_eq!(sb.count("SELECT COUNT(*) FROM resource"), 0);

@@ -38,4 +38,5 @@ mod soak;
 mod status_page;
 mod systemd;
 mod terraform;
+mod trust_state;
 mod workflow;

@@ -180,6 +180,7 @@ fn the_driver_sees_the_interface_and_state_records_the_outcome() {
     let config = sb.work.join("host.yaml");
     sb.gitplane(&[
         "approve",
+        "--yes",
         &held.id.to_string(),
         "--config",
         config.to_str().unwrap(),

@@ -34,7 +34,9 @@ pub fn explain(
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let store = if ctx.state_exists() {
-        Some(ctx.open_store()?)
+        let store = ctx.open_store()?;
+        super::check_repository(ctx, &store)?;
+        Some(store)
     } else {
         None
     };

@@ -1,5 +1,6 @@
 //! The `gitplane` command line: arguments, the commands, and what each prints.
 
+mod actor;
 pub(crate) mod explain;
 mod hook;
 mod init;
@@ -9,7 +10,7 @@ mod progress;
 mod report;
 mod workflow;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -24,6 +25,9 @@ use crate::plan;
 use crate::reconcile::{self, ApplyOptions, Event, Settings};
 use crate::repo::{ConfigRepo, RepoError, Snapshot};
 use crate::stores::SecretStores;
+use crate::trust::TrustError;
+
+use actor::Actor;
 
 pub use init::TEMPLATE;
 
@@ -174,6 +178,37 @@ impl Context {
     fn rev<'a>(&'a self, rev: &'a Rev) -> Option<&'a str> {
         rev.rev.as_deref().or(self.default_rev.as_deref())
     }
+
+    /// Checks that `repo` is the repository `store` serves (see [`crate::trust`]); with
+    /// `record`, a state that records none yet records this one.
+    fn check_repository(
+        &self,
+        repo: &ConfigRepo,
+        store: &Store,
+        record: bool,
+    ) -> Result<(), CliError> {
+        let shown = crate::trust::shown_location(&self.repo, None);
+        crate::trust::check_repository(store, repo, &shown, self.default_rev.as_deref(), record)?;
+        Ok(())
+    }
+}
+
+/// Checks that the repository a command reads (`--repo`) is the one `store` serves, when there
+/// is one to read: `explain` shows a recorded resource even without it.
+pub(crate) fn check_repository(ctx: &Context, store: &Store) -> Result<(), CliError> {
+    match ConfigRepo::open(&ctx.repo) {
+        Ok(repo) => ctx.check_repository(&repo, store, false),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Who runs a command that changes the state, for the action log `history` shows.
+#[derive(Debug, Clone, Args)]
+pub struct By {
+    /// Who runs it, recorded with what it did [default: the login name of the user running
+    /// gitplane, else uid:N].
+    #[arg(long, value_name = "WHO")]
+    pub by: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -251,6 +286,8 @@ pub enum Command {
         common: Common,
         #[command(flatten)]
         rev: Rev,
+        #[command(flatten)]
+        by: By,
     },
     /// Show the recorded resources of each environment.
     Status {
@@ -266,12 +303,18 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
-    /// Release a deployment held by the deletion guard, and apply it.
+    /// Release a deployment held by the deletion guard, and apply it: lists what it deletes
+    /// and asks first (--yes does not ask; without a terminal to ask on, --yes is needed).
     Approve {
         #[command(flatten)]
         common: Common,
         /// The held deployment's id (see `gitplane history`).
         deployment: i64,
+        /// Approve without asking (scripts): the deletions are still listed.
+        #[arg(long, short = 'y')]
+        yes: bool,
+        #[command(flatten)]
+        by: By,
     },
     /// Print a report from the state: resources, deployments, failures, links, consumers,
     /// orphans or drift.
@@ -306,6 +349,8 @@ pub enum Command {
         rev: Rev,
         /// The resource: a GUResID, or `app/type.class#id` (with --env when several match).
         resource: String,
+        #[command(flatten)]
+        by: By,
     },
     /// Deploy an earlier commit to one environment (--env) and pin it there: later commits
     /// are planned, not applied, until `gitplane unpin`.
@@ -318,18 +363,20 @@ pub enum Command {
         /// Why, recorded with the pin and shown by `status` and `history`.
         #[arg(long, short = 'm')]
         reason: String,
-        /// Who pins it [default: the login user].
+        /// Pin a commit that is neither in the watched ref's history nor was ever deployed to
+        /// the environment (an unmerged branch, say); recorded with the pin.
         #[arg(long)]
-        by: Option<String>,
+        force: bool,
+        #[command(flatten)]
+        by: By,
     },
     /// Release the pin of one environment (--env) and apply the newest commit of the watched
     /// ref to it.
     Unpin {
         #[command(flatten)]
         common: Common,
-        /// Who unpins it [default: the login user].
-        #[arg(long)]
-        by: Option<String>,
+        #[command(flatten)]
+        by: By,
         /// Only release the pin; the next commit (or the daemon's next look) applies.
         #[arg(long)]
         no_apply: bool,
@@ -348,6 +395,8 @@ pub enum Command {
         /// Only detect and record what differs, whatever the environment's `drift:` says.
         #[arg(long)]
         detect: bool,
+        #[command(flatten)]
+        by: By,
     },
     /// Look after the state file.
     State {
@@ -390,6 +439,8 @@ pub enum StateCommand {
         /// (90d); default: the host config's history.keep, else all of it.
         #[arg(long)]
         keep: Option<String>,
+        #[command(flatten)]
+        by: By,
     },
     /// Seal every secret of the state file with a new key, and put the new key in place of
     /// the old one (a key file: the host config's state_key, else <state>.key). Deployments
@@ -397,6 +448,8 @@ pub enum StateCommand {
     Rekey {
         #[command(flatten)]
         common: Common,
+        #[command(flatten)]
+        by: By,
     },
     /// Copy a whole state, history included, into an empty one: from SQLite to PostgreSQL or
     /// back. Both are opened with the host config's state_key (else, for a SQLite source, its
@@ -411,6 +464,8 @@ pub enum StateCommand {
         /// The empty state to fill: sqlite:PATH, a path, or a postgres:// URL.
         #[arg(long)]
         to: String,
+        #[command(flatten)]
+        by: By,
     },
 }
 
@@ -459,6 +514,27 @@ pub enum CliError {
     NotPinned { env: String },
     #[error("rollback: --reason is empty: say why, it is recorded with the pin")]
     NoReason,
+    #[error(
+        "rollback: commit {commit} is not in the history of {watched} and was never deployed \
+         to {env}: it may be unreviewed. Pass --force to pin {env} there anyway (recorded with \
+         the pin); nothing was changed"
+    )]
+    OutsideHistory {
+        commit: String,
+        env: String,
+        watched: String,
+    },
+    #[error(
+        "approve: deployment {deployment} deletes {count} resource(s) of {env}, and there is no \
+         terminal to ask on: pass --yes to approve it; nothing was changed"
+    )]
+    ApproveNeedsYes {
+        deployment: i64,
+        env: String,
+        count: usize,
+    },
+    #[error(transparent)]
+    Trust(#[from] TrustError),
     #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]
     NoState { path: PathBuf },
     #[error("{0}")]
@@ -552,9 +628,9 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             let ctx = common.context()?;
             show_plan(&ctx, ctx.rev(&rev), format, stdout)
         }
-        Command::Apply { common, rev } => {
+        Command::Apply { common, rev, by } => {
             let ctx = common.context()?;
-            apply(&ctx, ctx.rev(&rev), stdout)
+            apply(&ctx, ctx.rev(&rev), &Actor::of(by.by.as_deref()), stdout)
         }
         Command::Status { common, format } => status(&common.context()?, format, stdout),
         Command::History { common, format } => history(&common.context()?, format, stdout),
@@ -583,22 +659,50 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             common,
             rev,
             resource,
+            by,
         } => {
             let ctx = common.context()?;
-            resolve(&ctx, ctx.rev(&rev), &resource, stdout)
+            let actor = Actor::of(by.by.as_deref());
+            resolve(&ctx, ctx.rev(&rev), &resource, &actor, stdout)
         }
-        Command::Approve { common, deployment } => approve(&common.context()?, deployment, stdout),
+        Command::Approve {
+            common,
+            deployment,
+            yes,
+            by,
+        } => approve(
+            &common.context()?,
+            deployment,
+            yes,
+            &Actor::of(by.by.as_deref()),
+            stdout,
+        ),
         Command::Rollback {
             common,
             to,
             reason,
+            force,
             by,
-        } => workflow::rollback(&common.context()?, &to, &reason, by.as_deref(), stdout),
+        } => workflow::rollback(
+            &common.context()?,
+            workflow::Rollback {
+                to: &to,
+                reason: &reason,
+                force,
+            },
+            &Actor::of(by.by.as_deref()),
+            stdout,
+        ),
         Command::Unpin {
             common,
             by,
             no_apply,
-        } => workflow::unpin(&common.context()?, by.as_deref(), no_apply, stdout),
+        } => workflow::unpin(
+            &common.context()?,
+            &Actor::of(by.by.as_deref()),
+            no_apply,
+            stdout,
+        ),
         Command::Daemon { common } => {
             let host = HostConfig::load(common.config.as_deref()).map_err(CliError::Config)?;
             // The daemon, unlike the other commands, can mirror a remote.
@@ -642,16 +746,37 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             format,
             show_secrets,
         } => manifests::manifests(&common.context()?, &apps, format, show_secrets, stdout),
-        Command::Drift { common, detect } => drift(&common.context()?, detect, stdout),
+        Command::Drift { common, detect, by } => drift(
+            &common.context()?,
+            detect,
+            &Actor::of(by.by.as_deref()),
+            stdout,
+        ),
         Command::State {
-            action: StateCommand::Vacuum { common, keep },
-        } => vacuum(&common.context()?, keep.as_deref(), stdout),
+            action: StateCommand::Vacuum { common, keep, by },
+        } => vacuum(
+            &common.context()?,
+            keep.as_deref(),
+            &Actor::of(by.by.as_deref()),
+            stdout,
+        ),
         Command::State {
-            action: StateCommand::Rekey { common },
-        } => rekey(&common.context()?, stdout),
+            action: StateCommand::Rekey { common, by },
+        } => rekey(&common.context()?, &Actor::of(by.by.as_deref()), stdout),
         Command::State {
-            action: StateCommand::Copy { config, from, to },
-        } => copy(config.as_deref(), &from, &to, stdout),
+            action:
+                StateCommand::Copy {
+                    config,
+                    from,
+                    to,
+                    by,
+                },
+        } => copy(
+            config.as_deref(),
+            (&from, &to),
+            &Actor::of(by.by.as_deref()),
+            stdout,
+        ),
     }
 }
 
@@ -660,7 +785,7 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
 /// The new key is written to `<key>.new` first and renamed over the old key only after the
 /// secrets are sealed with it: stopped in between, the next open finds `<key>.new` matching
 /// the secrets and finishes the rename.
-fn rekey(ctx: &Context, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
+fn rekey(ctx: &Context, actor: &Actor, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
     let mut store = existing_store(ctx)?;
     let gitplane_state::KeySource::File(key_file) = store.key_source() else {
         return Err(CliError::KeyNotAFile);
@@ -687,6 +812,16 @@ fn rekey(ctx: &Context, stdout: &mut impl Write) -> Result<CommandResult, CliErr
         path: key_file.clone(),
         source,
     })?;
+    actor.record(
+        &store,
+        "state rekey",
+        None,
+        None,
+        &format!(
+            "{resealed} secret value(s) sealed with the new key {}",
+            key.id
+        ),
+    )?;
     writeln!(
         stdout,
         "{}: {resealed} secret value(s) sealed with the new key {} ({})",
@@ -711,8 +846,8 @@ fn copy_location(text: &str) -> Result<(PathBuf, StateKind), CliError> {
 /// into an empty one, in one transaction on the destination.
 fn copy(
     config: Option<&Path>,
-    from: &str,
-    to: &str,
+    (from, to): (&str, &str),
+    actor: &Actor,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let host = HostConfig::load(config).map_err(CliError::Config)?;
@@ -769,9 +904,9 @@ fn copy(
         .map_err(CliError::from)
         .and_then(|mut destination| {
             let report = gitplane_state::copy_state(&source, &mut destination)?;
-            Ok((report, destination.path().to_owned()))
+            Ok((report, destination))
         });
-    let (report, shown_to) = match copied {
+    let (report, destination) = match copied {
         Ok(done) => done,
         Err(e) => {
             // A file this copy created holds nothing worth keeping.
@@ -785,6 +920,20 @@ fn copy(
             return Err(e);
         }
     };
+    // The copy is recorded in the state it filled (the source is left as it was).
+    actor.record(
+        &destination,
+        "state copy",
+        None,
+        None,
+        &format!(
+            "copied {} deployment(s) and {} resource(s) from {}",
+            report.rows("deployment"),
+            report.rows("resource"),
+            source.path().display()
+        ),
+    )?;
+    let shown_to = destination.path().to_owned();
     let others: Vec<String> = report
         .tables
         .iter()
@@ -822,6 +971,7 @@ fn copy(
 fn vacuum(
     ctx: &Context,
     keep: Option<&str>,
+    actor: &Actor,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let keep = match keep {
@@ -829,28 +979,32 @@ fn vacuum(
         Some(text) => Some(parse_keep(text)?),
     };
     let mut store = existing_store(ctx)?;
-    if let Some(keep) = keep {
+    let pruned = if let Some(keep) = keep {
         let p = store.prune(keep)?;
-        writeln!(
-            stdout,
+        let pruned = format!(
             "pruned {} deployment(s), {} operation(s), {} history row(s) and {} commit(s) seen",
             p.deployments, p.operations, p.history_rows, p.commits_seen
-        )?;
+        );
+        writeln!(stdout, "{pruned}")?;
+        pruned
     } else {
         writeln!(
             stdout,
             "no history.keep in the host config and no --keep: all history is kept"
         )?;
-    }
+        "pruned nothing".to_owned()
+    };
     let (before, after) = store.vacuum()?;
     let mb = |b: u64| b as f64 / 1_048_576.0;
-    writeln!(
-        stdout,
-        "{}: {:.1} MB -> {:.1} MB",
-        store.path().display(),
-        mb(before),
-        mb(after)
+    let sizes = format!("{:.1} MB -> {:.1} MB", mb(before), mb(after));
+    actor.record(
+        &store,
+        "state vacuum",
+        None,
+        None,
+        &format!("{pruned}; {sizes}"),
     )?;
+    writeln!(stdout, "{}: {sizes}", store.path().display())?;
     Ok(CommandResult::Success)
 }
 
@@ -1166,10 +1320,12 @@ fn report_rejected(commit: &str, rejected: &Rejected) {
 fn apply(
     ctx: &Context,
     rev: Option<&str>,
+    actor: &Actor,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let mut store = ctx.open_store()?;
     let commit = Commit::resolve(ctx, rev, Some(&store))?;
+    commit.claim(ctx, &store)?;
     // Locked before anything is read from the state: which apps changed is judged against the
     // fingerprints another apply could be writing.
     let _locks = commit
@@ -1183,7 +1339,13 @@ fn apply(
             report_rejected(commit.id(), &rejected);
             let error = rejected.errors.join("\n");
             for env in &rejected.envs {
-                store.failed_deployment(env, Some(commit.id()), &error)?;
+                let id = store.failed_deployment(env, Some(commit.id()), &error)?;
+                let detail = format!(
+                    "commit {} rejected: {} error(s)",
+                    output::short(commit.id()),
+                    rejected.errors.len()
+                );
+                actor.record(&store, "apply", Some(env), Some(id), &detail)?;
             }
             return Ok(CommandResult::Failure);
         }
@@ -1194,8 +1356,43 @@ fn apply(
         commit.id(),
         &targets,
         &ApplyOptions::default(),
+        &Attribution::of(actor, "apply"),
         stdout,
     )
+}
+
+/// Who an apply is for, and how its action rows read: the command, and what it did beyond
+/// applying (put before each environment's outcome).
+pub(crate) struct Attribution<'a> {
+    pub actor: &'a Actor,
+    pub command: &'a str,
+    pub detail: Option<String>,
+}
+
+impl<'a> Attribution<'a> {
+    pub(crate) fn of(actor: &'a Actor, command: &'a str) -> Self {
+        Attribution {
+            actor,
+            command,
+            detail: None,
+        }
+    }
+
+    /// Records the action for `env`: `outcome`, after the detail if there is one.
+    fn record(
+        &self,
+        store: &Store,
+        env: &str,
+        deployment: Option<i64>,
+        outcome: &str,
+    ) -> Result<(), CliError> {
+        let detail = match &self.detail {
+            Some(detail) => format!("{detail}; {outcome}"),
+            None => outcome.to_owned(),
+        };
+        self.actor
+            .record(store, self.command, Some(env), deployment, &detail)
+    }
 }
 
 /// A resolved commit of the config repository, its layout, and the environments a command
@@ -1208,13 +1405,17 @@ pub(crate) struct Commit {
 
 impl Commit {
     /// The commit `rev` names; with `store`, its environments include those removed since
-    /// (recorded resources, no file), whose resources a deployment deletes.
+    /// (recorded resources, no file), whose resources a deployment deletes, and the repository
+    /// must be the one the state serves.
     pub(crate) fn resolve(
         ctx: &Context,
         rev: Option<&str>,
         store: Option<&Store>,
     ) -> Result<Commit, CliError> {
         let repo = ConfigRepo::open(&ctx.repo)?;
+        if let Some(store) = store {
+            ctx.check_repository(&repo, store, false)?;
+        }
         let id = repo.resolve(rev)?;
         let layout = repo.layout(&id)?;
         let known = deploy::environments_to_deploy(&layout, store)?;
@@ -1225,6 +1426,12 @@ impl Commit {
     /// The commit's id.
     pub(crate) fn id(&self) -> &str {
         &self.layout.commit
+    }
+
+    /// Records the repository as the one `store` serves, if it records none yet: a command
+    /// that writes with a repository does, before it writes.
+    pub(crate) fn claim(&self, ctx: &Context, store: &Store) -> Result<(), CliError> {
+        ctx.check_repository(&self.repo, store, true)
     }
 }
 
@@ -1252,16 +1459,22 @@ pub(crate) fn targets(
     Ok(result)
 }
 
-/// Reconciles each target in turn, with progress on stderr and a summary line per environment.
-/// The caller holds the environments' apply locks.
+/// Reconciles each target in turn, with progress on stderr and a summary line per environment,
+/// and records an action for each (see [`Attribution`]). The caller holds the environments'
+/// apply locks.
+///
+/// The state key is checked first: a key that is not the one the state is sealed with stops
+/// the command before any deployment is recorded or driver called.
 fn apply_targets(
     ctx: &Context,
     store: &mut Store,
     commit: &str,
     targets: &[Target],
     options: &ApplyOptions,
+    attribution: &Attribution<'_>,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
+    store.check_key()?;
     let settings = Settings::from_config(&ctx.host);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -1286,6 +1499,12 @@ fn apply_targets(
                 output::short(commit),
                 t.graph.env
             )?;
+            let outcome = format!(
+                "commit {} planned, not applied: pinned at {}",
+                output::short(commit),
+                output::short(&pin.commit_id)
+            );
+            attribution.record(store, &t.graph.env, None, &outcome)?;
             continue;
         }
         let mut progress = progress::Progress::new(&t.graph.env, commit);
@@ -1305,6 +1524,23 @@ fn apply_targets(
                 report.env, report.deployment
             );
         }
+        let c = report.counts;
+        let summary = match report.status {
+            DeploymentStatus::Held => format!(
+                "commit {}: held by the deletion guard",
+                output::short(commit)
+            ),
+            status => format!(
+                "commit {}: {}: {} created, {} updated, {} deleted, {} failed",
+                output::short(commit),
+                status.as_str(),
+                c.created,
+                c.updated,
+                c.deleted,
+                c.failed
+            ),
+        };
+        attribution.record(store, &report.env, Some(report.deployment), &summary)?;
         if report.status == DeploymentStatus::Held {
             outcome = CommandResult::Failure;
             writeln!(
@@ -1318,7 +1554,6 @@ fn apply_targets(
             )?;
             continue;
         }
-        let c = report.counts;
         writeln!(
             stdout,
             "{}: deployment {} {}: {} created, {} updated, {} deleted, {} unchanged, {} failed",
@@ -1347,21 +1582,55 @@ fn apply_targets(
     Ok(outcome)
 }
 
-/// `gitplane approve`: releases a held deployment and applies it.
+/// `gitplane approve`: lists what a held deployment deletes, asks (unless `yes`), then releases
+/// it and applies it. Without a terminal to ask on and without `yes`, it refuses and changes
+/// nothing.
 fn approve(
     ctx: &Context,
     deployment: i64,
+    yes: bool,
+    actor: &Actor,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let mut store = existing_store(ctx)?;
-    let Some(env) = store
+    let Some(record) = store
         .deployments(None)?
         .into_iter()
         .find(|d| d.id == deployment)
-        .map(|d| d.env)
     else {
         return Err(CliError::NotHeld { deployment });
     };
+    let env = record.env.clone();
+    let deletions = record.held.clone().unwrap_or_default();
+    // Asked before the lock is taken: the environment's deployments need not wait for a
+    // person to answer. Releasing it below checks again that it is still the one to approve.
+    if record.status == DeploymentStatus::Held {
+        write!(stdout, "{}", held_list(&record, &deletions))?;
+        if !yes {
+            if !std::io::stdin().is_terminal() {
+                return Err(CliError::ApproveNeedsYes {
+                    deployment,
+                    env,
+                    count: deletions.len(),
+                });
+            }
+            write!(
+                stdout,
+                "Delete these {} resource(s) of {env}? [y/N] ",
+                deletions.len()
+            )?;
+            stdout.flush()?;
+            let mut answer = String::new();
+            std::io::stdin().read_line(&mut answer)?;
+            if !matches!(answer.trim().to_lowercase().as_str(), "y" | "yes") {
+                writeln!(
+                    stdout,
+                    "Not approved: deployment {deployment} stays held; nothing was changed."
+                )?;
+                return Ok(CommandResult::Failure);
+            }
+        }
+    }
     let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let Some((env, commit)) = store.release_held(deployment)? else {
         return Err(CliError::NotHeld { deployment });
@@ -1370,14 +1639,28 @@ fn approve(
         envs: vec![env],
         ..ctx.clone()
     };
+    let attribution = Attribution {
+        actor,
+        command: "approve",
+        detail: Some(format!("approved {} deletion(s)", deletions.len())),
+    };
     let resolved = Commit::resolve(&held, Some(&commit), Some(&store))?;
+    resolved.claim(&held, &store)?;
     match targets(&held, &resolved, Some(&store), Reach::Whole)? {
         Ok(targets) => {
             let options = ApplyOptions {
                 approved: Some(deployment),
                 ..ApplyOptions::default()
             };
-            apply_targets(&held, &mut store, resolved.id(), &targets, &options, stdout)
+            apply_targets(
+                &held,
+                &mut store,
+                resolved.id(),
+                &targets,
+                &options,
+                &attribution,
+                stdout,
+            )
         }
         Err(rejected) => {
             report_rejected(resolved.id(), &rejected);
@@ -1388,9 +1671,57 @@ fn approve(
                 &Default::default(),
                 Some(&error),
             )?;
+            attribution.record(
+                &store,
+                &record.env,
+                Some(deployment),
+                &format!("commit {} rejected", output::short(resolved.id())),
+            )?;
             Ok(CommandResult::Failure)
         }
     }
+}
+
+/// What a held deployment deletes, by app (global resources last), for `approve` to show
+/// before it asks.
+fn held_list(record: &gitplane_state::DeploymentRecord, deletions: &[String]) -> String {
+    let mut by_app: std::collections::BTreeMap<Option<&str>, Vec<&str>> = Default::default();
+    for label in deletions {
+        // A label is `app/type.class#id`, `-` for a resource of no app (a global one).
+        let (app, rest) = label.split_once('/').unwrap_or(("-", label));
+        by_app
+            .entry((app != "-").then_some(app))
+            .or_default()
+            .push(rest);
+    }
+    let mut out = format!(
+        "Deployment {} of {} (commit {}) is held: {}\nIt deletes {} resource(s):\n",
+        record.id,
+        record.env,
+        record
+            .commit_id
+            .as_deref()
+            .map(output::short)
+            .unwrap_or("-"),
+        record
+            .error
+            .as_deref()
+            .unwrap_or("held by the deletion guard"),
+        deletions.len()
+    );
+    // `None` (no app) sorts first in a BTreeMap: globals are listed after the apps.
+    let apps = by_app.iter().filter(|(app, _)| app.is_some());
+    for (app, resources) in apps.chain(by_app.iter().filter(|(app, _)| app.is_none())) {
+        let name = app.map_or_else(
+            || "global resources (no app)".to_owned(),
+            |a| format!("app {a}"),
+        );
+        out.push_str(&format!("  {name} ({}):\n", resources.len()));
+        for resource in resources {
+            out.push_str(&format!("    {resource}\n"));
+        }
+    }
+    out
 }
 
 /// The environments a reading command looks at: `--env` (each must be recorded), else every
@@ -1464,6 +1795,7 @@ fn resolve(
     ctx: &Context,
     rev: Option<&str>,
     resource: &str,
+    actor: &Actor,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let mut store = existing_store(ctx)?;
@@ -1474,6 +1806,7 @@ fn resolve(
     };
     let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let commit = Commit::resolve(&scoped, rev, Some(&store))?;
+    commit.claim(&scoped, &store)?;
     let targets = match targets(&scoped, &commit, Some(&store), Reach::Whole)? {
         Ok(targets) => targets,
         Err(rejected) => {
@@ -1485,12 +1818,30 @@ fn resolve(
         resolve: [guresid].into(),
         ..ApplyOptions::default()
     };
-    apply_targets(&scoped, &mut store, commit.id(), &targets, &options, stdout)
+    let attribution = Attribution {
+        actor,
+        command: "resolve",
+        detail: Some(format!("bound {resource} to current values")),
+    };
+    apply_targets(
+        &scoped,
+        &mut store,
+        commit.id(),
+        &targets,
+        &options,
+        &attribution,
+        stdout,
+    )
 }
 
 /// `gitplane drift`: one drift run of each environment (`--env`, else every recorded one) at
 /// its last good commit, under the environment's lock.
-fn drift(ctx: &Context, detect: bool, stdout: &mut impl Write) -> Result<CommandResult, CliError> {
+fn drift(
+    ctx: &Context,
+    detect: bool,
+    actor: &Actor,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
     let mut store = existing_store(ctx)?;
     let envs = recorded_envs(ctx, &store)?;
     let settings = Settings::from_config(&ctx.host);
@@ -1514,6 +1865,7 @@ fn drift(ctx: &Context, detect: bool, stdout: &mut impl Write) -> Result<Command
             ..ctx.clone()
         };
         let resolved = Commit::resolve(&one, Some(&commit), Some(&store))?;
+        resolved.claim(&one, &store)?;
         let targets = match targets(&one, &resolved, Some(&store), Reach::Whole)? {
             Ok(targets) => targets,
             Err(rejected) => {
@@ -1533,12 +1885,18 @@ fn drift(ctx: &Context, detect: bool, stdout: &mut impl Write) -> Result<Command
                     drift: true,
                     ..ApplyOptions::default()
                 };
+                let attribution = Attribution {
+                    actor,
+                    command: "drift",
+                    detail: Some("drift run (correct)".to_owned()),
+                };
                 let ran = apply_targets(
                     &one,
                     &mut store,
                     resolved.id(),
                     std::slice::from_ref(target),
                     &options,
+                    &attribution,
                     stdout,
                 )?;
                 let corrected = match store.latest_deployment(env)? {
@@ -1576,6 +1934,17 @@ fn drift(ctx: &Context, detect: bool, stdout: &mut impl Write) -> Result<Command
             for failure in &report.failures {
                 eprintln!("error: {env}: {failure}");
             }
+            actor.record(
+                &store,
+                "drift",
+                Some(env),
+                Some(report.deployment),
+                &format!(
+                    "drift run (detect): {} resource(s) differ, {} not read",
+                    report.resources(),
+                    report.failures.len()
+                ),
+            )?;
             writeln!(
                 stdout,
                 "{env}: drift run {} (detect) at {}: {} resource(s) differ, {} as recorded, \
@@ -1623,6 +1992,11 @@ fn history(
     if !ctx.envs.is_empty() {
         pins.retain(|p| ctx.envs.contains(&p.env));
     }
+    // Who did what by hand: of the environments shown, and those of the whole state.
+    let mut actions = store.actions(None)?;
+    if !ctx.envs.is_empty() {
+        actions.retain(|a| a.env.as_ref().is_none_or(|e| ctx.envs.contains(e)));
+    }
     // Detect-only drift runs, said as such: they changed nothing.
     let detect_runs: std::collections::BTreeMap<i64, gitplane_state::DetectRun> = store
         .detect_runs(None)?
@@ -1647,6 +2021,7 @@ fn history(
                 })
                 .collect();
             workflow::history_json_pins(&mut items, &pins);
+            workflow::history_json_actions(&mut items, &actions);
             writeln!(
                 stdout,
                 "{}",
@@ -1668,6 +2043,9 @@ fn history(
             }
             if !pins.is_empty() {
                 write!(stdout, "\npins:\n{}", workflow::history_lines(&pins))?;
+            }
+            if !actions.is_empty() {
+                write!(stdout, "\nactions:\n{}", workflow::action_lines(&actions))?;
             }
         }
     }
@@ -1802,7 +2180,7 @@ fn quickstart(dir: &Path, stdout: &mut impl Write) -> Result<CommandResult, CliE
         stores: SecretStores::default(),
         state_password_error: None,
     };
-    if apply(&ctx, None, stdout)? == CommandResult::Failure {
+    if apply(&ctx, None, &Actor::of(None), stdout)? == CommandResult::Failure {
         return Ok(CommandResult::Failure);
     }
     writeln!(stdout)?;

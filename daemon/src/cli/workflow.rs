@@ -1,29 +1,20 @@
-//! `gitplane rollback` and `gitplane unpin`, and the pin and preview lines of `status` and
-//! `history`.
+//! `gitplane rollback` and `gitplane unpin`, and the pin, preview and action lines of `status`
+//! and `history`.
 
 use std::io::Write;
 
-use gitplane_state::{ApplyLock, EnvPin, PreviewRecord, Store};
+use gitplane_state::{ActionRecord, ApplyLock, EnvPin, PreviewRecord, Store};
 use serde_json::{Value, json};
 
+use super::actor::Actor;
 use super::output::short;
 use super::{
-    CliError, CommandResult, Commit, Context, apply_targets, existing_store, report_rejected,
-    targets,
+    Attribution, CliError, CommandResult, Commit, Context, apply_targets, existing_store,
+    report_rejected, targets,
 };
 use crate::deploy::Reach;
 use crate::reconcile::ApplyOptions;
-
-/// Who runs the command, for the pin's record: `--by`, else the login user.
-fn who(by: Option<&str>) -> String {
-    by.map(str::to_owned)
-        .or_else(|| {
-            ["SUDO_USER", "USER", "LOGNAME"]
-                .iter()
-                .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
-        })
-        .unwrap_or_else(|| "unknown".to_owned())
-}
+use crate::repo::ConfigRepo;
 
 /// The one environment a command works on (`--env`).
 fn one_env(ctx: &Context, command: &str) -> Result<String, CliError> {
@@ -33,15 +24,28 @@ fn one_env(ctx: &Context, command: &str) -> Result<String, CliError> {
     }
 }
 
+/// What `gitplane rollback` was asked.
+pub(super) struct Rollback<'a> {
+    /// The commit (branch, tag) to go back to.
+    pub to: &'a str,
+    pub reason: &'a str,
+    /// Pin a commit outside the watched ref's history that was never deployed there.
+    pub force: bool,
+}
+
 /// `gitplane rollback --env E --to COMMIT --reason WHY`: applies an earlier commit to one
 /// environment and pins it there; commits after it are planned, not applied, until `unpin`.
+///
+/// Only a commit of the watched ref's history, or one deployed to the environment before, is
+/// taken: anything else (an unmerged branch) could be code nobody reviewed, and needs
+/// `--force`, which the pin records. A refused rollback writes nothing.
 pub(super) fn rollback(
     ctx: &Context,
-    to: &str,
-    reason: &str,
-    by: Option<&str>,
+    asked: Rollback<'_>,
+    actor: &Actor,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
+    let Rollback { to, reason, force } = asked;
     let env = one_env(ctx, "rollback")?;
     if reason.trim().is_empty() {
         return Err(CliError::NoReason);
@@ -54,8 +58,17 @@ pub(super) fn rollback(
             known: store.environments()?.join(", "),
         });
     }
+    let outside = outside_history(ctx, &store, &env, to)?;
+    if let (Some(outside), false) = (&outside, force) {
+        return Err(CliError::OutsideHistory {
+            commit: short(&outside.commit).to_owned(),
+            env,
+            watched: outside.watched.clone(),
+        });
+    }
     let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let commit = Commit::resolve(ctx, Some(to), Some(&store))?;
+    commit.claim(ctx, &store)?;
     // Built before the pin is recorded: a commit that cannot be applied pins nothing.
     let targets = match targets(ctx, &commit, Some(&store), Reach::Changes)? {
         Ok(targets) => targets,
@@ -64,15 +77,30 @@ pub(super) fn rollback(
             return Ok(CommandResult::Failure);
         }
     };
-    let who = who(by);
-    store.pin(&env, commit.id(), &who, reason)?;
+    let who = &actor.name;
+    let forced = outside.as_ref().map(|o| {
+        format!(
+            "forced: not in the history of {} and never deployed to {env}",
+            o.watched
+        )
+    });
+    store.pin(&env, commit.id(), who, reason, forced.is_some())?;
     let before = store.latest_deployment(&env)?.map(|d| d.id);
+    let attribution = Attribution {
+        actor,
+        command: "rollback",
+        detail: Some(match &forced {
+            Some(forced) => format!("pinned at {} ({forced}): {reason}", short(commit.id())),
+            None => format!("pinned at {}: {reason}", short(commit.id())),
+        }),
+    };
     let outcome = apply_targets(
         ctx,
         &mut store,
         commit.id(),
         &targets,
         &ApplyOptions::default(),
+        &attribution,
         stdout,
     )?;
     if let Some(d) = store
@@ -81,28 +109,66 @@ pub(super) fn rollback(
     {
         store.set_pin_deployment(&env, d.id)?;
     }
+    let forced = forced.map(|f| format!(" ({f})")).unwrap_or_default();
     writeln!(
         stdout,
-        "{env}: pinned at {} by {who}: {reason}\n  Later commits are planned, not applied, until \
-         `gitplane unpin --env {env}`.",
+        "{env}: pinned at {} by {who}{forced}: {reason}\n  Later commits are planned, not \
+         applied, until `gitplane unpin --env {env}`.",
         short(commit.id())
     )?;
     Ok(outcome)
+}
+
+/// A rollback's commit that is outside the watched ref's history.
+struct Outside {
+    commit: String,
+    /// The watched ref, as people name it (`refs/heads/main`).
+    watched: String,
+}
+
+/// `Some` when `to` is neither the watched ref's head nor in its history, and was never
+/// deployed to `env`: a rollback there needs `--force`.
+fn outside_history(
+    ctx: &Context,
+    store: &Store,
+    env: &str,
+    to: &str,
+) -> Result<Option<Outside>, CliError> {
+    let repo = ConfigRepo::open(&ctx.repo)?;
+    ctx.check_repository(&repo, store, false)?;
+    let commit = repo.resolve(Some(to))?;
+    let watched = ctx.default_rev.clone();
+    let head = repo.resolve(watched.as_deref())?;
+    if repo.is_ancestor(&commit, &head)? || store.deployed_before(env, &commit)? {
+        return Ok(None);
+    }
+    let watched = watched
+        .or_else(|| repo.head_ref())
+        .unwrap_or_else(|| "HEAD".to_owned());
+    Ok(Some(Outside { commit, watched }))
 }
 
 /// `gitplane unpin --env E`: releases the pin and, unless `no_apply`, applies the newest commit
 /// of the watched ref, as the daemon would have.
 pub(super) fn unpin(
     ctx: &Context,
-    by: Option<&str>,
+    actor: &Actor,
     no_apply: bool,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let env = one_env(ctx, "unpin")?;
     let mut store = existing_store(ctx)?;
+    // Read first: the pin is released only once the repository is known to be the state's.
+    let commit = if no_apply {
+        None
+    } else {
+        let commit = Commit::resolve(ctx, ctx.default_rev.as_deref(), Some(&store))?;
+        commit.claim(ctx, &store)?;
+        Some(commit)
+    };
     let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
-    let who = who(by);
-    let Some(pin) = store.unpin(&env, &who)? else {
+    let who = &actor.name;
+    let Some(pin) = store.unpin(&env, who)? else {
         return Err(CliError::NotPinned { env });
     };
     writeln!(
@@ -112,18 +178,31 @@ pub(super) fn unpin(
         pin.pinned_by,
         pin.reason
     )?;
-    if no_apply {
+    let released = format!(
+        "released the pin at {} ({} by {})",
+        short(&pin.commit_id),
+        pin.reason,
+        pin.pinned_by
+    );
+    let Some(commit) = commit else {
+        actor.record(&store, "unpin", Some(&env), None, &released)?;
         return Ok(CommandResult::Success);
-    }
-    let commit = Commit::resolve(ctx, ctx.default_rev.as_deref(), Some(&store))?;
+    };
     let targets = match targets(ctx, &commit, Some(&store), Reach::Changes)? {
         Ok(targets) => targets,
         Err(rejected) => {
             report_rejected(commit.id(), &rejected);
             let error = rejected.errors.join("\n");
-            store.failed_deployment(&env, Some(commit.id()), &error)?;
+            let id = store.failed_deployment(&env, Some(commit.id()), &error)?;
+            let detail = format!("{released}; commit {} rejected", short(commit.id()));
+            actor.record(&store, "unpin", Some(&env), Some(id), &detail)?;
             return Ok(CommandResult::Failure);
         }
+    };
+    let attribution = Attribution {
+        actor,
+        command: "unpin",
+        detail: Some(released),
     };
     apply_targets(
         ctx,
@@ -131,6 +210,7 @@ pub(super) fn unpin(
         commit.id(),
         &targets,
         &ApplyOptions::default(),
+        &attribution,
         stdout,
     )
 }
@@ -141,10 +221,11 @@ pub(super) fn status_lines(pin: Option<&EnvPin>, preview: Option<&PreviewRecord>
     let mut lines = String::new();
     if let Some(pin) = pin {
         lines.push_str(&format!(
-            "  pinned at {} by {} since {}: {}\n",
+            "  pinned at {} by {} since {}{}: {}\n",
             short(&pin.commit_id),
             pin.pinned_by,
             pin.pinned_at,
+            forced_words(pin),
             pin.reason
         ));
         if let Some(waiting) = &pin.waiting_commit {
@@ -244,11 +325,21 @@ pub(super) fn status_fields(
     }
 }
 
+/// ` (forced: outside the watched ref's history)` for a pin made with `--force`.
+fn forced_words(pin: &EnvPin) -> &'static str {
+    if pin.forced {
+        " (forced: outside the watched ref's history)"
+    } else {
+        ""
+    }
+}
+
 fn pin_json(pin: &EnvPin) -> Value {
     json!({
         "commit": pin.commit_id,
         "pinned_by": pin.pinned_by,
         "reason": pin.reason,
+        "forced": pin.forced,
         "pinned_at": pin.pinned_at,
         "deployment": pin.deployment_id,
         "unpinned_by": pin.unpinned_by,
@@ -269,11 +360,12 @@ pub(super) fn history_lines(pins: &[EnvPin]) -> String {
             .map(|d| format!(" (deployment {d})"))
             .unwrap_or_default();
         out.push_str(&format!(
-            "{} pinned at {} by {} at {}{deployment}: {}",
+            "{} pinned at {} by {} at {}{deployment}{}: {}",
             pin.env,
             short(&pin.commit_id),
             pin.pinned_by,
             pin.pinned_at,
+            forced_words(pin),
             pin.reason
         ));
         match (&pin.unpinned_by, &pin.unpinned_at) {
@@ -298,6 +390,55 @@ pub(super) fn history_json_pins(items: &mut [Value], pins: &[EnvPin]) {
             && let Some(fields) = item.as_object_mut()
         {
             fields.insert("pin".to_owned(), pin_json(pin));
+        }
+    }
+}
+
+/// `history`'s actions: who did what by hand, from which host, newest first.
+pub(super) fn action_lines(actions: &[ActionRecord]) -> String {
+    let mut out = String::new();
+    for a in actions {
+        let env = a
+            .env
+            .as_deref()
+            .map(|e| format!(" {e}"))
+            .unwrap_or_default();
+        let deployment = a
+            .deployment_id
+            .map(|d| format!(" (deployment {d})"))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "{} {} by {} on {}{env}{deployment}: {}\n",
+            a.at,
+            a.command,
+            a.actor,
+            a.host,
+            a.detail.as_deref().unwrap_or("-")
+        ));
+    }
+    out
+}
+
+/// `history --format json`: each deployment carries the actions that started or released it
+/// (`[]` for one the daemon made).
+pub(super) fn history_json_actions(items: &mut [Value], actions: &[ActionRecord]) {
+    for item in items {
+        let id = item.get("id").and_then(Value::as_i64);
+        let of_it: Vec<Value> = actions
+            .iter()
+            .filter(|a| a.deployment_id.is_some() && a.deployment_id == id)
+            .map(|a| {
+                json!({
+                    "command": a.command,
+                    "by": a.actor,
+                    "host": a.host,
+                    "at": a.at,
+                    "detail": a.detail,
+                })
+            })
+            .collect();
+        if let Some(fields) = item.as_object_mut() {
+            fields.insert("actions".to_owned(), Value::Array(of_it));
         }
     }
 }

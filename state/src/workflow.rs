@@ -230,8 +230,10 @@ impl Store {
         let known = self.preview(env)?;
         let push = match &known {
             None => PreviewPush::Created,
-            Some(p) if p.live() && p.commit_id.as_deref() == Some(commit) => {
-                if p.platform_commit.as_deref() != platform || p.refused_commit.is_some() {
+            Some(p) if p.commit_id.as_deref() == Some(commit) => {
+                if p.live()
+                    && (p.platform_commit.as_deref() != platform || p.refused_commit.is_some())
+                {
                     self.write(|tx| {
                         tx.prepare_cached(
                             "UPDATE preview SET platform_commit = ?2, refused_commit = NULL,
@@ -418,7 +420,7 @@ mod tests {
         each_backend(|store| {
             let pushed = |c: &str| {
                 store
-                    .preview_pushed("pr-1", "refs/heads/pr-1", "development", c)
+                    .preview_pushed("pr-1", "refs/heads/pr-1", "development", (c, Some("m1")))
                     .unwrap()
             };
             assert_eq!(pushed("c1"), PreviewPush::Created);
@@ -437,6 +439,52 @@ mod tests {
             let again = store.preview("pr-1").unwrap().unwrap();
             assert!(again.live() && again.removed_why.is_none());
             assert!(store.seconds_since(&again.pushed_at).unwrap() < 60.0);
+            assert_eq!(again.platform_commit.as_deref(), Some("m1"));
+
+            // A head that is refused leaves what is deployed and says why, once.
+            assert!(
+                store
+                    .preview_refused("pr-1", "refs/heads/pr-1", "development", ("c4", "why"))
+                    .unwrap()
+            );
+            assert!(
+                !store
+                    .preview_refused("pr-1", "refs/heads/pr-1", "development", ("c4", "why"))
+                    .unwrap()
+            );
+            let refused = store.preview("pr-1").unwrap().unwrap();
+            assert_eq!(refused.commit_id.as_deref(), Some("c3"));
+            assert_eq!(refused.refused_commit.as_deref(), Some("c4"));
+            // A new platform for the deployed head is recorded, and clears the refusal.
+            assert_eq!(
+                store
+                    .preview_pushed("pr-1", "refs/heads/pr-1", "development", ("c3", Some("m2")))
+                    .unwrap(),
+                PreviewPush::Same
+            );
+            let moved = store.preview("pr-1").unwrap().unwrap();
+            assert_eq!(moved.platform_commit.as_deref(), Some("m2"));
+            assert_eq!(moved.refused_commit, None);
+            assert_eq!(moved.pushed_at, again.pushed_at, "its ttl runs on");
+
+            // A branch refused from its first push has a record without a deployed head.
+            assert!(
+                store
+                    .preview_refused("pr-2", "refs/heads/pr-2", "development", ("x1", "why"))
+                    .unwrap()
+            );
+            let never = store.preview("pr-2").unwrap().unwrap();
+            assert_eq!(
+                (never.commit_id, never.refused_commit.as_deref()),
+                (None, Some("x1"))
+            );
+
+            // Closed once when the watched ref declares it, deleting nothing.
+            assert!(store.preview_closed("pr-1", "declared").unwrap());
+            assert!(!store.preview_closed("pr-1", "declared").unwrap());
+            let closed = store.preview("pr-1").unwrap().unwrap();
+            assert!(!closed.live());
+            assert_eq!(closed.removed_why.as_deref(), Some("declared"));
         });
     }
 }

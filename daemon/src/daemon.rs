@@ -103,6 +103,10 @@ struct Job {
     preview: Option<PreviewJob>,
 }
 
+/// Whether a branch head may be previewed with a watched commit's platform (`None`) or why
+/// not, by (head, watched commit).
+type TrustVerdicts = HashMap<(String, String), Option<String>>;
+
 /// What a preview environment's job does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum PreviewJob {
@@ -180,7 +184,7 @@ struct Daemon {
     preview_heads: HashMap<String, (String, String)>,
     /// Whether a branch head may be previewed with the watched ref's platform (`None`) or not
     /// (why), by (head, watched commit): judged once per pair, not at every look.
-    preview_verdicts: Arc<Mutex<HashMap<(String, String), Option<String>>>>,
+    preview_verdicts: Arc<Mutex<TrustVerdicts>>,
     preview_removals: HashMap<String, Instant>,
     /// When the next preview's time runs out.
     preview_due: Option<Instant>,

@@ -142,7 +142,7 @@ fn tree_entries(
 ) -> Result<Vec<RootEntry>, String> {
     objects
         .find_tree_iter(tree, buf)
-        .and_then(|t| t.collect::<Result<Vec<_>, _>>().map_err(Into::into))
+        .and_then(|t| t.collect::<Result<Vec<_>, _>>())
         .map(|entries| {
             entries
                 .into_iter()
@@ -782,18 +782,7 @@ impl ConfigRepo {
     /// git's merge-base walk, which stops where the two histories meet (no further back than
     /// the older of the two when one is in the other's history).
     pub fn is_ancestor(&self, ancestor: &str, commit: &str) -> Result<bool, RepoError> {
-        if ancestor == commit {
-            return Ok(true);
-        }
-        let read_err = self.read_err(commit);
-        let parse =
-            |id: &str| gix::ObjectId::from_hex(id.as_bytes()).map_err(|e| read_err(e.to_string()));
-        let (a, c) = (parse(ancestor)?, parse(commit)?);
-        let base = self
-            .repo
-            .merge_base(a, c)
-            .map_err(|e| read_err(e.to_string()))?;
-        Ok(base.is_some_and(|b| b.detach() == a))
+        Ok(ancestor == commit || self.merge_base(ancestor, commit)?.as_deref() == Some(ancestor))
     }
 }
 

@@ -314,7 +314,7 @@ fn a_branch_never_deploys_over_an_environment_the_watched_ref_declares() {
     );
     assert_eq!(
         sb.column("SELECT DISTINCT commit_id FROM resource WHERE env = 'pr-x'"),
-        [declared.clone()]
+        std::slice::from_ref(&declared)
     );
     sb.gitplane(&["status", "--env", "pr-x"])
         .ok()

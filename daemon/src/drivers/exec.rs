@@ -640,18 +640,9 @@ fn secret_strings(request: &DriverRequest<'_>) -> Vec<String> {
 /// Every string and number in `values`, at least `MIN_REDACTED_LEN` long, longest first so that
 /// a secret holding another is redacted whole.
 pub(crate) fn redaction_list<'v>(values: impl IntoIterator<Item = &'v Value>) -> Vec<String> {
-    fn leaves(value: &Value, out: &mut Vec<String>) {
-        match value {
-            Value::String(s) => out.push(s.clone()),
-            Value::Number(n) => out.push(n.to_string()),
-            Value::Array(items) => items.iter().for_each(|v| leaves(v, out)),
-            Value::Object(map) => map.values().for_each(|v| leaves(v, out)),
-            Value::Null | Value::Bool(_) => {}
-        }
-    }
     let mut out = Vec::new();
     for value in values {
-        leaves(value, &mut out);
+        super::leaks::leaves(value, &mut out);
     }
     out.retain(|s| s.len() >= MIN_REDACTED_LEN);
     out.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));

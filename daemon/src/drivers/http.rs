@@ -261,9 +261,9 @@ impl Call<'_> {
     /// Every string (and number) in the secrets, the account and the cookie of the request.
     fn secret_strings(&self) -> Vec<String> {
         let mut found = Vec::new();
-        collect_leaves(self.request.secrets, &mut found);
+        super::leaks::leaves(self.request.secrets, &mut found);
         if let Some(account) = self.request.account {
-            collect_leaves(account, &mut found);
+            super::leaks::leaves(account, &mut found);
         }
         if let Some(cookie) = self.request.cookie {
             found.push(cookie.to_owned());
@@ -460,17 +460,6 @@ fn without_userinfo(url: &str) -> String {
             &url[authority_start + at + 1..]
         ),
         None => url.to_owned(),
-    }
-}
-
-/// Every string and number inside `value`, as text.
-fn collect_leaves(value: &Value, found: &mut Vec<String>) {
-    match value {
-        Value::String(s) => found.push(s.clone()),
-        Value::Number(n) => found.push(n.to_string()),
-        Value::Array(items) => items.iter().for_each(|v| collect_leaves(v, found)),
-        Value::Object(map) => map.values().for_each(|v| collect_leaves(v, found)),
-        Value::Null | Value::Bool(_) => {}
     }
 }
 

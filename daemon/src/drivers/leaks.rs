@@ -183,8 +183,9 @@ pub fn separate(needles: &Needles, outputs: &mut Value, secret_outputs: &mut Val
     leaks
 }
 
-/// Every string and number inside `value`, as text.
-fn leaves(value: &Value, out: &mut Vec<String>) {
+/// Every string and number inside `value`, as text: what a secret value is looked for as,
+/// and redacted as.
+pub(crate) fn leaves(value: &Value, out: &mut Vec<String>) {
     match value {
         Value::String(s) => out.push(s.clone()),
         Value::Number(n) => out.push(n.to_string()),

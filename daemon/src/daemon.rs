@@ -103,9 +103,26 @@ struct Job {
     preview: Option<PreviewJob>,
 }
 
-/// Whether a branch head may be previewed with a watched commit's platform (`None`) or why
-/// not, by (head, watched commit).
-type TrustVerdicts = HashMap<(String, String), Option<String>>;
+/// What the looks at the preview branches remember, so a look that finds nothing new reads
+/// neither the watched ref's trees nor any branch's history.
+#[derive(Default)]
+struct PreviewMemo {
+    /// Whether a branch head may be previewed with a watched commit's platform (`None`) or
+    /// why not, by (head, watched commit).
+    verdicts: HashMap<(String, String), Option<String>>,
+    /// The watched ref's newest commit as last read.
+    platform: Option<Platform>,
+}
+
+/// The watched ref's commit as previews see it.
+#[derive(Clone)]
+struct Platform {
+    commit: String,
+    /// The environments it declares: never a preview.
+    declared: std::collections::BTreeSet<String>,
+    /// What a preview takes from it, as text (see [`platform_print`]).
+    print: String,
+}
 
 /// What a preview environment's job does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,7 +201,7 @@ struct Daemon {
     preview_heads: HashMap<String, (String, String)>,
     /// Whether a branch head may be previewed with the watched ref's platform (`None`) or not
     /// (why), by (head, watched commit): judged once per pair, not at every look.
-    preview_verdicts: Arc<Mutex<TrustVerdicts>>,
+    preview_memo: Arc<Mutex<PreviewMemo>>,
     preview_removals: HashMap<String, Instant>,
     /// When the next preview's time runs out.
     preview_due: Option<Instant>,
@@ -258,7 +275,7 @@ impl Daemon {
             lease_events,
             lease_thread,
             preview_heads: HashMap::new(),
-            preview_verdicts: Arc::default(),
+            preview_memo: Arc::default(),
             preview_removals: HashMap::new(),
             preview_due: None,
             preview_skipped: Vec::new(),
@@ -681,26 +698,35 @@ impl Daemon {
         let path = self.repo_path.clone();
         let rev = self.options.host.git_ref.clone();
         let store = self.store.clone();
-        let verdicts = self.preview_verdicts.clone();
+        let memo = self.preview_memo.clone();
         let looked = tokio::task::spawn_blocking(move || {
             let repo = ConfigRepo::open(&path)?;
             let branches = repo.branches()?;
             let watched = rev.clone().or_else(|| repo.head_ref());
             // The watched ref's newest commit: the environments it declares never get a
             // preview, and its platform is what previews run with (unless trust: branch).
+            let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
             let platform = match repo.resolve(rev.as_deref()) {
-                Ok(commit) => {
-                    let layout = repo.layout(&commit)?;
-                    Some((commit, layout))
-                }
+                Ok(commit) => match &memo.platform {
+                    Some(p) if p.commit == commit => Some(p.clone()),
+                    _ => {
+                        let layout = repo.layout(&commit)?;
+                        Some(Platform {
+                            declared: deploy::environments_in(&layout),
+                            print: platform_print(&layout),
+                            commit,
+                        })
+                    }
+                },
                 Err(e) => {
                     warn!(error = %e, "previews: the watched ref does not resolve");
                     None
                 }
             };
+            memo.platform = platform.clone();
             let declared = platform
                 .as_ref()
-                .map(|(_, layout)| deploy::environments_in(layout))
+                .map(|p| p.declared.clone())
                 .unwrap_or_default();
             let store = store.lock().unwrap_or_else(|e| e.into_inner());
             let recorded = store.previews()?;
@@ -736,7 +762,6 @@ impl Daemon {
                 (&declared, &taken),
                 watched.as_deref(),
             );
-            let mut verdicts = verdicts.lock().unwrap_or_else(|e| e.into_inner());
             let mut judged = HashMap::new();
             let mut jobs = Vec::new();
             for action in &decisions.actions {
@@ -748,9 +773,10 @@ impl Daemon {
                     } => {
                         let with_platform = match (config.trust, &platform) {
                             (PreviewTrust::Branch, _) => None,
-                            (PreviewTrust::Workloads, Some((watched, layout))) => {
+                            (PreviewTrust::Workloads, Some(platform)) => {
+                                let watched = &platform.commit;
                                 let key = (commit.clone(), watched.clone());
-                                let verdict = match verdicts.get(&key) {
+                                let verdict = match memo.verdicts.get(&key) {
                                     Some(v) => v.clone(),
                                     None => trust_verdict(&repo, commit, watched)?,
                                 };
@@ -766,7 +792,7 @@ impl Daemon {
                                     }
                                     continue;
                                 }
-                                Some((watched.clone(), platform_print(layout)))
+                                Some((watched.clone(), platform.print.clone()))
                             }
                             // Without the watched ref there is no platform to run it with.
                             (PreviewTrust::Workloads, None) => continue,
@@ -826,7 +852,7 @@ impl Daemon {
                 }
             }
             // Only the pairs still in question are kept.
-            *verdicts = judged;
+            memo.verdicts = judged;
             Ok::<_, deploy::DeployError>((decisions, jobs))
         })
         .await;

@@ -4,6 +4,7 @@
 //! branch` says so), and never touches an environment the watched ref declares, whatever the
 //! state recorded about earlier previews.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::daemon::{Daemon, wait_deployed};
@@ -14,6 +15,47 @@ use crate::workflow::{
 };
 
 const CREDENTIAL: &str = "AKIA-preview-credential-7Qx9";
+
+/// The workflow tests' platform committed on `main`, and the daemon watching it with the host
+/// config's `extra` lines (the `previews:` under test), once `main` is deployed to `test`.
+struct Watched {
+    sb: Sandbox,
+    server: DriverServer,
+    /// The daemon's arguments; the host config's path is the last.
+    args: Vec<String>,
+    daemon: Daemon,
+    main: String,
+}
+
+impl Watched {
+    fn start(extra: impl FnOnce(&Sandbox) -> String) -> Watched {
+        let sb = Sandbox::new();
+        let server = DriverServer::start();
+        write_platform(&sb, "v1");
+        let main = sb.commit("A platform");
+        let args = host_config(&sb, &server, &extra(&sb));
+        let daemon = Daemon::start(&sb, &strs(&args));
+        wait_deployed(&sb, &main, &["test"], Duration::from_secs(30));
+        Watched {
+            sb,
+            server,
+            args,
+            daemon,
+            main,
+        }
+    }
+
+    /// The GUResIDs of `env`'s resources, and the newest PUT of type `res_type` among them.
+    fn last_put(&self, ids: &BTreeSet<String>, res_type: &str) -> serde_json::Value {
+        self.server
+            .received()
+            .into_iter()
+            .rev()
+            .find(|r| r.method == "PUT" && ids.contains(&r.guresid) && r.body["type"] == res_type)
+            .map(|r| r.body)
+            .unwrap_or_else(|| panic!("no PUT of a {res_type}"))
+    }
+}
 
 /// A definition a branch adds: the postgres of its preview, by Terraform code that runs a
 /// program on the host (touching `marker`) and publishes the account's credential as a plain
@@ -58,32 +100,32 @@ fn a_preview_runs_its_branchs_workloads_with_the_watched_refs_platform_only() {
     if !crate::terraform::installed() {
         return;
     }
-    let sb = Sandbox::new();
-    let server = DriverServer::start();
-    let marker = sb.root.join("MARKER-code-ran");
-    let account = sb.root.join("cloud.json");
-    std::fs::write(&account, format!("{{\"secret_key\": \"{CREDENTIAL}\"}}")).unwrap();
-    write_platform(&sb, "v1");
-    let main = sb.commit("A platform");
-    let args = host_config(
-        &sb,
-        &server,
-        &format!(
+    let mut marker = std::path::PathBuf::new();
+    let w = Watched::start(|sb| {
+        marker = sb.root.join("MARKER-code-ran");
+        let account = sb.root.join("cloud.json");
+        std::fs::write(&account, format!("{{\"secret_key\": \"{CREDENTIAL}\"}}")).unwrap();
+        format!(
             "previews: {{branches: \"pr-*\", type: preview}}\naccounts:\n  cloud: {{file: {}}}\n",
             account.display()
-        ),
-    );
-    let daemon = Daemon::start(&sb, &strs(&args));
-    wait_deployed(&sb, &main, &["test"], Duration::from_secs(30));
+        )
+    });
+    let Watched {
+        sb,
+        server,
+        args,
+        daemon,
+        main,
+    } = &w;
 
     // The branch brings a workload and a definition of its own.
     sb.git(&["checkout", "--quiet", "-b", "pr-1"]);
-    write_workload(&sb, "v2");
+    write_workload(sb, "v2");
     sb.write("definitions/branch.yaml", &hostile_definition(&marker));
-    let hostile = push_branch(&sb, "pr-1", "A postgres of my own");
+    let hostile = push_branch(sb, "pr-1", "A postgres of my own");
     wait_until(
         "the branch refused a preview",
-        &daemon,
+        daemon,
         Duration::from_secs(30),
         || {
             sb.count(&format!(
@@ -126,20 +168,12 @@ fn a_preview_runs_its_branchs_workloads_with_the_watched_refs_platform_only() {
     // The branch drops its definition: it changes workloads alone, and is deployed with the
     // watched ref's postgres.
     sb.remove("definitions/branch.yaml");
-    let workloads_only = push_branch(&sb, "pr-1", "Only the workload");
-    wait_deployed(&sb, &workloads_only, &["pr-1"], Duration::from_secs(30));
+    let workloads_only = push_branch(sb, "pr-1", "Only the workload");
+    wait_deployed(sb, &workloads_only, &["pr-1"], Duration::from_secs(30));
     assert!(!marker.exists());
-    let ids = guresids(&sb, "pr-1");
+    let ids = guresids(sb, "pr-1");
     assert_eq!(ids.len(), 3);
-    let last_put = |res_type: &str| {
-        server
-            .received()
-            .into_iter()
-            .rev()
-            .find(|r| r.method == "PUT" && ids.contains(&r.guresid) && r.body["type"] == res_type)
-            .map(|r| r.body)
-            .unwrap()
-    };
+    let last_put = |res_type: &str| w.last_put(&ids, res_type);
     assert_eq!(
         last_put("postgres")["driver"]["values"]["size"],
         "tiny-preview"
@@ -163,7 +197,7 @@ fn a_preview_runs_its_branchs_workloads_with_the_watched_refs_platform_only() {
     let platform = sb.commit("Bigger preview databases");
     wait_until(
         "the preview deployed with the new platform",
-        &daemon,
+        daemon,
         Duration::from_secs(30),
         || {
             server.received().iter().any(|r| {
@@ -203,37 +237,27 @@ fn a_preview_runs_its_branchs_workloads_with_the_watched_refs_platform_only() {
 /// definitions are used.
 #[test]
 fn with_trust_branch_a_preview_runs_the_whole_branch() {
-    let sb = Sandbox::new();
-    let server = DriverServer::start();
-    write_platform(&sb, "v1");
-    let main = sb.commit("A platform");
-    let args = host_config(
-        &sb,
-        &server,
-        "previews: {branches: \"pr-*\", type: preview, trust: branch}\n",
-    );
-    let daemon = Daemon::start(&sb, &strs(&args));
-    wait_deployed(&sb, &main, &["test"], Duration::from_secs(30));
+    let w = Watched::start(|_| {
+        "previews: {branches: \"pr-*\", type: preview, trust: branch}\n".to_owned()
+    });
+    let sb = &w.sb;
     sb.git(&["checkout", "--quiet", "-b", "pr-3"]);
     sb.edit(
         "definitions/platform.yaml",
         "size: tiny-preview",
         "size: branch-size",
     );
-    let head = push_branch(&sb, "pr-3", "My own preview database");
-    wait_deployed(&sb, &head, &["pr-3"], Duration::from_secs(30));
-    let ids = guresids(&sb, "pr-3");
-    let postgres = server
-        .received()
-        .into_iter()
-        .find(|r| r.method == "PUT" && ids.contains(&r.guresid) && r.body["type"] == "postgres")
-        .unwrap();
-    assert_eq!(postgres.body["driver"]["values"]["size"], "branch-size");
+    let head = push_branch(sb, "pr-3", "My own preview database");
+    wait_deployed(sb, &head, &["pr-3"], Duration::from_secs(30));
+    let ids = guresids(sb, "pr-3");
+    assert_eq!(
+        w.last_put(&ids, "postgres")["driver"]["values"]["size"],
+        "branch-size"
+    );
     assert_eq!(
         sb.rows("SELECT COALESCE(platform_commit, 'none') FROM preview WHERE env = 'pr-3'"),
         [["none"]]
     );
-    drop(daemon);
 }
 
 /// Finding: preview `pr-x` expired; the watched ref then declared `environments/pr-x.yaml` and
@@ -242,49 +266,35 @@ fn with_trust_branch_a_preview_runs_the_whole_branch() {
 /// push deploys nothing, deletes nothing, and the stale preview record is closed.
 #[test]
 fn a_branch_never_deploys_over_an_environment_the_watched_ref_declares() {
-    let sb = Sandbox::new();
-    let server = DriverServer::start();
-    write_platform(&sb, "v1");
-    let main = sb.commit("A platform");
-    let args = host_config(
-        &sb,
-        &server,
-        "previews: {branches: \"pr-*\", type: preview, ttl: 2s}\n",
-    );
-    let daemon = Daemon::start(&sb, &strs(&args));
-    wait_deployed(&sb, &main, &["test"], Duration::from_secs(30));
+    let w =
+        Watched::start(|_| "previews: {branches: \"pr-*\", type: preview, ttl: 2s}\n".to_owned());
+    let (sb, server, daemon) = (&w.sb, &w.server, &w.daemon);
 
     // A preview that expires.
     sb.git(&["checkout", "--quiet", "-b", "pr-x"]);
-    write_workload(&sb, "v2");
-    let first = push_branch(&sb, "pr-x", "Try v2");
-    wait_deployed(&sb, &first, &["pr-x"], Duration::from_secs(30));
-    wait_until(
-        "the ttl to expire",
-        &daemon,
-        Duration::from_secs(20),
-        || {
-            sb.count("SELECT COUNT(*) FROM preview WHERE env = 'pr-x' AND removed_at IS NOT NULL")
-                == 1
-        },
-    );
+    write_workload(sb, "v2");
+    let first = push_branch(sb, "pr-x", "Try v2");
+    wait_deployed(sb, &first, &["pr-x"], Duration::from_secs(30));
+    wait_until("the ttl to expire", daemon, Duration::from_secs(20), || {
+        sb.count("SELECT COUNT(*) FROM preview WHERE env = 'pr-x' AND removed_at IS NOT NULL") == 1
+    });
 
     // The watched ref declares pr-x, and the daemon deploys it.
     sb.git(&["checkout", "--quiet", "main"]);
     sb.write("environments/pr-x.yaml", "type: test\n");
     let declared = sb.commit("pr-x becomes a real environment");
-    wait_deployed(&sb, &declared, &["pr-x"], Duration::from_secs(30));
-    let owned = guresids(&sb, "pr-x");
+    wait_deployed(sb, &declared, &["pr-x"], Duration::from_secs(30));
+    let owned = guresids(sb, "pr-x");
     assert_eq!(owned.len(), 3);
-    let deletes_before = calls(&server, "DELETE", &owned).len();
+    let deletes_before = calls(server, "DELETE", &owned).len();
 
     // A new push of the branch changes nothing there.
     sb.git(&["checkout", "--quiet", "pr-x"]);
-    write_workload(&sb, "v3");
-    let pushed = push_branch(&sb, "pr-x", "Try v3");
+    write_workload(sb, "v3");
+    let pushed = push_branch(sb, "pr-x", "Try v3");
     wait_until(
         "the stale preview record closed",
-        &daemon,
+        daemon,
         Duration::from_secs(30),
         || {
             sb.count(
@@ -302,13 +312,9 @@ fn a_branch_never_deploys_over_an_environment_the_watched_ref_declares() {
         0,
         "the branch deployed nothing"
     );
+    assert_eq!(guresids(sb, "pr-x"), owned, "every resource is still there");
     assert_eq!(
-        guresids(&sb, "pr-x"),
-        owned,
-        "every resource is still there"
-    );
-    assert_eq!(
-        calls(&server, "DELETE", &owned).len(),
+        calls(server, "DELETE", &owned).len(),
         deletes_before,
         "nothing deleted at the driver"
     );
@@ -319,7 +325,6 @@ fn a_branch_never_deploys_over_an_environment_the_watched_ref_declares() {
     sb.gitplane(&["status", "--env", "pr-x"])
         .ok()
         .stdout_has("no longer a preview (it was branch pr-x's): the watched ref declares it");
-    drop(daemon);
 }
 
 /// The same with a live preview: once the watched ref declares its environment, the watched
@@ -327,27 +332,18 @@ fn a_branch_never_deploys_over_an_environment_the_watched_ref_declares() {
 /// pushes leave it alone.
 #[test]
 fn the_watched_ref_takes_over_a_live_preview_it_declares() {
-    let sb = Sandbox::new();
-    let server = DriverServer::start();
-    write_platform(&sb, "v1");
-    let main = sb.commit("A platform");
-    let args = host_config(
-        &sb,
-        &server,
-        "previews: {branches: \"pr-*\", type: preview}\n",
-    );
-    let daemon = Daemon::start(&sb, &strs(&args));
-    wait_deployed(&sb, &main, &["test"], Duration::from_secs(30));
+    let w = Watched::start(|_| "previews: {branches: \"pr-*\", type: preview}\n".to_owned());
+    let (sb, daemon) = (&w.sb, &w.daemon);
     sb.git(&["checkout", "--quiet", "-b", "pr-y"]);
-    write_workload(&sb, "v2");
-    let preview = push_branch(&sb, "pr-y", "Try v2");
-    wait_deployed(&sb, &preview, &["pr-y"], Duration::from_secs(30));
-    let ids = guresids(&sb, "pr-y");
+    write_workload(sb, "v2");
+    let preview = push_branch(sb, "pr-y", "Try v2");
+    wait_deployed(sb, &preview, &["pr-y"], Duration::from_secs(30));
+    let ids = guresids(sb, "pr-y");
 
     sb.git(&["checkout", "--quiet", "main"]);
     sb.write("environments/pr-y.yaml", "type: test\n");
     let declared = sb.commit("pr-y becomes a real environment");
-    wait_deployed(&sb, &declared, &["pr-y"], Duration::from_secs(30));
+    wait_deployed(sb, &declared, &["pr-y"], Duration::from_secs(30));
     assert_eq!(
         sb.rows(&format!(
             "SELECT status FROM deployment WHERE env = 'pr-y' AND commit_id = '{declared}'"
@@ -359,17 +355,11 @@ fn the_watched_ref_takes_over_a_live_preview_it_declares() {
         [["the watched ref declares it"]]
     );
     // The watched ref's workload (v1) replaced the branch's, in place.
-    let workload_put = server
-        .received()
-        .into_iter()
-        .rev()
-        .find(|r| r.method == "PUT" && ids.contains(&r.guresid) && r.body["type"] == "workload")
-        .unwrap();
-    assert!(workload_put.body.to_string().contains("shop:v1"));
+    assert!(w.last_put(&ids, "workload").to_string().contains("shop:v1"));
 
     sb.git(&["checkout", "--quiet", "pr-y"]);
-    write_workload(&sb, "v3");
-    let pushed = push_branch(&sb, "pr-y", "Try v3");
+    write_workload(sb, "v3");
+    let pushed = push_branch(sb, "pr-y", "Try v3");
     daemon.wait_for_log(
         "the watched ref declares environment pr-y: no preview made",
         Duration::from_secs(30),
@@ -381,5 +371,4 @@ fn the_watched_ref_takes_over_a_live_preview_it_declares() {
         )),
         0
     );
-    drop(daemon);
 }

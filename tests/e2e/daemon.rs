@@ -73,6 +73,19 @@ impl Daemon {
 
     /// Waits up to `timeout` for the daemon to exit by itself: its exit code, or `None` (killed
     /// by a signal, or still running, which the caller's assertion reports with the log).
+    /// Waits for a daemon that must refuse to start: asserts it exits non-zero within 30 s
+    /// (`what` says which daemon) and returns its log.
+    #[track_caller]
+    pub(crate) fn refused(&mut self, what: &str) -> String {
+        let code = self.wait_for_exit(Duration::from_secs(30));
+        let log = self.log();
+        assert!(
+            matches!(code, Some(c) if c != 0),
+            "{what} must refuse to start (exit {code:?}):\n{log}"
+        );
+        log
+    }
+
     pub(crate) fn wait_for_exit(&mut self, timeout: Duration) -> Option<i32> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {

@@ -300,12 +300,7 @@ fn a_daemon_of_another_repository_is_refused_on_a_shared_database() {
         ],
         &[],
     );
-    let code = second.wait_for_exit(Duration::from_secs(30));
-    let log = second.log();
-    assert!(
-        matches!(code, Some(c) if c != 0),
-        "the second daemon must refuse to start (exit {code:?}):\n{log}"
-    );
+    let log = second.refused("the second daemon");
     for needle in [
         "refusing to start, no lease taken".to_owned(),
         format!(
@@ -461,12 +456,7 @@ fn a_daemon_with_the_wrong_state_key_refuses_to_start_and_takes_no_lease() {
         ],
         &[],
     );
-    let code = second.wait_for_exit(Duration::from_secs(30));
-    let log = second.log();
-    assert!(
-        matches!(code, Some(c) if c != 0),
-        "a daemon with the wrong key must refuse to start (exit {code:?}):\n{log}"
-    );
+    let log = second.refused("a daemon with the wrong key");
     for needle in [
         "refusing to start, no lease taken".to_owned(),
         format!(

@@ -780,3 +780,10 @@ ALTER TABLE env_pin ADD COLUMN forced INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE preview ADD COLUMN platform_commit TEXT;
 ALTER TABLE preview ADD COLUMN refused_commit TEXT;
 ALTER TABLE preview ADD COLUMN refused_why TEXT;
+
+-- migration 10
+
+-- The daemon retries a deployment that did not finish (a driver error, a state error, cut
+-- short) with a backoff, until it succeeds or a newer commit arrives (`retry.deployments`):
+-- which attempt at its commit each deployment was. 1: the first; 2: the first retry.
+ALTER TABLE deployment ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;

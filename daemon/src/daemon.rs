@@ -8,6 +8,7 @@
 //! up to the drain deadline, and leaves what it could not finish recorded for the next start.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -17,9 +18,11 @@ use chrono::Utc;
 use gitplane_state::{ApplyLock, DeploymentStatus, PreviewPush, StateError, Store};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch as latest};
+use tokio::task::Id as TaskId;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
+use crate::cli::RECLAIM_PAGES;
 use crate::config::{HostConfig, PreviewTrust, RepoSource};
 use crate::deploy::{self, Reach, Target};
 use crate::drivers::Registry;
@@ -28,6 +31,7 @@ use crate::model::LoadCache;
 use crate::previews::{self, PreviewAction};
 use crate::reconcile::{self, ApplyOptions, Settings};
 use crate::repo::{ConfigRepo, RepoError};
+use crate::requests::{Ended, RequestQueue, Work};
 use crate::serve::{self, ServeError};
 use crate::shard::{self, LeaseEvent, Shard};
 use crate::stores::SecretStores;
@@ -178,9 +182,12 @@ struct Daemon {
     /// last reported: it is tried again on every wake-up, and reported again only when the
     /// errors change.
     waiting: Option<(String, Vec<String>)>,
-    /// Each environment's worker, fed the newest job.
-    workers: HashMap<String, latest::Sender<Option<Job>>>,
+    /// Each environment's queue, which its worker takes work from.
+    workers: HashMap<String, Arc<EnvQueue>>,
     tasks: JoinSet<()>,
+    /// Which environment and queue each worker task serves: a worker that ends takes its
+    /// queue along, so the next request starts a new one.
+    task_envs: HashMap<TaskId, (String, Arc<EnvQueue>)>,
     /// Drift schedules of the environments, from the newest good commit.
     schedules: HashMap<String, crate::model::Schedule>,
     /// The main loop's connection to the state, shared with the commit checks it runs on
@@ -210,8 +217,19 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    /// Runs `f` with the main loop's connection on a blocking thread: the loop never waits on
+    /// the database on the runtime's threads. `None` when the task failed (logged).
+    async fn with_store<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Store) -> T + Send + 'static,
+    ) -> Option<T> {
+        let store = self.store.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            f(&store.lock().unwrap_or_else(|e| e.into_inner()))
+        })
+        .await;
+        done.map_err(|e| error!(error = %e, "a state task failed"))
+            .ok()
     }
 
     fn start(options: DaemonOptions) -> Result<Daemon, DaemonError> {
@@ -268,6 +286,7 @@ impl Daemon {
             waiting: None,
             workers: HashMap::new(),
             tasks: JoinSet::new(),
+            task_envs: HashMap::new(),
             schedules: HashMap::new(),
             store: Arc::new(Mutex::new(store)),
             served: None,
@@ -329,9 +348,18 @@ impl Daemon {
         let (fetched_tx, mut fetched_rx) =
             mpsc::channel::<(Result<(), watch::WatchError>, Instant)>(1);
         let mut fetching = false;
-        let watchdog = sd_notify::watchdog_enabled();
-        let mut heartbeat =
-            tokio::time::interval(watchdog.map_or(Duration::from_secs(3600), |d| d / 2));
+        // The heartbeat says the runtime's threads are free: nothing blocking runs on them (the
+        // state and git are read on blocking threads), so it beats while a database hangs, and
+        // stops if a task ever blocks a worker thread for good.
+        let heartbeat = sd_notify::watchdog_enabled().map(|every| {
+            tokio::spawn(async move {
+                let mut beat = tokio::time::interval(every / 2);
+                loop {
+                    beat.tick().await;
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+            })
+        });
 
         self.check(Instant::now()).await;
         if let Some(served) = &self.served {
@@ -380,21 +408,27 @@ impl Daemon {
                 }
                 _ = tokio::time::sleep(drift_at.as_ref().map_or(Duration::from_secs(3600), |(d, _)| *d)), if drift_at.is_some() => {
                     if let Some((_, envs)) = &drift_at {
-                        self.drift(envs).await;
+                        self.drift(envs);
                     }
-                }
-                _ = heartbeat.tick(), if watchdog.is_some() => {
-                    // From the loop itself: a hung loop stops these, and systemd restarts it.
-                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
                 }
                 Some(event) = recv_lease(&mut self.lease_events) => self.lease_changed(event).await,
                 _ = sleep_until(self.preview_due), if self.preview_due.is_some() => {
                     self.preview_due = None;
                     self.check_previews(Instant::now()).await;
                 }
-                Some(done) = self.tasks.join_next() => {
-                    if let Err(e) = done {
-                        error!(error = %e, "an environment worker stopped");
+                Some(done) = self.tasks.join_next_with_id() => {
+                    let id = match &done {
+                        Ok((id, ())) => *id,
+                        Err(e) => {
+                            error!(error = %e, "an environment worker stopped");
+                            e.id()
+                        }
+                    };
+                    // The next request for its environment starts a new worker.
+                    if let Some((env, queue)) = self.task_envs.remove(&id)
+                        && self.workers.get(&env).is_some_and(|q| Arc::ptr_eq(q, &queue))
+                    {
+                        self.workers.remove(&env);
                     }
                 }
             }
@@ -403,6 +437,9 @@ impl Daemon {
             served.ready.store(false, Ordering::SeqCst);
         }
         self.shutdown().await;
+        if let Some(heartbeat) = heartbeat {
+            heartbeat.abort();
+        }
         let _ = stop_serving.send(true);
         if let Some(server) = server {
             // Open event streams end with the stop signal; a request still running gets a moment.
@@ -437,14 +474,40 @@ impl Daemon {
             sd_notify::NotifyState::Status("stopping: finishing driver calls in flight"),
         ]);
         self.shared.stop.store(true, Ordering::SeqCst);
-        // Closing the job channels lets idle workers end.
-        self.workers.clear();
+        // Closing the queues lets idle workers end.
+        for queue in self.workers.values() {
+            queue.close();
+        }
         let drained = tokio::time::timeout(limit, async {
             while self.tasks.join_next().await.is_some() {}
         })
         .await;
+        if drained.is_err() {
+            // Killed and journalled before the leases go: another daemon may start these
+            // resources the moment it takes a lease, and must not while they still run.
+            let killed = crate::drivers::kill_running();
+            let store = self.store.clone();
+            let interrupted = tokio::task::spawn_blocking(move || {
+                let store = store.lock().unwrap_or_else(|e| e.into_inner());
+                store.interrupt_own_operations(std::process::id())
+            })
+            .await;
+            match interrupted {
+                Ok(Ok(n)) => warn!(
+                    operations = n,
+                    programs_killed = killed,
+                    "stopped with driver calls still running after {:?} (stop_timeout): they \
+                     are recorded as interrupted, and the next start resumes them",
+                    limit
+                ),
+                Ok(Err(e)) => {
+                    error!(error = %e, "cannot record the interrupted driver calls; the next start finds them")
+                }
+                Err(e) => error!(error = %e, "the task recording the interrupted calls failed"),
+            }
+        }
         if let Some((thread, quit)) = self.lease_thread.take() {
-            // Given up once the reconciles ended, rather than left to expire: the other
+            // Given up once nothing of ours runs, rather than left to expire: the other
             // daemons take them at once.
             quit.store(true, Ordering::SeqCst);
             let released = tokio::task::spawn_blocking(move || thread.join());
@@ -452,20 +515,6 @@ impl Daemon {
         }
         if drained.is_ok() {
             info!("stopped");
-            return;
-        }
-        let killed = crate::drivers::kill_running();
-        match self.store().interrupt_own_operations(std::process::id()) {
-            Ok(n) => warn!(
-                operations = n,
-                programs_killed = killed,
-                "stopped with driver calls still running after {:?} (stop_timeout): they are \
-                 recorded as interrupted, and the next start resumes them",
-                limit
-            ),
-            Err(e) => {
-                error!(error = %e, "cannot record the interrupted driver calls; the next start finds them")
-            }
         }
     }
 
@@ -527,27 +576,32 @@ impl Daemon {
     }
 
     /// A commit that is not applied, with why, and a failed deployment for each environment.
-    fn record_rejected(&mut self, commit: &str, rejected: &deploy::Rejected) {
-        let errors = rejected.errors.join("\n");
-        if let Err(e) = self.store().commit_seen(commit, "rejected", Some(&errors)) {
-            error!(error = %e, "cannot record the rejected commit");
-            return;
-        }
-        let info = commit_info(&self.repo_path, commit);
-        for env in &rejected.envs {
-            match self.store().failed_deployment(env, Some(commit), &errors) {
-                Ok(deployment) => self.shared.events.finished(DeploymentEvent::not_built(
-                    (env, deployment),
-                    commit,
-                    info.clone(),
-                    rejected.errors.clone(),
-                )),
-                Err(e) => {
-                    error!(error = %e, "cannot record the rejected commit");
-                    return;
+    async fn record_rejected(&self, commit: &str, rejected: &deploy::Rejected) {
+        let (commit, rejected) = (commit.to_owned(), rejected.clone());
+        let (repo, events) = (self.repo_path.clone(), self.shared.events.clone());
+        self.with_store(move |store| {
+            let errors = rejected.errors.join("\n");
+            if let Err(e) = store.commit_seen(&commit, "rejected", Some(&errors)) {
+                error!(error = %e, "cannot record the rejected commit");
+                return;
+            }
+            let info = commit_info(&repo, &commit);
+            for env in &rejected.envs {
+                match store.failed_deployment(env, Some(&commit), &errors) {
+                    Ok(deployment) => events.finished(DeploymentEvent::not_built(
+                        (env, deployment),
+                        &commit,
+                        info.clone(),
+                        rejected.errors.clone(),
+                    )),
+                    Err(e) => {
+                        error!(error = %e, "cannot record the rejected commit");
+                        return;
+                    }
                 }
             }
-        }
+        })
+        .await;
     }
 
     /// Looks at the repository: the watched ref, then the preview branches.
@@ -638,7 +692,7 @@ impl Daemon {
                     for e in &unread.errors {
                         warn!(commit = %commit, "{e}");
                     }
-                    self.record_rejected(&commit, &unread);
+                    self.record_rejected(&commit, &unread).await;
                     self.waiting = Some(report);
                 }
                 return;
@@ -654,13 +708,17 @@ impl Daemon {
                 for e in &rejected.errors {
                     warn!(commit = %commit, "{e}");
                 }
-                self.record_rejected(&commit, &rejected);
+                self.record_rejected(&commit, &rejected).await;
             }
             Ok(targets) => {
                 info!(commit = %commit, "new commit: reconciling");
-                if let Err(e) = self.store().commit_seen(&commit, "dispatched", None) {
-                    error!(error = %e, "cannot record the commit");
-                }
+                let seen = commit.clone();
+                self.with_store(move |store| {
+                    if let Err(e) = store.commit_seen(&seen, "dispatched", None) {
+                        error!(error = %e, "cannot record the commit");
+                    }
+                })
+                .await;
                 for target in targets {
                     let env = target.graph.env.clone();
                     // A graph of some apps has the environment's schedule too: it comes from
@@ -921,18 +979,26 @@ impl Daemon {
         }
     }
 
-    /// Hands `job` to `env`'s worker, starting one if needed. A worker busy with an older job
-    /// takes this one next; jobs it never started are superseded.
+    /// Hands `job` to `env`'s worker, starting one if needed: a worker busy with an older job
+    /// takes this one next, and a deployment it never started is superseded (see
+    /// [`RequestQueue`]).
     fn dispatch(&mut self, env: String, job: Job) {
-        if let Some(tx) = self.workers.get(&env)
-            && tx.send(Some(job.clone())).is_ok()
-        {
-            return;
+        let commit = job.commit.clone();
+        self.queue(env).push(|q| q.deploy(commit, job));
+    }
+
+    /// `env`'s queue, with a worker taking from it.
+    fn queue(&mut self, env: String) -> Arc<EnvQueue> {
+        if let Some(queue) = self.workers.get(&env) {
+            return queue.clone();
         }
-        let (tx, rx) = latest::channel(Some(job));
-        self.workers.insert(env.clone(), tx);
-        let shared = self.shared.clone();
-        self.tasks.spawn(worker(env, rx, shared));
+        let queue = Arc::new(EnvQueue::default());
+        self.workers.insert(env.clone(), queue.clone());
+        let task = self
+            .tasks
+            .spawn(worker(env.clone(), queue.clone(), self.shared.clone()));
+        self.task_envs.insert(task.id(), (env, queue.clone()));
+        queue
     }
 
     /// A lease gained: the environment's worker deploys the newest commit (resuming what its
@@ -942,22 +1008,32 @@ impl Daemon {
     async fn lease_changed(&mut self, event: LeaseEvent) {
         match event {
             LeaseEvent::Gained(env) => {
+                let (looked, last) = (env.clone(), self.last_commit.clone());
+                let seen = self
+                    .with_store(move |store| {
+                        let preview = matches!(store.preview(&looked), Ok(Some(_)));
+                        // An environment its last holder left deployed at the newest commit
+                        // needs nothing: no deployment row for a lease that moved.
+                        let done = match (&last, store.latest_deployment(&looked)) {
+                            (Some(commit), Ok(Some(d))) => {
+                                d.status == DeploymentStatus::Succeeded
+                                    && d.commit_id.as_deref() == Some(commit.as_str())
+                            }
+                            _ => false,
+                        };
+                        (preview, done)
+                    })
+                    .await;
+                let Some((preview, done)) = seen else {
+                    return;
+                };
                 // A preview is deployed from its branch, never from the watched ref.
-                if matches!(self.store().preview(&env), Ok(Some(_))) {
+                if preview {
                     self.preview_heads.remove(&env);
                     self.preview_removals.remove(&env);
                     self.check_previews(Instant::now()).await;
                     return;
                 }
-                // An environment its last holder left deployed at the newest commit needs
-                // nothing: no deployment row for a lease that moved.
-                let done = match (&self.last_commit, self.store().latest_deployment(&env)) {
-                    (Some(commit), Ok(Some(d))) => {
-                        d.status == DeploymentStatus::Succeeded
-                            && d.commit_id.as_deref() == Some(commit.as_str())
-                    }
-                    _ => false,
-                };
                 if let Some(commit) = self.last_commit.clone().filter(|_| !done) {
                     self.dispatch(
                         env,
@@ -972,10 +1048,19 @@ impl Daemon {
                 }
             }
             LeaseEvent::Lost(env) => {
-                self.workers.remove(&env);
+                if let Some(queue) = self.workers.remove(&env) {
+                    queue.close();
+                }
                 self.schedules.remove(&env);
             }
-            LeaseEvent::Recovered => self.check(Instant::now()).await,
+            LeaseEvent::Recovered => {
+                // What the outage cut short is retried now, not after its backoff.
+                let now = Instant::now();
+                for queue in self.workers.values() {
+                    queue.push(|q| q.retry_now(now));
+                }
+                self.check(now).await;
+            }
         }
     }
 
@@ -998,80 +1083,197 @@ impl Daemon {
 
     /// Re-applies the last good commit of each environment, calling every driver; the worker
     /// builds the whole environment.
-    async fn drift(&mut self, envs: &[String]) {
+    fn drift(&mut self, envs: &[String]) {
         for env in envs {
-            let commit = match self.store().last_good_commit(env) {
-                Ok(Some(c)) => c,
-                Ok(None) => continue,
-                Err(e) => {
-                    error!(error = %e, env, "cannot read the last good commit");
-                    continue;
-                }
-            };
-            info!(env, commit = %commit, "drift run");
-            self.dispatch(
-                env.clone(),
-                Job {
-                    commit,
-                    drift: true,
-                    noticed: None,
-                    prebuilt: Arc::default(),
-                    preview: None,
-                },
+            // Behind any deployment waiting; the worker reads the last good commit when it
+            // runs it.
+            self.queue(env.clone()).push(RequestQueue::drift);
+        }
+    }
+}
+
+/// One environment's queue, shared by the main loop (which adds requests) and the
+/// environment's worker (which takes them).
+#[derive(Default)]
+struct EnvQueue {
+    requests: Mutex<RequestQueue<Job>>,
+    /// Told when a request arrives or the queue closes.
+    wake: tokio::sync::Notify,
+}
+
+impl EnvQueue {
+    fn requests(&self) -> std::sync::MutexGuard<'_, RequestQueue<Job>> {
+        self.requests.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a request (under the queue's merge rules) and wakes the worker.
+    fn push(&self, add: impl FnOnce(&mut RequestQueue<Job>)) {
+        add(&mut self.requests());
+        self.wake.notify_one();
+    }
+
+    /// No more requests: the worker ends once its run ends.
+    fn close(&self) {
+        self.requests().close();
+        self.wake.notify_one();
+    }
+}
+
+/// One environment's deployments, one at a time, in the order its queue gives (see
+/// [`RequestQueue`]). Each run, from the lock to pruning, is one blocking section: the state
+/// and git are read, and the reconcile's database writes made, on a blocking thread, never on
+/// the runtime's workers. A run that did not finish is retried by the queue's policy.
+async fn worker(env: String, queue: Arc<EnvQueue>, shared: Arc<Shared>) {
+    // Opened by the first run that needs it, on its blocking thread, and kept between runs.
+    let mut store: Option<Store> = None;
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let (work, due) = {
+            let mut requests = queue.requests();
+            if requests.is_closed() {
+                return;
+            }
+            (requests.next(Instant::now()), requests.due())
+        };
+        let Some(work) = work else {
+            tokio::select! {
+                _ = queue.wake.notified() => {}
+                _ = sleep_until(due) => {}
+            }
+            continue;
+        };
+        let (this_env, this_work, this_shared) = (env.clone(), work.clone(), shared.clone());
+        let handle = tokio::runtime::Handle::current();
+        let ran = tokio::task::spawn_blocking(move || {
+            let ended = run_work(&this_env, &this_work, &mut store, &this_shared, &handle);
+            (store, ended)
+        })
+        .await;
+        let ended = match ran {
+            Ok((kept, ended)) => {
+                store = kept;
+                ended
+            }
+            Err(e) => {
+                error!(env, error = %e, "a deployment's task failed");
+                store = None;
+                Ended::Unfinished
+            }
+        };
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let policy = shared.current().deployment_retry;
+        let salt = std::collections::hash_map::RandomState::new().hash_one(&env);
+        let retry = queue
+            .requests()
+            .ended(&work, ended, &policy, (Instant::now(), salt));
+        if let (
+            Some(delay),
+            Work::Deploy {
+                commit, attempt, ..
+            },
+        ) = (retry, &work)
+        {
+            warn!(
+                env, commit = %commit, attempt,
+                "the deployment did not finish: retried in {}s (retry.deployments)",
+                delay.as_secs()
             );
         }
     }
 }
 
-/// One environment's reconciles, one at a time, always the newest job.
-async fn worker(env: String, mut jobs: latest::Receiver<Option<Job>>, shared: Arc<Shared>) {
-    let mut store = match Store::open_keyed(&shared.state, shared.state_key.as_ref()) {
-        Ok(s) => s,
-        Err(e) => {
-            error!(env, error = %e, "cannot open the state");
-            return;
-        }
+/// Runs `work` on `env`, on a blocking thread: the state opened if it is not yet, a drift run
+/// given the last good commit, then [`reconcile_one`].
+fn run_work(
+    env: &str,
+    work: &Work<Job>,
+    store: &mut Option<Store>,
+    shared: &Shared,
+    handle: &tokio::runtime::Handle,
+) -> Ended {
+    let store = match store {
+        Some(store) => store,
+        None => match Store::open_keyed(&shared.state, shared.state_key.as_ref()) {
+            Ok(opened) => store.insert(opened),
+            Err(e) => {
+                error!(env, error = %e, "cannot open the state");
+                return Ended::Unfinished;
+            }
+        },
     };
-    loop {
-        let job = jobs.borrow_and_update().clone();
-        if let Some(job) = job
-            && !shared.stop.load(Ordering::SeqCst)
-        {
-            reconcile_one(&env, &job, &mut store, &shared).await;
+    let (job, attempt) = match work {
+        Work::Deploy {
+            commit,
+            job,
+            attempt,
+        } => {
+            let mut job = job.clone();
+            if *attempt > 1 {
+                // A retry was not noticed: it is not a push's latency.
+                job.noticed = None;
+                info!(env, commit = %commit, attempt, "retrying the deployment");
+            }
+            (job, *attempt)
         }
-        if jobs.changed().await.is_err() {
-            return;
-        }
-    }
+        Work::Drift => match store.last_good_commit(env) {
+            Ok(Some(commit)) => {
+                info!(env, commit = %commit, "drift run");
+                (
+                    Job {
+                        commit,
+                        drift: true,
+                        noticed: None,
+                        prebuilt: Arc::default(),
+                        preview: None,
+                    },
+                    1,
+                )
+            }
+            // Nothing deployed yet: nothing to compare. The retries of its deployments run.
+            Ok(None) => return Ended::Done,
+            Err(e) => {
+                error!(error = %e, env, "cannot read the last good commit");
+                return Ended::Unfinished;
+            }
+        },
+    };
+    reconcile_one(env, &job, attempt, store, shared, handle)
 }
 
-async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared) {
-    let state = shared.state.clone();
-    let lock_env = env.to_owned();
+/// One run of `job` on `env`: the environment's lock, the pin and preview checks, the
+/// reconcile (or detect run), pruning, the events and the log. Blocking: called on a blocking
+/// thread, it drives the reconcile's async parts on `handle`.
+fn reconcile_one(
+    env: &str,
+    job: &Job,
+    attempt: u32,
+    store: &mut Store,
+    shared: &Shared,
+    handle: &tokio::runtime::Handle,
+) -> Ended {
     let hold = match &shared.shard {
         Some(shard) => match shard.hold(env) {
             Some(hold) => Some((hold, shard.busy(env))),
             // Another daemon holds it now.
-            None => return,
+            None => return Ended::Done,
         },
         None => None,
     };
     let fence = hold.as_ref().map(|(h, _)| h.fence().clone());
     // A CLI apply or approve may hold the environment: wait for it.
-    let lock = match tokio::task::spawn_blocking(move || match &fence {
-        Some(fence) => ApplyLock::acquire_leased(&state, fence),
-        None => ApplyLock::acquire(&state, &lock_env, true),
-    })
-    .await
-    {
-        Ok(Ok(lock)) => lock,
-        Ok(Err(e)) => {
-            error!(env, error = %e, "cannot lock the environment");
-            return;
-        }
+    let locked = match &fence {
+        Some(fence) => ApplyLock::acquire_leased(&shared.state, fence),
+        None => ApplyLock::acquire(&shared.state, env, true),
+    };
+    let lock = match locked {
+        Ok(lock) => lock,
         Err(e) => {
-            error!(env, error = %e, "the lock task failed");
-            return;
+            error!(env, error = %e, "cannot lock the environment");
+            return Ended::Unfinished;
         }
     };
     let runtime = shared.current();
@@ -1079,14 +1281,14 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
     store.set_fences(hold.iter().map(|(h, _)| h.fence().clone()).collect());
     if let Err(e) = store.refresh_key() {
         error!(env, error = %e, "cannot read the state");
-        return;
+        return Ended::Unfinished;
     }
-    match tokio::task::block_in_place(|| preview_allowed(env, job, store, shared)) {
+    match preview_allowed(env, job, store, shared) {
         Ok(true) => {}
-        Ok(false) => return,
+        Ok(false) => return Ended::Done,
         Err(e) => {
             error!(env, error = %e, "cannot read the repository or the state");
-            return;
+            return Ended::Unfinished;
         }
     }
     let removing = job.preview == Some(PreviewJob::Remove);
@@ -1095,37 +1297,44 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
             Ok(()) => info!(env, "preview environment removed: it has no resources left"),
             Err(e) => error!(env, error = %e, "cannot record the preview's removal"),
         }
-        return;
+        return Ended::Done;
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
         "reconciling {env}"
     ))]);
-    // Reading git and building may take a while: other workers' tasks go on meanwhile.
-    let built =
-        tokio::task::block_in_place(|| target_under_lock(env, job, store, shared, &runtime));
-    let target = match built {
+    let target = match target_under_lock(env, job, store, shared, &runtime) {
         Ok(Ok(target)) => target,
         Ok(Err(rejected)) => {
             let errors = rejected.errors.join("; ");
             if job.drift {
                 warn!(env, commit = %job.commit, "drift run skipped: the last good commit does not build now: {errors}");
-            } else {
-                warn!(env, commit = %job.commit, "the commit does not build now: {errors}");
-                match store.failed_deployment(env, Some(&job.commit), &rejected.errors.join("\n")) {
-                    Ok(deployment) => shared.events.finished(DeploymentEvent::not_built(
+                return Ended::Done;
+            }
+            warn!(env, commit = %job.commit, "the commit does not build now: {errors}");
+            return match store.failed_deployment(
+                env,
+                Some(&job.commit),
+                &rejected.errors.join("\n"),
+            ) {
+                Ok(deployment) => {
+                    shared.events.finished(DeploymentEvent::not_built(
                         (env, deployment),
                         &job.commit,
                         commit_info(&shared.repo, &job.commit),
                         rejected.errors,
-                    )),
-                    Err(e) => error!(env, error = %e, "cannot record the failed deployment"),
+                    ));
+                    // It will not build on a retry either: the next commit is its fix.
+                    Ended::Done
                 }
-            }
-            return;
+                Err(e) => {
+                    error!(env, error = %e, "cannot record the failed deployment");
+                    Ended::Unfinished
+                }
+            };
         }
         Err(e) => {
             error!(env, commit = %job.commit, error = %e, "cannot read the commit or the state");
-            return;
+            return Ended::Unfinished;
         }
     };
     // A rollback's pin holds the environment at its commit: a newer one is planned and the
@@ -1138,19 +1347,19 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
                     "pinned by a rollback ({}): the commit is planned, not applied ({plan}); \
                      `gitplane unpin --env {env}` releases it", pin.reason
                 );
-                return;
+                return Ended::Done;
             }
             Ok(None) => {}
             Err(e) => {
                 error!(env, error = %e, "cannot read the environment's pin");
-                return;
+                return Ended::Unfinished;
             }
         }
     }
     if job.drift && target.graph.drift == crate::model::DriftMode::Detect {
         let lease = hold.as_ref().map(|(h, _)| h.clone());
-        detect_one(env, job, store, shared, &runtime, &target, lease).await;
-        return;
+        detect_one(env, job, store, shared, (&runtime, handle), &target, lease);
+        return Ended::Done;
     }
     let options = ApplyOptions {
         drift: job.drift,
@@ -1164,28 +1373,29 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
     }
     let started = Instant::now();
     let events = &shared.events;
-    // The reconcile writes to SQLite, which may wait for another process's write: on a
-    // thread of its own, so the runtime's workers (the main loop's signals, the heartbeat,
-    // other environments) never wait with it.
-    let report = tokio::task::block_in_place(|| {
-        tokio::runtime::Handle::current().block_on(reconcile::apply(
-            store,
-            &runtime.drivers,
-            &runtime.settings,
-            &target,
-            &job.commit,
-            &options,
-            &mut |event| {
-                if matches!(
-                    event,
-                    reconcile::Event::Planned { .. } | reconcile::Event::Finished { .. }
-                ) {
-                    events.changed();
-                }
-            },
-        ))
-    });
+    let report = handle.block_on(reconcile::apply(
+        store,
+        &runtime.drivers,
+        &runtime.settings,
+        &target,
+        &job.commit,
+        &options,
+        &mut |event| {
+            if matches!(
+                event,
+                reconcile::Event::Planned { .. } | reconcile::Event::Finished { .. }
+            ) {
+                events.changed();
+            }
+        },
+    ));
     let took = started.elapsed();
+    if attempt > 1
+        && let Ok(r) = &report
+        && let Err(e) = store.mark_attempt(r.deployment, i64::from(attempt))
+    {
+        warn!(env, error = %e, "cannot record the deployment as a retry");
+    }
     if removing && report.is_ok() && matches!(store.resource_count(env), Ok(0)) {
         match store.preview_removed(env) {
             Ok(()) => info!(
@@ -1198,9 +1408,7 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
     drop(target);
     drop(lock);
     if let Some(keep) = runtime.history {
-        let pruned = store
-            .prune(keep)
-            .and_then(|_| store.reclaim(crate::cli::RECLAIM_PAGES));
+        let pruned = store.prune(keep).and_then(|_| store.reclaim(RECLAIM_PAGES));
         if let Err(e) = pruned {
             warn!(env, error = %e, "cannot prune the history (history.keep)");
         }
@@ -1227,39 +1435,52 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
             drifted,
         });
     }
-    match report {
+    let ended = match report {
         Ok(r) => {
             let c = r.counts;
             match r.status {
-                DeploymentStatus::Held => warn!(
-                    env, commit = %job.commit, deployment = r.deployment,
-                    "held by the deletion guard: {}; approve with `gitplane approve {}`",
-                    r.failures.join("; "), r.deployment
-                ),
-                DeploymentStatus::Succeeded => info!(
-                    env, commit = %job.commit, deployment = r.deployment, drift = job.drift,
-                    created = c.created, updated = c.updated, deleted = c.deleted, unchanged = c.unchanged,
-                    "deployment succeeded"
-                ),
-                _ => warn!(
-                    env, commit = %job.commit, deployment = r.deployment, failed = c.failed,
-                    "deployment failed: {}", r.failures.join("; ")
-                ),
+                DeploymentStatus::Held => {
+                    warn!(
+                        env, commit = %job.commit, deployment = r.deployment,
+                        "held by the deletion guard: {}; approve with `gitplane approve {}`",
+                        r.failures.join("; "), r.deployment
+                    );
+                    Ended::Done
+                }
+                DeploymentStatus::Succeeded => {
+                    info!(
+                        env, commit = %job.commit, deployment = r.deployment, drift = job.drift,
+                        created = c.created, updated = c.updated, deleted = c.deleted, unchanged = c.unchanged,
+                        "deployment succeeded"
+                    );
+                    Ended::Done
+                }
+                _ => {
+                    warn!(
+                        env, commit = %job.commit, deployment = r.deployment, failed = c.failed,
+                        "deployment failed: {}", r.failures.join("; ")
+                    );
+                    Ended::Unfinished
+                }
             }
         }
-        Err(e) => error!(env, error = %e, "state error during the deployment"),
-    }
+        Err(e) => {
+            error!(env, error = %e, "state error during the deployment");
+            Ended::Unfinished
+        }
+    };
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
+    ended
 }
 
 /// A drift run of an environment whose file says `drift: detect`: reads and records, changes
 /// nothing. The caller holds the environment's lock.
-async fn detect_one(
+fn detect_one(
     env: &str,
     job: &Job,
     store: &mut Store,
     shared: &Shared,
-    runtime: &Runtime,
+    (runtime, handle): (&Runtime, &tokio::runtime::Handle),
     target: &Target,
     lease: Option<Arc<gitplane_state::LeaseHold>>,
 ) {
@@ -1268,16 +1489,14 @@ async fn detect_one(
         lease,
     };
     let started = Instant::now();
-    let report = tokio::task::block_in_place(|| {
-        tokio::runtime::Handle::current().block_on(crate::drift::detect(
-            store,
-            &runtime.drivers,
-            &runtime.settings,
-            target,
-            &job.commit,
-            &options,
-        ))
-    });
+    let report = handle.block_on(crate::drift::detect(
+        store,
+        &runtime.drivers,
+        &runtime.settings,
+        target,
+        &job.commit,
+        &options,
+    ));
     match report {
         Ok(r) => {
             let mut drifted: Vec<String> = r
@@ -1528,6 +1747,8 @@ struct Runtime {
     stores: SecretStores,
     /// `history.keep`: pruned after each deployment.
     history: Option<gitplane_state::Retention>,
+    /// `retry.deployments`: how a deployment that did not finish is retried.
+    deployment_retry: crate::requests::DeploymentRetry,
 }
 
 impl Runtime {
@@ -1547,6 +1768,7 @@ fn runtime_of(host: &HostConfig, events: &Events) -> Runtime {
         settings,
         stores: host.secret_stores(),
         history: host.history,
+        deployment_retry: host.deployment_retry,
     }
 }
 

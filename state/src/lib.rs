@@ -294,6 +294,8 @@ pub struct DeploymentRecord {
     pub error: Option<String>,
     /// For a held deployment: the resources it would delete.
     pub held: Option<Vec<String>>,
+    /// Which attempt at its commit it was: 1, or more for a retry by the daemon.
+    pub attempt: i64,
 }
 
 /// An edge of an environment's graph as a link (ConfigHub's model): `consumer` depends on
@@ -391,7 +393,7 @@ pub(crate) fn state_error(path: &Path, source: impl Into<DbError>) -> StateError
 }
 
 /// A [`DeploymentRecord`] from a row whose first 13 columns are `id, env, commit_id, status,
-/// started_at, finished_at, created, updated, deleted, unchanged, failed, error, held`.
+/// started_at, finished_at, created, updated, deleted, unchanged, failed, error, held, attempt`.
 pub(crate) fn deployment_row(r: &Row<'_>) -> DbResult<DeploymentRecord> {
     let id: i64 = r.get(0)?;
     let status: String = r.get(3)?;
@@ -428,6 +430,7 @@ pub(crate) fn deployment_row(r: &Row<'_>) -> DbResult<DeploymentRecord> {
         },
         error: r.get(11)?,
         held,
+        attempt: r.get(13)?,
     })
 }
 
@@ -831,7 +834,7 @@ impl Store {
     pub fn deployments(&self, env: Option<&str>) -> Result<Vec<DeploymentRecord>> {
         self.query(
             "SELECT id, env, commit_id, status, started_at, finished_at,
-                        created, updated, deleted, unchanged, failed, error, held
+                        created, updated, deleted, unchanged, failed, error, held, attempt
                  FROM deployment WHERE CAST(?1 AS TEXT) IS NULL OR env = ?1 ORDER BY id DESC",
             [env],
             deployment_row,
@@ -1266,6 +1269,16 @@ impl Store {
                 .find(|d| d.id == id)),
             None => Ok(None),
         }
+    }
+
+    /// Records that deployment `id` was attempt `attempt` at its commit (a retry by the daemon
+    /// of one that did not finish).
+    pub fn mark_attempt(&self, id: i64, attempt: i64) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached("UPDATE deployment SET attempt = ?2 WHERE id = ?1")?
+                .execute(params![id, attempt])?;
+            Ok(())
+        })
     }
 
     /// A report: the rows of one of the public views of `schema.sql`, as SQLite gave them, in

@@ -73,14 +73,14 @@ pub struct ResourceView {
 
 /// The columns [`deployment_row`] reads, then the kind and the calls made.
 const SUMMARY_COLUMNS: &str = "d.id, d.env, d.commit_id, d.status, d.started_at, d.finished_at,
-    d.created, d.updated, d.deleted, d.unchanged, d.failed, d.error, d.held, d.kind,
+    d.created, d.updated, d.deleted, d.unchanged, d.failed, d.error, d.held, d.attempt, d.kind,
     (SELECT COALESCE(SUM(o.attempts), 0) FROM operation o WHERE o.deployment_id = d.id)";
 
 fn summary_row(r: &Row<'_>) -> DbResult<DeploymentSummary> {
     Ok(DeploymentSummary {
         record: deployment_row(r)?,
-        kind: r.get(13)?,
-        calls: r.get(14)?,
+        kind: r.get(14)?,
+        calls: r.get(15)?,
     })
 }
 

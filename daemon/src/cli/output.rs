@@ -280,6 +280,7 @@ pub fn history_json(d: &DeploymentRecord) -> Value {
         "unchanged": d.counts.unchanged,
         "failed": d.counts.failed,
         "held": d.held,
+        "attempt": d.attempt,
     })
 }
 
@@ -293,7 +294,11 @@ pub fn history_table(deployments: &[DeploymentRecord]) -> String {
             d.id.to_string(),
             d.env.clone(),
             d.commit_id.as_deref().map(short).unwrap_or("-").to_owned(),
-            d.status.as_str().to_owned(),
+            // A retry by the daemon of a deployment that did not finish says which.
+            match d.attempt {
+                1 => d.status.as_str().to_owned(),
+                n => format!("{} (retry {})", d.status.as_str(), n - 1),
+            },
             d.started_at.clone(),
             d.finished_at.clone().unwrap_or_else(|| "-".into()),
             d.counts.created.to_string(),

@@ -142,6 +142,8 @@ pub struct HostConfig {
     pub lease_ttl: Duration,
     pub concurrency: usize,
     pub retry: RetryPolicy,
+    /// How the daemon retries deployments that did not finish (`retry.deployments`).
+    pub deployment_retry: DeploymentRetry,
     /// How often the daemon resolves the watched ref even without a file event.
     pub watch_interval: Option<Duration>,
     /// How long the daemon lets driver calls in flight run on after SIGTERM.
@@ -164,6 +166,42 @@ pub struct HostConfig {
     pub notify: Vec<NotifyConfig>,
     /// `previews:`: an environment per matching branch; `None`: off.
     pub previews: Option<PreviewConfig>,
+}
+
+/// How deployments that did not finish are retried (`retry: {deployments: ...}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeploymentRetry {
+    /// The wait before the first retry; each next one doubles, with jitter.
+    pub interval: Duration,
+    /// The longest wait between two retries.
+    pub max_interval: Duration,
+    /// Retries of one commit before it is left failed; 0: no limit (a newer commit still ends
+    /// them).
+    pub max_attempts: u32,
+}
+
+impl Default for DeploymentRetry {
+    fn default() -> Self {
+        DeploymentRetry {
+            interval: Duration::from_secs(60),
+            max_interval: Duration::from_secs(3600),
+            max_attempts: 0,
+        }
+    }
+}
+
+impl DeploymentRetry {
+    /// The wait before retry number `retry` (1 for the first): `interval * 2^(retry-1)`,
+    /// capped at `max_interval`, times a factor in [0.5, 1.0] drawn from `salt`, so the
+    /// environments a database outage cut do not all come back at the same instant.
+    pub fn delay(&self, retry: u32, salt: u64) -> Duration {
+        let exp = self
+            .interval
+            .saturating_mul(1u32 << retry.saturating_sub(1).min(20));
+        let capped = exp.min(self.max_interval);
+        let factor = 0.5 + (salt % 501) as f64 / 1000.0;
+        capped.mul_f64(factor)
+    }
 }
 
 /// `previews: {branches: "pr-*", type: development, ttl: 72h}`: the daemon makes an
@@ -206,6 +244,7 @@ impl Default for HostConfig {
             lease_ttl: DEFAULT_LEASE_TTL,
             concurrency: DEFAULT_CONCURRENCY,
             retry: RetryPolicy::default(),
+            deployment_retry: DeploymentRetry::default(),
             watch_interval: None,
             stop_timeout: DEFAULT_STOP_TIMEOUT,
             drivers: BTreeMap::new(),
@@ -348,10 +387,20 @@ struct RemoteFile {
 #[serde(deny_unknown_fields)]
 struct RetryFile {
     attempts: Option<u32>,
+    deployments: Option<DeploymentRetryFile>,
     initial_delay: Option<String>,
     max_delay: Option<String>,
     poll_interval: Option<String>,
     poll_timeout: Option<String>,
+}
+
+/// `retry: {deployments: {interval: 1m, max_interval: 1h, max_attempts: 0}}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeploymentRetryFile {
+    interval: Option<String>,
+    max_interval: Option<String>,
+    max_attempts: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -731,6 +780,22 @@ impl HostConfig {
                 interval: duration("interval", r.interval.as_ref(), Duration::from_secs(60)),
                 url: r.url,
             }),
+        };
+        let deployment_retry = match raw.retry.as_ref().and_then(|r| r.deployments.as_ref()) {
+            None => DeploymentRetry::default(),
+            Some(d) => {
+                let defaults = DeploymentRetry::default();
+                // Located by the section: `interval` alone is also the remote's.
+                DeploymentRetry {
+                    interval: duration("deployments:", d.interval.as_ref(), defaults.interval),
+                    max_interval: duration(
+                        "max_interval",
+                        d.max_interval.as_ref(),
+                        defaults.max_interval,
+                    ),
+                    max_attempts: d.max_attempts.unwrap_or(defaults.max_attempts),
+                }
+            }
         };
         let defaults = RetryPolicy::default();
         // Waits between retries may be zero: retrying at once is a choice, not a mistake.
@@ -1189,6 +1254,7 @@ impl HostConfig {
             lease_ttl,
             concurrency,
             retry,
+            deployment_retry,
             watch_interval,
             stop_timeout,
             drivers,
@@ -1491,6 +1557,40 @@ accounts:
         let c =
             HostConfig::parse("host.yaml", "retry: {initial_delay: 0s, max_delay: 0s}\n").unwrap();
         assert!(c.retry.initial_delay.is_zero());
+    }
+
+    #[test]
+    fn deployment_retries_are_read_and_a_zero_interval_is_refused() {
+        let errors = |text: &str| -> Vec<String> {
+            HostConfig::parse("host.yaml", text)
+                .unwrap_err()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        let c = HostConfig::parse(
+            "host.yaml",
+            "retry:\n  attempts: 3\n  deployments: {interval: 2s, max_interval: 10s, max_attempts: 4}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.deployment_retry,
+            DeploymentRetry {
+                interval: Duration::from_secs(2),
+                max_interval: Duration::from_secs(10),
+                max_attempts: 4
+            }
+        );
+        assert_eq!(c.retry.attempts, 3);
+        assert_eq!(
+            HostConfig::parse("host.yaml", "").unwrap().deployment_retry,
+            DeploymentRetry::default()
+        );
+        let e = errors("retry:\n  deployments:\n    interval: 0s\n");
+        assert!(e[0].starts_with("host.yaml:2:"), "{e:?}");
+        assert!(e[0].contains("no time at all"), "{e:?}");
+        let e = errors("retry: {deployments: {every: 1m}}\n");
+        assert!(e[0].contains("every"), "{e:?}");
     }
 
     #[test]

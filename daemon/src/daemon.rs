@@ -1258,6 +1258,9 @@ fn reconcile_one(
     let hold = match &shared.shard {
         Some(shard) => match shard.hold(env) {
             Some(hold) => Some((hold, shard.busy(env))),
+            // Lapsed by this daemon's clock (the database did not answer) but not lost: it is
+            // renewed when the database answers again, and the work is retried then.
+            None if shard.held().contains(env) => return Ended::Unfinished,
             // Another daemon holds it now.
             None => return Ended::Done,
         },

@@ -27,6 +27,7 @@ use std::fs::{self, OpenOptions};
 use std::io::Write as _;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError, TryLockError};
 use std::thread;
@@ -203,6 +204,21 @@ impl Postgres {
 
     fn data_dir(&self) -> PathBuf {
         self.dir.join("data")
+    }
+
+    /// Freezes the server (SIGSTOP to the postmaster and every backend) until the returned
+    /// guard is dropped: connections stay open and every query hangs, as on a database host
+    /// that stopped answering. For "a database that hangs" tests; not for the [`shared`] server.
+    pub fn freeze(&self) -> Frozen {
+        let pid_file = self.data_dir().join("postmaster.pid");
+        let postmaster: u32 = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|text| text.lines().next().and_then(|l| l.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("no postmaster pid in {}", pid_file.display()));
+        let mut pids = vec![postmaster];
+        pids.extend(children_of(postmaster));
+        signal(&pids, "STOP");
+        Frozen { pids }
     }
 
     fn log_file(&self) -> PathBuf {
@@ -439,3 +455,46 @@ extern "C" fn let_go_of_the_shared_server() {
 
 #[cfg(test)]
 mod tests;
+
+/// A frozen server ([`Postgres::freeze`]); it goes on when this is dropped.
+pub struct Frozen {
+    pids: Vec<u32>,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal(&self.pids, "CONT");
+    }
+}
+
+/// The processes whose parent is `parent`, from `/proc`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // `pid (comm) state ppid ...`: the fields after the last `)`.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let rest = stat.rsplit_once(')')?.1;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+fn signal(pids: &[u32], name: &str) {
+    // One at a time: a backend that ended meanwhile must not keep the others from their signal.
+    for pid in pids {
+        let _ = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}

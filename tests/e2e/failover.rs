@@ -23,8 +23,8 @@ use crate::daemon::Daemon;
 use crate::util::Sandbox;
 
 /// The lease time every daemon here runs with: short, so that a takeover takes seconds.
-const TTL: Duration = Duration::from_secs(6);
-const ENVS: [&str; 6] = ["env-1", "env-2", "env-3", "env-4", "env-5", "env-6"];
+pub(crate) const TTL: Duration = Duration::from_secs(6);
+pub(crate) const ENVS: [&str; 6] = ["env-1", "env-2", "env-3", "env-4", "env-5", "env-6"];
 /// Resources per environment: the implicit base-env, the workload and its database.
 const RESOURCES_PER_ENV: usize = 3;
 /// The longest a PUT waits at a closed gate, so that a test that forgets to open it fails
@@ -33,7 +33,7 @@ const GATE_LIMIT: Duration = Duration::from_secs(60);
 
 /// One call the driver answered.
 #[derive(Debug, Clone)]
-struct Call {
+pub(crate) struct Call {
     method: String,
     guresid: String,
     /// The environment the resource is in (the definition sends `${context.env.id}`).
@@ -62,7 +62,7 @@ struct DriverState {
 /// An HTTP driver (the Humanitec Driver Interface: PUT and DELETE on `<url>/<guresid>`) that
 /// answers at once with outputs, holds PUTs while its gate is closed, and records whether each
 /// PUT created its resource or updated one that existed.
-struct GatedDriver {
+pub(crate) struct GatedDriver {
     url: String,
     shared: Arc<(Mutex<DriverState>, Condvar)>,
 }
@@ -90,11 +90,11 @@ impl GatedDriver {
         self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn close(&self) {
+    pub(crate) fn close(&self) {
         self.state().closed = true;
     }
 
-    fn open(&self) {
+    pub(crate) fn open(&self) {
         self.state().closed = false;
         self.shared.1.notify_all();
     }
@@ -110,7 +110,7 @@ impl GatedDriver {
     }
 
     /// The environments with a PUT waiting at the gate.
-    fn waiting_envs(&self) -> BTreeSet<String> {
+    pub(crate) fn waiting_envs(&self) -> BTreeSet<String> {
         self.state()
             .waiting
             .iter()
@@ -118,12 +118,12 @@ impl GatedDriver {
             .collect()
     }
 
-    fn calls(&self) -> Vec<Call> {
+    pub(crate) fn calls(&self) -> Vec<Call> {
         self.state().calls.clone()
     }
 
     /// How many times each GUResID was created (a PUT that found no instance).
-    fn creations(&self) -> BTreeMap<String, usize> {
+    pub(crate) fn creations(&self) -> BTreeMap<String, usize> {
         let mut creations = BTreeMap::new();
         for call in self.calls() {
             if call.method == "PUT" && !call.existed {
@@ -214,7 +214,7 @@ fn answer(mut request: tiny_http::Request, shared: &(Mutex<DriverState>, Condvar
 
 /// A lease as `env_lease` records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Lease {
+pub(crate) struct Lease {
     daemon: String,
     generation: i64,
     /// Whether it has not expired.
@@ -223,11 +223,11 @@ struct Lease {
 
 /// A `deployment` row.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Deployment {
-    id: i64,
-    env: String,
-    commit: String,
-    status: String,
+pub(crate) struct Deployment {
+    pub(crate) id: i64,
+    pub(crate) env: String,
+    pub(crate) commit: String,
+    pub(crate) status: String,
 }
 
 /// Rows a daemon writes for environments, to compare before and after a frozen one wakes up.
@@ -243,18 +243,23 @@ struct Written {
 
 /// One repository of six environments and a host config naming a PostgreSQL state, for the
 /// daemons of one test.
-struct Fleet<'s> {
-    server: &'s Postgres,
-    url: String,
-    sb: Sandbox,
-    driver: GatedDriver,
+pub(crate) struct Fleet<'s> {
+    pub(crate) server: &'s Postgres,
+    pub(crate) url: String,
+    pub(crate) sb: Sandbox,
+    pub(crate) driver: GatedDriver,
     config: PathBuf,
-    daemons: Vec<Daemon>,
+    pub(crate) daemons: Vec<Daemon>,
 }
 
 impl<'s> Fleet<'s> {
     /// A database of its own on `server`, the repository committed and pushed, no daemon yet.
-    fn new(server: &'s Postgres) -> Fleet<'s> {
+    pub(crate) fn new(server: &'s Postgres) -> Fleet<'s> {
+        Fleet::with_host(server, "")
+    }
+
+    /// [`Fleet::new`], with `extra` added to the host config.
+    pub(crate) fn with_host(server: &'s Postgres, extra: &str) -> Fleet<'s> {
         let url = server.database();
         let sb = Sandbox::new();
         let driver = GatedDriver::start();
@@ -289,7 +294,7 @@ impl<'s> Fleet<'s> {
             &config,
             format!(
                 "state: \"{url}\"\nstate_key: {{file: \"{}\"}}\nleases: {{ttl: {}s}}\n\
-                 drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 5s}}\n",
+                 drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 5s}}\n{extra}",
                 sb.root.join("state.key").display(),
                 TTL.as_secs(),
                 driver.url
@@ -306,7 +311,7 @@ impl<'s> Fleet<'s> {
         }
     }
 
-    fn args(&self) -> Vec<String> {
+    pub(crate) fn args(&self) -> Vec<String> {
         vec![
             "--config".into(),
             self.config.display().to_string(),
@@ -317,7 +322,7 @@ impl<'s> Fleet<'s> {
 
     /// Starts `n` more daemons at about the same moment, so that they count each other before
     /// they take leases, and waits until each says it is ready.
-    fn start(&mut self, n: usize) {
+    pub(crate) fn start(&mut self, n: usize) {
         let args = self.args();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let first_log = self.daemons.len();
@@ -346,6 +351,14 @@ impl<'s> Fleet<'s> {
         self.daemons.extend(started);
     }
 
+    /// Starts one more daemon with `env` added to its environment; waits until it is ready.
+    pub(crate) fn start_one_with_env(&mut self, env: &[(&str, &str)]) {
+        let args = self.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let daemon = Daemon::start_with_env(&self.sb, &args, env);
+        self.daemons.push(daemon);
+    }
+
     /// Whether `daemon_id` (`host:pid`, as the leases name a daemon) is daemon `i`.
     fn owns(&self, i: usize, daemon_id: &str) -> bool {
         daemon_id.ends_with(&format!(":{}", self.daemons[i].pid()))
@@ -353,7 +366,7 @@ impl<'s> Fleet<'s> {
 
     /// Every row of `sql` on the test's database, columns split at `|`.
     #[track_caller]
-    fn rows(&self, sql: &str) -> Vec<Vec<String>> {
+    pub(crate) fn rows(&self, sql: &str) -> Vec<Vec<String>> {
         let out = self
             .server
             .psql(&self.url, sql)
@@ -364,7 +377,7 @@ impl<'s> Fleet<'s> {
             .collect()
     }
 
-    fn leases(&self) -> BTreeMap<String, Lease> {
+    pub(crate) fn leases(&self) -> BTreeMap<String, Lease> {
         self.rows(
             "SELECT env, daemon, generation, expires_at::timestamptz > now() FROM env_lease \
              ORDER BY env",
@@ -397,7 +410,7 @@ impl<'s> Fleet<'s> {
     }
 
     /// The environments daemon `i` holds a current lease of.
-    fn held_by(&self, i: usize) -> BTreeSet<String> {
+    pub(crate) fn held_by(&self, i: usize) -> BTreeSet<String> {
         self.leases()
             .into_iter()
             .filter(|(_, l)| l.current && self.owns(i, &l.daemon))
@@ -405,7 +418,7 @@ impl<'s> Fleet<'s> {
             .collect()
     }
 
-    fn deployments(&self) -> Vec<Deployment> {
+    pub(crate) fn deployments(&self) -> Vec<Deployment> {
         self.rows("SELECT id, env, commit_id, status FROM deployment ORDER BY id")
             .into_iter()
             .map(|r| Deployment {
@@ -419,7 +432,7 @@ impl<'s> Fleet<'s> {
 
     /// Whether the newest deployment of every environment of `envs` is a succeeded one of
     /// `commit`, and none of theirs is still running.
-    fn all_succeeded(&self, envs: &[&str], commit: &str) -> bool {
+    pub(crate) fn all_succeeded(&self, envs: &[&str], commit: &str) -> bool {
         let deployments = self.deployments();
         envs.iter().all(|env| {
             let of_env: Vec<&Deployment> = deployments.iter().filter(|d| d.env == *env).collect();
@@ -460,7 +473,12 @@ impl<'s> Fleet<'s> {
     /// Polls `done` every 100 ms for up to `limit`; returns how long it took, or fails the test
     /// with the leases, the deployments and the end of every daemon's log.
     #[track_caller]
-    fn wait_until(&self, what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    pub(crate) fn wait_until(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut done: impl FnMut() -> bool,
+    ) -> Duration {
         let started = Instant::now();
         loop {
             if done() {
@@ -474,7 +492,7 @@ impl<'s> Fleet<'s> {
     }
 
     /// What a person needs to see when a test fails here.
-    fn diagnostics(&self) -> String {
+    pub(crate) fn diagnostics(&self) -> String {
         let mut out = String::new();
         let pids: Vec<u32> = self.daemons.iter().map(Daemon::pid).collect();
         out.push_str(&format!("daemon pids: {pids:?}\n"));
@@ -558,7 +576,7 @@ fn sessions(fleet: &Fleet<'_>, state: &str) -> usize {
 }
 
 /// Whether the process `pid` runs (neither gone nor a zombie waiting to be reaped).
-fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         // The state letter follows the command name, which is in parentheses.
         stat.rsplit_once(')')
@@ -577,7 +595,7 @@ fn logged(log: &str, message: &str, env: &str, extra: &str) -> bool {
 
 /// Every GUResID the driver saw was created there exactly once.
 #[track_caller]
-fn assert_created_once(fleet: &Fleet<'_>) {
+pub(crate) fn assert_created_once(fleet: &Fleet<'_>) {
     let creations = fleet.driver.creations();
     assert_eq!(
         creations.len(),

@@ -11,6 +11,7 @@ mod changes;
 mod choosing;
 mod compat_files;
 mod daemon;
+mod daemon_core;
 mod drift;
 mod explain;
 mod failover;

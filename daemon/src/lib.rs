@@ -20,6 +20,7 @@ pub mod plan;
 pub mod previews;
 pub mod reconcile;
 pub mod repo;
+pub mod repo_template;
 pub mod review;
 pub mod serve;
 pub mod shard;

@@ -1200,7 +1200,7 @@ async fn reconcile_one(env: &str, job: &Job, store: &mut Store, shared: &Shared)
     if let Some(keep) = runtime.history {
         let pruned = store
             .prune(keep)
-            .and_then(|_| store.reclaim(crate::cli::RECLAIM_PAGES));
+            .and_then(|_| store.reclaim(crate::app::RECLAIM_PAGES));
         if let Err(e) = pruned {
             warn!(env, error = %e, "cannot prune the history (history.keep)");
         }

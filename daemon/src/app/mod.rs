@@ -371,3 +371,6 @@ pub fn find_resource(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests;

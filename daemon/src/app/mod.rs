@@ -3,12 +3,12 @@
 //!
 //! Apply one environment ([`deploy_env`]), run its drift run ([`drift_env`]), plan a ref for
 //! review ([`plan_ref`]), explain a resource ([`explain`]), read an environment's status
-//! ([`status`]), and what they stand on: the
-//! [`Context`] a request runs with (host config, drivers, secret stores, state, repository), the
-//! commit it reads ([`Commit`]) and the deployment targets built from it ([`targets`]). Nothing
-//! here parses arguments or prints: each caller reports the outcome its own way (the CLI as lines
-//! on stdout, the daemon as logs and events, the listener as JSON). The listener and the daemon
-//! never import the CLI; a test keeps it so.
+//! ([`status`]), and what they stand on: the [`Context`] a request runs with (host config,
+//! drivers, secret stores, state, repository), the commit it reads ([`Commit`]) and the
+//! deployment targets built from it ([`targets`]). Nothing here parses arguments or prints: each
+//! caller reports the outcome its own way (the CLI as lines on stdout, the daemon as logs and
+//! events, the listener as JSON). The listener and the daemon never import the CLI; a test keeps
+//! it so.
 
 mod apply;
 mod drift;

@@ -21,14 +21,13 @@ use crate::app::{
     load_and_build, recorded_envs, target_envs, targets,
 };
 use crate::config::{ConfigError, HostConfig, RepoSource, SecretSourceError, StateKind};
-use crate::deploy::{self, Built, Reach, Rejected, Target};
+use crate::deploy::{Built, Reach, Rejected, Target};
 use crate::drivers::Registry;
 use crate::graph;
 use crate::plan;
 use crate::reconcile::{self, ApplyOptions, Settings};
 use crate::repo::{RepoError, Snapshot};
 use crate::stores::SecretStores;
-use crate::trust::TrustError;
 
 use actor::Actor;
 
@@ -435,8 +434,6 @@ pub enum CliError {
         env: String,
         count: usize,
     },
-    #[error(transparent)]
-    Trust(#[from] TrustError),
     #[error("{0}")]
     StateSetting(String),
     #[error(transparent)]
@@ -472,8 +469,6 @@ pub enum CliError {
     },
     #[error(transparent)]
     Daemon(crate::daemon::DaemonError),
-    #[error(transparent)]
-    Deploy(#[from] deploy::DeployError),
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
     #[error("--keep {keep}: {message}")]

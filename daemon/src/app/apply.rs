@@ -52,8 +52,8 @@ pub enum EnvOutcome {
 /// Applies `commit` to `target`'s environment: unless `options` is a drift run or removes the
 /// environment, a pin on another commit stops it before any driver call; else it reconciles
 /// (calling the drivers on `engine.runtime`, telling `observer` when it starts and each step),
-/// then prunes the
-/// history `engine.history` no longer keeps.
+/// then prunes the history `engine.history` no longer keeps. A reconcile cut short by a state
+/// error is that error, and nothing is pruned.
 ///
 /// The caller holds the environment's apply lock (`ApplyLock::acquire`, or
 /// `ApplyLock::acquire_leased` under a lease) and reports the outcome: nothing here prints or

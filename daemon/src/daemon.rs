@@ -22,7 +22,7 @@ use tokio::task::Id as TaskId;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
-use crate::cli::RECLAIM_PAGES;
+use crate::app::RECLAIM_PAGES;
 use crate::config::{HostConfig, PreviewTrust, RepoSource};
 use crate::deploy::{self, Reach, Target};
 use crate::drivers::Registry;

@@ -2,9 +2,11 @@
 //!
 //! The pipeline, one module each: [`repo`] reads a commit, [`model`] loads its files, [`graph`]
 //! builds each environment's resource graph, [`plan`] compares it with the recorded state,
-//! [`reconcile`] runs the plan through [`drivers`] and records it with `gitplane-state`, and
-//! [`cli`] is the command line. See ARCHITECTURE.md.
+//! [`reconcile`] runs the plan through [`drivers`] and records it with `gitplane-state`; [`app`]
+//! is what the command line ([`cli`]), the [`daemon`] and its HTTP listener ([`serve`]) ask of
+//! them. See ARCHITECTURE.md.
 
+pub mod app;
 pub mod cli;
 pub mod config;
 pub mod daemon;
@@ -20,6 +22,7 @@ pub mod plan;
 pub mod previews;
 pub mod reconcile;
 pub mod repo;
+pub mod repo_template;
 pub mod requests;
 pub mod review;
 pub mod serve;

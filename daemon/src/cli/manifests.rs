@@ -39,11 +39,12 @@ pub(crate) fn manifests(
         }
     };
     if !known.contains(env) {
-        return Err(CliError::UnknownStateEnv {
+        return Err(crate::app::AppError::UnknownStateEnv {
             env: env.clone(),
             state: ctx.state.clone(),
             known: known.join(", "),
-        });
+        }
+        .into());
     }
     let resources = store.resources_without_secrets(env)?;
     let recorded_apps: BTreeSet<&str> = resources.iter().filter_map(|r| r.app.as_deref()).collect();

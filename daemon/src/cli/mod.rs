@@ -1,7 +1,7 @@
 //! The `gitplane` command line: arguments, the commands, and what each prints.
 
 mod actor;
-pub(crate) mod explain;
+mod explain;
 mod hook;
 mod init;
 mod manifests;
@@ -16,24 +16,20 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gitplane_state::{ApplyLock, CopyError, DeploymentStatus, KeySource, StateError, Store};
 
+use crate::app::{
+    self, AppError, Commit, Context, EnvOutcome, Need, existing_store, find_resource,
+    load_and_build, recorded_envs, target_envs, targets,
+};
 use crate::config::{ConfigError, HostConfig, RepoSource, SecretSourceError, StateKind};
-use crate::deploy::{self, Built, Reach, Rejected, Target};
+use crate::deploy::{Built, Reach, Rejected, Target};
 use crate::drivers::Registry;
 use crate::graph;
-use crate::model::LoadCache;
 use crate::plan;
-use crate::reconcile::{self, ApplyOptions, Event, Settings};
-use crate::repo::{ConfigRepo, RepoError, Snapshot};
+use crate::reconcile::{self, ApplyOptions, Settings};
+use crate::repo::{RepoError, Snapshot};
 use crate::stores::SecretStores;
-use crate::trust::TrustError;
 
 use actor::Actor;
-
-pub use init::TEMPLATE;
-
-/// Free pages returned to the file system after a prune, at most (4 MB with 4 kB pages): a
-/// little each time keeps every apply quick.
-pub(crate) const RECLAIM_PAGES: u32 = 1024;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -65,24 +61,8 @@ pub struct Common {
     pub envs: Vec<String>,
 }
 
-/// What a command runs with: the host config, with `--repo` and `--state` applied over it.
-#[derive(Debug, Clone)]
-pub struct Context {
-    pub repo: PathBuf,
-    /// A SQLite file, or a PostgreSQL URL without its password (see [`state_setting`]).
-    pub state: PathBuf,
-    pub envs: Vec<String>,
-    /// The ref to read when `--rev` is not given (the host config's `ref`).
-    pub default_rev: Option<String>,
-    pub host: HostConfig,
-    pub drivers: Registry,
-    pub stores: SecretStores,
-    /// Why `state_password` could not be read, told when the state is opened: commands that
-    /// never open it (`validate` in a pre-receive hook, run by whoever pushes) need no password.
-    pub state_password_error: Option<SecretSourceError>,
-}
-
 impl Common {
+    /// What a command runs with: the host config, with `--repo` and `--state` applied over it.
     fn context(&self) -> Result<Context, CliError> {
         let host = HostConfig::load(self.config.as_deref()).map_err(CliError::Config)?;
         let repo = match (&self.repo, &host.repo) {
@@ -141,64 +121,6 @@ pub(crate) fn state_setting(
             };
             Ok((PathBuf::from(url), unread))
         }
-    }
-}
-
-/// Whether `state` names a PostgreSQL database.
-fn is_postgres(state: &Path) -> bool {
-    state.to_str().is_some_and(gitplane_state::is_postgres_url)
-}
-
-impl Context {
-    /// Whether the state is there to read: a SQLite file that exists, or a PostgreSQL database
-    /// (reached, and its schema made if it has none, when opened).
-    pub(crate) fn state_exists(&self) -> bool {
-        is_postgres(&self.state) || self.state.exists()
-    }
-
-    /// Opens (creating if needed) the state file, with the state key the host config names.
-    pub(crate) fn open_store(&self) -> Result<Store, CliError> {
-        if let Some(e) = &self.state_password_error {
-            return Err(CliError::StatePassword(e.clone()));
-        }
-        Ok(Store::open_keyed(
-            &self.state,
-            self.host.state_key.as_ref(),
-        )?)
-    }
-
-    pub(crate) fn host(&self) -> deploy::Host<'_> {
-        deploy::Host {
-            drivers: &self.drivers,
-            stores: &self.stores,
-        }
-    }
-
-    /// The revision to read: `--rev`, else the host config's ref, else HEAD.
-    fn rev<'a>(&'a self, rev: &'a Rev) -> Option<&'a str> {
-        rev.rev.as_deref().or(self.default_rev.as_deref())
-    }
-
-    /// Checks that `repo` is the repository `store` serves (see [`crate::trust`]); with
-    /// `record`, a state that records none yet records this one.
-    fn check_repository(
-        &self,
-        repo: &ConfigRepo,
-        store: &Store,
-        record: bool,
-    ) -> Result<(), CliError> {
-        let shown = crate::trust::shown_location(&self.repo, None);
-        crate::trust::check_repository(store, repo, &shown, self.default_rev.as_deref(), record)?;
-        Ok(())
-    }
-}
-
-/// Checks that the repository a command reads (`--repo`) is the one `store` serves, when there
-/// is one to read: `explain` shows a recorded resource even without it.
-pub(crate) fn check_repository(ctx: &Context, store: &Store) -> Result<(), CliError> {
-    match ConfigRepo::open(&ctx.repo) {
-        Ok(repo) => ctx.check_repository(&repo, store, false),
-        Err(_) => Ok(()),
     }
 }
 
@@ -477,18 +399,8 @@ pub enum CliError {
     State(#[from] StateError),
     #[error(transparent)]
     Init(#[from] init::InitError),
-    #[error("no environment '{env}' in commit {commit} (environments: {known})")]
-    UnknownEnv {
-        env: String,
-        commit: String,
-        known: String,
-    },
-    #[error("{state}: no environment '{env}' is recorded (recorded: {known})")]
-    UnknownStateEnv {
-        env: String,
-        state: PathBuf,
-        known: String,
-    },
+    #[error(transparent)]
+    App(#[from] AppError),
     #[error("{0}: pass exactly one --env (`gitplane status` lists the environments)")]
     OneEnv(String),
     #[error("no app '{app}' is recorded in environment '{env}' (recorded: {known})")]
@@ -497,17 +409,6 @@ pub enum CliError {
         env: String,
         known: String,
     },
-    #[error("no recorded resource is {resource}: `gitplane status` lists them")]
-    NoResource { resource: String },
-    #[error(
-        "no resource is {resource}, neither recorded nor in the graph of commit {commit}: \
-         `gitplane status` and `gitplane graph` list them"
-    )]
-    UnknownResource { resource: String, commit: String },
-    #[error("{resource} is recorded in several environments ({envs}): pass --env")]
-    AmbiguousResource { resource: String, envs: String },
-    #[error("{resource} is in the graphs of several environments ({envs}): pass --env")]
-    AmbiguousInGraph { resource: String, envs: String },
     #[error("deployment {deployment} is not held: `gitplane history` lists held deployments")]
     NotHeld { deployment: i64 },
     #[error("environment '{env}' is not pinned: `gitplane status` shows the pins")]
@@ -533,10 +434,6 @@ pub enum CliError {
         env: String,
         count: usize,
     },
-    #[error(transparent)]
-    Trust(#[from] TrustError),
-    #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]
-    NoState { path: PathBuf },
     #[error("{0}")]
     StateSetting(String),
     #[error(transparent)]
@@ -572,8 +469,6 @@ pub enum CliError {
     },
     #[error(transparent)]
     Daemon(crate::daemon::DaemonError),
-    #[error(transparent)]
-    Deploy(#[from] deploy::DeployError),
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
     #[error("--keep {keep}: {message}")]
@@ -617,7 +512,7 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             if pre_receive {
                 hook::pre_receive(&ctx, &mut std::io::stdin().lock(), stdout)
             } else {
-                validate(&ctx, ctx.rev(&rev), stdout)
+                validate(&ctx, ctx.rev(rev.rev.as_deref()), stdout)
             }
         }
         Command::Plan {
@@ -626,11 +521,16 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             format,
         } => {
             let ctx = common.context()?;
-            show_plan(&ctx, ctx.rev(&rev), format, stdout)
+            show_plan(&ctx, ctx.rev(rev.rev.as_deref()), format, stdout)
         }
         Command::Apply { common, rev, by } => {
             let ctx = common.context()?;
-            apply(&ctx, ctx.rev(&rev), &Actor::of(by.by.as_deref()), stdout)
+            apply(
+                &ctx,
+                ctx.rev(rev.rev.as_deref()),
+                &Actor::of(by.by.as_deref()),
+                stdout,
+            )
         }
         Command::Status { common, format } => status(&common.context()?, format, stdout),
         Command::History { common, format } => history(&common.context()?, format, stdout),
@@ -653,7 +553,7 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             format,
         } => {
             let ctx = common.context()?;
-            explain::explain(&ctx, ctx.rev(&rev), &resource, format, stdout)
+            explain::explain(&ctx, ctx.rev(rev.rev.as_deref()), &resource, format, stdout)
         }
         Command::Resolve {
             common,
@@ -663,7 +563,7 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
         } => {
             let ctx = common.context()?;
             let actor = Actor::of(by.by.as_deref());
-            resolve(&ctx, ctx.rev(&rev), &resource, &actor, stdout)
+            resolve(&ctx, ctx.rev(rev.rev.as_deref()), &resource, &actor, stdout)
         }
         Command::Approve {
             common,
@@ -738,7 +638,7 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             format,
         } => {
             let ctx = common.context()?;
-            show_graph(&ctx, ctx.rev(&rev), format, stdout)
+            show_graph(&ctx, ctx.rev(rev.rev.as_deref()), format, stdout)
         }
         Command::Manifests {
             common,
@@ -1066,7 +966,7 @@ fn show_plan(
         PlanFormat::Table => Format::Table,
         PlanFormat::StepsJson => Format::Json,
         PlanFormat::Text | PlanFormat::Markdown | PlanFormat::Json => {
-            let review = review(ctx, rev)?;
+            let review = app::plan_ref(ctx, rev)?;
             let text = match format {
                 PlanFormat::Text => review.to_text(),
                 PlanFormat::Markdown => review.to_markdown(),
@@ -1142,73 +1042,6 @@ fn show_plan(
     Ok(CommandResult::Success)
 }
 
-/// What `rev` would change in each selected environment, against the state: the plan of each,
-/// the deletion guard's verdict, and the links and bindings that would come and go. Reads the
-/// state, writes nothing (not even a state file).
-pub(crate) fn review(ctx: &Context, rev: Option<&str>) -> Result<crate::review::Review, CliError> {
-    let store = if ctx.state_exists() {
-        Some(ctx.open_store()?)
-    } else {
-        None
-    };
-    let commit = Commit::resolve(ctx, rev, store.as_ref())?;
-    let mut review = crate::review::Review {
-        commit: commit.id().to_owned(),
-        reference: rev.map(str::to_owned),
-        environments: Vec::new(),
-        rejected: Vec::new(),
-    };
-    let targets = match targets(ctx, &commit, store.as_ref(), Reach::Changes)? {
-        Ok(targets) => targets,
-        Err(rejected) => {
-            review.rejected = rejected.errors;
-            return Ok(review);
-        }
-    };
-    let no_bindings = std::collections::HashMap::new();
-    for t in &targets {
-        let graph = &t.graph;
-        let Some(store) = &store else {
-            let p = plan::plan(graph, &[], &[]);
-            review
-                .environments
-                .push(crate::review::compare(&crate::review::EnvState {
-                    graph,
-                    plan: &p,
-                    recorded: &[],
-                    links: &[],
-                    bindings: &no_bindings,
-                    held: None,
-                }));
-            continue;
-        };
-        let (recorded, links) = reconcile::recorded_in_scope(store, t)?;
-        let p = plan::plan(graph, &recorded, &links);
-        let held = reconcile::guard_verdict(store, t, &p, recorded.len())?;
-        let to_read = crate::review::bindings_to_read(&p, graph, &recorded);
-        let mut bindings = std::collections::HashMap::new();
-        if !to_read.is_empty() {
-            let bound = store.bound(&graph.env)?;
-            for id in to_read {
-                if bound.contains(id.as_str()) {
-                    bindings.insert(id.to_string(), store.current_bindings(id.as_str())?);
-                }
-            }
-        }
-        review
-            .environments
-            .push(crate::review::compare(&crate::review::EnvState {
-                graph,
-                plan: &p,
-                recorded: &recorded,
-                links: &links,
-                bindings: &bindings,
-                held,
-            }));
-    }
-    Ok(review)
-}
-
 fn show_graph(
     ctx: &Context,
     rev: Option<&str>,
@@ -1247,63 +1080,6 @@ fn show_graph(
         }
     }
     Ok(CommandResult::Success)
-}
-
-/// What a command needs of a commit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Need {
-    /// Its graphs, as validate, graph and explain show them.
-    Graphs,
-    /// Its graphs with every stored secret read, to plan or apply.
-    Inputs,
-}
-
-/// Reads the commit, loads it and builds the graph of each selected environment.
-pub(crate) fn load_and_build(
-    ctx: &Context,
-    rev: Option<&str>,
-    need: Need,
-) -> Result<(Snapshot, Result<Built, Rejected>), CliError> {
-    let repo = ConfigRepo::open(&ctx.repo)?;
-    let snapshot = repo.load(rev)?;
-    let envs = target_envs(&snapshot, &ctx.envs)?;
-    let mut result = deploy::build(&snapshot, &envs, ctx.host());
-    if need == Need::Inputs
-        && let Ok(built) = &mut result
-        && let Err(rejected) = built.read_stored_secrets(&ctx.stores)
-    {
-        result = Err(rejected);
-    }
-    Ok((snapshot, result))
-}
-
-/// Environments named by the commit's `environments/` files, or the ones asked for.
-fn target_envs(snapshot: &Snapshot, asked: &[String]) -> Result<Vec<String>, CliError> {
-    select_envs(&deploy::environments_of(snapshot), &snapshot.commit, asked)
-}
-
-/// `asked` (every one of `known` when empty), each checked against `known`.
-fn select_envs(
-    known: &std::collections::BTreeSet<String>,
-    commit: &str,
-    asked: &[String],
-) -> Result<Vec<String>, CliError> {
-    if asked.is_empty() {
-        return Ok(known.iter().cloned().collect());
-    }
-    for env in asked {
-        if !known.contains(env) {
-            return Err(CliError::UnknownEnv {
-                env: env.clone(),
-                commit: output::short(commit).to_owned(),
-                known: known.iter().cloned().collect::<Vec<_>>().join(", "),
-            });
-        }
-    }
-    let mut asked = asked.to_vec();
-    asked.sort();
-    asked.dedup();
-    Ok(asked)
 }
 
 fn report_rejected(commit: &str, rejected: &Rejected) {
@@ -1395,70 +1171,6 @@ impl<'a> Attribution<'a> {
     }
 }
 
-/// A resolved commit of the config repository, its layout, and the environments a command
-/// works on (`--env`, else every one of the commit).
-pub(crate) struct Commit {
-    repo: ConfigRepo,
-    layout: crate::repo::Layout,
-    pub envs: Vec<String>,
-}
-
-impl Commit {
-    /// The commit `rev` names; with `store`, its environments include those removed since
-    /// (recorded resources, no file), whose resources a deployment deletes, and the repository
-    /// must be the one the state serves.
-    pub(crate) fn resolve(
-        ctx: &Context,
-        rev: Option<&str>,
-        store: Option<&Store>,
-    ) -> Result<Commit, CliError> {
-        let repo = ConfigRepo::open(&ctx.repo)?;
-        if let Some(store) = store {
-            ctx.check_repository(&repo, store, false)?;
-        }
-        let id = repo.resolve(rev)?;
-        let layout = repo.layout(&id)?;
-        let known = deploy::environments_to_deploy(&layout, store)?;
-        let envs = select_envs(&known, &id, &ctx.envs)?;
-        Ok(Commit { repo, layout, envs })
-    }
-
-    /// The commit's id.
-    pub(crate) fn id(&self) -> &str {
-        &self.layout.commit
-    }
-
-    /// Records the repository as the one `store` serves, if it records none yet: a command
-    /// that writes with a repository does, before it writes.
-    pub(crate) fn claim(&self, ctx: &Context, store: &Store) -> Result<(), CliError> {
-        ctx.check_repository(&self.repo, store, true)
-    }
-}
-
-/// What a deployment of each of `commit`'s environments looks at, stored secrets read (see
-/// [`deploy::targets`]); or why the commit is rejected, as a whole.
-pub(crate) fn targets(
-    ctx: &Context,
-    commit: &Commit,
-    store: Option<&Store>,
-    reach: Reach,
-) -> Result<Result<Vec<Target>, Rejected>, CliError> {
-    let mut result = deploy::targets(
-        &commit.repo,
-        &commit.layout,
-        &commit.envs,
-        (store, reach),
-        ctx.host(),
-        &mut LoadCache::default(),
-    )?;
-    if let Ok(targets) = &mut result
-        && let Err(rejected) = deploy::read_target_secrets(targets, &ctx.stores)
-    {
-        result = Err(rejected);
-    }
-    Ok(result)
-}
-
 /// Reconciles each target in turn, with progress on stderr and a summary line per environment,
 /// and records an action for each (see [`Attribution`]). The caller holds the environments'
 /// apply locks.
@@ -1476,110 +1188,140 @@ fn apply_targets(
 ) -> Result<CommandResult, CliError> {
     store.check_key()?;
     let settings = Settings::from_config(&ctx.host);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let runtime = runtime()?;
+    let engine = engine(ctx, &settings, &runtime);
+    let mut outcome = CommandResult::Success;
+    let mut prune_failed = None;
+    for t in targets {
+        let mut progress = progress::Shown::new(&t.graph.env, commit);
+        let ran = app::deploy_env(store, &engine, t, commit, options, &mut progress)?;
+        progress.finish();
+        let (shown, prune_error) =
+            report_env(store, &t.graph.env, commit, ran, attribution, stdout)?;
+        outcome = worse(outcome, shown);
+        // The deployment is recorded: the others go on, and the command fails at the end.
+        if prune_failed.is_none() {
+            prune_failed = prune_error;
+        }
+    }
+    if let Some(e) = prune_failed {
+        return Err(e.into());
+    }
+    Ok(outcome)
+}
+
+/// The runtime a command's driver calls run on.
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_time()
         .build()
-        .map_err(CliError::Runtime)?;
-    let mut outcome = CommandResult::Success;
-    for t in targets {
-        // A pinned environment takes only its pin's commit (a drift run re-applies that one).
-        if !options.drift
-            && let Some((pin, plan)) = deploy::held_by_pin(store, t, commit)?
-        {
-            outcome = CommandResult::Failure;
+        .map_err(CliError::Runtime)
+}
+
+/// What applying takes from the host config, on `runtime`.
+fn engine<'a>(
+    ctx: &'a Context,
+    settings: &'a Settings,
+    runtime: &'a tokio::runtime::Runtime,
+) -> app::Engine<'a> {
+    app::Engine {
+        drivers: &ctx.drivers,
+        settings,
+        history: ctx.host.history,
+        runtime: runtime.handle(),
+    }
+}
+
+/// Tells how applying `commit` to `env` ended: a line on stdout (the failures on stderr) and an
+/// action row (see [`Attribution`]). Returns how the command fares for it, and why pruning
+/// after it failed, if it did.
+fn report_env(
+    store: &Store,
+    env: &str,
+    commit: &str,
+    ran: EnvOutcome,
+    attribution: &Attribution<'_>,
+    stdout: &mut impl Write,
+) -> Result<(CommandResult, Option<StateError>), CliError> {
+    let (report, prune_error) = match ran {
+        EnvOutcome::Pinned { pin, plan } => {
             writeln!(
                 stdout,
-                "{}: pinned at {} by {} ({}): commit {} is planned, not applied ({plan}).\n  \
-                 `gitplane unpin --env {}` releases the pin and applies it.",
-                t.graph.env,
+                "{env}: pinned at {} by {} ({}): commit {} is planned, not applied ({plan}).\n  \
+                 `gitplane unpin --env {env}` releases the pin and applies it.",
                 output::short(&pin.commit_id),
                 pin.pinned_by,
                 pin.reason,
                 output::short(commit),
-                t.graph.env
             )?;
             let outcome = format!(
                 "commit {} planned, not applied: pinned at {}",
                 output::short(commit),
                 output::short(&pin.commit_id)
             );
-            attribution.record(store, &t.graph.env, None, &outcome)?;
-            continue;
+            attribution.record(store, env, None, &outcome)?;
+            return Ok((CommandResult::Failure, None));
         }
-        let mut progress = progress::Progress::new(&t.graph.env, commit);
-        let report = runtime.block_on(reconcile::apply(
-            store,
-            &ctx.drivers,
-            &settings,
-            t,
-            commit,
-            options,
-            &mut |e: &Event<'_>| progress.event(e),
-        ))?;
-        progress.finish();
-        if report.resumed {
-            eprintln!(
-                "{}: resumed deployment {}, which an earlier run did not finish",
-                report.env, report.deployment
-            );
-        }
-        let c = report.counts;
-        let summary = match report.status {
-            DeploymentStatus::Held => format!(
-                "commit {}: held by the deletion guard",
-                output::short(commit)
-            ),
-            status => format!(
-                "commit {}: {}: {} created, {} updated, {} deleted, {} failed",
-                output::short(commit),
-                status.as_str(),
-                c.created,
-                c.updated,
-                c.deleted,
-                c.failed
-            ),
-        };
-        attribution.record(store, &report.env, Some(report.deployment), &summary)?;
-        if report.status == DeploymentStatus::Held {
-            outcome = CommandResult::Failure;
-            writeln!(
-                stdout,
-                "{}: deployment {} held by the deletion guard: {}; nothing was changed.\n  \
-                 Approve it with `gitplane approve {}`, or push a commit that deletes less.",
-                report.env,
-                report.deployment,
-                report.failures.join("; "),
-                report.deployment
-            )?;
-            continue;
-        }
-        writeln!(
-            stdout,
-            "{}: deployment {} {}: {} created, {} updated, {} deleted, {} unchanged, {} failed",
-            report.env,
-            report.deployment,
-            report.status.as_str(),
+        EnvOutcome::Ran {
+            report,
+            prune_error,
+        } => (report, prune_error),
+    };
+    if report.resumed {
+        eprintln!(
+            "{}: resumed deployment {}, which an earlier run did not finish",
+            report.env, report.deployment
+        );
+    }
+    let c = report.counts;
+    let summary = match report.status {
+        DeploymentStatus::Held => format!(
+            "commit {}: held by the deletion guard",
+            output::short(commit)
+        ),
+        status => format!(
+            "commit {}: {}: {} created, {} updated, {} deleted, {} failed",
+            output::short(commit),
+            status.as_str(),
             c.created,
             c.updated,
             c.deleted,
-            c.unchanged,
             c.failed
+        ),
+    };
+    attribution.record(store, &report.env, Some(report.deployment), &summary)?;
+    if report.status == DeploymentStatus::Held {
+        writeln!(
+            stdout,
+            "{}: deployment {} held by the deletion guard: {}; nothing was changed.\n  \
+             Approve it with `gitplane approve {}`, or push a commit that deletes less.",
+            report.env,
+            report.deployment,
+            report.failures.join("; "),
+            report.deployment
         )?;
-        if report.status != DeploymentStatus::Succeeded {
-            outcome = CommandResult::Failure;
-            for f in &report.failures {
-                eprintln!("error: {}: {f}", report.env);
-            }
+        return Ok((CommandResult::Failure, prune_error));
+    }
+    writeln!(
+        stdout,
+        "{}: deployment {} {}: {} created, {} updated, {} deleted, {} unchanged, {} failed",
+        report.env,
+        report.deployment,
+        report.status.as_str(),
+        c.created,
+        c.updated,
+        c.deleted,
+        c.unchanged,
+        c.failed
+    )?;
+    if report.status != DeploymentStatus::Succeeded {
+        for f in &report.failures {
+            eprintln!("error: {}: {f}", report.env);
         }
+        return Ok((CommandResult::Failure, prune_error));
     }
-    // History the host config no longer keeps goes after each apply, so a state file that
-    // only the CLI writes stays bounded too.
-    if let Some(keep) = ctx.host.history {
-        store.prune(keep)?;
-        store.reclaim(RECLAIM_PAGES)?;
-    }
-    Ok(outcome)
+    Ok((CommandResult::Success, prune_error))
 }
 
 /// `gitplane approve`: lists what a held deployment deletes, asks (unless `yes`), then releases
@@ -1724,72 +1466,6 @@ fn held_list(record: &gitplane_state::DeploymentRecord, deletions: &[String]) ->
     out
 }
 
-/// The environments a reading command looks at: `--env` (each must be recorded), else every
-/// recorded one.
-fn recorded_envs(ctx: &Context, store: &Store) -> Result<Vec<String>, CliError> {
-    let known = store.environments()?;
-    for env in &ctx.envs {
-        if !known.contains(env) {
-            return Err(CliError::UnknownStateEnv {
-                env: env.clone(),
-                state: store.path().to_owned(),
-                known: known.join(", "),
-            });
-        }
-    }
-    Ok(if ctx.envs.is_empty() {
-        known
-    } else {
-        ctx.envs.clone()
-    })
-}
-
-/// The state file, which must exist: reading commands never create one.
-pub(crate) fn existing_store(ctx: &Context) -> Result<Store, CliError> {
-    if !ctx.state_exists() {
-        return Err(CliError::NoState {
-            path: ctx.state.clone(),
-        });
-    }
-    ctx.open_store()
-}
-
-/// Finds a recorded resource by GUResID or `app/type.class#id` (in the `--env` environments, or
-/// any): its GUResID and environment.
-pub(crate) fn find_resource(
-    store: &Store,
-    ctx: &Context,
-    wanted: &str,
-) -> Result<(String, String), CliError> {
-    let envs = if ctx.envs.is_empty() {
-        store.environments()?
-    } else {
-        ctx.envs.clone()
-    };
-    let mut found = Vec::new();
-    for env in &envs {
-        for r in store.resources_without_secrets(env)? {
-            if r.guresid == wanted || crate::plan::record_label(&r) == wanted {
-                found.push((r.guresid.clone(), env.clone()));
-            }
-        }
-    }
-    match found.len() {
-        1 => Ok(found.remove(0)),
-        0 => Err(CliError::NoResource {
-            resource: wanted.to_owned(),
-        }),
-        _ => Err(CliError::AmbiguousResource {
-            resource: wanted.to_owned(),
-            envs: found
-                .into_iter()
-                .map(|(_, e)| e)
-                .collect::<Vec<_>>()
-                .join(", "),
-        }),
-    }
-}
-
 /// `gitplane resolve`: applies the resource's environment with the resource unpinned.
 fn resolve(
     ctx: &Context,
@@ -1845,11 +1521,8 @@ fn drift(
     let mut store = existing_store(ctx)?;
     let envs = recorded_envs(ctx, &store)?;
     let settings = Settings::from_config(&ctx.host);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_time()
-        .build()
-        .map_err(CliError::Runtime)?;
+    let runtime = runtime()?;
+    let engine = engine(ctx, &settings, &runtime);
     let mut outcome = CommandResult::Success;
     for env in &envs {
         let _lock = ApplyLock::acquire(&ctx.state, env, false)?;
@@ -1875,52 +1548,48 @@ fn drift(
             }
         };
         for target in &targets {
-            let mode = if detect {
-                crate::model::DriftMode::Detect
-            } else {
-                target.graph.drift
-            };
-            if mode == crate::model::DriftMode::Correct {
-                let options = ApplyOptions {
-                    drift: true,
-                    ..ApplyOptions::default()
-                };
-                let attribution = Attribution {
-                    actor,
-                    command: "drift",
-                    detail: Some("drift run (correct)".to_owned()),
-                };
-                let ran = apply_targets(
-                    &one,
-                    &mut store,
-                    resolved.id(),
-                    std::slice::from_ref(target),
-                    &options,
-                    &attribution,
-                    stdout,
-                )?;
-                let corrected = match store.latest_deployment(env)? {
-                    Some(d) => store.outputs_changed(d.id)?.len(),
-                    None => 0,
-                };
-                writeln!(
-                    stdout,
-                    "{env}: drift: {corrected} resource(s) had changed and were corrected"
-                )?;
-                outcome = worse(outcome, ran);
-                if corrected > 0 {
-                    outcome = worse(outcome, CommandResult::Drifted);
-                }
-                continue;
+            if app::drift_mode(target, detect) == crate::model::DriftMode::Correct {
+                // As for any apply: a key the state is not sealed with stops it before it starts.
+                store.check_key()?;
             }
-            let report = runtime.block_on(crate::drift::detect(
+            let mut progress = progress::Shown::new(env, resolved.id());
+            let ran = app::drift_env(
                 &mut store,
-                &ctx.drivers,
-                &settings,
+                &engine,
                 target,
                 resolved.id(),
+                detect,
                 &Default::default(),
-            ))?;
+                &mut progress,
+            )?;
+            progress.finish();
+            let report = match ran {
+                app::DriftOutcome::Corrected {
+                    outcome: ran,
+                    corrected,
+                } => {
+                    let attribution = Attribution {
+                        actor,
+                        command: "drift",
+                        detail: Some("drift run (correct)".to_owned()),
+                    };
+                    let (ran, prune_error) =
+                        report_env(&store, env, resolved.id(), ran, &attribution, stdout)?;
+                    if let Some(e) = prune_error {
+                        return Err(e.into());
+                    }
+                    writeln!(
+                        stdout,
+                        "{env}: drift: {corrected} resource(s) had changed and were corrected"
+                    )?;
+                    outcome = worse(outcome, ran);
+                    if corrected > 0 {
+                        outcome = worse(outcome, CommandResult::Drifted);
+                    }
+                    continue;
+                }
+                app::DriftOutcome::Detected(report) => report,
+            };
             for f in &report.findings {
                 writeln!(
                     stdout,
@@ -2072,49 +1741,20 @@ fn status(
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let store = existing_store(ctx)?;
-    let (pins, previews) = workflow::pins_and_previews(&store)?;
-    let mut envs = recorded_envs(ctx, &store)?;
-    if ctx.envs.is_empty() {
-        // A branch whose head was refused a preview has no deployment yet: status says why.
-        for p in previews.iter().filter(|p| p.refused_commit.is_some()) {
-            if let Err(at) = envs.binary_search(&p.env) {
-                envs.insert(at, p.env.clone());
-            }
-        }
-    }
-    // Only daemons sharing a PostgreSQL state hold leases: a SQLite state has none.
-    let leases: std::collections::BTreeMap<String, gitplane_state::LeaseRecord> = store
-        .leases()?
-        .into_iter()
-        .map(|l| (l.env.clone(), l))
-        .collect();
+    let postgres = store.backend() == gitplane_state::db::Backend::Postgres;
     let mut json = Vec::new();
-    for env in &envs {
-        let pin = pins
-            .iter()
-            .find(|p| &p.env == env && p.unpinned_at.is_none());
-        let preview = previews.iter().find(|p| &p.env == env);
-        let resources = store.resources_without_secrets(env)?;
-        let detected = store.last_detect_run(env)?;
-        let mut deployments = store.deployments(Some(env))?;
-        // A detect run changed nothing: the environment is as the deployment before it left it.
-        let detect_ids: Vec<i64> = store
-            .detect_runs(Some(env))?
-            .iter()
-            .map(|r| r.deployment)
-            .collect();
-        deployments.retain(|d| !detect_ids.contains(&d.id));
-        let commit = output::state_commit(&deployments);
-        let lease = leases.get(env);
-        let postgres = store.backend() == gitplane_state::db::Backend::Postgres;
+    for status in app::status::status(ctx, &store)? {
+        let env = &status.env;
+        let (pin, preview) = (status.pin.as_ref(), status.preview.as_ref());
+        let lease = status.lease.as_ref();
         match format {
             Format::Table => {
                 let table = output::status_table(
                     env,
-                    commit.as_deref(),
-                    deployments.first(),
+                    status.commit.as_deref(),
+                    status.deployments.first(),
                     lease,
-                    &resources,
+                    &status.resources,
                 );
                 // The pin and preview lines go under the heading line.
                 let (heading, rest) = table.split_once('\n').unwrap_or((&table, ""));
@@ -2125,14 +1765,14 @@ fn status(
                 )?
             }
             Format::Json => {
-                let mut status = output::status_json(
+                let mut json_status = output::status_json(
                     env,
-                    commit.as_deref(),
+                    status.commit.as_deref(),
                     postgres.then_some(lease),
-                    &resources,
+                    &status.resources,
                 );
-                workflow::status_fields(&mut status, pin, preview);
-                if let (Some(run), Some(fields)) = (&detected, status.as_object_mut()) {
+                workflow::status_fields(&mut json_status, pin, preview);
+                if let (Some(run), Some(fields)) = (&status.detected, json_status.as_object_mut()) {
                     fields.insert(
                         "drift".into(),
                         serde_json::json!({
@@ -2146,10 +1786,10 @@ fn status(
                         }),
                     );
                 }
-                json.push(status);
+                json.push(json_status);
             }
         }
-        if let (Format::Table, Some(run)) = (format, &detected) {
+        if let (Format::Table, Some(run)) = (format, &status.detected) {
             writeln!(stdout, "  {}", detect_line(run))?;
         }
     }

@@ -7,54 +7,7 @@ use crate::deploy::Scope;
 use crate::graph::ResourceGraph;
 use crate::plan::{Action, Plan};
 
-/// A plain-text table with aligned columns.
-pub struct Table {
-    header: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    pub fn new(header: &[&str]) -> Self {
-        Table {
-            header: header.iter().map(|h| h.to_string()).collect(),
-            rows: Vec::new(),
-        }
-    }
-
-    pub fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
-    }
-
-    /// Renders with two spaces between columns and `indent` before each line.
-    pub fn render(&self, indent: &str) -> String {
-        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
-        for row in &self.rows {
-            for (i, cell) in row.iter().enumerate() {
-                if let Some(w) = widths.get_mut(i) {
-                    *w = (*w).max(cell.chars().count());
-                }
-            }
-        }
-        let mut out = String::new();
-        for row in std::iter::once(&self.header).chain(&self.rows) {
-            let mut line = String::from(indent);
-            for (i, cell) in row.iter().enumerate() {
-                if i + 1 == row.len() {
-                    line.push_str(cell);
-                } else {
-                    line.push_str(&format!("{cell:<width$}  ", width = widths[i]));
-                }
-            }
-            out.push_str(line.trim_end());
-            out.push('\n');
-        }
-        out
-    }
-}
-
-pub fn short(commit: &str) -> &str {
-    commit.get(..12).unwrap_or(commit)
-}
+pub use crate::app::text::{Table, short};
 
 pub fn plan_table(plan: &Plan, scope: &Scope, commit: &str) -> String {
     let mut t = Table::new(&["ACTION", "RESOURCE", "REASON"]);
@@ -110,17 +63,6 @@ pub fn plan_json(plan: &Plan, scope: &Scope, commit: &str) -> Value {
             "changes": s.changes,
         })).collect::<Vec<_>>(),
     })
-}
-
-/// The commit an environment's recorded state comes from: that of its newest succeeded
-/// deployment, or, when none succeeded, of the newest one that reached the drivers.
-pub fn state_commit(deployments: &[DeploymentRecord]) -> Option<String> {
-    let reached_drivers = |d: &&DeploymentRecord| d.counts != Default::default();
-    deployments
-        .iter()
-        .find(|d| d.status == gitplane_state::DeploymentStatus::Succeeded)
-        .or_else(|| deployments.iter().find(reached_drivers))
-        .and_then(|d| d.commit_id.clone())
 }
 
 /// Who reconciles an environment, when daemons share a PostgreSQL state: `null` without a

@@ -127,3 +127,39 @@ impl Progress {
         self.flushed = Instant::now();
     }
 }
+
+/// An apply's progress, shown from the moment its reconcile starts: an environment a pin holds
+/// shows none.
+pub struct Shown {
+    env: String,
+    commit: String,
+    progress: Option<Progress>,
+}
+
+impl Shown {
+    pub fn new(env: &str, commit: &str) -> Self {
+        Shown {
+            env: env.to_owned(),
+            commit: commit.to_owned(),
+            progress: None,
+        }
+    }
+
+    pub fn finish(&mut self) {
+        if let Some(progress) = &mut self.progress {
+            progress.finish();
+        }
+    }
+}
+
+impl crate::app::Observer for Shown {
+    fn starting(&mut self) {
+        self.progress = Some(Progress::new(&self.env, &self.commit));
+    }
+
+    fn event(&mut self, event: &Event<'_>) {
+        if let Some(progress) = &mut self.progress {
+            progress.event(event);
+        }
+    }
+}

@@ -82,11 +82,12 @@ pub fn report(
     let store = super::existing_store(ctx)?;
     let known = store.environments()?;
     if let Some(env) = ctx.envs.iter().find(|e| !known.contains(e)) {
-        return Err(CliError::UnknownStateEnv {
+        return Err(crate::app::AppError::UnknownStateEnv {
             env: env.clone(),
             state: ctx.state.clone(),
             known: known.join(", "),
-        });
+        }
+        .into());
     }
     let provider = match resource {
         Some(wanted) => Some(super::find_resource(&store, ctx, wanted)?.0),

@@ -52,11 +52,12 @@ pub(super) fn rollback(
     }
     let mut store = existing_store(ctx)?;
     if store.latest_deployment(&env)?.is_none() {
-        return Err(CliError::UnknownStateEnv {
+        return Err(crate::app::AppError::UnknownStateEnv {
             env,
             state: store.path().to_owned(),
             known: store.environments()?.join(", "),
-        });
+        }
+        .into());
     }
     let outside = outside_history(ctx, &store, &env, to)?;
     if let (Some(outside), false) = (&outside, force) {
@@ -441,11 +442,4 @@ pub(super) fn history_json_actions(items: &mut [Value], actions: &[ActionRecord]
             fields.insert("actions".to_owned(), Value::Array(of_it));
         }
     }
-}
-
-/// The pins and previews of the state, for `status` and `history`.
-pub(super) fn pins_and_previews(
-    store: &Store,
-) -> Result<(Vec<EnvPin>, Vec<PreviewRecord>), CliError> {
-    Ok((store.pins(None)?, store.previews()?))
 }

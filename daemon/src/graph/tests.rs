@@ -14,7 +14,7 @@ pub(crate) fn files(entries: &[(&str, &str)]) -> BTreeMap<String, Vec<u8>> {
 }
 
 pub(crate) fn template_files() -> BTreeMap<String, Vec<u8>> {
-    crate::cli::TEMPLATE
+    crate::repo_template::TEMPLATE
         .iter()
         .map(|(p, t)| (p.to_string(), t.as_bytes().to_vec()))
         .collect()

@@ -719,22 +719,18 @@ async fn explain(
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    let ctx = crate::cli::Context {
-        repo: shared.repo.clone(),
-        state: shared.state.clone(),
-        envs: vec![env.to_owned()],
-        default_rev: host.git_ref.clone(),
-        drivers: host.registry(),
-        stores: host.secret_stores(),
+    let ctx = crate::app::Context::of_daemon(
+        shared.repo.clone(),
+        shared.state.clone(),
+        vec![env.to_owned()],
         host,
-        state_password_error: None,
-    };
+    );
     let guresid = guresid.to_owned();
     tokio::task::spawn_blocking(move || {
-        let mut text = Vec::new();
-        crate::cli::explain::explain(&ctx, None, &guresid, crate::cli::Format::Table, &mut text)
-            .map_err(|e| e.to_string())?;
-        Ok(String::from_utf8_lossy(&text).into_owned())
+        let explained =
+            crate::app::explain::explain(&ctx, None, &guresid, crate::app::explain::Format::Table)
+                .map_err(|e| e.to_string())?;
+        Ok(explained.text.unwrap_or_default())
     })
     .await
     .map_err(|e| format!("the explain task failed: {e}"))?

@@ -383,17 +383,9 @@ fn plan_and_post(shared: &Shared, forge: &str, pr: &PullRequest) -> Result<u16, 
         .map(|t| t.read("http.plan_hook.token_file", &host.secret_stores()))
         .transpose()
         .map_err(|e| e.to_string())?;
-    let ctx = crate::cli::Context {
-        repo: shared.repo.clone(),
-        state: shared.state.clone(),
-        envs: Vec::new(),
-        default_rev: host.git_ref.clone(),
-        drivers: host.registry(),
-        stores: host.secret_stores(),
-        host,
-        state_password_error: None,
-    };
-    let mut review = crate::cli::review(&ctx, Some(&pr.head))
+    let ctx =
+        crate::app::Context::of_daemon(shared.repo.clone(), shared.state.clone(), Vec::new(), host);
+    let mut review = crate::app::plan_ref(&ctx, Some(&pr.head))
         .map_err(|e| format!("cannot plan commit {}: {e}", pr.head))?;
     review.reference = Some(pr.head_ref.clone());
     let body = serde_json::json!({

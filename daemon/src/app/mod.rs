@@ -1,0 +1,376 @@
+//! The application layer: what gitplane does for one request, shared by the CLI, the daemon and
+//! the HTTP listener.
+//!
+//! Apply one environment ([`deploy_env`]), run its drift run ([`drift_env`]), plan a ref for
+//! review ([`plan_ref`]), explain a resource ([`explain`]), read an environment's status
+//! ([`status`]), and what they stand on: the [`Context`] a request runs with (host config,
+//! drivers, secret stores, state, repository), the commit it reads ([`Commit`]) and the
+//! deployment targets built from it ([`targets`]). Nothing here parses arguments or prints: each
+//! caller reports the outcome its own way (the CLI as lines on stdout, the daemon as logs and
+//! events, the listener as JSON). The listener and the daemon never import the CLI; a test keeps
+//! it so.
+
+mod apply;
+mod drift;
+pub mod explain;
+mod plan;
+pub mod status;
+pub mod text;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use gitplane_state::{StateError, Store};
+
+use crate::config::{HostConfig, SecretSourceError};
+use crate::deploy::{self, Built, Reach, Rejected, Target};
+use crate::drivers::Registry;
+use crate::model::LoadCache;
+use crate::repo::{ConfigRepo, RepoError, Snapshot};
+use crate::stores::SecretStores;
+use crate::trust::TrustError;
+
+pub use apply::{Engine, EnvOutcome, Observer, deploy_env};
+pub use drift::{DriftOutcome, drift_env, drift_mode};
+pub use plan::plan_ref;
+pub use text::short;
+
+/// Free pages returned to the file system after a prune, at most (4 MB with 4 kB pages): a
+/// little each time keeps every apply quick.
+pub const RECLAIM_PAGES: u32 = 1024;
+
+/// What a request runs with: the host config, with the repository and state it names (or the
+/// ones a command was given instead).
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub repo: PathBuf,
+    /// A SQLite file, or a PostgreSQL URL without its password.
+    pub state: PathBuf,
+    /// The environments asked for; empty: every one.
+    pub envs: Vec<String>,
+    /// The ref to read when none is given (the host config's `ref`).
+    pub default_rev: Option<String>,
+    pub host: HostConfig,
+    pub drivers: Registry,
+    pub stores: SecretStores,
+    /// Why `state_password` could not be read, told when the state is opened: commands that
+    /// never open it (`validate` in a pre-receive hook, run by whoever pushes) need no password.
+    pub state_password_error: Option<SecretSourceError>,
+}
+
+impl Context {
+    /// The context of a daemon's request (the listener's plans and explanations): its
+    /// repository (the mirror, for a remote) and state, under the host config in force, whose
+    /// state password the daemon already applied.
+    pub fn of_daemon(repo: PathBuf, state: PathBuf, envs: Vec<String>, host: HostConfig) -> Self {
+        Context {
+            repo,
+            state,
+            envs,
+            default_rev: host.git_ref.clone(),
+            drivers: host.registry(),
+            stores: host.secret_stores(),
+            host,
+            state_password_error: None,
+        }
+    }
+
+    /// Whether the state is there to read: a SQLite file that exists, or a PostgreSQL database
+    /// (reached, and its schema made if it has none, when opened).
+    pub fn state_exists(&self) -> bool {
+        is_postgres(&self.state) || self.state.exists()
+    }
+
+    /// Opens (creating if needed) the state file, with the state key the host config names.
+    pub fn open_store(&self) -> Result<Store, AppError> {
+        if let Some(e) = &self.state_password_error {
+            return Err(AppError::StatePassword(e.clone()));
+        }
+        Ok(Store::open_keyed(
+            &self.state,
+            self.host.state_key.as_ref(),
+        )?)
+    }
+
+    pub fn host(&self) -> deploy::Host<'_> {
+        deploy::Host {
+            drivers: &self.drivers,
+            stores: &self.stores,
+        }
+    }
+
+    /// The revision to read: `rev`, else the host config's ref (else, `None`, HEAD).
+    pub fn rev<'a>(&'a self, rev: Option<&'a str>) -> Option<&'a str> {
+        rev.or(self.default_rev.as_deref())
+    }
+
+    /// This context for one environment.
+    pub fn only(&self, env: &str) -> Context {
+        Context {
+            envs: vec![env.to_owned()],
+            ..self.clone()
+        }
+    }
+
+    /// Checks that `repo` is the repository `store` serves (see [`crate::trust`]); with
+    /// `record`, a state that records none yet records this one.
+    pub fn check_repository(
+        &self,
+        repo: &ConfigRepo,
+        store: &Store,
+        record: bool,
+    ) -> Result<(), AppError> {
+        let shown = crate::trust::shown_location(&self.repo, None);
+        crate::trust::check_repository(store, repo, &shown, self.default_rev.as_deref(), record)?;
+        Ok(())
+    }
+}
+
+/// Whether `state` names a PostgreSQL database.
+fn is_postgres(state: &Path) -> bool {
+    state.to_str().is_some_and(gitplane_state::is_postgres_url)
+}
+
+/// Why a request could not be served. Each message says what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Repo(#[from] RepoError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Trust(#[from] TrustError),
+    #[error(transparent)]
+    Deploy(#[from] deploy::DeployError),
+    #[error(transparent)]
+    StatePassword(SecretSourceError),
+    #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]
+    NoState { path: PathBuf },
+    #[error("no environment '{env}' in commit {commit} (environments: {known})")]
+    UnknownEnv {
+        env: String,
+        commit: String,
+        known: String,
+    },
+    #[error("{state}: no environment '{env}' is recorded (recorded: {known})")]
+    UnknownStateEnv {
+        env: String,
+        state: PathBuf,
+        known: String,
+    },
+    #[error("no recorded resource is {resource}: `gitplane status` lists them")]
+    NoResource { resource: String },
+    #[error(
+        "no resource is {resource}, neither recorded nor in the graph of commit {commit}: \
+         `gitplane status` and `gitplane graph` list them"
+    )]
+    UnknownResource { resource: String, commit: String },
+    #[error("{resource} is recorded in several environments ({envs}): pass --env")]
+    AmbiguousResource { resource: String, envs: String },
+    #[error("{resource} is in the graphs of several environments ({envs}): pass --env")]
+    AmbiguousInGraph { resource: String, envs: String },
+}
+
+/// Checks that the repository a request reads is the one `store` serves, when there is one to
+/// read: `explain` shows a recorded resource even without it.
+pub fn check_repository(ctx: &Context, store: &Store) -> Result<(), AppError> {
+    match ConfigRepo::open(&ctx.repo) {
+        Ok(repo) => ctx.check_repository(&repo, store, false),
+        Err(_) => Ok(()),
+    }
+}
+
+/// The state, which must exist: reading requests never create one.
+pub fn existing_store(ctx: &Context) -> Result<Store, AppError> {
+    if !ctx.state_exists() {
+        return Err(AppError::NoState {
+            path: ctx.state.clone(),
+        });
+    }
+    ctx.open_store()
+}
+
+/// What a request needs of a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Its graphs, as validate, graph and explain show them.
+    Graphs,
+    /// Its graphs with every stored secret read, to plan or apply.
+    Inputs,
+}
+
+/// Reads the commit, loads it and builds the graph of each selected environment.
+pub fn load_and_build(
+    ctx: &Context,
+    rev: Option<&str>,
+    need: Need,
+) -> Result<(Snapshot, Result<Built, Rejected>), AppError> {
+    let repo = ConfigRepo::open(&ctx.repo)?;
+    let snapshot = repo.load(rev)?;
+    let envs = target_envs(&snapshot, &ctx.envs)?;
+    let mut result = deploy::build(&snapshot, &envs, ctx.host());
+    if need == Need::Inputs
+        && let Ok(built) = &mut result
+        && let Err(rejected) = built.read_stored_secrets(&ctx.stores)
+    {
+        result = Err(rejected);
+    }
+    Ok((snapshot, result))
+}
+
+/// Environments named by the commit's `environments/` files, or the ones asked for.
+pub fn target_envs(snapshot: &Snapshot, asked: &[String]) -> Result<Vec<String>, AppError> {
+    select_envs(&deploy::environments_of(snapshot), &snapshot.commit, asked)
+}
+
+/// `asked` (every one of `known` when empty), each checked against `known`.
+fn select_envs(
+    known: &BTreeSet<String>,
+    commit: &str,
+    asked: &[String],
+) -> Result<Vec<String>, AppError> {
+    if asked.is_empty() {
+        return Ok(known.iter().cloned().collect());
+    }
+    for env in asked {
+        if !known.contains(env) {
+            return Err(AppError::UnknownEnv {
+                env: env.clone(),
+                commit: short(commit).to_owned(),
+                known: known.iter().cloned().collect::<Vec<_>>().join(", "),
+            });
+        }
+    }
+    let mut asked = asked.to_vec();
+    asked.sort();
+    asked.dedup();
+    Ok(asked)
+}
+
+/// A resolved commit of the config repository, its layout, and the environments a request
+/// works on (those asked for, else every one of the commit).
+pub struct Commit {
+    repo: ConfigRepo,
+    layout: crate::repo::Layout,
+    pub envs: Vec<String>,
+}
+
+impl Commit {
+    /// The commit `rev` names; with `store`, its environments include those removed since
+    /// (recorded resources, no file), whose resources a deployment deletes, and the repository
+    /// must be the one the state serves.
+    pub fn resolve(
+        ctx: &Context,
+        rev: Option<&str>,
+        store: Option<&Store>,
+    ) -> Result<Commit, AppError> {
+        let repo = ConfigRepo::open(&ctx.repo)?;
+        if let Some(store) = store {
+            ctx.check_repository(&repo, store, false)?;
+        }
+        let id = repo.resolve(rev)?;
+        let layout = repo.layout(&id)?;
+        let known = deploy::environments_to_deploy(&layout, store)?;
+        let envs = select_envs(&known, &id, &ctx.envs)?;
+        Ok(Commit { repo, layout, envs })
+    }
+
+    /// The commit's id.
+    pub fn id(&self) -> &str {
+        &self.layout.commit
+    }
+
+    /// The repository it was read from.
+    pub fn repo(&self) -> &ConfigRepo {
+        &self.repo
+    }
+
+    /// Records the repository as the one `store` serves, if it records none yet: a request
+    /// that writes with a repository does, before it writes.
+    pub fn claim(&self, ctx: &Context, store: &Store) -> Result<(), AppError> {
+        ctx.check_repository(&self.repo, store, true)
+    }
+}
+
+/// What a deployment of each of `commit`'s environments looks at, stored secrets read (see
+/// [`deploy::targets`]); or why the commit is rejected, as a whole.
+pub fn targets(
+    ctx: &Context,
+    commit: &Commit,
+    store: Option<&Store>,
+    reach: Reach,
+) -> Result<Result<Vec<Target>, Rejected>, AppError> {
+    let mut result = deploy::targets(
+        &commit.repo,
+        &commit.layout,
+        &commit.envs,
+        (store, reach),
+        ctx.host(),
+        &mut LoadCache::default(),
+    )?;
+    if let Ok(targets) = &mut result
+        && let Err(rejected) = deploy::read_target_secrets(targets, &ctx.stores)
+    {
+        result = Err(rejected);
+    }
+    Ok(result)
+}
+
+/// The environments a reading request looks at: those asked for (each must be recorded), else
+/// every recorded one.
+pub fn recorded_envs(ctx: &Context, store: &Store) -> Result<Vec<String>, AppError> {
+    let known = store.environments()?;
+    for env in &ctx.envs {
+        if !known.contains(env) {
+            return Err(AppError::UnknownStateEnv {
+                env: env.clone(),
+                state: store.path().to_owned(),
+                known: known.join(", "),
+            });
+        }
+    }
+    Ok(if ctx.envs.is_empty() {
+        known
+    } else {
+        ctx.envs.clone()
+    })
+}
+
+/// Finds a recorded resource by GUResID or `app/type.class#id` (in the asked environments, or
+/// any): its GUResID and environment.
+pub fn find_resource(
+    store: &Store,
+    ctx: &Context,
+    wanted: &str,
+) -> Result<(String, String), AppError> {
+    let envs = if ctx.envs.is_empty() {
+        store.environments()?
+    } else {
+        ctx.envs.clone()
+    };
+    let mut found = Vec::new();
+    for env in &envs {
+        for r in store.resources_without_secrets(env)? {
+            if r.guresid == wanted || crate::plan::record_label(&r) == wanted {
+                found.push((r.guresid.clone(), env.clone()));
+            }
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err(AppError::NoResource {
+            resource: wanted.to_owned(),
+        }),
+        _ => Err(AppError::AmbiguousResource {
+            resource: wanted.to_owned(),
+            envs: found
+                .into_iter()
+                .map(|(_, e)| e)
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

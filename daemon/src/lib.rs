@@ -5,6 +5,7 @@
 //! [`reconcile`] runs the plan through [`drivers`] and records it with `gitplane-state`, and
 //! [`cli`] is the command line. See ARCHITECTURE.md.
 
+pub mod calls;
 pub mod cli;
 pub mod config;
 pub mod daemon;

@@ -36,6 +36,7 @@ mod secrets;
 mod service;
 mod soak;
 mod status_page;
+mod stop;
 mod systemd;
 mod terraform;
 mod trust_state;

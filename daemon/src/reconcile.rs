@@ -1,8 +1,9 @@
 //! The reconciler: runs a plan through the drivers, in parallel and in dependency order, and
 //! records every step in state so a crash at any point resumes without duplicating a resource.
 //!
-//! One task (the caller's) owns the [`Store`] and decides what runs; driver calls run on
-//! blocking threads, each resource's calls (polls and retries included) in a task of its own.
+//! One task (the caller's) owns the [`Store`] and decides what runs; driver calls run through
+//! the call engine ([`crate::calls`]) on blocking threads, each resource's calls (polls and
+//! retries included) in a task of its own, spawned once its first call's permits are taken.
 //! A resource starts only once everything it depends on is done; one whose upstream failed is
 //! skipped as blocked while the rest goes on. Deletions run after every create and update, each
 //! orphan after the orphans that depend on it, and only when nothing failed.
@@ -2186,9 +2187,9 @@ mod tests {
             "19 queues and the workload: {:?}",
             report.failures
         );
-        let skipped = store
+        let counts = store
             .operation_counts(report.deployment)
             .expect("the counts");
-        assert_eq!(skipped.created, 1, "{skipped:?}");
+        assert_eq!(counts.created, 1, "{counts:?}");
     }
 }

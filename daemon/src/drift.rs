@@ -2,26 +2,28 @@
 //! recorded), record what differs, change nothing.
 //!
 //! The comparison ([`compare_read`], [`compare_inputs`], [`differences`]) is pure. [`detect`]
-//! runs it over an environment: one read per recorded resource, in parallel within the
-//! drivers' concurrency limits, transient failures retried a bounded number of times, no read
-//! started once gitplane stops or the lease is gone. It never calls a driver's put or delete
-//! and writes nothing but its own deployment row and findings, once, at the end.
+//! runs it over an environment: one read per recorded resource through the driver-call engine
+//! ([`crate::calls`]) that `reconcile` uses, so with the same permits, retries and stop checks:
+//! no read starts once gitplane stops or the lease is gone. It never calls a driver's put or
+//! delete and writes nothing but its own deployment row and findings, once, at the end.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use gitplane_state::{
     DetectRunRecord, DriftFinding, ResourceRecord, ResourceStatus, StateError, Store,
 };
 use serde_json::Value;
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::calls::{Call, Caller, Failure, Halt, Limits, call_until_done};
 use crate::deploy::Target;
 use crate::drivers::leaks::{self, Needles};
-use crate::drivers::{DriverError, ErrorKind, OwnedRequest, ReadOutcome, Registry};
+use crate::drivers::{
+    Cookie, Driver, DriverError, DriverRequest, OwnedRequest, ReadOutcome, Registry,
+};
 use crate::graph::ResourceNode;
 use crate::plan::{self, Recorded};
 use crate::reconcile::Settings;
@@ -272,9 +274,49 @@ pub struct DetectOptions {
 }
 
 impl DetectOptions {
-    fn halted(&self) -> bool {
-        self.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
-            || self.lease.as_ref().is_some_and(|l| !l.holds())
+    /// What stops this run's reads.
+    fn halt(&self) -> Halt {
+        Halt {
+            stop: self.stop.clone(),
+            lease: self.lease.clone(),
+        }
+    }
+}
+
+/// A read, as the call engine makes it.
+struct Read;
+
+impl Call for Read {
+    type Answer = ReadOutcome;
+
+    fn operation(&self) -> &'static str {
+        "read"
+    }
+
+    fn call(
+        &self,
+        driver: &dyn Driver,
+        request: &DriverRequest<'_>,
+    ) -> Result<(Option<ReadOutcome>, Cookie), DriverError> {
+        driver
+            .read(request)
+            .map(|read| (Some(read), Cookie::Unchanged))
+    }
+}
+
+/// How one read ended: its resource's position among those read, and the read or why not.
+type ReadEnded = (usize, Result<ReadOutcome, Failure>);
+
+/// Keeps a read task's end with the others.
+fn collect(
+    joined: Result<ReadEnded, tokio::task::JoinError>,
+    answers: &mut Vec<ReadEnded>,
+    failures: &mut Vec<String>,
+) {
+    match joined {
+        Ok(ended) => answers.push(ended),
+        // The engine catches a driver's panic; a task itself failing is gitplane's bug.
+        Err(e) => failures.push(format!("a read task failed: {e}")),
     }
 }
 
@@ -410,9 +452,11 @@ pub async fn detect(
     }
     let mut findings: Vec<ResourceFinding> = Vec::new();
     let mut failures = Vec::new();
-    let global = Arc::new(Semaphore::new(settings.concurrency.max(1)));
-    let mut per_driver: HashMap<String, Arc<Semaphore>> = HashMap::new();
-    let mut reads: JoinSet<(usize, Result<ReadOutcome, DriverError>)> = JoinSet::new();
+    let halt = options.halt();
+    let mut limits = Limits::new(settings.concurrency);
+    let mut reads: JoinSet<ReadEnded> = JoinSet::new();
+    // Reads that ended, by position in `ready`.
+    let mut answers: Vec<ReadEnded> = Vec::new();
     // Per read: the secret values its call receives, which no public output may hold.
     let mut needles: HashMap<usize, Needles> = HashMap::new();
     let ready: Vec<&ResourceRecord> = recorded
@@ -480,71 +524,45 @@ pub async fn detect(
         let driver = registered.driver.clone();
         if driver.in_process() {
             let read = driver.read(&job.request());
-            reads.spawn(async move { (i, read) });
+            answers.push((i, read.map_err(|e| Failure::Failed(e.message))));
             continue;
         }
-        let limit = registered.concurrency.map(|n| {
-            per_driver
-                .entry(rec.driver.clone())
-                .or_insert_with(|| Arc::new(Semaphore::new(n.max(1))))
-                .clone()
-        });
-        let global = global.clone();
-        let retry = settings.retry;
-        let options = options.clone();
-        reads.spawn(async move {
-            let job = Arc::new(job);
-            let mut failures = 0u32;
-            loop {
-                if options.halted() {
-                    return (
-                        i,
-                        Err(DriverError::final_error(
-                            "not read: gitplane is stopping or no longer holds the environment",
-                        )),
-                    );
-                }
-                let result = {
-                    let Ok(_global) = global.acquire().await else {
-                        return (i, Err(DriverError::final_error("the run was closed")));
-                    };
-                    let _own = match &limit {
-                        Some(s) => match s.acquire().await {
-                            Ok(p) => Some(p),
-                            Err(_) => {
-                                return (i, Err(DriverError::final_error("the run was closed")));
-                            }
-                        },
-                        None => None,
-                    };
-                    let (driver, job) = (driver.clone(), job.clone());
-                    match tokio::task::spawn_blocking(move || driver.read(&job.request())).await {
-                        Ok(r) => r,
-                        Err(e) => Err(DriverError::final_error(format!("the read failed: {e}"))),
-                    }
-                };
-                match result {
-                    Err(e) if e.kind == ErrorKind::Transient && failures + 1 < retry.attempts => {
-                        failures += 1;
-                        tokio::time::sleep(crate::reconcile::backoff(
-                            &retry,
-                            failures,
-                            &job.guresid,
-                        ))
-                        .await;
-                    }
-                    other => return (i, other),
-                }
+        if let Some(halted) = halt.halted() {
+            failures.push(format!("{label}: not read: {}", halted.cause()));
+            continue;
+        }
+        let permits = limits.of(&rec.driver, registered.concurrency);
+        // Taken before the read's task is spawned; reads that end meanwhile are collected.
+        let held = loop {
+            tokio::select! {
+                held = permits.acquire() => break held,
+                Some(joined) = reads.join_next() => collect(joined, &mut answers, &mut failures),
             }
+        };
+        if let Some(halted) = halt.halted() {
+            failures.push(format!("{label}: not read: {}", halted.cause()));
+            continue;
+        }
+        let caller = Caller {
+            driver,
+            driver_type: rec.driver.clone(),
+            permits,
+            retry: settings.retry,
+            halt: halt.clone(),
+            observer: settings.calls.clone(),
+        };
+        reads.spawn(async move {
+            // A read changes nothing: there is no call to journal.
+            let (_, read) = call_until_done(Read, job, caller, held, |_, _| {}).await;
+            (i, read)
         });
+    }
+    while let Some(joined) = reads.join_next().await {
+        collect(joined, &mut answers, &mut failures);
     }
     let mut unchanged = 0;
     let mut read_findings: Vec<(usize, Vec<Finding>)> = Vec::new();
-    while let Some(joined) = reads.join_next().await {
-        let Ok((i, result)) = joined else {
-            failures.push("a read task failed".to_owned());
-            continue;
-        };
+    for (i, result) in answers {
         let rec = ready[i];
         match result {
             Ok(read) => {
@@ -553,7 +571,14 @@ pub async fn detect(
                 let recorded = secure_record(rec, &needles);
                 read_findings.push((i, compare_read(&recorded, &read)));
             }
-            Err(e) => failures.push(format!("{}: {e}", plan::record_label(rec))),
+            Err(Failure::Halted(halted)) => failures.push(format!(
+                "{}: not read: {}",
+                plan::record_label(rec),
+                halted.cause()
+            )),
+            Err(Failure::Failed(why)) => {
+                failures.push(format!("{}: {why}", plan::record_label(rec)));
+            }
         }
     }
     read_findings.sort_by_key(|(i, _)| *i);

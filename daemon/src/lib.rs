@@ -7,6 +7,7 @@
 //! them. See ARCHITECTURE.md.
 
 pub mod app;
+pub mod calls;
 pub mod cli;
 pub mod config;
 pub mod daemon;

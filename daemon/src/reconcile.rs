@@ -1,8 +1,9 @@
 //! The reconciler: runs a plan through the drivers, in parallel and in dependency order, and
 //! records every step in state so a crash at any point resumes without duplicating a resource.
 //!
-//! One task (the caller's) owns the [`Store`] and decides what runs; driver calls run on
-//! blocking threads, each resource's calls (polls and retries included) in a task of its own.
+//! One task (the caller's) owns the [`Store`] and decides what runs; driver calls run through
+//! the call engine ([`crate::calls`]) on blocking threads, each resource's calls (polls and
+//! retries included) in a task of its own, spawned once its first call's permits are taken.
 //! A resource starts only once everything it depends on is done; one whose upstream failed is
 //! skipped as blocked while the rest goes on. Deletions run after every create and update, each
 //! orphan after the orphans that depend on it, and only when nothing failed.
@@ -18,24 +19,24 @@
 //! calls the driver again with the same GUResID and cookie.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
 
 use gitplane_state::{
     BindingRecord, Counts, DeploymentStatus, Ended, JournalEntry, LinkChanges, LinkRecord,
     ManifestsRecord, OperationStart, ResourceRecord, ResourceStatus, StateError, Store,
 };
 use serde_json::Value;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use crate::calls::{Call, Caller, Failure, Halt, Halted, Held, Limits, Permits, call_until_done};
 use crate::config::{HostConfig, RetryPolicy};
 use crate::deploy::{Scope, Target};
 use crate::drivers::{
-    Cookie, DeleteOutcome, Driver, DriverError, ErrorKind, Manifest, OwnedRequest, PutOutcome,
-    Registry, leaks,
+    Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, ErrorKind, Manifest, OwnedRequest,
+    PutOutcome, Registry, leaks,
 };
 use crate::graph::{EdgeKind, GuresId, ResourceGraph, ResourceNode};
 use crate::manifests;
@@ -87,43 +88,7 @@ pub struct ApplyReport {
 /// Reads a resource account's credentials by name.
 pub type AccountReader = Arc<dyn Fn(&str) -> Result<Value, String> + Send + Sync>;
 
-/// How one driver call ended, as metrics count it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallResult {
-    Done,
-    /// The resource is still being worked on: the driver is asked again later.
-    InProgress,
-    /// A failure that is retried (timeouts, 409, 429, 5xx).
-    TransientError,
-    /// A failure that calling again cannot mend.
-    FinalError,
-}
-
-impl CallResult {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CallResult::Done => "done",
-            CallResult::InProgress => "in_progress",
-            CallResult::TransientError => "transient_error",
-            CallResult::FinalError => "final_error",
-        }
-    }
-
-    fn of<T>(answer: &Result<(Option<T>, Cookie), DriverError>) -> CallResult {
-        match answer {
-            Ok((Some(_), _)) => CallResult::Done,
-            Ok((None, _)) => CallResult::InProgress,
-            Err(e) if e.kind == ErrorKind::Transient => CallResult::TransientError,
-            Err(_) => CallResult::FinalError,
-        }
-    }
-}
-
-/// Told of every driver call as it ends: the daemon's metrics.
-pub trait CallObserver: Send + Sync {
-    /// `operation` is `put` or `delete`.
-    fn call_ended(&self, driver: &str, operation: &'static str, result: CallResult, took: Duration);
-}
+pub use crate::calls::{CallObserver, CallResult};
 
 /// What the reconciler needs from the host configuration.
 #[derive(Clone)]
@@ -170,16 +135,13 @@ pub struct ApplyOptions {
 }
 
 impl ApplyOptions {
-    fn stopping(&self) -> bool {
-        halted(&self.stop, &self.lease)
+    /// What stops this apply's driver calls.
+    fn halt(&self) -> Halt {
+        Halt {
+            stop: self.stop.clone(),
+            lease: self.lease.clone(),
+        }
     }
-}
-
-/// Whether no new driver call may start: gitplane is stopping, or the environment's lease is
-/// gone.
-fn halted(stop: &Option<Arc<AtomicBool>>, lease: &Option<Arc<gitplane_state::LeaseHold>>) -> bool {
-    stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
-        || lease.as_ref().is_some_and(|l| !l.holds())
 }
 
 /// The deletion guard's verdict on `plan`, the plan of `target` against the `in_scope`
@@ -325,8 +287,8 @@ pub async fn apply(
         template_hashes: Vec::new(),
         ended: Vec::new(),
         kept: HashMap::new(),
-        global: Arc::new(Semaphore::new(settings.concurrency.max(1))),
-        per_driver: HashMap::new(),
+        limits: Limits::new(settings.concurrency),
+        halt: options.halt(),
     };
     run.puts(&plan).await?;
     run.deletes(&plan, &links).await?;
@@ -480,8 +442,9 @@ struct Run<'a, 'e> {
     /// Why each orphan that was not deleted is kept.
     kept: HashMap<GuresId, String>,
     /// Permits for driver calls: one global limit, and one per driver that sets its own.
-    global: Arc<Semaphore>,
-    per_driver: HashMap<String, Arc<Semaphore>>,
+    limits: Limits,
+    /// What stops new driver calls.
+    halt: Halt,
 }
 
 /// How many operations start together: journalled in one transaction, and, for drivers that
@@ -511,6 +474,36 @@ struct Job {
     /// For a put whose call receives secrets: what its public outputs (and recorded
     /// manifests) are checked against.
     leaks: Option<Arc<LeakCheck>>,
+}
+
+/// A put or delete, as the call engine makes it.
+struct Change {
+    operation: Operation,
+    leaks: Option<Arc<LeakCheck>>,
+}
+
+impl Call for Change {
+    type Answer = Answer;
+
+    fn operation(&self) -> &'static str {
+        self.operation.as_str()
+    }
+
+    fn call(
+        &self,
+        driver: &dyn Driver,
+        request: &DriverRequest<'_>,
+    ) -> Result<(Option<Answer>, Cookie), DriverError> {
+        match self.operation {
+            Operation::Put => driver
+                .put(request)
+                .map(|o| put_answer(o, self.leaks.as_deref())),
+            Operation::Delete => driver.delete(request).map(|o| match o {
+                DeleteOutcome::Done => (Some(Answer::none()), Cookie::Cleared),
+                DeleteOutcome::InProgress { cookie } => (None, cookie),
+            }),
+        }
+    }
 }
 
 /// The secret values a put's call received, and whose they are: no public output of its
@@ -584,6 +577,14 @@ struct Ready {
     inputs: Option<ResolvedInputs>,
 }
 
+/// A job waiting for its driver call's permits.
+struct Queued {
+    /// Its step's position in the steps being scheduled.
+    step: usize,
+    ready: Box<Ready>,
+    permits: Permits,
+}
+
 /// What a resource's calls came to, or why not.
 type CallOutcome = Result<Answer, String>;
 
@@ -621,6 +622,8 @@ struct JobResult {
     inputs: Option<ResolvedInputs>,
     /// For puts: the secrets its call received, to hide in the manifests it records.
     leaks: Option<Arc<LeakCheck>>,
+    /// Set when no call was made: the halt flags were up once its permits were taken.
+    stopped: Option<Halted>,
 }
 
 /// What starting a resource led to.
@@ -646,6 +649,13 @@ enum Finished {
     Delete {
         step: usize,
         result: JobResult,
+    },
+    /// No call was made: gitplane stopped, or the lease was lost, once its permits were taken.
+    Skipped {
+        step: usize,
+        result: JobResult,
+        action: Action,
+        why: String,
     },
 }
 
@@ -852,8 +862,10 @@ impl<'a> Run<'a, '_> {
     }
 
     /// Runs `steps`, each once its prerequisites (positions in `steps`) are done, as many at
-    /// once as permits allow. Operations about to start are journalled together, and so are
-    /// the calls and results that arrive together.
+    /// once as permits allow. A call's permits are taken before its task is spawned, and the
+    /// halt flags read right after: a job waiting for permits when gitplane stops (or the lease
+    /// is lost) is skipped, its call never made. Operations about to start are journalled
+    /// together, and so are the calls and results that arrive together.
     async fn schedule(
         &mut self,
         steps: &[&'a Step],
@@ -872,14 +884,18 @@ impl<'a> Run<'a, '_> {
         let (calls_tx, mut calls_rx) = mpsc::unbounded_channel::<CallEnded>();
         let mut tasks: JoinSet<JobResult> = JoinSet::new();
         let mut finished: Vec<usize> = Vec::new();
+        // Jobs whose inputs are resolved, waiting for their call's permits, in order.
+        let mut queued: VecDeque<Queued> = VecDeque::new();
+        // Permits taken while waiting, for the first queued job.
+        let mut head: Option<Held> = None;
         loop {
             let mut starting: Vec<(usize, Box<Ready>)> = Vec::new();
-            // A batch at a time: resolved inputs wait in memory only until their batch runs.
-            while starting.len() < BATCH
+            // A batch at a time: resolved inputs wait in memory only until their calls start.
+            while queued.len() + starting.len() < BATCH
                 && let Some(i) = ready.pop_front()
             {
                 let step = steps[i];
-                if self.options.stopping() {
+                if let Some(halted) = self.halt.halted() {
                     let action = match operation {
                         Operation::Put
                             if self.outputs.recorded.contains_key(step.guresid.as_str()) =>
@@ -890,12 +906,7 @@ impl<'a> Run<'a, '_> {
                         Operation::Delete => "delete",
                     };
                     if step.action != Action::Unchanged || self.options.drift {
-                        let why = if self.options.lease.as_ref().is_some_and(|l| !l.holds()) {
-                            "stopped: this daemon no longer holds the environment's lease"
-                        } else {
-                            "stopped: gitplane is shutting down"
-                        };
-                        self.skip(step, action, why);
+                        self.skip(step, action, &halted.skip_reason());
                     } else {
                         self.count_unchanged(&step.guresid);
                     }
@@ -916,7 +927,14 @@ impl<'a> Run<'a, '_> {
                 }
             }
             self.flush_ended()?;
-            finished.extend(self.run_batch(steps, starting, &mut tasks, &calls_tx, operation)?);
+            finished.extend(self.run_batch(steps, starting, &mut queued, operation)?);
+            finished.extend(self.start_calls(
+                steps,
+                &mut queued,
+                head.take(),
+                &mut tasks,
+                &calls_tx,
+            )?);
             if self.bindings.len() >= BATCH {
                 self.flush_bindings()?;
             }
@@ -928,21 +946,30 @@ impl<'a> Run<'a, '_> {
                     }
                 }
             }
-            if !ready.is_empty() {
+            if !ready.is_empty() && queued.len() < BATCH {
                 continue;
             }
-            if tasks.is_empty() {
+            if tasks.is_empty() && queued.is_empty() {
                 break;
             }
-            // Wait for one thing to happen, then take everything else that already has.
+            // Wait for one thing to happen (a call or a job ends, or the first queued job's
+            // permits come free), then take everything else that already has.
             (self.on_event)(&Event::Waiting);
             let mut calls: Vec<CallEnded> = Vec::new();
             let mut results: Vec<JobResult> = Vec::new();
+            let next = queued.front().map(|q| q.permits.clone());
+            let permits = async {
+                match &next {
+                    Some(permits) => permits.acquire().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 Some(call) = calls_rx.recv() => calls.push(call),
                 Some(joined) = tasks.join_next() => {
                     results.push(joined.expect("job tasks catch driver panics themselves"));
                 }
+                held = permits => head = Some(held),
             }
             while let Some(joined) = tasks.try_join_next() {
                 results.push(joined.expect("job tasks catch driver panics themselves"));
@@ -952,8 +979,10 @@ impl<'a> Run<'a, '_> {
             while let Ok(call) = calls_rx.try_recv() {
                 calls.push(call);
             }
-            let done = self.finish_jobs(steps, calls, results, operation)?;
-            finished.extend(done);
+            if !calls.is_empty() || !results.is_empty() {
+                let done = self.finish_jobs(steps, calls, results, operation)?;
+                finished.extend(done);
+            }
         }
         Ok(())
     }
@@ -961,23 +990,17 @@ impl<'a> Run<'a, '_> {
     /// Runs a batch of operations. Drivers that answer in process are called first: their
     /// answers have no effect outside gitplane, so their operations are journalled as started
     /// and ended in one transaction, with the records and the bindings taken so far (one
-    /// commit a batch rather than three). The other operations are journalled, then their calls
-    /// start. Returns the steps done.
+    /// commit a batch rather than three). The other jobs are queued for their calls' permits.
+    /// Returns the steps done.
     fn run_batch(
         &mut self,
         steps: &[&'a Step],
         starting: Vec<(usize, Box<Ready>)>,
-        tasks: &mut JoinSet<JobResult>,
-        calls_tx: &mpsc::UnboundedSender<CallEnded>,
+        queued: &mut VecDeque<Queued>,
         operation: Operation,
     ) -> Result<Vec<usize>, StateError> {
         let mut answered = Vec::new();
-        let mut calling = Vec::new();
         for (i, ready) in starting {
-            (self.on_event)(&Event::Started {
-                label: &steps[i].label(),
-                action: action_of(ready.action),
-            });
             let answer = ready
                 .registered
                 .driver
@@ -991,13 +1014,26 @@ impl<'a> Run<'a, '_> {
                 })
                 .flatten();
             match answer {
-                Some(outcome) => answered.push((i, ready, outcome)),
-                None => calling.push((i, ready)),
+                Some(outcome) => {
+                    (self.on_event)(&Event::Started {
+                        label: &steps[i].label(),
+                        action: action_of(ready.action),
+                    });
+                    answered.push((i, ready, outcome));
+                }
+                None => {
+                    let permits = self
+                        .limits
+                        .of(&ready.driver_type, ready.registered.concurrency);
+                    queued.push_back(Queued {
+                        step: i,
+                        ready,
+                        permits,
+                    });
+                }
             }
         }
-        let done = self.record_answers(steps, answered, operation)?;
-        self.spawn_calls(steps, calling, tasks, calls_tx)?;
-        Ok(done)
+        self.record_answers(steps, answered, operation)
     }
 
     /// Journals in-process answers: their operations, started and ended, their records and the
@@ -1032,6 +1068,7 @@ impl<'a> Run<'a, '_> {
                 hash,
                 inputs,
                 leaks: job.leaks,
+                stopped: None,
             });
         }
         let finished = self.finished(steps, results, operation);
@@ -1042,11 +1079,47 @@ impl<'a> Run<'a, '_> {
         self.commit_batch(steps, &starts, &[], finished)
     }
 
-    /// Journals the operations of `calling` in one transaction, then starts their calls.
+    /// Starts the calls of the queued jobs whose permits are free, in order (`head`: permits
+    /// already taken for the first one). With the permits held the halt flags are read once
+    /// more: when set, no call starts and every queued job is skipped, to be done by the next
+    /// run. The positions of the steps skipped.
+    fn start_calls(
+        &mut self,
+        steps: &[&'a Step],
+        queued: &mut VecDeque<Queued>,
+        mut head: Option<Held>,
+        tasks: &mut JoinSet<JobResult>,
+        calls_tx: &mpsc::UnboundedSender<CallEnded>,
+    ) -> Result<Vec<usize>, StateError> {
+        let mut calling = Vec::new();
+        let mut waiting = VecDeque::with_capacity(queued.len());
+        for q in queued.drain(..) {
+            match head.take().or_else(|| q.permits.try_acquire()) {
+                Some(held) => calling.push((q, held)),
+                None => waiting.push_back(q),
+            }
+        }
+        *queued = waiting;
+        if let Some(halted) = self.halt.halted() {
+            let why = halted.skip_reason();
+            let mut skipped = Vec::new();
+            for q in calling.into_iter().map(|(q, _)| q).chain(queued.drain(..)) {
+                self.skip(steps[q.step], q.ready.action, &why);
+                skipped.push(q.step);
+            }
+            self.flush_ended()?;
+            return Ok(skipped);
+        }
+        self.spawn_calls(steps, calling, tasks, calls_tx)?;
+        Ok(Vec::new())
+    }
+
+    /// Journals the operations of `calling` in one transaction, then spawns their calls, each
+    /// with the permits taken for it.
     fn spawn_calls(
         &mut self,
         steps: &[&'a Step],
-        calling: Vec<(usize, Box<Ready>)>,
+        calling: Vec<(Queued, Held)>,
         tasks: &mut JoinSet<JobResult>,
         calls_tx: &mpsc::UnboundedSender<CallEnded>,
     ) -> Result<(), StateError> {
@@ -1055,10 +1128,19 @@ impl<'a> Run<'a, '_> {
         }
         let starts: Vec<OperationStart<'_>> = calling
             .iter()
-            .map(|(i, r)| self.start(steps[*i], r.action, &r.reason))
+            .map(|(q, _)| self.start(steps[q.step], q.ready.action, &q.ready.reason))
             .collect();
         let ids = self.store.begin_operations(&starts)?;
-        for ((i, ready), operation_id) in calling.into_iter().zip(ids) {
+        for ((q, held), operation_id) in calling.into_iter().zip(ids) {
+            let Queued {
+                step: i,
+                ready,
+                permits,
+            } = q;
+            (self.on_event)(&Event::Started {
+                label: &steps[i].label(),
+                action: action_of(ready.action),
+            });
             let Ready {
                 job,
                 registered,
@@ -1067,23 +1149,42 @@ impl<'a> Run<'a, '_> {
                 inputs,
                 ..
             } = *ready;
-            let permits = self.permits(&driver_type, registered.concurrency);
-            let retry = self.settings.retry;
+            let Job {
+                operation,
+                call: request,
+                leaks,
+            } = job;
+            let caller = Caller {
+                driver: registered.driver,
+                driver_type,
+                permits,
+                retry: self.settings.retry,
+                halt: self.halt.clone(),
+                observer: self.settings.calls.clone(),
+            };
+            let change = Change {
+                operation,
+                leaks: leaks.clone(),
+            };
             let calls = calls_tx.clone();
-            let stop = (self.options.stop.clone(), self.options.lease.clone());
-            let observer = self.settings.calls.clone().map(|o| (driver_type, o));
-            let leaks = job.leaks.clone();
+            let guresid = request.guresid.clone();
+            let ended = move |attempts, cookie| {
+                // The receiver lives as long as any job; a send can only fail when it is gone.
+                let _ = calls.send(CallEnded {
+                    guresid: guresid.clone(),
+                    operation: operation_id,
+                    attempts,
+                    cookie,
+                });
+            };
             tasks.spawn(async move {
-                let (attempts, outcome) = call_until_done(
-                    job,
-                    operation_id,
-                    (registered.driver, observer),
-                    permits,
-                    retry,
-                    calls,
-                    stop,
-                )
-                .await;
+                let (attempts, outcome) =
+                    call_until_done(change, request, caller, held, ended).await;
+                let (outcome, stopped) = match outcome {
+                    Ok(answer) => (Ok(answer), None),
+                    Err(Failure::Halted(halted)) => (Err(halted.skip_reason()), Some(halted)),
+                    Err(Failure::Failed(why)) => (Err(why), None),
+                };
                 JobResult {
                     step: i,
                     operation_id,
@@ -1092,6 +1193,7 @@ impl<'a> Run<'a, '_> {
                     hash,
                     inputs,
                     leaks,
+                    stopped,
                 }
             });
         }
@@ -1150,9 +1252,26 @@ impl<'a> Run<'a, '_> {
     ) -> Vec<Finished> {
         results
             .into_iter()
-            .map(|result| match operation {
-                Operation::Put => self.put_record(steps[result.step], result),
-                Operation::Delete => Finished::Delete {
+            .map(|result| match (operation, result.stopped) {
+                (_, Some(halted)) => Finished::Skipped {
+                    step: result.step,
+                    action: match operation {
+                        Operation::Delete => Action::Delete,
+                        Operation::Put
+                            if self
+                                .outputs
+                                .recorded
+                                .contains_key(steps[result.step].guresid.as_str()) =>
+                        {
+                            Action::Update
+                        }
+                        Operation::Put => Action::Create,
+                    },
+                    why: halted.skip_reason(),
+                    result,
+                },
+                (Operation::Put, None) => self.put_record(steps[result.step], result),
+                (Operation::Delete, None) => Finished::Delete {
                     step: result.step,
                     result,
                 },
@@ -1172,6 +1291,12 @@ impl<'a> Run<'a, '_> {
                 }
                 Finished::Delete { step, result } => {
                     self.delete_finished(steps[step], result);
+                    done.push(step);
+                }
+                Finished::Skipped {
+                    step, action, why, ..
+                } => {
+                    self.skipped(steps[step], action, &why);
                     done.push(step);
                 }
             }
@@ -1690,19 +1815,6 @@ impl<'a> Run<'a, '_> {
             .record_fingerprints(&graph.env, self.deployment, &clean, &cleared)
     }
 
-    fn permits(&mut self, driver: &str, limit: Option<usize>) -> Permits {
-        let local = limit.map(|n| {
-            self.per_driver
-                .entry(driver.to_owned())
-                .or_insert_with(|| Arc::new(Semaphore::new(n.max(1))))
-                .clone()
-        });
-        Permits {
-            global: self.global.clone(),
-            local,
-        }
-    }
-
     /// No driver was called, so the resource itself is as it was: only the operation fails.
     fn fail_before_call(&mut self, step: &'a Step, action: &'static str, error: &str) {
         self.ended
@@ -1721,15 +1833,21 @@ impl<'a> Run<'a, '_> {
         });
     }
 
+    /// `step` is not done in this run: its operation starts and ends as skipped.
     fn skip(&mut self, step: &'a Step, action: &'static str, why: &str) {
         self.ended
             .push((step, action, Ended::Skipped, why.to_owned()));
+        self.skipped(step, action_of(action), why);
+    }
+
+    /// `step` was skipped, and its operation journalled so: what depends on it is blocked.
+    fn skipped(&mut self, step: &Step, action: Action, why: &str) {
         self.broken.insert(step.guresid.clone());
         self.failed += 1;
         self.failures.push(format!("{}: {why}", step.label()));
         (self.on_event)(&Event::Finished {
             label: &step.label(),
-            action: action_of(action),
+            action,
             outcome: Outcome::Skipped(why),
         });
     }
@@ -1760,141 +1878,6 @@ struct CallEnded {
     /// Calls the operation has made so far.
     attempts: i64,
     cookie: Cookie,
-}
-
-/// A driver type's name and who is told of its calls.
-type Observed = (String, Arc<dyn CallObserver>);
-
-/// The permits a driver call holds: the global one and, if its driver has a limit, its own.
-struct Permits {
-    global: Arc<Semaphore>,
-    local: Option<Arc<Semaphore>>,
-}
-
-/// Calls the driver until the resource is done, polling while it is in progress and retrying
-/// transient failures with exponential backoff and jitter. Permits are held only during calls,
-/// so a resource that waits between polls leaves room for others.
-///
-/// Every call is reported to `calls` as it ends (with the cookie the driver set), before the
-/// next one starts and before this returns, so the journal is never behind the driver.
-/// Returns the number of calls and the outputs or the error.
-async fn call_until_done(
-    mut job: Job,
-    operation: i64,
-    (driver, observer): (Arc<dyn Driver>, Option<Observed>),
-    permits: Permits,
-    retry: RetryPolicy,
-    calls: mpsc::UnboundedSender<CallEnded>,
-    (stop, lease): (
-        Option<Arc<AtomicBool>>,
-        Option<Arc<gitplane_state::LeaseHold>>,
-    ),
-) -> (i64, CallOutcome) {
-    let stopping = || halted(&stop, &lease);
-    let started = Instant::now();
-    let mut attempts: i64 = 0;
-    let mut transient_failures: u32 = 0;
-    let mut poll_delay = retry.poll_interval;
-    let job_operation = job.operation.as_str();
-    loop {
-        attempts += 1;
-        let answer = {
-            let _global = permits.global.acquire().await.expect("never closed");
-            let _local = match &permits.local {
-                Some(s) => Some(s.acquire().await.expect("never closed")),
-                None => None,
-            };
-            let driver = driver.clone();
-            let call_started = Instant::now();
-            let answer = tokio::task::spawn_blocking(move || {
-                let answer = match job.operation {
-                    Operation::Put => driver
-                        .put(&job.call.request())
-                        .map(|o| put_answer(o, job.leaks.as_deref())),
-                    Operation::Delete => driver.delete(&job.call.request()).map(|o| match o {
-                        DeleteOutcome::Done => (Some(Answer::none()), Cookie::Cleared),
-                        DeleteOutcome::InProgress { cookie } => (None, cookie),
-                    }),
-                };
-                (job, answer)
-            })
-            .await;
-            if let (Some((driver_type, observer)), Ok((_, answer))) = (&observer, &answer) {
-                let result = CallResult::of(answer);
-                observer.call_ended(driver_type, job_operation, result, call_started.elapsed());
-            }
-            answer
-        };
-        let (returned, answer) = match answer {
-            Ok(pair) => pair,
-            Err(panic) => {
-                return (attempts, Err(format!("the driver panicked: {panic}")));
-            }
-        };
-        job = returned;
-        let cookie = match &answer {
-            Ok((_, cookie)) => cookie.clone(),
-            Err(error) => error.cookie.clone(),
-        };
-        match &cookie {
-            Cookie::Unchanged => {}
-            Cookie::Set(c) => job.call.cookie = Some(c.clone()),
-            Cookie::Cleared => job.call.cookie = None,
-        }
-        // The receiver lives as long as any job; a send can only fail when it is gone.
-        let _ = calls.send(CallEnded {
-            guresid: job.call.guresid.clone(),
-            operation,
-            attempts,
-            cookie,
-        });
-        match answer {
-            Ok((done, _)) => {
-                if let Some(outputs) = done {
-                    return (attempts, Ok(outputs));
-                }
-                if started.elapsed() >= retry.poll_timeout {
-                    let error = format!(
-                        "still in progress after {}s (retry.poll_timeout)",
-                        retry.poll_timeout.as_secs()
-                    );
-                    return (attempts, Err(error));
-                }
-                if stopping() {
-                    let error = "stopped while in progress (gitplane is shutting down); the next \
-                                 run calls the driver again with the same cookie";
-                    return (attempts, Err(error.to_owned()));
-                }
-                tokio::time::sleep(poll_delay).await;
-                poll_delay = (poll_delay * 2).min(retry.max_delay.max(retry.poll_interval));
-            }
-            Err(DriverError {
-                kind: ErrorKind::Transient,
-                message,
-                ..
-            }) => {
-                transient_failures += 1;
-                if transient_failures >= retry.attempts {
-                    let error = format!("{message} (gave up after {transient_failures} attempts)");
-                    return (attempts, Err(error));
-                }
-                if stopping() {
-                    return (
-                        attempts,
-                        Err(format!(
-                            "{message} (not retried: gitplane is shutting down)"
-                        )),
-                    );
-                }
-                tokio::time::sleep(backoff(&retry, transient_failures, &job.call.guresid)).await;
-            }
-            Err(DriverError {
-                kind: ErrorKind::Final,
-                message,
-                ..
-            }) => return (attempts, Err(message)),
-        }
-    }
 }
 
 /// The journal entries of `calls` and `finished` jobs (in that order: a call is journalled
@@ -1946,6 +1929,10 @@ fn journal_entries<'f>(
                 env,
                 guresid: steps[*step].guresid.as_str(),
                 error: result.outcome.as_ref().err().map(String::as_str),
+            },
+            Finished::Skipped { result, why, .. } => JournalEntry::Skipped {
+                operation: operation(result),
+                why,
             },
         });
     }
@@ -2019,18 +2006,6 @@ fn answer_in_process(
     }
 }
 
-/// `initial_delay * 2^(n-1)`, capped at `max_delay`, times a random factor in [0.5, 1.5) so
-/// resources that failed together do not retry together.
-pub(crate) fn backoff(retry: &RetryPolicy, failures: u32, salt: &str) -> Duration {
-    let exp = retry
-        .initial_delay
-        .saturating_mul(1u32 << failures.saturating_sub(1).min(20));
-    let capped = exp.min(retry.max_delay);
-    let random = std::collections::hash_map::RandomState::new().hash_one((salt, failures));
-    let factor = 0.5 + (random % 1000) as f64 / 1000.0;
-    capped.mul_f64(factor)
-}
-
 fn action_of(action: &str) -> Action {
     match action {
         "create" => Action::Create,
@@ -2041,4 +2016,180 @@ fn action_of(action: &str) -> Action {
 
 fn empty() -> Value {
     Value::Object(Default::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Mutex;
+    use std::sync::mpsc as sync_mpsc;
+    use std::time::Duration;
+
+    use gitplane_state::Leases;
+
+    use super::*;
+    use crate::deploy::Scope;
+    use crate::drivers::HttpDriver;
+
+    /// An HTTP driver on 127.0.0.1 that answers every PUT at once, except the first, which it
+    /// holds until the test lets it go: the test acts while that call runs.
+    struct HeldDriver {
+        url: String,
+        /// The GUResIDs of the PUTs that arrived, in order.
+        puts: Arc<Mutex<Vec<String>>>,
+        arrived: sync_mpsc::Receiver<()>,
+        release: sync_mpsc::Sender<()>,
+    }
+
+    impl HeldDriver {
+        fn start() -> HeldDriver {
+            let server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0");
+            let port = server.server_addr().to_ip().expect("an IP address").port();
+            let puts: Arc<Mutex<Vec<String>>> = Arc::default();
+            let (arrived_tx, arrived) = sync_mpsc::channel();
+            let (release, released) = sync_mpsc::channel::<()>();
+            let released = Arc::new(Mutex::new(released));
+            let seen = puts.clone();
+            std::thread::spawn(move || {
+                for request in server.incoming_requests() {
+                    let (seen, arrived_tx, released) =
+                        (seen.clone(), arrived_tx.clone(), released.clone());
+                    std::thread::spawn(move || {
+                        let guresid = request.url().rsplit('/').next().unwrap_or("").to_owned();
+                        let first = {
+                            let mut seen = seen.lock().expect("not poisoned");
+                            seen.push(guresid.clone());
+                            seen.len() == 1
+                        };
+                        if first {
+                            let _ = arrived_tx.send(());
+                            let _ = released.lock().expect("not poisoned").recv();
+                        }
+                        let body = format!(
+                            r#"{{"id":"{guresid}","type":"queue","resource":{{"values":{{}},"secrets":{{}}}}}}"#
+                        );
+                        let _ = request
+                            .respond(tiny_http::Response::from_string(body).with_status_code(200));
+                    });
+                }
+            });
+            HeldDriver {
+                url: format!("http://127.0.0.1:{port}/driver"),
+                puts,
+                arrived,
+                release,
+            }
+        }
+
+        fn puts(&self) -> Vec<String> {
+            self.puts.lock().expect("not poisoned").clone()
+        }
+    }
+
+    /// One app whose workload (echo) reads `n` queues of the `test/http` driver.
+    fn queues(n: usize) -> BTreeMap<String, Vec<u8>> {
+        let mut files = BTreeMap::new();
+        files.insert(
+            "environments/test.yaml".to_owned(),
+            b"type: test\nimplicit_resources: []\n".to_vec(),
+        );
+        files.insert(
+            "definitions/platform.yaml".to_owned(),
+            b"apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: queue\n\
+              entity:\n  type: queue\n  driver_type: test/http\n  criteria:\n    - {}\n---\n\
+              apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: wl\n\
+              entity:\n  type: workload\n  driver_type: echo\n  criteria:\n    - {}\n"
+                .to_vec(),
+        );
+        let resources: String = (0..n)
+            .map(|i| format!("  q{i:02}:\n    type: queue\n"))
+            .collect();
+        files.insert(
+            "workloads/shop/api.yaml".to_owned(),
+            format!(
+                "apiVersion: score.dev/v1b1\nmetadata:\n  name: api\ncontainers:\n  main:\n    \
+                 image: x\nresources:\n{resources}"
+            )
+            .into_bytes(),
+        );
+        files
+    }
+
+    /// Finding 3 of issue 25, for leases: calls waiting for the driver's one permit used to
+    /// start once it freed, though another daemon may have taken the environment meanwhile.
+    #[test]
+    fn a_lost_lease_starts_no_queued_call() {
+        let driver = HeldDriver::start();
+        let graph = crate::plan::test_support::graph(&queues(20), "test");
+        let target = Target {
+            graph,
+            scope: Scope::whole(Default::default()),
+        };
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let state = dir.path().join("state.db");
+        let mut store = Store::open(&state).expect("a new state");
+        let mut leases = Leases::join(&state, Duration::from_secs(30)).expect("join");
+        let envs = BTreeSet::from(["test".to_owned()]);
+        // The first beat only reports the daemon; the second takes the lease.
+        for _ in 0..2 {
+            leases.beat(&envs, &BTreeSet::new()).expect("a heartbeat");
+        }
+        let hold = leases
+            .hold("test")
+            .expect("the only daemon holds the lease");
+        let mut drivers = Registry::builtin();
+        drivers.register(
+            "test/http",
+            Arc::new(HttpDriver::new(&driver.url, Duration::from_secs(10))),
+            Some(1),
+        );
+        let settings = Settings {
+            concurrency: 16,
+            retry: RetryPolicy::default(),
+            accounts: Arc::new(|_| Err("no accounts".to_owned())),
+            calls: None,
+        };
+        let options = ApplyOptions {
+            lease: Some(hold),
+            ..ApplyOptions::default()
+        };
+        let applying = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            let report = runtime.block_on(apply(
+                &mut store,
+                &drivers,
+                &settings,
+                &target,
+                "c1",
+                &options,
+                &mut |_| {},
+            ));
+            (report, store)
+        });
+        driver
+            .arrived
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the first call reaches the driver");
+        // Another daemon may have the environment now: the other 19 calls must not start.
+        leases.release_all();
+        driver.release.send(()).expect("the driver waits");
+        let (report, store) = applying.join().expect("the apply does not panic");
+        let report = report.expect("the state takes every write");
+        assert_eq!(driver.puts().len(), 1, "calls after the lease was lost");
+        assert_eq!(report.status, DeploymentStatus::Failed);
+        let why = "stopped: this daemon no longer holds the environment's lease";
+        assert_eq!(
+            report.failures.iter().filter(|f| f.ends_with(why)).count(),
+            20,
+            "19 queues and the workload: {:?}",
+            report.failures
+        );
+        let counts = store
+            .operation_counts(report.deployment)
+            .expect("the counts");
+        assert_eq!(counts.created, 1, "{counts:?}");
+    }
 }

@@ -76,6 +76,9 @@ pub enum JournalEntry<'a> {
         attempts: i64,
         error: &'a str,
     },
+    /// An operation started but its driver was never called (gitplane stopped, or the lease was
+    /// lost, once its call could start): the resource is untouched, for the next run to do.
+    Skipped { operation: i64, why: &'a str },
 }
 
 impl Store {
@@ -517,6 +520,14 @@ fn write_journal(tx: &Tx<'_>, ring: &SharedKeyring, entries: &[JournalEntry<'_>]
                      WHERE id = ?1"
                 ))?
                 .run(params![operation, error, attempts])?;
+            }
+            JournalEntry::Skipped { operation, why } => {
+                tx.prepare_cached(&format!(
+                    "UPDATE operation SET status = 'skipped', error = ?2, attempts = 0,
+                            finished_at = {NOW}
+                     WHERE id = ?1"
+                ))?
+                .run(params![operation, why])?;
             }
         }
     }

@@ -618,7 +618,7 @@ fn slow_database(
 
 /// Waits (up to 20 s) for a succeeded deployment of `commit`.
 #[track_caller]
-fn wait_succeeded(sb: &Sandbox, commit: &str) {
+pub(crate) fn wait_succeeded(sb: &Sandbox, commit: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while sb.count(&format!(
         "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"

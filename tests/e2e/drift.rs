@@ -23,6 +23,8 @@ struct Resources {
     live: HashMap<String, (Value, Value)>,
     /// Every request's method, in order.
     methods: Vec<String>,
+    /// Reads still to answer with a 503 before answering.
+    failing_reads: u32,
 }
 
 /// An HTTP driver that provisions into memory and answers `GET` with what it holds (or `405`
@@ -61,6 +63,10 @@ impl ReadingDriver {
                             (200, answer(&guresid, &values, &secrets))
                         }
                         "GET" if !read_path => (405, json!({"message": "no read path"})),
+                        "GET" if r.failing_reads > 0 => {
+                            r.failing_reads -= 1;
+                            (503, json!({"message": "busy: try again"}))
+                        }
                         "GET" => match r.live.get(&guresid) {
                             Some((values, secrets)) => (200, answer(&guresid, values, secrets)),
                             None => (404, json!({"message": "no such resource"})),
@@ -89,6 +95,11 @@ impl ReadingDriver {
 
     fn methods(&self) -> Vec<String> {
         self.lock().methods.clone()
+    }
+
+    /// The next `n` reads fail with a 503, as a driver that is briefly unwell.
+    fn fail_reads(&self, n: u32) {
+        self.lock().failing_reads = n;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Resources> {
@@ -484,4 +495,47 @@ fn the_daemon_detects_on_its_schedule() {
         ]
     );
     assert!(!daemon.log().contains(PASSWORD) && !daemon.log().contains(ROTATED));
+}
+
+/// A detect run's reads go through the driver-call engine: a read that fails transiently is
+/// retried with the apply's `retry` settings, and the run still finds what changed.
+#[test]
+fn a_read_that_fails_transiently_is_retried_and_finds_the_drift() {
+    let sb = Sandbox::new();
+    let driver = ReadingDriver::start(true);
+    platform(
+        &sb,
+        &driver,
+        "type: test\nimplicit_resources: []\ndrift: detect\n",
+    );
+    sb.edit("host.yaml", "attempts: 2", "attempts: 3");
+    let c = config(&sb);
+    sb.gitplane(&["apply", "--config", &c]).ok();
+    driver.tamper();
+    driver.fail_reads(2);
+    let before = driver.methods().len();
+    let run = sb.gitplane(&["drift", "--config", &c, "--env", "test"]);
+    assert_eq!(run.code, Some(2), "drift found:{run}");
+    run.stdout_has("\"db-moved-by-hand\"")
+        .stdout_has("0 not read")
+        .hides(&[PASSWORD, ROTATED]);
+    assert_eq!(
+        driver.methods()[before..],
+        ["GET", "GET", "GET"],
+        "two 503s, then the answer"
+    );
+    assert_eq!(
+        sb.column("SELECT what FROM drift_finding ORDER BY what"),
+        ["outputs", "secret outputs"]
+    );
+
+    // Past `retry.attempts` the read is given up, named as the apply names it.
+    driver.fail_reads(3);
+    let run = sb.gitplane(&["drift", "--config", &c, "--env", "test"]);
+    run.stdout_has("1 not read");
+    let error = sb.column("SELECT error FROM deployment ORDER BY id DESC LIMIT 1");
+    assert!(
+        error[0].contains("(gave up after 3 attempts)"),
+        "{error:?}:{run}"
+    );
 }

@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+/// The key of the behaviour of reads among those of resource types.
+const READS: &str = "(reads)";
+
 /// How the driver answers for one resource type.
 #[derive(Debug, Clone, Default)]
 pub struct Behavior {
@@ -60,6 +63,8 @@ struct Inner {
     /// 200s answered per GUResID.
     provisioned: HashMap<String, u32>,
     received: Vec<Received>,
+    /// Every request as it arrived, before it is answered: method, GUResID and when.
+    arrivals: Vec<(String, String, Instant)>,
     /// Calls answered, for the flaky sequence.
     calls: u64,
 }
@@ -93,6 +98,11 @@ impl DriverServer {
         self.lock().behaviors.insert(res_type.to_owned(), behavior);
     }
 
+    /// How the driver answers reads (`GET`, which carry no body, so no resource type).
+    pub fn behave_reads(&self, behavior: Behavior) {
+        self.lock().behaviors.insert(READS.to_owned(), behavior);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.0.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -109,6 +119,22 @@ impl DriverServer {
     /// GUResIDs for which more than one instance was ever created while none was deleted.
     pub fn creations(&self) -> HashMap<String, u32> {
         self.lock().creations.clone()
+    }
+
+    /// Every request as it arrived (method, GUResID, when), answered or not yet.
+    pub fn arrivals(&self) -> Vec<(String, String, Instant)> {
+        self.lock().arrivals.clone()
+    }
+
+    /// Blocks until `n` requests have arrived, answered or not (or `timeout` passes); returns
+    /// whether they did.
+    pub fn wait_for_arrivals(&self, n: usize, timeout: Duration) -> bool {
+        let (lock, cv) = &*self.inner;
+        let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (guard, _) = cv
+            .wait_timeout_while(guard, timeout, |i| i.arrivals.len() < n)
+            .unwrap_or_else(|e| e.into_inner());
+        guard.arrivals.len() >= n
     }
 
     /// Blocks until the server has received `n` requests (or `timeout` passes); returns whether
@@ -143,8 +169,13 @@ fn handle(mut request: tiny_http::Request, shared: &(Mutex<Inner>, Condvar)) {
     let res_type = body["type"].as_str().unwrap_or_default().to_owned();
 
     let behavior = {
-        let inner = shared.0.lock().unwrap_or_else(|e| e.into_inner());
-        inner.behaviors.get(&res_type).cloned().unwrap_or_default()
+        let mut inner = shared.0.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .arrivals
+            .push((method.clone(), guresid.clone(), arrived));
+        shared.1.notify_all();
+        let key = if method == "GET" { READS } else { &res_type };
+        inner.behaviors.get(key).cloned().unwrap_or_default()
     };
     thread::sleep(behavior.delay);
 

@@ -37,6 +37,7 @@ mod secrets;
 mod service;
 mod soak;
 mod status_page;
+mod stop;
 mod systemd;
 mod terraform;
 mod trust_state;

@@ -84,8 +84,8 @@ impl Metrics {
         );
         let driver_calls = counter(
             "gitplane_driver_calls_total",
-            "Driver calls made (polls and retries each count), by driver, operation (put or \
-             delete) and outcome.",
+            "Driver calls made (polls and retries each count), by driver, operation (put, \
+             delete or read) and outcome.",
             &["driver", "operation", "outcome"],
         );
         let driver_call_duration = histogram(

@@ -22,7 +22,7 @@ use tokio::task::Id as TaskId;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
-use crate::app::RECLAIM_PAGES;
+use crate::app;
 use crate::config::{HostConfig, PreviewTrust, RepoSource};
 use crate::deploy::{self, Reach, Target};
 use crate::drivers::Registry;
@@ -1340,66 +1340,87 @@ fn reconcile_one(
             return Ended::Unfinished;
         }
     };
-    // A rollback's pin holds the environment at its commit: a newer one is planned and the
-    // plan recorded for `gitplane status`, not applied.
-    if !job.drift && !removing {
-        match deploy::held_by_pin(store, &target, &job.commit) {
-            Ok(Some((pin, plan))) => {
-                warn!(
-                    env, commit = %job.commit, pinned_at = %pin.commit_id, pinned_by = %pin.pinned_by,
-                    "pinned by a rollback ({}): the commit is planned, not applied ({plan}); \
-                     `gitplane unpin --env {env}` releases it", pin.reason
-                );
+    let engine = app::Engine {
+        drivers: &runtime.drivers,
+        settings: &runtime.settings,
+        history: runtime.history,
+        runtime: handle,
+    };
+    let lease = hold.as_ref().map(|(h, _)| h.clone());
+    let mut observer = Observed {
+        events: &shared.events,
+        noticed: job.noticed,
+    };
+    let started = Instant::now();
+    let outcome = if job.drift {
+        let halt = crate::drift::DetectOptions {
+            stop: Some(shared.stop.clone()),
+            lease,
+        };
+        match app::drift_env(
+            store,
+            &engine,
+            &target,
+            &job.commit,
+            false,
+            &halt,
+            &mut observer,
+        ) {
+            Ok(app::DriftOutcome::Detected(report)) => {
+                drop(lock);
+                detected(env, job, shared, &report, started.elapsed());
                 return Ended::Done;
             }
-            Ok(None) => {}
-            Err(e) => {
-                error!(env, error = %e, "cannot read the environment's pin");
-                return Ended::Unfinished;
-            }
+            Ok(app::DriftOutcome::Corrected { outcome, .. }) => Ok(outcome),
+            Err(e) => Err(e),
         }
-    }
-    if job.drift && target.graph.drift == crate::model::DriftMode::Detect {
-        let lease = hold.as_ref().map(|(h, _)| h.clone());
-        detect_one(env, job, store, shared, (&runtime, handle), &target, lease);
-        return Ended::Done;
-    }
-    let options = ApplyOptions {
-        drift: job.drift,
-        stop: Some(shared.stop.clone()),
-        lease: hold.as_ref().map(|(h, _)| h.clone()),
-        removing_env: removing,
-        ..ApplyOptions::default()
+    } else {
+        let options = ApplyOptions {
+            stop: Some(shared.stop.clone()),
+            lease,
+            removing_env: removing,
+            ..ApplyOptions::default()
+        };
+        app::deploy_env(
+            store,
+            &engine,
+            &target,
+            &job.commit,
+            &options,
+            &mut observer,
+        )
     };
-    if let Some(noticed) = job.noticed {
-        shared.events.push_started(noticed.elapsed());
-    }
-    let started = Instant::now();
-    let events = &shared.events;
-    let report = handle.block_on(reconcile::apply(
-        store,
-        &runtime.drivers,
-        &runtime.settings,
-        &target,
-        &job.commit,
-        &options,
-        &mut |event| {
-            if matches!(
-                event,
-                reconcile::Event::Planned { .. } | reconcile::Event::Finished { .. }
-            ) {
-                events.changed();
-            }
-        },
-    ));
     let took = started.elapsed();
+    let (report, prune_error) = match outcome {
+        // A rollback's pin holds the environment at its commit: a newer one is planned and the
+        // plan recorded for `gitplane status`, not applied.
+        Ok(app::EnvOutcome::Pinned { pin, plan }) => {
+            warn!(
+                env, commit = %job.commit, pinned_at = %pin.commit_id, pinned_by = %pin.pinned_by,
+                "pinned by a rollback ({}): the commit is planned, not applied ({plan}); \
+                 `gitplane unpin --env {env}` releases it", pin.reason
+            );
+            return Ended::Done;
+        }
+        Ok(app::EnvOutcome::Ran {
+            report,
+            prune_error,
+        }) => (report, prune_error),
+        Err(e) => {
+            error!(env, error = %e, "state error during the deployment");
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
+            return Ended::Unfinished;
+        }
+    };
+    if let Some(e) = prune_error {
+        warn!(env, error = %e, "cannot prune the history (history.keep)");
+    }
     if attempt > 1
-        && let Ok(r) = &report
-        && let Err(e) = store.mark_attempt(r.deployment, i64::from(attempt))
+        && let Err(e) = store.mark_attempt(report.deployment, i64::from(attempt))
     {
         warn!(env, error = %e, "cannot record the deployment as a retry");
     }
-    if removing && report.is_ok() && matches!(store.resource_count(env), Ok(0)) {
+    if removing && matches!(store.resource_count(env), Ok(0)) {
         match store.preview_removed(env) {
             Ok(()) => info!(
                 env,
@@ -1410,65 +1431,50 @@ fn reconcile_one(
     }
     drop(target);
     drop(lock);
-    if let Some(keep) = runtime.history {
-        let pruned = store.prune(keep).and_then(|_| store.reclaim(RECLAIM_PAGES));
-        if let Err(e) = pruned {
-            warn!(env, error = %e, "cannot prune the history (history.keep)");
-        }
-    }
-    if let Ok(r) = &report {
-        let drifted = if job.drift {
-            store.outputs_changed(r.deployment).unwrap_or_else(|e| {
-                warn!(env, error = %e, "cannot read what the drift run found");
-                Vec::new()
-            })
-        } else {
+    let r = report;
+    let drifted = if job.drift {
+        store.outputs_changed(r.deployment).unwrap_or_else(|e| {
+            warn!(env, error = %e, "cannot read what the drift run found");
             Vec::new()
-        };
-        events.finished(DeploymentEvent {
-            env: env.to_owned(),
-            deployment: r.deployment,
-            kind: if job.drift { "drift" } else { "commit" },
-            commit: Some(job.commit.clone()),
-            commit_info: commit_info(&shared.repo, &job.commit),
-            status: r.status,
-            counts: r.counts,
-            duration_seconds: took.as_secs_f64(),
-            failures: r.failures.clone(),
-            drifted,
-        });
-    }
-    let ended = match report {
-        Ok(r) => {
-            let c = r.counts;
-            match r.status {
-                DeploymentStatus::Held => {
-                    warn!(
-                        env, commit = %job.commit, deployment = r.deployment,
-                        "held by the deletion guard: {}; approve with `gitplane approve {}`",
-                        r.failures.join("; "), r.deployment
-                    );
-                    Ended::Done
-                }
-                DeploymentStatus::Succeeded => {
-                    info!(
-                        env, commit = %job.commit, deployment = r.deployment, drift = job.drift,
-                        created = c.created, updated = c.updated, deleted = c.deleted, unchanged = c.unchanged,
-                        "deployment succeeded"
-                    );
-                    Ended::Done
-                }
-                _ => {
-                    warn!(
-                        env, commit = %job.commit, deployment = r.deployment, failed = c.failed,
-                        "deployment failed: {}", r.failures.join("; ")
-                    );
-                    Ended::Unfinished
-                }
-            }
+        })
+    } else {
+        Vec::new()
+    };
+    shared.events.finished(DeploymentEvent {
+        env: env.to_owned(),
+        deployment: r.deployment,
+        kind: if job.drift { "drift" } else { "commit" },
+        commit: Some(job.commit.clone()),
+        commit_info: commit_info(&shared.repo, &job.commit),
+        status: r.status,
+        counts: r.counts,
+        duration_seconds: took.as_secs_f64(),
+        failures: r.failures.clone(),
+        drifted,
+    });
+    let c = r.counts;
+    let ended = match r.status {
+        DeploymentStatus::Held => {
+            warn!(
+                env, commit = %job.commit, deployment = r.deployment,
+                "held by the deletion guard: {}; approve with `gitplane approve {}`",
+                r.failures.join("; "), r.deployment
+            );
+            Ended::Done
         }
-        Err(e) => {
-            error!(env, error = %e, "state error during the deployment");
+        DeploymentStatus::Succeeded => {
+            info!(
+                env, commit = %job.commit, deployment = r.deployment, drift = job.drift,
+                created = c.created, updated = c.updated, deleted = c.deleted, unchanged = c.unchanged,
+                "deployment succeeded"
+            );
+            Ended::Done
+        }
+        _ => {
+            warn!(
+                env, commit = %job.commit, deployment = r.deployment, failed = c.failed,
+                "deployment failed: {}", r.failures.join("; ")
+            );
             Ended::Unfinished
         }
     };
@@ -1476,67 +1482,65 @@ fn reconcile_one(
     ended
 }
 
-/// A drift run of an environment whose file says `drift: detect`: reads and records, changes
-/// nothing. The caller holds the environment's lock.
-fn detect_one(
-    env: &str,
-    job: &Job,
-    store: &mut Store,
-    shared: &Shared,
-    (runtime, handle): (&Runtime, &tokio::runtime::Handle),
-    target: &Target,
-    lease: Option<Arc<gitplane_state::LeaseHold>>,
-) {
-    let options = crate::drift::DetectOptions {
-        stop: Some(shared.stop.clone()),
-        lease,
-    };
-    let started = Instant::now();
-    let report = handle.block_on(crate::drift::detect(
-        store,
-        &runtime.drivers,
-        &runtime.settings,
-        target,
-        &job.commit,
-        &options,
-    ));
-    match report {
-        Ok(r) => {
-            let mut drifted: Vec<String> = r
-                .findings
-                .iter()
-                .map(|f| format!("{} ({})", f.label, f.finding.what.as_str()))
-                .collect();
-            drifted.dedup();
-            let status = if r.failures.is_empty() {
-                DeploymentStatus::Succeeded
-            } else {
-                DeploymentStatus::Failed
-            };
-            info!(
-                env, commit = %job.commit, deployment = r.deployment,
-                differ = r.resources(), findings = r.findings.len(), failed = r.failures.len(),
-                "drift detected (not corrected)"
-            );
-            shared.events.finished(DeploymentEvent {
-                env: env.to_owned(),
-                deployment: r.deployment,
-                kind: "drift",
-                commit: Some(job.commit.clone()),
-                commit_info: commit_info(&shared.repo, &job.commit),
-                status,
-                counts: gitplane_state::Counts {
-                    unchanged: r.unchanged as i64,
-                    failed: r.failures.len() as i64,
-                    ..Default::default()
-                },
-                duration_seconds: started.elapsed().as_secs_f64(),
-                failures: r.failures.clone(),
-                drifted,
-            });
+/// What the daemon hears of a deployment as it runs: when it starts (a push's latency) and the
+/// steps that change what the status page shows.
+struct Observed<'e> {
+    events: &'e Events,
+    noticed: Option<Instant>,
+}
+
+impl app::Observer for Observed<'_> {
+    fn starting(&mut self) {
+        if let Some(noticed) = self.noticed {
+            self.events.push_started(noticed.elapsed());
         }
-        Err(e) => error!(env, error = %e, "state error during the drift run"),
     }
+
+    fn event(&mut self, event: &reconcile::Event<'_>) {
+        if matches!(
+            event,
+            reconcile::Event::Planned { .. } | reconcile::Event::Finished { .. }
+        ) {
+            self.events.changed();
+        }
+    }
+}
+
+/// Logs and reports a drift run of an environment whose file says `drift: detect`: it read and
+/// recorded, and changed nothing.
+fn detected(env: &str, job: &Job, shared: &Shared, r: &crate::drift::DetectReport, took: Duration) {
+    let mut drifted: Vec<String> = r
+        .findings
+        .iter()
+        .map(|f| format!("{} ({})", f.label, f.finding.what.as_str()))
+        .collect();
+    drifted.dedup();
+    let status = if r.failures.is_empty() {
+        DeploymentStatus::Succeeded
+    } else {
+        DeploymentStatus::Failed
+    };
+    info!(
+        env, commit = %job.commit, deployment = r.deployment,
+        differ = r.resources(), findings = r.findings.len(), failed = r.failures.len(),
+        "drift detected (not corrected)"
+    );
+    shared.events.finished(DeploymentEvent {
+        env: env.to_owned(),
+        deployment: r.deployment,
+        kind: "drift",
+        commit: Some(job.commit.clone()),
+        commit_info: commit_info(&shared.repo, &job.commit),
+        status,
+        counts: gitplane_state::Counts {
+            unchanged: r.unchanged as i64,
+            failed: r.failures.len() as i64,
+            ..Default::default()
+        },
+        duration_seconds: took.as_secs_f64(),
+        failures: r.failures.clone(),
+        drifted,
+    });
 }
 
 fn lease_ttl(host: &HostConfig) -> Duration {

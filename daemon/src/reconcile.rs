@@ -161,6 +161,9 @@ pub struct ApplyOptions {
     /// The environment's lease, when daemons share a PostgreSQL state: once it is no longer
     /// held (taken over, or not renewed in time) no new driver call starts, as when stopping.
     pub lease: Option<Arc<gitplane_state::LeaseHold>>,
+    /// The environment's apply lock: once another process took it over, or it went unrenewed
+    /// long enough that one may have, no new driver call starts, as when stopping.
+    pub lock: Option<Arc<gitplane_state::LockHold>>,
     /// GUResIDs of pinned resources (`auto_update: false`) to bind to current values anyway:
     /// `gitplane resolve`.
     pub resolve: HashSet<String>,
@@ -171,15 +174,20 @@ pub struct ApplyOptions {
 
 impl ApplyOptions {
     fn stopping(&self) -> bool {
-        halted(&self.stop, &self.lease)
+        halted(&self.stop, &self.lease, &self.lock)
     }
 }
 
-/// Whether no new driver call may start: gitplane is stopping, or the environment's lease is
-/// gone.
-fn halted(stop: &Option<Arc<AtomicBool>>, lease: &Option<Arc<gitplane_state::LeaseHold>>) -> bool {
+/// Whether no new driver call may start: gitplane is stopping, or the environment's lease or
+/// lock is gone.
+fn halted(
+    stop: &Option<Arc<AtomicBool>>,
+    lease: &Option<Arc<gitplane_state::LeaseHold>>,
+    lock: &Option<Arc<gitplane_state::LockHold>>,
+) -> bool {
     stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
         || lease.as_ref().is_some_and(|l| !l.holds())
+        || lock.as_ref().is_some_and(|l| !l.holds())
 }
 
 /// The deletion guard's verdict on `plan`, the plan of `target` against the `in_scope`
@@ -892,6 +900,8 @@ impl<'a> Run<'a, '_> {
                     if step.action != Action::Unchanged || self.options.drift {
                         let why = if self.options.lease.as_ref().is_some_and(|l| !l.holds()) {
                             "stopped: this daemon no longer holds the environment's lease"
+                        } else if self.options.lock.as_ref().is_some_and(|l| !l.holds()) {
+                            "stopped: this process no longer holds the environment's lock"
                         } else {
                             "stopped: gitplane is shutting down"
                         };
@@ -1070,7 +1080,11 @@ impl<'a> Run<'a, '_> {
             let permits = self.permits(&driver_type, registered.concurrency);
             let retry = self.settings.retry;
             let calls = calls_tx.clone();
-            let stop = (self.options.stop.clone(), self.options.lease.clone());
+            let stop = (
+                self.options.stop.clone(),
+                self.options.lease.clone(),
+                self.options.lock.clone(),
+            );
             let observer = self.settings.calls.clone().map(|o| (driver_type, o));
             let leaks = job.leaks.clone();
             tasks.spawn(async move {
@@ -1785,12 +1799,13 @@ async fn call_until_done(
     permits: Permits,
     retry: RetryPolicy,
     calls: mpsc::UnboundedSender<CallEnded>,
-    (stop, lease): (
+    (stop, lease, lock): (
         Option<Arc<AtomicBool>>,
         Option<Arc<gitplane_state::LeaseHold>>,
+        Option<Arc<gitplane_state::LockHold>>,
     ),
 ) -> (i64, CallOutcome) {
-    let stopping = || halted(&stop, &lease);
+    let stopping = || halted(&stop, &lease, &lock);
     let started = Instant::now();
     let mut attempts: i64 = 0;
     let mut transient_failures: u32 = 0;

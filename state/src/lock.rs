@@ -74,7 +74,10 @@ impl LockHold {
         if self.lost.load(Ordering::SeqCst) {
             return false;
         }
-        let confirmed = *self.confirmed.lock().unwrap_or_else(PoisonError::into_inner);
+        let confirmed = *self
+            .confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if confirmed.elapsed() >= self.stale_after {
             self.lose();
             return false;
@@ -83,7 +86,10 @@ impl LockHold {
     }
 
     fn renewed(&self, sent: Instant) {
-        *self.confirmed.lock().unwrap_or_else(PoisonError::into_inner) = sent;
+        *self
+            .confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = sent;
     }
 
     fn lose(&self) {
@@ -199,14 +205,7 @@ impl ApplyLock {
                              acquired_at = {NOW}, renewed_at = {NOW}, generation = ?5
                          WHERE env = ?1 AND holder = ?6"
                     ),
-                    params![
-                        env,
-                        token,
-                        std::process::id(),
-                        host,
-                        generation,
-                        gone.token
-                    ],
+                    params![env, token, std::process::id(), host, generation, gone.token],
                 ),
             }
             .map_err(e)?;
@@ -409,11 +408,9 @@ mod tests {
     fn holder_of(store: &Store, env: &str) -> Option<String> {
         store
             .conn
-            .query_row(
-                "SELECT holder FROM env_lock WHERE env = ?1",
-                [env],
-                |r| r.get(0),
-            )
+            .query_row("SELECT holder FROM env_lock WHERE env = ?1", [env], |r| {
+                r.get(0)
+            })
             .optional()
             .unwrap()
     }

@@ -1328,7 +1328,7 @@ fn apply(
     commit.claim(ctx, &store)?;
     // Locked before anything is read from the state: which apps changed is judged against the
     // fingerprints another apply could be writing.
-    let _locks = commit
+    let locks = commit
         .envs
         .iter()
         .map(|env| ApplyLock::acquire(&ctx.state, env, false))
@@ -1355,7 +1355,7 @@ fn apply(
         &mut store,
         commit.id(),
         &targets,
-        &ApplyOptions::default(),
+        (&ApplyOptions::default(), &locks),
         &Attribution::of(actor, "apply"),
         stdout,
     )
@@ -1461,7 +1461,8 @@ pub(crate) fn targets(
 
 /// Reconciles each target in turn, with progress on stderr and a summary line per environment,
 /// and records an action for each (see [`Attribution`]). The caller holds the environments'
-/// apply locks.
+/// apply `locks`: an environment whose lock is lost (another process took it over) starts no
+/// more driver calls.
 ///
 /// The state key is checked first: a key that is not the one the state is sealed with stops
 /// the command before any deployment is recorded or driver called.
@@ -1470,7 +1471,7 @@ fn apply_targets(
     store: &mut Store,
     commit: &str,
     targets: &[Target],
-    options: &ApplyOptions,
+    (options, locks): (&ApplyOptions, &[ApplyLock]),
     attribution: &Attribution<'_>,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
@@ -1507,6 +1508,13 @@ fn apply_targets(
             attribution.record(store, &t.graph.env, None, &outcome)?;
             continue;
         }
+        let options = ApplyOptions {
+            lock: locks
+                .iter()
+                .find(|l| l.env() == t.graph.env)
+                .map(ApplyLock::hold),
+            ..options.clone()
+        };
         let mut progress = progress::Progress::new(&t.graph.env, commit);
         let report = runtime.block_on(reconcile::apply(
             store,
@@ -1514,7 +1522,7 @@ fn apply_targets(
             &settings,
             t,
             commit,
-            options,
+            &options,
             &mut |e: &Event<'_>| progress.event(e),
         ))?;
         progress.finish();
@@ -1631,7 +1639,7 @@ fn approve(
             }
         }
     }
-    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
+    let lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let Some((env, commit)) = store.release_held(deployment)? else {
         return Err(CliError::NotHeld { deployment });
     };
@@ -1657,7 +1665,7 @@ fn approve(
                 &mut store,
                 resolved.id(),
                 &targets,
-                &options,
+                (&options, std::slice::from_ref(&lock)),
                 &attribution,
                 stdout,
             )
@@ -1804,7 +1812,7 @@ fn resolve(
         envs: vec![env.clone()],
         ..ctx.clone()
     };
-    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
+    let lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let commit = Commit::resolve(&scoped, rev, Some(&store))?;
     commit.claim(&scoped, &store)?;
     let targets = match targets(&scoped, &commit, Some(&store), Reach::Whole)? {
@@ -1828,7 +1836,7 @@ fn resolve(
         &mut store,
         commit.id(),
         &targets,
-        &options,
+        (&options, std::slice::from_ref(&lock)),
         &attribution,
         stdout,
     )
@@ -1852,7 +1860,7 @@ fn drift(
         .map_err(CliError::Runtime)?;
     let mut outcome = CommandResult::Success;
     for env in &envs {
-        let _lock = ApplyLock::acquire(&ctx.state, env, false)?;
+        let lock = ApplyLock::acquire(&ctx.state, env, false)?;
         let Some(commit) = store.last_good_commit(env)? else {
             writeln!(
                 stdout,
@@ -1895,7 +1903,7 @@ fn drift(
                     &mut store,
                     resolved.id(),
                     std::slice::from_ref(target),
-                    &options,
+                    (&options, std::slice::from_ref(&lock)),
                     &attribution,
                     stdout,
                 )?;

@@ -161,3 +161,57 @@ fn two_applies_taking_over_one_stale_lock_never_both_run() {
     let locks = server.psql(&url, "SELECT COUNT(*) FROM env_lock").unwrap();
     assert_eq!(locks.trim(), "0");
 }
+
+#[test]
+fn an_apply_whose_lock_another_took_starts_no_new_driver_call() {
+    let sb = Sandbox::new();
+    let driver = DriverServer::start();
+    // The first call outlasts a renewal of the lock (every 5 s): by its end the apply knows.
+    driver.behave(
+        "base-env",
+        Behavior {
+            delay: Duration::from_secs(7),
+            ..Behavior::default()
+        },
+    );
+    http_platform(&sb, &driver, 1);
+    // Time enough for the slow answer.
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        sb.read("host.yaml").replace("timeout: 2s", "timeout: 30s"),
+    )
+    .unwrap();
+    let run = std::thread::scope(|s| {
+        let apply = s.spawn(|| sb.gitplane(&["apply", "--config", config.to_str().unwrap()]));
+        // Read only once the file and its schema are there.
+        let held = || {
+            sb.state.exists()
+                && sb
+                    .db()
+                    .query_row("SELECT COUNT(*) FROM env_lock", [], |r| r.get::<_, i64>(0))
+                    .is_ok_and(|n| n == 1)
+        };
+        wait_until(
+            "the apply holding its lock",
+            Duration::from_secs(30),
+            || held() || apply.is_finished(),
+            String::new,
+        );
+        // Another process takes the row over, as one would a stale lock.
+        sb.db()
+            .execute("UPDATE env_lock SET holder = 'thief', pid = 1, host = 'elsewhere'", [])
+            .unwrap();
+        apply.join().unwrap()
+    });
+    let run = run.fails();
+    run.stderr_has("stopped: this process no longer holds the environment's lock");
+    // The call in flight finished; nothing after it started.
+    assert!(driver.wait_for_requests(1, Duration::from_secs(10)));
+    let received = driver.received();
+    assert_eq!(received.len(), 1, "{received:#?}{run}");
+    assert_eq!(received[0].body["type"], "base-env");
+    assert_eq!(sb.last_deployment("test").status, "failed");
+    // Its release left the new holder's row alone.
+    assert_eq!(sb.column("SELECT holder FROM env_lock"), ["thief"]);
+}

@@ -178,6 +178,13 @@ impl ApplyOptions {
     }
 }
 
+/// What stops new driver calls: the stop flag, the environment's lease and its lock.
+type Halts = (
+    Option<Arc<AtomicBool>>,
+    Option<Arc<gitplane_state::LeaseHold>>,
+    Option<Arc<gitplane_state::LockHold>>,
+);
+
 /// Whether no new driver call may start: gitplane is stopping, or the environment's lease or
 /// lock is gone.
 fn halted(
@@ -1799,11 +1806,7 @@ async fn call_until_done(
     permits: Permits,
     retry: RetryPolicy,
     calls: mpsc::UnboundedSender<CallEnded>,
-    (stop, lease, lock): (
-        Option<Arc<AtomicBool>>,
-        Option<Arc<gitplane_state::LeaseHold>>,
-        Option<Arc<gitplane_state::LockHold>>,
-    ),
+    (stop, lease, lock): Halts,
 ) -> (i64, CallOutcome) {
     let stopping = || halted(&stop, &lease, &lock);
     let started = Instant::now();

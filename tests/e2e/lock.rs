@@ -200,7 +200,10 @@ fn an_apply_whose_lock_another_took_starts_no_new_driver_call() {
         );
         // Another process takes the row over, as one would a stale lock.
         sb.db()
-            .execute("UPDATE env_lock SET holder = 'thief', pid = 1, host = 'elsewhere'", [])
+            .execute(
+                "UPDATE env_lock SET holder = 'thief', pid = 1, host = 'elsewhere'",
+                [],
+            )
             .unwrap();
         apply.join().unwrap()
     });

@@ -265,10 +265,11 @@ impl Holder {
 }
 
 /// Renews the row every `every` until the lock is dropped, then deletes it if it is still
-/// ours. A renewal that finds the row another holder's loses the lock; one that fails (the
-/// database is away) is retried at the next tick, and the lock is lost only once
-/// [`LockHold::holds`] finds it unrenewed for longer than others wait. A lost lock is not
-/// renewed again: the row may be someone else's by now.
+/// ours. A renewal that finds the row another holder's loses the lock, and renewing stops; one
+/// that fails (the database is away) is retried at the next tick, and the lock is lost only
+/// once [`LockHold::holds`] finds it unrenewed for longer than others wait. Lost that way, the
+/// row is still renewed while it is ours: the holder finishes the calls it has in flight, and
+/// nobody should take the lock over meanwhile.
 fn renew_until_released(
     conn: &Conn,
     hold: &LockHold,
@@ -276,8 +277,9 @@ fn renew_until_released(
     every: Duration,
     released: &mpsc::Receiver<()>,
 ) {
+    let mut taken = false;
     while let Err(mpsc::RecvTimeoutError::Timeout) = released.recv_timeout(every) {
-        if !hold.holds() {
+        if taken {
             continue;
         }
         let sent = Instant::now();
@@ -285,7 +287,10 @@ fn renew_until_released(
             &format!("UPDATE env_lock SET renewed_at = {NOW} WHERE env = ?1 AND holder = ?2"),
             params![hold.env, token],
         ) {
-            Ok(0) => hold.lose(),
+            Ok(0) => {
+                taken = true;
+                hold.lose();
+            }
             Ok(_) => hold.renewed(sent),
             Err(_) => {}
         }

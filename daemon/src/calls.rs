@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gitplane_state::LeaseHold;
+use gitplane_state::{LeaseHold, LockHold};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::RetryPolicy;
@@ -29,6 +29,9 @@ pub enum Halted {
     /// The environment's lease is no longer this daemon's: another may be calling the same
     /// resources.
     LeaseLost,
+    /// The environment's apply lock is no longer this process's (another took it over, or it
+    /// went unrenewed long enough that one may have).
+    LockLost,
 }
 
 impl Halted {
@@ -37,6 +40,7 @@ impl Halted {
         match self {
             Halted::Stopping => "gitplane is shutting down",
             Halted::LeaseLost => "this daemon no longer holds the environment's lease",
+            Halted::LockLost => "this process no longer holds the environment's lock",
         }
     }
 
@@ -55,6 +59,8 @@ pub struct Halt {
     pub stop: Option<Arc<AtomicBool>>,
     /// The environment's lease, when daemons share a PostgreSQL state.
     pub lease: Option<Arc<LeaseHold>>,
+    /// The environment's apply lock.
+    pub lock: Option<Arc<LockHold>>,
 }
 
 impl Halt {
@@ -63,6 +69,9 @@ impl Halt {
     pub fn halted(&self) -> Option<Halted> {
         if self.lease.as_ref().is_some_and(|l| !l.holds()) {
             return Some(Halted::LeaseLost);
+        }
+        if self.lock.as_ref().is_some_and(|l| !l.holds()) {
+            return Some(Halted::LockLost);
         }
         if self.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
             return Some(Halted::Stopping);

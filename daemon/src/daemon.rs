@@ -1356,6 +1356,7 @@ fn reconcile_one(
         let halt = crate::drift::DetectOptions {
             stop: Some(shared.stop.clone()),
             lease,
+            lock: Some(lock.hold()),
         };
         match app::drift_env(
             store,
@@ -1378,6 +1379,7 @@ fn reconcile_one(
         let options = ApplyOptions {
             stop: Some(shared.stop.clone()),
             lease,
+            lock: Some(lock.hold()),
             removing_env: removing,
             ..ApplyOptions::default()
         };

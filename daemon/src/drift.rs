@@ -271,6 +271,8 @@ pub struct DetectOptions {
     pub stop: Option<Arc<AtomicBool>>,
     /// The environment's lease, when daemons share a PostgreSQL state.
     pub lease: Option<Arc<gitplane_state::LeaseHold>>,
+    /// The environment's apply lock.
+    pub lock: Option<Arc<gitplane_state::LockHold>>,
 }
 
 impl DetectOptions {
@@ -279,6 +281,7 @@ impl DetectOptions {
         Halt {
             stop: self.stop.clone(),
             lease: self.lease.clone(),
+            lock: self.lock.clone(),
         }
     }
 }

@@ -126,6 +126,9 @@ pub struct ApplyOptions {
     /// The environment's lease, when daemons share a PostgreSQL state: once it is no longer
     /// held (taken over, or not renewed in time) no new driver call starts, as when stopping.
     pub lease: Option<Arc<gitplane_state::LeaseHold>>,
+    /// The environment's apply lock: once another process took it over, or it went unrenewed
+    /// long enough that one may have, no new driver call starts, as when stopping.
+    pub lock: Option<Arc<gitplane_state::LockHold>>,
     /// GUResIDs of pinned resources (`auto_update: false`) to bind to current values anyway:
     /// `gitplane resolve`.
     pub resolve: HashSet<String>,
@@ -140,6 +143,7 @@ impl ApplyOptions {
         Halt {
             stop: self.stop.clone(),
             lease: self.lease.clone(),
+            lock: self.lock.clone(),
         }
     }
 }

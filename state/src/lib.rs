@@ -34,7 +34,7 @@ pub use fingerprint::AppFingerprint;
 pub use history::{LinkChanges, Pruned, Retention};
 pub use journal::{Batch, Ended, JournalEntry, ManifestsRecord};
 pub use lease::{Beat, Fence, LeaseHold, LeaseRecord, Leases};
-pub use lock::ApplyLock;
+pub use lock::{ApplyLock, LockHold};
 pub use postgres::{PgTarget, is_postgres_url};
 pub use seal::{KeySource, SealError, StateKey, pending_key_path};
 pub use trust::{Action, ActionRecord, KeyCheck, RepositoryIdentity};

@@ -1,17 +1,24 @@
-//! The per-environment apply lock, held in the state file itself.
+//! The per-environment apply lock, held in the state itself, exclusive on SQLite and PostgreSQL.
 //!
 //! SQLite serialises single writes, but an apply is many writes that must not interleave with
-//! another apply's to the same environment. The lock is a row of `env_lock` in the state file,
-//! so every name the file is reached by (a symlink, a hard link, another relative path) finds
-//! the same lock. A holder renews its row while it works; a row whose process is gone (same
-//! host) or that nobody renewed for [`STALE_AFTER`] is taken over, so a killed apply never
-//! leaves its environment locked for good.
+//! another apply's to the same environment. The lock is a row of `env_lock` in the state, so
+//! every name the file is reached by (a symlink, a hard link, another relative path) finds the
+//! same lock. A holder renews its row while it works; a row whose process is gone (same host) or
+//! that nobody renewed for [`STALE_AFTER`] is taken over, so a killed apply never leaves its
+//! environment locked for good.
+//!
+//! Taking is a compare-and-swap on the row as it was read: an insert that does nothing when a
+//! row appeared meanwhile, or an update of the holder that was read. PostgreSQL at READ
+//! COMMITTED lets two takers read the same stale row, so an unconditional write would let both
+//! win; with the swap, the second finds the row changed, touches nothing and looks again.
+//! A holder learns through [`LockHold`] when its lock is no longer its own: the row names
+//! another holder, or it could not renew it for [`STALE_AFTER`] (others may have taken it).
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::db::{Conn, OptionalExtension, params};
 use crate::{Fence, NOW, Result, StateError, state_error};
@@ -23,15 +30,77 @@ const RENEW_EVERY: Duration = Duration::from_secs(5);
 /// How often a waiting process looks again.
 const POLL: Duration = Duration::from_millis(200);
 
-/// Held while one process applies to one environment of a state file; released on drop.
+/// How long a lock lives unrenewed, and how often its holder renews it (shorter in tests).
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    stale_after: Duration,
+    renew_every: Duration,
+}
+
+const TIMING: Timing = Timing {
+    stale_after: STALE_AFTER,
+    renew_every: RENEW_EVERY,
+};
+
+/// Held while one process applies to one environment of a state; released on drop.
 #[derive(Debug)]
 pub struct ApplyLock {
+    hold: Arc<LockHold>,
     release: Option<mpsc::Sender<()>>,
     renewer: Option<JoinHandle<()>>,
 }
 
+/// Whether a taken lock is still its holder's, for the work done under it to check before it
+/// starts anything more (a driver call). Once lost, it stays lost.
+#[derive(Debug)]
+pub struct LockHold {
+    env: String,
+    stale_after: Duration,
+    /// When the last write that found the row ours was sent: the row's `renewed_at` is no
+    /// earlier, so others judge it stale no sooner than `stale_after` from here.
+    confirmed: Mutex<Instant>,
+    lost: AtomicBool,
+}
+
+impl LockHold {
+    /// The environment the lock is of.
+    pub fn env(&self) -> &str {
+        &self.env
+    }
+
+    /// Whether the lock is still ours: no other holder took the row, and it was renewed
+    /// recently enough that nobody may have.
+    pub fn holds(&self) -> bool {
+        if self.lost.load(Ordering::SeqCst) {
+            return false;
+        }
+        let confirmed = *self
+            .confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if confirmed.elapsed() >= self.stale_after {
+            self.lose();
+            return false;
+        }
+        true
+    }
+
+    fn renewed(&self, sent: Instant) {
+        *self
+            .confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = sent;
+    }
+
+    fn lose(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+    }
+}
+
 /// Who holds a lock, as the row says.
 struct Holder {
+    /// The holding lock's token: a takeover replaces exactly this holder.
+    token: String,
     pid: i64,
     host: String,
     /// Seconds since the holder last renewed the row.
@@ -41,87 +110,129 @@ struct Holder {
 }
 
 impl ApplyLock {
-    /// Takes the lock of environment `env` of the state file `state`, which a [`Store`] has
-    /// opened (and so migrated) already. With `wait`, blocks until it is free; without, fails
-    /// at once if another process has it.
+    /// Takes the lock of environment `env` of the state `state`, which a [`Store`] has opened
+    /// (and so migrated) already. With `wait`, blocks until it is free; without, fails at once
+    /// if another process has it.
     pub fn acquire(state: &Path, env: &str, wait: bool) -> Result<ApplyLock> {
-        ApplyLock::take(state, env, wait, None)
+        ApplyLock::take(state, env, wait, None, TIMING)
     }
 
     /// Takes the lock of `env` for the daemon holding its lease at `fence`, waiting for a
     /// command that holds it. A lock taken under an older generation of the lease is broken at
     /// once: its holder lost the lease, and the fence refuses every write it could still make.
     pub fn acquire_leased(state: &Path, fence: &Fence) -> Result<ApplyLock> {
-        ApplyLock::take(state, &fence.env, true, Some(fence.generation))
+        ApplyLock::take(state, &fence.env, true, Some(fence.generation), TIMING)
     }
 
-    fn take(state: &Path, env: &str, wait: bool, generation: Option<i64>) -> Result<ApplyLock> {
+    /// The environment the lock is of.
+    pub fn env(&self) -> &str {
+        self.hold.env()
+    }
+
+    /// Whether the lock is still ours (see [`LockHold::holds`]).
+    pub fn holds(&self) -> bool {
+        self.hold.holds()
+    }
+
+    /// What tells whether the lock is still ours, to hand to the work done under it.
+    pub fn hold(&self) -> Arc<LockHold> {
+        self.hold.clone()
+    }
+
+    fn take(
+        state: &Path,
+        env: &str,
+        wait: bool,
+        generation: Option<i64>,
+        timing: Timing,
+    ) -> Result<ApplyLock> {
         // A connection of its own (the renewer thread keeps it), with no key: the lock never
-        // touches a secret.
+        // touches a secret. No transaction: each write below is a swap on what was read, so
+        // nothing needs holding between the read and the write.
         let conn = crate::connect(state)?;
+        let e = |source| state_error(state, source);
         let token = token();
         let host = host_name();
-        loop {
-            let tx = conn.transaction().map_err(|e| state_error(state, e))?;
-            let holder = tx
+        let confirmed = loop {
+            let holder = conn
                 .query_row(
-                    "SELECT pid, host, (julianday('now') - julianday(renewed_at)) * 86400.0,
-                            generation
+                    "SELECT holder, pid, host,
+                            (julianday('now') - julianday(renewed_at)) * 86400.0, generation
                      FROM env_lock WHERE env = ?1",
                     [env],
                     |r| {
                         Ok(Holder {
-                            pid: r.get(0)?,
-                            host: r.get(1)?,
-                            silent_for: r.get(2)?,
-                            generation: r.get(3)?,
+                            token: r.get(0)?,
+                            pid: r.get(1)?,
+                            host: r.get(2)?,
+                            silent_for: r.get(3)?,
+                            generation: r.get(4)?,
                         })
                     },
                 )
                 .optional()
-                .map_err(|e| state_error(state, e))?;
-            match holder {
-                Some(h) if !h.is_gone(&host) && !h.is_older(generation) => {
-                    drop(tx);
-                    if !wait {
-                        return Err(StateError::Busy {
-                            path: state.to_owned(),
-                            env: env.to_owned(),
-                            holder: format!("process {} on {}", h.pid, h.host),
-                        });
-                    }
-                    std::thread::sleep(POLL);
+                .map_err(e)?;
+            if let Some(h) = &holder
+                && !h.is_gone(&host, timing.stale_after)
+                && !h.is_older(generation)
+            {
+                if !wait {
+                    return Err(StateError::Busy {
+                        path: state.to_owned(),
+                        env: env.to_owned(),
+                        holder: format!("process {} on {}", h.pid, h.host),
+                    });
                 }
-                _ => {
-                    tx.execute(
-                        &format!(
-                            "INSERT INTO env_lock
-                               (env, holder, pid, host, acquired_at, renewed_at, generation)
-                             VALUES (?1, ?2, ?3, ?4, {NOW}, {NOW}, ?5)
-                             ON CONFLICT (env) DO UPDATE SET holder = excluded.holder,
-                                 pid = excluded.pid, host = excluded.host,
-                                 acquired_at = excluded.acquired_at,
-                                 renewed_at = excluded.renewed_at,
-                                 generation = excluded.generation"
-                        ),
-                        params![env, token, std::process::id(), host, generation],
-                    )
-                    .map_err(|e| state_error(state, e))?;
-                    tx.commit().map_err(|e| state_error(state, e))?;
-                    break;
-                }
+                std::thread::sleep(POLL);
+                continue;
             }
-        }
+            #[cfg(test)]
+            tests::between_read_and_swap(env);
+            let sent = Instant::now();
+            let swapped = match &holder {
+                None => conn.execute(
+                    &format!(
+                        "INSERT INTO env_lock
+                           (env, holder, pid, host, acquired_at, renewed_at, generation)
+                         VALUES (?1, ?2, ?3, ?4, {NOW}, {NOW}, ?5)
+                         ON CONFLICT (env) DO NOTHING"
+                    ),
+                    params![env, token, std::process::id(), host, generation],
+                ),
+                Some(gone) => conn.execute(
+                    &format!(
+                        "UPDATE env_lock SET holder = ?2, pid = ?3, host = ?4,
+                             acquired_at = {NOW}, renewed_at = {NOW}, generation = ?5
+                         WHERE env = ?1 AND holder = ?6"
+                    ),
+                    params![env, token, std::process::id(), host, generation, gone.token],
+                ),
+            }
+            .map_err(e)?;
+            if swapped == 1 {
+                break sent;
+            }
+            // Another taker changed the row between our read and our write: read it again.
+        };
+        let hold = Arc::new(LockHold {
+            env: env.to_owned(),
+            stale_after: timing.stale_after,
+            confirmed: Mutex::new(confirmed),
+            lost: AtomicBool::new(false),
+        });
         let (release, released) = mpsc::channel::<()>();
-        let env = env.to_owned();
+        let renewing = hold.clone();
         let renewer = std::thread::Builder::new()
             .name(format!("lock {env}"))
-            .spawn(move || renew_until_released(conn, &env, &token, &released))
+            .spawn(move || {
+                renew_until_released(&conn, &renewing, &token, timing.renew_every, &released)
+            })
             .map_err(|source| StateError::Create {
                 path: state.to_owned(),
                 source,
             })?;
         Ok(ApplyLock {
+            hold,
             release: Some(release),
             renewer: Some(renewer),
         })
@@ -145,26 +256,48 @@ impl Holder {
 
     /// Whether the holder is no more: its process ended (on this host), or it has not renewed
     /// the lock for longer than a live holder ever would.
-    fn is_gone(&self, this_host: &str) -> bool {
-        if self.silent_for > STALE_AFTER.as_secs_f64() {
+    fn is_gone(&self, this_host: &str, stale_after: Duration) -> bool {
+        if self.silent_for > stale_after.as_secs_f64() {
             return true;
         }
         self.host == this_host && !process_alive(self.pid)
     }
 }
 
-/// Renews the row every [`RENEW_EVERY`] until the lock is dropped, then deletes it. A failed
-/// renewal is retried at the next tick: the lock only goes stale after [`STALE_AFTER`].
-fn renew_until_released(conn: Conn, env: &str, token: &str, released: &mpsc::Receiver<()>) {
-    while let Err(mpsc::RecvTimeoutError::Timeout) = released.recv_timeout(RENEW_EVERY) {
-        let _ = conn.execute(
+/// Renews the row every `every` until the lock is dropped, then deletes it if it is still
+/// ours. A renewal that finds the row another holder's loses the lock, and renewing stops; one
+/// that fails (the database is away) is retried at the next tick, and the lock is lost only
+/// once [`LockHold::holds`] finds it unrenewed for longer than others wait. Lost that way, the
+/// row is still renewed while it is ours: the holder finishes the calls it has in flight, and
+/// nobody should take the lock over meanwhile.
+fn renew_until_released(
+    conn: &Conn,
+    hold: &LockHold,
+    token: &str,
+    every: Duration,
+    released: &mpsc::Receiver<()>,
+) {
+    let mut taken = false;
+    while let Err(mpsc::RecvTimeoutError::Timeout) = released.recv_timeout(every) {
+        if taken {
+            continue;
+        }
+        let sent = Instant::now();
+        match conn.execute(
             &format!("UPDATE env_lock SET renewed_at = {NOW} WHERE env = ?1 AND holder = ?2"),
-            params![env, token],
-        );
+            params![hold.env, token],
+        ) {
+            Ok(0) => {
+                taken = true;
+                hold.lose();
+            }
+            Ok(_) => hold.renewed(sent),
+            Err(_) => {}
+        }
     }
     let _ = conn.execute(
         "DELETE FROM env_lock WHERE env = ?1 AND holder = ?2",
-        params![env, token],
+        params![hold.env, token],
     );
 }
 
@@ -202,4 +335,182 @@ fn process_alive(pid: i64) -> bool {
         rustix::process::test_kill_process(pid),
         Err(rustix::io::Errno::SRCH)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Barrier, LazyLock};
+
+    use super::*;
+    use crate::Store;
+    use crate::tests::each_backend;
+
+    /// Takers of one environment held between their read and their swap until all of them have
+    /// read: the interleaving where an unconditional write lets several win.
+    struct Race {
+        barrier: Barrier,
+        /// Takers still to be held: a taker that reads again after losing the swap goes on.
+        left: AtomicUsize,
+    }
+
+    static RACES: LazyLock<Mutex<BTreeMap<String, Arc<Race>>>> = LazyLock::new(Mutex::default);
+
+    pub(super) fn between_read_and_swap(env: &str) {
+        let race = RACES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(env)
+            .cloned();
+        if let Some(race) = race
+            && race
+                .left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            race.barrier.wait();
+        }
+    }
+
+    /// `takers` threads taking the lock of `env` at once, each reading the row before any of
+    /// them writes; returns what each got.
+    fn race(state: &Path, env: &str, takers: usize) -> Vec<Result<ApplyLock>> {
+        RACES.lock().unwrap().insert(
+            env.to_owned(),
+            Arc::new(Race {
+                barrier: Barrier::new(takers),
+                left: AtomicUsize::new(takers),
+            }),
+        );
+        let got = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..takers)
+                .map(|_| s.spawn(|| ApplyLock::acquire(state, env, false)))
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        RACES.lock().unwrap().remove(env);
+        got
+    }
+
+    /// A row for `env` whose holder, on another host, last renewed it a minute ago.
+    fn stale_row(store: &Store, env: &str) {
+        store
+            .conn
+            .execute(
+                "INSERT INTO env_lock (env, holder, pid, host, acquired_at, renewed_at)
+                 VALUES (?1, 'ghost', 1, 'elsewhere',
+                   strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-60 seconds'),
+                   strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-60 seconds'))",
+                [env],
+            )
+            .unwrap();
+    }
+
+    fn holder_of(store: &Store, env: &str) -> Option<String> {
+        store
+            .conn
+            .query_row("SELECT holder FROM env_lock WHERE env = ?1", [env], |r| {
+                r.get(0)
+            })
+            .optional()
+            .unwrap()
+    }
+
+    #[test]
+    fn of_takers_racing_for_a_free_or_stale_lock_exactly_one_wins() {
+        const TAKERS: usize = 6;
+        const ROUNDS: usize = 10;
+        each_backend(|store| {
+            let state = store.path().to_owned();
+            for round in 0..ROUNDS {
+                // Even rounds race to insert the row, odd ones to take a stale holder's over.
+                let env = format!("race-{round}");
+                if round % 2 == 1 {
+                    stale_row(&store, &env);
+                }
+                let got = race(&state, &env, TAKERS);
+                let winners: Vec<&ApplyLock> = got.iter().filter_map(|r| r.as_ref().ok()).collect();
+                assert_eq!(
+                    winners.len(),
+                    1,
+                    "round {round} on {:?}: {got:?}",
+                    store.backend()
+                );
+                for lost in got.iter().filter_map(|r| r.as_ref().err()) {
+                    assert!(matches!(lost, StateError::Busy { .. }), "{lost}");
+                }
+                assert!(winners[0].holds());
+                assert_ne!(holder_of(&store, &env).as_deref(), Some("ghost"));
+                drop(got);
+                assert_eq!(holder_of(&store, &env), None, "released on drop");
+            }
+        });
+    }
+
+    #[test]
+    fn a_holder_whose_row_another_took_learns_it_lost_the_lock() {
+        each_backend(|store| {
+            let state = store.path().to_owned();
+            let timing = Timing {
+                stale_after: STALE_AFTER,
+                renew_every: Duration::from_millis(20),
+            };
+            let lock = ApplyLock::take(&state, "dev", false, None, timing).unwrap();
+            let hold = lock.hold();
+            assert!(hold.holds());
+            store
+                .conn
+                .execute(
+                    "UPDATE env_lock SET holder = 'thief' WHERE env = 'dev'",
+                    params![],
+                )
+                .unwrap();
+            let limit = Instant::now() + Duration::from_secs(10);
+            while hold.holds() {
+                assert!(Instant::now() < limit, "the renewer never noticed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert!(!lock.holds());
+            drop(lock);
+            // Releasing a lost lock leaves the new holder's row alone.
+            assert_eq!(holder_of(&store, "dev").as_deref(), Some("thief"));
+        });
+    }
+
+    #[test]
+    fn a_holder_that_cannot_renew_for_the_stale_time_has_lost_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.db");
+        let _store = Store::open(&state).unwrap();
+        let timing = Timing {
+            stale_after: Duration::from_millis(800),
+            renew_every: Duration::from_millis(20),
+        };
+        let lock = ApplyLock::take(&state, "dev", false, None, timing).unwrap();
+        // Another writer holds the file: every renewal waits for it (up to the busy timeout,
+        // far longer than the stale time) and none succeeds.
+        let blocker = rusqlite::Connection::open(&state).unwrap();
+        blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let blocked = Instant::now();
+        let limit = blocked + Duration::from_secs(5);
+        while lock.holds() {
+            assert!(Instant::now() < limit, "still held 5 s without a renewal");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Not lost before others could judge it stale: the last renewal was at most one tick
+        // before the writer came.
+        assert!(
+            blocked.elapsed() >= timing.stale_after - 2 * timing.renew_every,
+            "lost after {:?}",
+            blocked.elapsed()
+        );
+        blocker.execute_batch("ROLLBACK").unwrap();
+        // Lost stays lost, though the row is ours again.
+        std::thread::sleep(3 * timing.renew_every);
+        assert!(!lock.holds());
+    }
 }

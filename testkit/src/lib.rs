@@ -19,6 +19,7 @@
 //! let url = server.database(); // postgres://postgres@127.0.0.1:PORT/gitplane_N, empty
 //! ```
 
+mod session;
 mod tools;
 mod watchdog;
 
@@ -33,6 +34,7 @@ use std::sync::{Mutex, OnceLock, PoisonError, TryLockError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub use session::Session;
 use tools::{Tools, Unavailable, run};
 use watchdog::Watchdog;
 
@@ -171,6 +173,12 @@ impl Postgres {
             "psql",
         )?;
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// A `psql` session on the database at `url` that stays open until dropped, for a test
+    /// that holds a transaction while something else runs.
+    pub fn session(&self, url: &str) -> Result<Session, String> {
+        Session::open(self.tools.command("psql", &self.dir), url)
     }
 
     /// Stops the server (fast) and starts it again on the same port and data dir; returns

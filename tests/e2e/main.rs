@@ -24,6 +24,7 @@ mod hpo_templates;
 mod lifecycle;
 mod links;
 mod listener;
+mod lock;
 mod manifests;
 mod notifications;
 mod postgres;

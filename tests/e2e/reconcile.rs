@@ -12,7 +12,7 @@ use crate::util::Sandbox;
 
 /// A repository of `width` workloads in app `app`, environment `test`: each workload has a
 /// private postgres that reads the base-env; all three types use the HTTP driver. Depth 3.
-fn http_platform(sb: &Sandbox, server: &DriverServer, width: usize) {
+pub(crate) fn http_platform(sb: &Sandbox, server: &DriverServer, width: usize) {
     sb.write(
         "host.yaml",
         &format!(

@@ -8,12 +8,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gitplane_testkit::Postgres;
 
 use crate::daemon::Daemon;
-use crate::util::{Run, Sandbox};
+use crate::util::{Run, Sandbox, wait_until};
 
 /// The template's secret values.
 const SECRETS: [&str; 2] = ["dev-password-change-me", "prod-password-change-me"];
@@ -31,25 +31,6 @@ fn login_and_host() -> (String, String) {
 
 /// The environment of a systemd unit or a root shell: no `$USER` or `$LOGNAME` to go by.
 const NO_USER: [(&str, &str); 2] = [("USER", ""), ("LOGNAME", "")];
-
-/// Polls `done` every 100 ms for up to `limit`, failing with `what` and `context()`.
-#[track_caller]
-fn wait_until(
-    what: &str,
-    limit: Duration,
-    mut done: impl FnMut() -> bool,
-    context: impl Fn() -> String,
-) {
-    let started = Instant::now();
-    while !done() {
-        assert!(
-            started.elapsed() < limit,
-            "{what}: not within {limit:?}\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// A second repository with the same environments and apps as the template (another team's
 /// platform, say): a history of its own.

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use rusqlite::types::ValueRef;
@@ -586,4 +587,23 @@ pub fn rows_of<const N: usize, C: FromIterator<Vec<String>>>(rows: &[[&str; N]])
     rows.iter()
         .map(|r| r.iter().map(|s| s.to_string()).collect())
         .collect()
+}
+
+/// Polls `done` every 100 ms for up to `limit`, failing with `what` and `context()`.
+#[track_caller]
+pub fn wait_until(
+    what: &str,
+    limit: Duration,
+    mut done: impl FnMut() -> bool,
+    context: impl Fn() -> String,
+) {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < limit,
+            "{what}: not within {limit:?}\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

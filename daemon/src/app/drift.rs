@@ -42,6 +42,7 @@ pub fn drift_env(
             drift: true,
             stop: halt.stop.clone(),
             lease: halt.lease.clone(),
+            lock: halt.lock.clone(),
             ..ApplyOptions::default()
         };
         let outcome = deploy_env(store, engine, target, commit, &options, observer)?;

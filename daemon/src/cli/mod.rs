@@ -1104,7 +1104,7 @@ fn apply(
     commit.claim(ctx, &store)?;
     // Locked before anything is read from the state: which apps changed is judged against the
     // fingerprints another apply could be writing.
-    let _locks = commit
+    let locks = commit
         .envs
         .iter()
         .map(|env| ApplyLock::acquire(&ctx.state, env, false))
@@ -1131,7 +1131,7 @@ fn apply(
         &mut store,
         commit.id(),
         &targets,
-        &ApplyOptions::default(),
+        (&ApplyOptions::default(), &locks),
         &Attribution::of(actor, "apply"),
         stdout,
     )
@@ -1182,7 +1182,7 @@ fn apply_targets(
     store: &mut Store,
     commit: &str,
     targets: &[Target],
-    options: &ApplyOptions,
+    (options, locks): (&ApplyOptions, &[ApplyLock]),
     attribution: &Attribution<'_>,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
@@ -1193,8 +1193,16 @@ fn apply_targets(
     let mut outcome = CommandResult::Success;
     let mut prune_failed = None;
     for t in targets {
+        // An environment whose lock another process took starts no more driver calls.
+        let options = ApplyOptions {
+            lock: locks
+                .iter()
+                .find(|l| l.env() == t.graph.env)
+                .map(ApplyLock::hold),
+            ..options.clone()
+        };
         let mut progress = progress::Shown::new(&t.graph.env, commit);
-        let ran = app::deploy_env(store, &engine, t, commit, options, &mut progress)?;
+        let ran = app::deploy_env(store, &engine, t, commit, &options, &mut progress)?;
         progress.finish();
         let (shown, prune_error) =
             report_env(store, &t.graph.env, commit, ran, attribution, stdout)?;
@@ -1373,7 +1381,7 @@ fn approve(
             }
         }
     }
-    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
+    let lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let Some((env, commit)) = store.release_held(deployment)? else {
         return Err(CliError::NotHeld { deployment });
     };
@@ -1399,7 +1407,7 @@ fn approve(
                 &mut store,
                 resolved.id(),
                 &targets,
-                &options,
+                (&options, std::slice::from_ref(&lock)),
                 &attribution,
                 stdout,
             )
@@ -1480,7 +1488,7 @@ fn resolve(
         envs: vec![env.clone()],
         ..ctx.clone()
     };
-    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
+    let lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let commit = Commit::resolve(&scoped, rev, Some(&store))?;
     commit.claim(&scoped, &store)?;
     let targets = match targets(&scoped, &commit, Some(&store), Reach::Whole)? {
@@ -1504,7 +1512,7 @@ fn resolve(
         &mut store,
         commit.id(),
         &targets,
-        &options,
+        (&options, std::slice::from_ref(&lock)),
         &attribution,
         stdout,
     )
@@ -1525,7 +1533,7 @@ fn drift(
     let engine = engine(ctx, &settings, &runtime);
     let mut outcome = CommandResult::Success;
     for env in &envs {
-        let _lock = ApplyLock::acquire(&ctx.state, env, false)?;
+        let lock = ApplyLock::acquire(&ctx.state, env, false)?;
         let Some(commit) = store.last_good_commit(env)? else {
             writeln!(
                 stdout,
@@ -1559,7 +1567,10 @@ fn drift(
                 target,
                 resolved.id(),
                 detect,
-                &Default::default(),
+                &crate::drift::DetectOptions {
+                    lock: Some(lock.hold()),
+                    ..Default::default()
+                },
                 &mut progress,
             )?;
             progress.finish();

@@ -67,7 +67,7 @@ pub(super) fn rollback(
             watched: outside.watched.clone(),
         });
     }
-    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
+    let lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let commit = Commit::resolve(ctx, Some(to), Some(&store))?;
     commit.claim(ctx, &store)?;
     // Built before the pin is recorded: a commit that cannot be applied pins nothing.
@@ -100,7 +100,7 @@ pub(super) fn rollback(
         &mut store,
         commit.id(),
         &targets,
-        &ApplyOptions::default(),
+        (&ApplyOptions::default(), std::slice::from_ref(&lock)),
         &attribution,
         stdout,
     )?;
@@ -167,7 +167,7 @@ pub(super) fn unpin(
         commit.claim(ctx, &store)?;
         Some(commit)
     };
-    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
+    let lock = ApplyLock::acquire(&ctx.state, &env, false)?;
     let who = &actor.name;
     let Some(pin) = store.unpin(&env, who)? else {
         return Err(CliError::NotPinned { env });
@@ -210,7 +210,7 @@ pub(super) fn unpin(
         &mut store,
         commit.id(),
         &targets,
-        &ApplyOptions::default(),
+        (&ApplyOptions::default(), std::slice::from_ref(&lock)),
         &attribution,
         stdout,
     )

@@ -1849,7 +1849,7 @@ pub(crate) mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 9);
+        assert_eq!(m.len(), 10);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
         assert!(m[1].contains("CREATE TABLE resource_version"));

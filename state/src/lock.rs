@@ -14,6 +14,7 @@
 //! A holder learns through [`LockHold`] when its lock is no longer its own: the row names
 //! another holder, or it could not renew it for [`STALE_AFTER`] (others may have taken it).
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
@@ -42,10 +43,21 @@ const TIMING: Timing = Timing {
     renew_every: RENEW_EVERY,
 };
 
+/// The tokens of the locks this process holds now. A row with this process's pid and another
+/// token was left by a lock of ours whose release could not be written (the database was
+/// away): it is gone, and taken over at once rather than after [`STALE_AFTER`].
+static LIVE: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+fn live() -> std::sync::MutexGuard<'static, BTreeSet<String>> {
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Held while one process applies to one environment of a state; released on drop.
 #[derive(Debug)]
 pub struct ApplyLock {
     hold: Arc<LockHold>,
+    /// The token the row carries while it is ours.
+    token: String,
     release: Option<mpsc::Sender<()>>,
     renewer: Option<JoinHandle<()>>,
 }
@@ -189,6 +201,9 @@ impl ApplyLock {
             #[cfg(test)]
             tests::between_read_and_swap(env);
             let sent = Instant::now();
+            // Live before the row says so: another taker of this process that reads the row
+            // the moment it is written must find it held.
+            live().insert(token.clone());
             let swapped = match &holder {
                 None => conn.execute(
                     &format!(
@@ -208,10 +223,14 @@ impl ApplyLock {
                     params![env, token, std::process::id(), host, generation, gone.token],
                 ),
             }
-            .map_err(e)?;
+            .map_err(e)
+            .inspect_err(|_| {
+                live().remove(&token);
+            })?;
             if swapped == 1 {
                 break sent;
             }
+            live().remove(&token);
             // Another taker changed the row between our read and our write: read it again.
         };
         let hold = Arc::new(LockHold {
@@ -222,10 +241,17 @@ impl ApplyLock {
         });
         let (release, released) = mpsc::channel::<()>();
         let renewing = hold.clone();
+        let renewed_token = token.clone();
         let renewer = std::thread::Builder::new()
             .name(format!("lock {env}"))
             .spawn(move || {
-                renew_until_released(&conn, &renewing, &token, timing.renew_every, &released)
+                renew_until_released(
+                    &conn,
+                    &renewing,
+                    &renewed_token,
+                    timing.renew_every,
+                    &released,
+                )
             })
             .map_err(|source| StateError::Create {
                 path: state.to_owned(),
@@ -233,6 +259,7 @@ impl ApplyLock {
             })?;
         Ok(ApplyLock {
             hold,
+            token,
             release: Some(release),
             renewer: Some(renewer),
         })
@@ -245,6 +272,7 @@ impl Drop for ApplyLock {
         if let Some(renewer) = self.renewer.take() {
             let _ = renewer.join();
         }
+        live().remove(&self.token);
     }
 }
 
@@ -260,7 +288,13 @@ impl Holder {
         if self.silent_for > stale_after.as_secs_f64() {
             return true;
         }
-        self.host == this_host && !process_alive(self.pid)
+        if self.host != this_host {
+            return false;
+        }
+        if self.pid == i64::from(std::process::id()) {
+            return !live().contains(&self.token);
+        }
+        !process_alive(self.pid)
     }
 }
 
@@ -418,6 +452,32 @@ mod tests {
             })
             .optional()
             .unwrap()
+    }
+
+    #[test]
+    fn a_row_a_lock_of_this_process_left_behind_is_taken_over_at_once() {
+        // A lock dropped while the database was away could not delete its row: the row names
+        // this process, renewed moments ago, with a token no live lock of ours carries.
+        each_backend(|store| {
+            let state = store.path().to_owned();
+            store
+                .conn
+                .execute(
+                    &format!(
+                        "INSERT INTO env_lock (env, holder, pid, host, acquired_at, renewed_at)
+                         VALUES ('left', 'left-behind', ?1, ?2, {NOW}, {NOW})"
+                    ),
+                    params![std::process::id(), host_name()],
+                )
+                .unwrap();
+            let lock = ApplyLock::acquire(&state, "left", false).expect("taken over at once");
+            assert!(lock.holds());
+            // A live lock of this process is another matter: a second taker waits for it.
+            assert!(matches!(
+                ApplyLock::acquire(&state, "left", false),
+                Err(StateError::Busy { .. })
+            ));
+        });
     }
 
     #[test]

@@ -1256,11 +1256,18 @@ fn reconcile_one(
     handle: &tokio::runtime::Handle,
 ) -> Ended {
     let hold = match &shared.shard {
-        Some(shard) => match shard.hold(env) {
+        Some(shard) => match hold_of(shard, env, &shared.stop) {
             Some(hold) => Some((hold, shard.busy(env))),
-            // Lapsed by this daemon's clock (the database did not answer) but not lost: it is
-            // renewed when the database answers again, and the work is retried then.
-            None if shard.held().contains(env) => return Ended::Unfinished,
+            // Lapsed by this daemon's clock and not renewed since (the database does not
+            // answer): retried by the policy, or at once when the database answers again.
+            None if shard.held().contains(env) => {
+                warn!(
+                    env,
+                    "the environment's lease lapsed (the state's database did not answer in \
+                     time): the deployment waits for it"
+                );
+                return Ended::Unfinished;
+            }
             // Another daemon holds it now.
             None => return Ended::Done,
         },
@@ -1482,6 +1489,24 @@ fn reconcile_one(
     };
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
     ended
+}
+
+/// The lease of `env` if this daemon holds it. One that lapsed by this daemon's clock while
+/// it still holds the row (the database was slow to answer a renewal) is waited for a while:
+/// the next renewal makes it valid again.
+fn hold_of(shard: &Shard, env: &str, stop: &AtomicBool) -> Option<Arc<gitplane_state::LeaseHold>> {
+    const LAPSE_WAIT: Duration = Duration::from_secs(10);
+    let deadline = Instant::now() + LAPSE_WAIT;
+    loop {
+        if let Some(hold) = shard.hold(env) {
+            return Some(hold);
+        }
+        if !shard.held().contains(env) || Instant::now() >= deadline || stop.load(Ordering::SeqCst)
+        {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// What the daemon hears of a deployment as it runs: when it starts (a push's latency) and the

@@ -4,6 +4,7 @@
 //! and its heartbeat (which beats while the database hangs), through the real daemon on a
 //! repository pushed to, on SQLite and on PostgreSQL.
 
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -310,4 +311,116 @@ fn the_watchdog_heartbeat_goes_on_while_the_database_hangs_for_70_seconds() {
     );
     listening.store(false, Ordering::SeqCst);
     let _ = listener.join();
+}
+
+#[test]
+fn past_stop_timeout_the_lease_goes_only_after_the_running_call_is_killed_and_journalled() {
+    let Some(server) = gitplane_testkit::shared_or_skip("daemon_core::stop_order") else {
+        return;
+    };
+    let url = server.database();
+    let sb = Sandbox::new();
+    // A call that runs until it is killed, and says when it started.
+    let started = sb.root.join("started");
+    let program = sb.root.join("slow-driver");
+    std::fs::write(
+        &program,
+        format!(
+            "#!/bin/sh\ncat >/dev/null\necho $$ > '{}'\nsleep 120\necho '{{\"status\":\"done\"}}'\n",
+            started.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    sb.write(
+        "environments/prod.yaml",
+        "type: test\nimplicit_resources: []\n",
+    );
+    sb.write(
+        "definitions/platform.yaml",
+        "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: workload\n\
+         entity:\n  type: workload\n  driver_type: humanitec/echo\n  criteria:\n    - {}\n---\n\
+         apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: slow\n\
+         entity:\n  type: slow\n  driver_type: test/slow\n  criteria:\n    - {}\n",
+    );
+    sb.write(
+        "workloads/app/web.yaml",
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: web\ncontainers:\n  main:\n    image: x\n\
+         resources:\n  thing:\n    type: slow\n",
+    );
+    sb.commit("One resource whose driver call runs until killed");
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "state: \"{url}\"\nstate_key: {{file: \"{}\"}}\nleases: {{ttl: 6s}}\nstop_timeout: 1s\n\
+             drivers:\n  test/slow:\n    exec: {{command: [\"{}\"], timeout: 300s}}\n",
+            sb.root.join("state.key").display(),
+            program.display()
+        ),
+    )
+    .unwrap();
+    let args = [
+        "--config",
+        config.to_str().unwrap(),
+        "--repo",
+        sb.origin.to_str().unwrap(),
+    ];
+    let mut daemon = Daemon::start(&sb, &args);
+    let psql = |sql: &str| {
+        server
+            .psql(&url, sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    };
+    // When the daemon gives its lease up, note how many of the environment's operations were
+    // still `started` (running, not journalled as interrupted) at that very moment.
+    psql(
+        "CREATE TABLE released (env TEXT, running BIGINT);
+         CREATE FUNCTION note_release() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.daemon = '' AND OLD.daemon <> '' THEN
+             INSERT INTO released SELECT NEW.env, COUNT(*) FROM operation o
+               JOIN deployment d ON d.id = o.deployment_id
+               WHERE d.env = NEW.env AND o.status = 'started';
+           END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER note_release BEFORE UPDATE ON env_lease
+           FOR EACH ROW EXECUTE FUNCTION note_release();",
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !started.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the call never started\n{}",
+            daemon.log()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let pid: i32 = std::fs::read_to_string(&started)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let (code, _) = daemon.terminate();
+    assert_eq!(code, Some(0), "{}", daemon.log());
+    assert!(
+        !crate::failover::alive(pid as u32),
+        "the driver's program was killed\n{}",
+        daemon.log()
+    );
+    assert_eq!(
+        psql("SELECT env, running FROM released").trim(),
+        "prod|0",
+        "the lease was given up after the running call was journalled as interrupted\n{}",
+        daemon.log()
+    );
+    // Journalled as ended: interrupted by the stop, or failed by the kill if the run recorded
+    // its call's end first. Either way the next holder calls the driver again.
+    let status = psql("SELECT status FROM operation WHERE type = 'slow'");
+    assert!(
+        matches!(status.trim(), "interrupted" | "failed"),
+        "{status}\n{}",
+        daemon.log()
+    );
 }

@@ -1330,6 +1330,15 @@ impl HostConfig {
 mod tests {
     use super::*;
 
+    /// The errors a host config `text` (as `host.yaml`) gives, as the user reads them.
+    fn errors(text: &str) -> Vec<String> {
+        HostConfig::parse("host.yaml", text)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
     #[test]
     fn durations() {
         assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
@@ -1412,13 +1421,6 @@ accounts:
         )
         .unwrap();
         assert_eq!(trusting.previews.unwrap().trust, PreviewTrust::Branch);
-        let errors = |text: &str| -> Vec<String> {
-            HostConfig::parse("host.yaml", text)
-                .unwrap_err()
-                .iter()
-                .map(ToString::to_string)
-                .collect()
-        };
         assert_eq!(
             errors(
                 "concurrency: 2\npreviews:\n  branches: \"pr-*\"\n  type: Dev Env\n  ttl: 3 weeks\n"
@@ -1524,13 +1526,6 @@ accounts:
 
     #[test]
     fn a_time_limit_of_zero_is_refused() {
-        let errors = |text: &str| -> Vec<String> {
-            HostConfig::parse("host.yaml", text)
-                .unwrap_err()
-                .iter()
-                .map(ToString::to_string)
-                .collect()
-        };
         assert_eq!(
             errors("drivers:\n  a/b:\n    http: {url: \"http://h\", timeout: 0s}\n"),
             [
@@ -1561,13 +1556,6 @@ accounts:
 
     #[test]
     fn deployment_retries_are_read_and_a_zero_interval_is_refused() {
-        let errors = |text: &str| -> Vec<String> {
-            HostConfig::parse("host.yaml", text)
-                .unwrap_err()
-                .iter()
-                .map(ToString::to_string)
-                .collect()
-        };
         let c = HostConfig::parse(
             "host.yaml",
             "retry:\n  attempts: 3\n  deployments: {interval: 2s, max_interval: 10s, max_attempts: 4}\n",

@@ -196,6 +196,7 @@ const READS: &[&[&str]] = &[
 ];
 
 #[test]
+#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
 fn every_command_answers_on_postgresql_as_on_sqlite() {
     let Some((_, url)) = database("every_command_answers_on_postgresql_as_on_sqlite") else {
         return;
@@ -319,6 +320,7 @@ fn postgres_counts(server: &Postgres, url: &str, tables: &[&String]) -> BTreeMap
 }
 
 #[test]
+#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
 fn state_copy_moves_a_state_to_postgresql_and_back_unchanged() {
     let Some((server, url)) = database("state_copy_moves_a_state_to_postgresql_and_back_unchanged")
     else {
@@ -432,6 +434,7 @@ fn state_copy_moves_a_state_to_postgresql_and_back_unchanged() {
 }
 
 #[test]
+#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
 fn state_copy_into_a_state_that_holds_one_is_refused_and_changes_nothing() {
     let Some((server, url)) =
         database("state_copy_into_a_state_that_holds_one_is_refused_and_changes_nothing")
@@ -507,6 +510,7 @@ fn assert_untouched(server: &Postgres, url: &str) {
 }
 
 #[test]
+#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
 fn bad_postgresql_settings_fail_fast_with_a_clear_message_and_change_nothing() {
     let Some((server, url)) =
         database("bad_postgresql_settings_fail_fast_with_a_clear_message_and_change_nothing")
@@ -622,6 +626,7 @@ fn require_password(server: &Postgres, url: &str, role: &str, password: &str) {
 }
 
 #[test]
+#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
 fn a_password_comes_from_a_secret_store_and_a_wrong_one_is_refused_without_showing_it() {
     let Some((server, url)) = database(
         "a_password_comes_from_a_secret_store_and_a_wrong_one_is_refused_without_showing_it",
@@ -763,6 +768,7 @@ fn host_config_errors_about_the_state_name_their_line() {
 }
 
 #[test]
+#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
 fn status_shows_who_holds_each_environment() {
     let Some((server, url)) = database("status_shows_who_holds_each_environment") else {
         return;
@@ -840,6 +846,7 @@ fn status_shows_who_holds_each_environment() {
 }
 
 #[test]
+#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
 fn no_secret_is_stored_in_plain_text_in_postgresql() {
     let Some((server, url)) = database("no_secret_is_stored_in_plain_text_in_postgresql") else {
         return;

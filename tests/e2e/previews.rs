@@ -96,6 +96,7 @@ entity:
 /// says why, and once it changes only workloads it is deployed with the watched ref's platform,
 /// which a later commit of the watched ref updates.
 #[test]
+#[cfg_attr(not(terraform), ignore = "neither terraform nor tofu is installed")]
 fn a_preview_runs_its_branchs_workloads_with_the_watched_refs_platform_only() {
     if !crate::terraform::installed() {
         return;

@@ -491,6 +491,7 @@ fn http_outputs_holding_a_secret_or_a_credential_are_secret_outputs() {
 /// credentials (`credentials_config`), as it is and base64-encoded, is secret; an output marked
 /// `sensitive` is secret too.
 #[test]
+#[cfg_attr(not(terraform), ignore = "neither terraform nor tofu is installed")]
 fn terraform_outputs_holding_a_credential_or_marked_sensitive_are_secret_outputs() {
     if !crate::terraform::installed() {
         return;

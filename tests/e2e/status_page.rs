@@ -219,6 +219,7 @@ fn screenshot_path() -> PathBuf {
 }
 
 #[test]
+#[cfg_attr(not(chromium), ignore = "Chromium and chromedriver are not installed")]
 fn the_page_follows_a_push_draws_every_resource_and_shows_no_secret() {
     let driver = match chromedriver() {
         Ok(driver) => driver,
@@ -375,6 +376,7 @@ fn the_page_follows_a_push_draws_every_resource_and_shows_no_secret() {
 /// With a token, a browser signs in once and the page (its event stream included) reads the
 /// API through the cookie.
 #[test]
+#[cfg_attr(not(chromium), ignore = "Chromium and chromedriver are not installed")]
 fn with_a_token_the_page_signs_in_and_streams_through_the_cookie() {
     let driver = match chromedriver() {
         Ok(driver) => driver,

@@ -101,6 +101,7 @@ fn cookies(sb: &Sandbox) -> Vec<String> {
 }
 
 #[test]
+#[cfg_attr(not(terraform), ignore = "neither terraform nor tofu is installed")]
 fn terraform_creates_updates_in_place_and_destroys_with_the_state_kept() {
     if !installed() {
         return;
@@ -153,6 +154,7 @@ fn terraform_creates_updates_in_place_and_destroys_with_the_state_kept() {
 }
 
 #[test]
+#[cfg_attr(not(terraform), ignore = "neither terraform nor tofu is installed")]
 fn a_failing_apply_keeps_its_state_so_the_fixed_commit_does_not_create_twice() {
     if !installed() {
         return;
@@ -203,6 +205,7 @@ output "first" {{ value = terraform_data.first.id }}
 }
 
 #[test]
+#[cfg_attr(not(terraform), ignore = "neither terraform nor tofu is installed")]
 fn a_failed_precondition_fails_the_deployment_with_terraforms_message_and_no_secret() {
     if !installed() {
         return;
@@ -238,6 +241,7 @@ resource "terraform_data" "x" {
 }
 
 #[test]
+#[cfg_attr(not(terraform), ignore = "neither terraform nor tofu is installed")]
 fn modules_come_from_a_folder_on_the_host_and_from_a_git_repository_at_a_rev() {
     if !installed() {
         return;
@@ -281,6 +285,7 @@ fn modules_come_from_a_folder_on_the_host_and_from_a_git_repository_at_a_rev() {
 }
 
 #[test]
+#[cfg_attr(not(terraform), ignore = "neither terraform nor tofu is installed")]
 fn the_time_limit_kills_a_slow_apply_quickly() {
     if !installed() {
         return;

@@ -33,9 +33,8 @@ fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=../testkit/src/tools.rs");
     let on_path = |program: &str| {
-        std::env::var_os("PATH").is_some_and(|path| {
-            std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
-        })
+        std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
     };
     let found = [
         ("systemd_analyze", on_path("systemd-analyze")),

@@ -427,7 +427,10 @@ mod tests {
     }
 
     #[test]
-    #[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+    #[cfg_attr(
+        not(postgres),
+        ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+    )]
     fn a_wrong_key_is_told_by_the_canary_on_postgresql_too() {
         let Some(pg) = gitplane_testkit::shared_or_skip("the canary on PostgreSQL") else {
             return;

@@ -13,7 +13,10 @@ const OWNER_MODE: &str = "GITPLANE_TESTKIT_OWNER";
 const OWNER_SAYS: &str = "testkit-server ";
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn each_database_is_new_and_answers() {
     let Some(server) = shared_or_skip("each_database_is_new_and_answers") else {
         return;
@@ -35,7 +38,10 @@ fn each_database_is_new_and_answers() {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn restart_keeps_the_port_and_the_data() {
     let Some(server) = postgres_or_skip("restart_keeps_the_port_and_the_data") else {
         return;
@@ -65,7 +71,10 @@ fn restart_keeps_the_port_and_the_data() {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn drop_stops_the_server_and_removes_its_directory() {
     let Some(server) = postgres_or_skip("drop_stops_the_server_and_removes_its_directory") else {
         return;

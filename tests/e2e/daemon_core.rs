@@ -194,7 +194,10 @@ fn a_newer_commit_ends_the_retries_of_a_failing_one() {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn a_database_outage_mid_deployment_ends_with_the_commit_deployed_without_a_new_commit() {
     let Some(server) = gitplane_testkit::postgres_or_skip("daemon_core::database_outage") else {
         return;
@@ -238,7 +241,10 @@ fn a_database_outage_mid_deployment_ends_with_the_commit_deployed_without_a_new_
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn the_watchdog_heartbeat_goes_on_while_the_database_hangs_for_70_seconds() {
     let Some(server) = gitplane_testkit::postgres_or_skip("daemon_core::database_hang") else {
         return;
@@ -316,7 +322,10 @@ fn the_watchdog_heartbeat_goes_on_while_the_database_hangs_for_70_seconds() {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn past_stop_timeout_the_lease_goes_only_after_the_running_call_is_killed_and_journalled() {
     let Some(server) = gitplane_testkit::shared_or_skip("daemon_core::stop_order") else {
         return;

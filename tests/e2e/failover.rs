@@ -619,7 +619,10 @@ pub(crate) fn assert_created_once(fleet: &Fleet<'_>) {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn three_daemons_share_six_environments_two_each_and_deploy_each_once() {
     let Some(server) = gitplane_testkit::shared_or_skip("failover::three_daemons_share") else {
         return;
@@ -712,7 +715,10 @@ fn three_daemons_share_six_environments_two_each_and_deploy_each_once() {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn a_killed_daemon_s_environments_finish_on_the_others_each_resource_created_once() {
     let Some(server) = gitplane_testkit::shared_or_skip("failover::sigkill") else {
         return;
@@ -803,7 +809,10 @@ fn a_killed_daemon_s_environments_finish_on_the_others_each_resource_created_onc
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn a_frozen_daemon_resumed_after_its_leases_were_taken_over_writes_nothing() {
     let Some(server) = gitplane_testkit::shared_or_skip("failover::sigstop") else {
         return;
@@ -969,7 +978,10 @@ fn a_frozen_daemon_resumed_after_its_leases_were_taken_over_writes_nothing() {
 /// stops the daemon, and lets the lock go: the batch's statement ends and its transaction
 /// stays open, idle, for as long as the daemon is stopped.
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn a_daemon_frozen_inside_a_write_transaction_does_not_hold_up_the_takeover() {
     let Some(server) = gitplane_testkit::shared_or_skip("failover::frozen_in_a_transaction") else {
         return;
@@ -1063,7 +1075,10 @@ fn a_daemon_frozen_inside_a_write_transaction_does_not_hold_up_the_takeover() {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn every_daemon_survives_a_database_restart() {
     let Some(server) = gitplane_testkit::postgres_or_skip("failover::database_restart") else {
         return;
@@ -1142,7 +1157,10 @@ fn every_daemon_survives_a_database_restart() {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn leases_rebalance_when_a_daemon_joins_and_when_one_leaves() {
     let Some(server) = gitplane_testkit::shared_or_skip("failover::rebalancing") else {
         return;

@@ -29,7 +29,10 @@ fn gitplane(sb: &Sandbox, state: &str, config: &Path, args: &[&str]) -> Run {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn two_applies_taking_over_one_stale_lock_never_both_run() {
     let test = "two_applies_taking_over_one_stale_lock_never_both_run";
     let Some(server) = gitplane_testkit::shared_or_skip(test) else {

@@ -196,7 +196,10 @@ const READS: &[&[&str]] = &[
 ];
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn every_command_answers_on_postgresql_as_on_sqlite() {
     let Some((_, url)) = database("every_command_answers_on_postgresql_as_on_sqlite") else {
         return;
@@ -320,7 +323,10 @@ fn postgres_counts(server: &Postgres, url: &str, tables: &[&String]) -> BTreeMap
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn state_copy_moves_a_state_to_postgresql_and_back_unchanged() {
     let Some((server, url)) = database("state_copy_moves_a_state_to_postgresql_and_back_unchanged")
     else {
@@ -434,7 +440,10 @@ fn state_copy_moves_a_state_to_postgresql_and_back_unchanged() {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn state_copy_into_a_state_that_holds_one_is_refused_and_changes_nothing() {
     let Some((server, url)) =
         database("state_copy_into_a_state_that_holds_one_is_refused_and_changes_nothing")
@@ -510,7 +519,10 @@ fn assert_untouched(server: &Postgres, url: &str) {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn bad_postgresql_settings_fail_fast_with_a_clear_message_and_change_nothing() {
     let Some((server, url)) =
         database("bad_postgresql_settings_fail_fast_with_a_clear_message_and_change_nothing")
@@ -626,7 +638,10 @@ fn require_password(server: &Postgres, url: &str, role: &str, password: &str) {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn a_password_comes_from_a_secret_store_and_a_wrong_one_is_refused_without_showing_it() {
     let Some((server, url)) = database(
         "a_password_comes_from_a_secret_store_and_a_wrong_one_is_refused_without_showing_it",
@@ -768,7 +783,10 @@ fn host_config_errors_about_the_state_name_their_line() {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn status_shows_who_holds_each_environment() {
     let Some((server, url)) = database("status_shows_who_holds_each_environment") else {
         return;
@@ -846,7 +864,10 @@ fn status_shows_who_holds_each_environment() {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn no_secret_is_stored_in_plain_text_in_postgresql() {
     let Some((server, url)) = database("no_secret_is_stored_in_plain_text_in_postgresql") else {
         return;

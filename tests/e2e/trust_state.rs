@@ -252,7 +252,10 @@ fn leases_of(server: &Postgres, url: &str, pid: u32) -> Vec<Vec<String>> {
 }
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn a_daemon_of_another_repository_is_refused_on_a_shared_database() {
     let Some(server) = gitplane_testkit::shared_or_skip("trust_state::another_repository") else {
         return;
@@ -405,7 +408,10 @@ fn a_command_with_another_repository_is_refused_and_a_state_from_before_records_
 // --- Finding 7: a daemon with the wrong state_key took leases and failed their deployments. ---
 
 #[test]
-#[cfg_attr(not(postgres), ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed")]
+#[cfg_attr(
+    not(postgres),
+    ignore = "PostgreSQL (initdb, pg_ctl, psql) is not installed"
+)]
 fn a_daemon_with_the_wrong_state_key_refuses_to_start_and_takes_no_lease() {
     let Some(server) = gitplane_testkit::shared_or_skip("trust_state::wrong_key") else {
         return;

@@ -594,8 +594,8 @@ mod tests {
                  longer than zero, e.g. 30s, 2m or 500ms",
                 "host.yaml:5: http.body_timeout 'soon' is not a duration: write e.g. 30s, 2m, \
                  500ms, 90d",
-                "host.yaml:7: http.idle_timeout '1y': unknown unit 'y' (use ms, s, m, h or d)",
                 "host.yaml:6: http.max_body 26 MiB is more than any forge sends (at most 25 MiB)",
+                "host.yaml:7: http.idle_timeout '1y': unknown unit 'y' (use ms, s, m, h or d)",
             ]
         );
         let e = errors("http:\n  listen: 127.0.0.1:1\n  max_body: 0\n");

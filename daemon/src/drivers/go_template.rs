@@ -8,11 +8,11 @@
 
 use serde_json::{Map, Value, json};
 
-use super::gotemplate::GoTemplate;
 use super::template::{cookie_of, kind, parse_rendered, previous_cookie, split_templates};
 use super::{
     Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, Manifest, PutOutcome, ReadOutcome,
 };
+use gitplane_gotemplate::GoTemplate;
 
 /// The templates `values.templates` may hold, in the order they are rendered.
 const VALUE_TEMPLATES: [&str; 5] = ["init", "manifests", "outputs", "secrets", "cookie"];

@@ -8,7 +8,6 @@
 mod echo;
 mod exec;
 mod go_template;
-pub(crate) mod gotemplate;
 mod http;
 mod k8s;
 pub mod leaks;

@@ -11,7 +11,7 @@ use std::sync::{Arc, LazyLock};
 use gotmpl::{Template, TemplateError, Value};
 
 use super::{Args, Dict, Limited, MAX_VALUE_BYTES, check_len, fail, text, too_long, write_go};
-use crate::drivers::gotemplate::context;
+use crate::context;
 
 type Result<T> = std::result::Result<T, TemplateError>;
 

@@ -10,7 +10,7 @@ use regex::{NoExpand, Regex, RegexBuilder};
 use gotmpl::{TemplateError, Value};
 
 use super::{Args, MAX_LIST_ITEMS, check_items, check_len, fail, string_list, text};
-use crate::drivers::gotemplate::context;
+use crate::context;
 
 type Result<T> = std::result::Result<T, TemplateError>;
 

@@ -11,7 +11,7 @@ use super::{
     Args, Dict, MAX_VALUE_BYTES, check_items, check_len, fail, go_quote, new_dict, string_list,
     strval, text, too_long,
 };
-use crate::drivers::gotemplate::context;
+use crate::context;
 
 type Result<T> = std::result::Result<T, TemplateError>;
 

@@ -10,7 +10,7 @@ use super::{
     Args, Dict, check_items, check_nesting, deep_equal, fail, is_empty, new_dict, new_list,
     string_list, strval, text, to_int64,
 };
-use crate::drivers::gotemplate::context;
+use crate::context;
 
 type Result<T> = std::result::Result<T, TemplateError>;
 

@@ -10,7 +10,7 @@ use gotmpl::{TemplateError, Value};
 use sha2::{Digest, Sha256, Sha512};
 
 use super::{Args, Dict, check_len, describe, fail, new_dict, text};
-use crate::drivers::gotemplate::context;
+use crate::context;
 
 type Result<T> = std::result::Result<T, TemplateError>;
 

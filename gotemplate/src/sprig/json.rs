@@ -13,20 +13,17 @@ use super::{
     Args, Dict, FloatStyle, Limited, MAX_DEPTH, MAX_VALUE_BYTES, fail, go_float, new_dict,
     new_list, text, too_long,
 };
-use crate::drivers::gotemplate::context;
-use crate::model::yaml::{self, Doc, Limits};
+use crate::context;
 
 type Result<T> = std::result::Result<T, TemplateError>;
 
 /// Data nested deeper than [`MAX_DEPTH`], which a template must not be given.
 #[derive(Debug)]
-pub(in crate::drivers::gotemplate) struct TooDeep;
+pub(crate) struct TooDeep;
 
 /// JSON data as a template value: integers stay integers (unsigned above `i64::MAX`), other
 /// numbers are floats.
-pub(in crate::drivers::gotemplate) fn value_from_json(
-    value: &serde_json::Value,
-) -> std::result::Result<Value, TooDeep> {
+pub(crate) fn value_from_json(value: &serde_json::Value) -> std::result::Result<Value, TooDeep> {
     fn convert(value: &serde_json::Value, depth: usize) -> std::result::Result<Value, TooDeep> {
         Ok(match value {
             serde_json::Value::Null => Value::Nil,
@@ -271,15 +268,7 @@ pub(super) fn from_yaml_array(name: &str, args: &[Value]) -> Result<Value> {
 /// it is not YAML. Its errors are not kept: they quote the text.
 fn parse_yaml(name: &str, s: &str) -> Result<Option<Value>> {
     context::charge(name, 1 + s.len() as u64)?;
-    let limits = Limits {
-        max_file_bytes: MAX_VALUE_BYTES as u64,
-        max_value_bytes: MAX_VALUE_BYTES as u64,
-    };
-    let doc = Doc {
-        kind: "the text given to fromYaml",
-        setting: None,
-    };
-    let Ok(parsed) = yaml::from_str::<serde_json::Value>(s, &limits, doc) else {
+    let Some(parsed) = read_yaml(s) else {
         return Ok(None);
     };
     value_from_json(&parsed).map(Some).map_err(|TooDeep| {
@@ -526,4 +515,14 @@ pub(super) fn to_yaml(name: &str, args: &[Value]) -> Result<Value> {
         }
         Err(EncodeError::Unsupported) => text(name, ""),
     }
+}
+
+/// `text` as YAML 1.2 data (`yes` stays a string), one document no longer than a value may
+/// be; `None` when it is not. serde-saphyr's own budget bounds aliases and nesting.
+pub(crate) fn read_yaml(text: &str) -> Option<serde_json::Value> {
+    if text.len() > MAX_VALUE_BYTES {
+        return None;
+    }
+    let options = serde_saphyr::options! { strict_booleans: true };
+    serde_saphyr::from_str_with_options(text, options).ok()
 }

@@ -9,7 +9,7 @@ use gotmpl::{TemplateError, Value};
 use super::{
     Args, check_items, check_len, exact_int, fail, new_list, strval, text, to_float64, to_int64,
 };
-use crate::drivers::gotemplate::context;
+use crate::context;
 
 type Result<T> = std::result::Result<T, TemplateError>;
 

@@ -5,7 +5,7 @@ use base64::Engine as _;
 use gotmpl::{TemplateError, Value};
 
 use super::{Args, check_len, fail, text};
-use crate::drivers::gotemplate::context;
+use crate::context;
 
 type Result<T> = std::result::Result<T, TemplateError>;
 

@@ -4,7 +4,7 @@
 use gotmpl::{TemplateError, Value};
 
 use super::{Args, deep_equal, fail, is_empty, strval, text};
-use crate::drivers::gotemplate::context;
+use crate::context;
 
 type Result<T> = std::result::Result<T, TemplateError>;
 

@@ -803,7 +803,8 @@ mod tests {
 
     #[test]
     fn an_upstream_change_not_taken_downstream_is_an_inputs_finding() {
-        let graph = test_support::graph(&crate::graph::tests::template_files(), "development");
+        let graph =
+            test_support::graph(&crate::plan::test_support::template_files(), "development");
         let mut records = test_support::applied(&graph).records;
         assert!(inputs_findings(&graph, &records).is_empty());
         // Every provider's public outputs move on outside of its consumers' knowledge.

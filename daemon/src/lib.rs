@@ -6,6 +6,9 @@
 //! is what the command line ([`cli`]), the [`daemon`] and its HTTP listener ([`serve`]) ask of
 //! them. See ARCHITECTURE.md.
 
+// The pure core, re-exported where the rest of gitplane has always found it.
+pub use gitplane_core::{graph, model, plan, repo_template, review};
+
 pub mod app;
 pub mod calls;
 pub mod cli;
@@ -15,17 +18,12 @@ pub mod deploy;
 pub mod drift;
 pub mod drivers;
 pub mod events;
-pub mod graph;
 pub mod manifests;
-pub mod model;
 pub mod notifications;
-pub mod plan;
 pub mod previews;
 pub mod reconcile;
 pub mod repo;
-pub mod repo_template;
 pub mod requests;
-pub mod review;
 pub mod serve;
 pub mod shard;
 pub mod stores;

@@ -32,7 +32,7 @@ pub use terraform::{
 };
 
 /// The driver of user-provided resources: outputs as registered, no call, never a deletion.
-pub const PROVIDED_DRIVER: &str = "gitplane/provided";
+pub use gitplane_core::PROVIDED_DRIVER;
 
 /// The most a driver cookie may hold, in bytes (the Humanitec Driver Interface's limit).
 pub const MAX_COOKIE_BYTES: usize = 10_240;

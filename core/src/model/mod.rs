@@ -536,7 +536,7 @@ pub struct Definition {
     pub res_type: String,
     pub driver_type: String,
     pub driver_account: Option<String>,
-    pub deletion_policy: gitplane_state::DeletionPolicy,
+    pub deletion_policy: crate::records::DeletionPolicy,
     /// `false`: resources keep the values they were last bound to until `gitplane resolve`.
     pub auto_update: bool,
     /// Ordering-only dependencies: provisioned first, never read.

@@ -1036,8 +1036,8 @@ impl Loader {
             return;
         }
         let deletion_policy = match entity.deletion_policy.as_deref() {
-            None | Some("delete") => gitplane_state::DeletionPolicy::Delete,
-            Some("orphan") => gitplane_state::DeletionPolicy::Orphan,
+            None | Some("delete") => crate::records::DeletionPolicy::Delete,
+            Some("orphan") => crate::records::DeletionPolicy::Orphan,
             Some(other) => {
                 self.error(
                     at("deletion_policy"),

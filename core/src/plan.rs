@@ -8,7 +8,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 
-use gitplane_state::{BindingRecord, LinkRecord, ResourceRecord, ResourceStatus, StoredJson};
+use crate::records::{BindingRecord, LinkRecord, ResourceRecord, ResourceStatus, StoredJson};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
@@ -512,8 +512,8 @@ pub fn plan(graph: &ResourceGraph, recorded: &[ResourceRecord], links: &[LinkRec
         .collect();
     for rec in deletion_order(&orphans, links) {
         let (action, reason) = match rec.deletion_policy {
-            gitplane_state::DeletionPolicy::Delete => (Action::Delete, "no longer in the graph"),
-            gitplane_state::DeletionPolicy::Orphan => (
+            crate::records::DeletionPolicy::Delete => (Action::Delete, "no longer in the graph"),
+            crate::records::DeletionPolicy::Orphan => (
                 Action::Forget,
                 "no longer in the graph; deletion_policy orphan: forgotten, not deleted",
             ),
@@ -946,31 +946,39 @@ pub fn deletion_order<'a>(
 
 /// What tests of the planning code start from: a commit's graph, and what applying it with
 /// echo drivers records, computed without I/O.
-#[cfg(test)]
-pub(crate) mod test_support {
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support {
     use std::collections::{BTreeMap, HashMap};
 
-    use gitplane_state::{BindingRecord, LinkRecord, ResourceRecord, ResourceStatus};
+    use crate::records::{BindingRecord, LinkRecord, ResourceRecord, ResourceStatus};
     use serde_json::Value;
 
     use super::{bindings_of, inputs_hash, record_of, resolve_inputs, split_inputs};
     use crate::graph::{GuresId, ResourceGraph};
 
+    /// The files of `repo-template/`, as a commit gives them.
+    pub fn template_files() -> BTreeMap<String, Vec<u8>> {
+        crate::repo_template::TEMPLATE
+            .iter()
+            .map(|(p, t)| (p.to_string(), t.as_bytes().to_vec()))
+            .collect()
+    }
+
     /// Environment `env`'s graph of `files`.
-    pub(crate) fn graph(files: &BTreeMap<String, Vec<u8>>, env: &str) -> ResourceGraph {
+    pub fn graph(files: &BTreeMap<String, Vec<u8>>, env: &str) -> ResourceGraph {
         let repo = crate::model::load(files).unwrap();
         let env = repo.environments.iter().find(|e| e.id == env).unwrap();
         crate::graph::build(&repo, env).unwrap()
     }
 
     /// What applying a graph with echo drivers records: resources, links and bindings.
-    pub(crate) struct Applied {
+    pub struct Applied {
         pub records: Vec<ResourceRecord>,
         pub links: Vec<LinkRecord>,
         pub bindings: HashMap<String, Vec<BindingRecord>>,
     }
 
-    pub(crate) fn applied(graph: &ResourceGraph) -> Applied {
+    pub fn applied(graph: &ResourceGraph) -> Applied {
         let mut outputs: HashMap<GuresId, (Value, Value, String)> = HashMap::new();
         let mut records = Vec::new();
         let mut bindings = HashMap::new();

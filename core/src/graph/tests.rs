@@ -13,12 +13,7 @@ pub(crate) fn files(entries: &[(&str, &str)]) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
-pub(crate) fn template_files() -> BTreeMap<String, Vec<u8>> {
-    crate::repo_template::TEMPLATE
-        .iter()
-        .map(|(p, t)| (p.to_string(), t.as_bytes().to_vec()))
-        .collect()
-}
+pub(crate) use crate::plan::test_support::template_files;
 
 fn build_env(
     files: &BTreeMap<String, Vec<u8>>,

@@ -200,7 +200,7 @@ pub struct ResourceNode {
     pub definition: String,
     pub driver_type: String,
     pub driver_account: Option<String>,
-    pub deletion_policy: gitplane_state::DeletionPolicy,
+    pub deletion_policy: crate::records::DeletionPolicy,
     /// `false`: keeps the values it was last bound to until `gitplane resolve`.
     pub auto_update: bool,
     /// Digest of what the definition and the request say, before any placeholder resolves: a

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 
-use gitplane_state::{BindingRecord, LinkRecord, ResourceRecord};
+use crate::records::{BindingRecord, LinkRecord, ResourceRecord};
 use serde_json::{Value, json};
 
 use crate::graph::{GuresId, ResourceGraph};

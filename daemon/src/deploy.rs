@@ -557,7 +557,7 @@ pub fn held_by_pin(
     if pin.commit_id == commit {
         return Ok(None);
     }
-    let (recorded, links) = crate::reconcile::recorded_in_scope(store, target)?;
+    let (recorded, links) = recorded_in_scope(store, target)?;
     let plan = crate::plan::plan(&target.graph, &recorded, &links);
     let summary = pin_plan_summary(&plan);
     store.pin_waiting(env, commit, &summary)?;
@@ -575,4 +575,35 @@ pub fn pin_plan_summary(plan: &crate::plan::Plan) -> String {
         "unchanged": count(&[Action::Unchanged, Action::Pinned]),
     })
     .to_string()
+}
+
+/// The recorded resources and links an apply of `target` looks at: all of its environment's,
+/// or those of the apps it covers and of the global resources its graph has (a global one
+/// outside it stays, since other apps may use it).
+pub fn recorded_in_scope(
+    store: &Store,
+    target: &Target,
+) -> Result<
+    (
+        Vec<gitplane_state::ResourceRecord>,
+        Vec<gitplane_state::LinkRecord>,
+    ),
+    StateError,
+> {
+    let env = &target.graph.env;
+    match &target.scope.apps {
+        None => Ok((store.resources(env)?, store.links(env)?)),
+        Some(apps) => {
+            let mut recorded = store.resources_of_apps(env, apps, true)?;
+            recorded.retain(|r| r.app.is_some() || target.graph.contains(r.guresid.as_str()));
+            // A resource not recorded yet may have links already: an earlier run that could
+            // not provision it recorded them.
+            let mut ids: Vec<&str> = recorded.iter().map(|r| r.guresid.as_str()).collect();
+            ids.extend(target.graph.nodes().map(|n| n.guresid.as_str()));
+            ids.sort_unstable();
+            ids.dedup();
+            let links = store.links_from(env, &ids)?;
+            Ok((recorded, links))
+        }
+    }
 }

@@ -4,77 +4,13 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use gitplane_state::{Counts, DeploymentStatus};
 use tokio::sync::watch;
 
-use crate::config::{NotifyConfig, NotifyEvent};
+use crate::config::NotifyConfig;
+use crate::metrics::Metrics;
 use crate::notifications::Notifier;
-use crate::repo::CommitInfo;
-use crate::serve::metrics::Metrics;
 
-/// A deployment that ended: succeeded, failed (a driver failed, or the commit did not build),
-/// or held by the deletion guard.
-#[derive(Debug, Clone)]
-pub struct DeploymentEvent {
-    pub env: String,
-    /// The deployment's id in state (`gitplane history`).
-    pub deployment: i64,
-    /// `commit` or `drift` (a scheduled re-apply of the last good commit).
-    pub kind: &'static str,
-    pub commit: Option<String>,
-    /// Who made the commit and its message's first line, when the repository has it.
-    pub commit_info: Option<CommitInfo>,
-    pub status: DeploymentStatus,
-    pub counts: Counts,
-    pub duration_seconds: f64,
-    /// `resource: error` for each failed resource, or why the commit did not build, or for a
-    /// held deployment what it would delete. Drivers' messages, secrets already scrubbed.
-    pub failures: Vec<String>,
-    /// For a drift run: the resources whose outputs had changed outside gitplane.
-    pub drifted: Vec<String>,
-}
-
-impl DeploymentEvent {
-    /// A commit that did not load or build, recorded as a failed deployment of `env` that
-    /// called no driver.
-    pub fn not_built(
-        (env, deployment): (&str, i64),
-        commit: &str,
-        commit_info: Option<CommitInfo>,
-        errors: Vec<String>,
-    ) -> DeploymentEvent {
-        DeploymentEvent {
-            env: env.to_owned(),
-            deployment,
-            kind: "commit",
-            commit: Some(commit.to_owned()),
-            commit_info,
-            status: DeploymentStatus::Failed,
-            counts: Counts::default(),
-            duration_seconds: 0.0,
-            failures: errors,
-            drifted: Vec::new(),
-        }
-    }
-
-    /// Which notifications it is: one for its status, and `drift` when a drift run found some.
-    /// A drift run that succeeded is not announced as a deployment: it runs every few minutes,
-    /// and only what it found is news.
-    pub fn kinds(&self) -> Vec<NotifyEvent> {
-        let mut kinds = Vec::new();
-        match self.status {
-            DeploymentStatus::Succeeded if self.kind == "drift" => {}
-            DeploymentStatus::Succeeded => kinds.push(NotifyEvent::Succeeded),
-            DeploymentStatus::Failed => kinds.push(NotifyEvent::Failed),
-            DeploymentStatus::Held => kinds.push(NotifyEvent::Held),
-            DeploymentStatus::Running | DeploymentStatus::Superseded => {}
-        }
-        if !self.drifted.is_empty() {
-            kinds.push(NotifyEvent::Drift);
-        }
-        kinds
-    }
-}
+pub use crate::notifications::DeploymentEvent;
 
 /// The daemon's listeners for its own events.
 pub struct Events {
@@ -137,6 +73,8 @@ impl Events {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::NotifyEvent;
+    use gitplane_state::DeploymentStatus;
 
     #[test]
     fn a_drift_run_is_news_only_when_it_found_or_broke_something() {

@@ -19,6 +19,7 @@ pub mod drift;
 pub mod drivers;
 pub mod events;
 pub mod manifests;
+pub mod metrics;
 pub mod notifications;
 pub mod previews;
 pub mod reconcile;

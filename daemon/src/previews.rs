@@ -11,11 +11,7 @@ use std::time::Duration;
 
 use gitplane_state::PreviewRecord;
 
-use crate::config::PreviewConfig;
-
-/// Environment ids are file names elsewhere (`environments/<id>.yaml`) and labels in drivers:
-/// kept to what both accept.
-const MAX_ENV_ID: usize = 63;
+use crate::config::{MAX_ENV_ID, PreviewConfig};
 
 /// Why a preview environment is removed.
 pub const BRANCH_DELETED: &str = "branch deleted";
@@ -49,15 +45,6 @@ pub struct Decisions {
     pub skipped: Vec<String>,
     /// How long until the next live preview's time runs out.
     pub next_expiry: Option<Duration>,
-}
-
-/// Whether `text` can be an environment type: lowercase letters, digits and `-`.
-pub fn valid_env_type(text: &str) -> bool {
-    !text.is_empty()
-        && text.len() <= MAX_ENV_ID
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 /// Whether branch name `name` matches `pattern`, where `*` is any run of characters (slashes

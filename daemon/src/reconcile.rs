@@ -207,7 +207,7 @@ pub async fn apply(
     on_event: &mut (dyn FnMut(&Event<'_>) + Send),
 ) -> Result<ApplyReport, StateError> {
     let graph = &target.graph;
-    let (recorded, links) = recorded_in_scope(store, target)?;
+    let (recorded, links) = crate::deploy::recorded_in_scope(store, target)?;
     let plan = plan(graph, &recorded, &links);
     let (deployment, resumed) = match options.approved {
         Some(id) => (id, false),
@@ -332,31 +332,6 @@ pub async fn apply(
         counts,
         failures,
     })
-}
-
-/// The recorded resources and links an apply of `target` looks at: all of its environment's,
-/// or those of the apps it covers and of the global resources its graph has (a global one
-/// outside it stays, since other apps may use it).
-pub fn recorded_in_scope(
-    store: &Store,
-    target: &Target,
-) -> Result<(Vec<ResourceRecord>, Vec<LinkRecord>), StateError> {
-    let env = &target.graph.env;
-    match &target.scope.apps {
-        None => Ok((store.resources(env)?, store.links(env)?)),
-        Some(apps) => {
-            let mut recorded = store.resources_of_apps(env, apps, true)?;
-            recorded.retain(|r| r.app.is_some() || target.graph.contains(r.guresid.as_str()));
-            // A resource not recorded yet may have links already: an earlier run that could
-            // not provision it recorded them.
-            let mut ids: Vec<&str> = recorded.iter().map(|r| r.guresid.as_str()).collect();
-            ids.extend(target.graph.nodes().map(|n| n.guresid.as_str()));
-            ids.sort_unstable();
-            ids.dedup();
-            let links = store.links_from(env, &ids)?;
-            Ok((recorded, links))
-        }
-    }
 }
 
 /// The apps a deployment of `scope` looks at: its apps, or every app of the commit and of the

@@ -48,7 +48,7 @@ pub fn plan_ref(ctx: &Context, rev: Option<&str>) -> Result<Review, AppError> {
             }));
             continue;
         };
-        let (recorded, links) = reconcile::recorded_in_scope(store, t)?;
+        let (recorded, links) = crate::deploy::recorded_in_scope(store, t)?;
         let p = plan::plan(graph, &recorded, &links);
         let held = reconcile::guard_verdict(store, t, &p, recorded.len())?;
         let to_read = review::bindings_to_read(&p, graph, &recorded);

@@ -1,4 +1,5 @@
-//! The layering of the crate: only the command line names the command line.
+//! The layering of the crate: only the command line names the command line, and modules import
+//! one another in one direction only.
 
 use std::path::{Path, PathBuf};
 
@@ -66,4 +67,149 @@ fn a_cli_import_is_found_however_it_is_written() {
     assert!(!names_the_cli(
         "use crate::{client, deploy};\nuse crate::app::Context;"
     ));
+}
+
+/// The modules at the top of a crate's `src`, each with the files it is made of, test code
+/// left out: files declared under `#[cfg(test)]`, and a file's own `#[cfg(test)] mod` at its
+/// end.
+fn modules(src: &Path) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    // A `#[cfg(test)] mod name;` makes `name.rs` or `name/` beside it test code.
+    let mut test_only: Vec<PathBuf> = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("a readable source");
+        let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let dir = match f.file_stem().and_then(|s| s.to_str()) {
+            Some("mod" | "lib" | "main") => f.parent().map(Path::to_path_buf),
+            _ => f.parent().zip(f.file_stem()).map(|(p, s)| p.join(s)),
+        }
+        .expect("a source has a parent");
+        for (at, _) in flat.match_indices("#[cfg(test)] ") {
+            let rest = flat[at + 13..].trim_start_matches("pub(crate) ");
+            if let Some(name) = rest.strip_prefix("mod ").and_then(|r| r.split(';').next())
+                && !name.contains('{')
+            {
+                test_only.push(dir.join(format!("{name}.rs")));
+                test_only.push(dir.join(name));
+            }
+        }
+    }
+    let mut modules: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for f in &files {
+        if test_only.iter().any(|t| f.starts_with(t)) {
+            continue;
+        }
+        let rel = f.strip_prefix(src).expect("under src");
+        let top = rel
+            .components()
+            .next()
+            .and_then(|c| c.as_os_str().to_str())
+            .expect("a file name")
+            .trim_end_matches(".rs")
+            .to_owned();
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).expect("a readable source");
+        let code = match text.find("#[cfg(test)]\nmod tests {") {
+            Some(at) => text[..at].to_owned(),
+            None => text,
+        };
+        modules.entry(top).or_default().push(code);
+    }
+    modules
+}
+
+/// The modules of `modules` that the code of each imports (`crate::name`, or `name` in a
+/// `use crate::{…}` group).
+fn imports(
+    modules: &std::collections::BTreeMap<String, Vec<String>>,
+) -> std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> {
+    let mut imports = std::collections::BTreeMap::new();
+    for (name, texts) in modules {
+        let mut found = std::collections::BTreeSet::new();
+        for text in texts {
+            let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+            for (at, _) in flat.match_indices("crate::") {
+                let rest = &flat[at + 7..];
+                let words: Vec<&str> = match rest.strip_prefix('{') {
+                    Some(group) => group[..group.find(';').unwrap_or(group.len())]
+                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .collect(),
+                    None => rest
+                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .take(1)
+                        .collect(),
+                };
+                for word in words {
+                    if let Some((m, _)) = modules.get_key_value(word)
+                        && m != name
+                    {
+                        found.insert(m.as_str());
+                    }
+                }
+            }
+        }
+        imports.insert(name.as_str(), found);
+    }
+    imports
+}
+
+/// The groups of modules that import each other, round and round.
+fn cycles<'m>(
+    imports: &std::collections::BTreeMap<&'m str, std::collections::BTreeSet<&'m str>>,
+) -> Vec<Vec<&'m str>> {
+    use daggy::petgraph::graph::DiGraph;
+    let mut graph = DiGraph::<&str, ()>::new();
+    let nodes: std::collections::BTreeMap<&str, _> =
+        imports.keys().map(|m| (*m, graph.add_node(*m))).collect();
+    for (from, tos) in imports {
+        for to in tos {
+            graph.add_edge(nodes[from], nodes[to], ());
+        }
+    }
+    daggy::petgraph::algo::tarjan_scc(&graph)
+        .into_iter()
+        .filter(|scc| scc.len() > 1)
+        .map(|scc| {
+            let mut names: Vec<&str> = scc.iter().map(|n| graph[*n]).collect();
+            names.sort_unstable();
+            names
+        })
+        .collect()
+}
+
+/// Modules import one another in one direction only, in this crate and in the core: a
+/// cycle means two modules that are one in truth, or a type in the wrong place. (Run:
+/// `cargo test -p gitplane --lib app::tests`.)
+#[test]
+fn modules_import_one_another_in_one_direction() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for src in [manifest.join("src"), manifest.join("../core/src")] {
+        let modules = modules(&src);
+        assert!(modules.len() > 4, "no modules found in {}", src.display());
+        let imports = imports(&modules);
+        let found = cycles(&imports);
+        assert!(
+            found.is_empty(),
+            "modules of {} import each other: {found:?}",
+            src.display()
+        );
+    }
+}
+
+#[test]
+fn an_import_cycle_is_found() {
+    let modules: std::collections::BTreeMap<String, Vec<String>> = [
+        ("a", "use crate::{b, c::X};\nuse crate::c as see;"),
+        ("b", "fn f() { crate::a::g() }"),
+        ("c", "use crate::d;"),
+        ("d", "use std::fs;"),
+    ]
+    .into_iter()
+    .map(|(m, t)| (m.to_owned(), vec![t.to_owned()]))
+    .collect();
+    let imports = imports(&modules);
+    assert_eq!(cycles(&imports), [vec!["a", "b"]]);
 }

@@ -1003,7 +1003,7 @@ fn show_plan(
     let mut json = Vec::new();
     for t in &targets {
         let (recorded, links) = match &store {
-            Some(s) => reconcile::recorded_in_scope(s, t)?,
+            Some(s) => crate::deploy::recorded_in_scope(s, t)?,
             None => (Vec::new(), Vec::new()),
         };
         let p = plan::plan(&t.graph, &recorded, &links);

@@ -443,6 +443,19 @@ pub enum StateKind {
     Postgres,
 }
 
+/// Environment ids are file names elsewhere (`environments/<id>.yaml`) and labels in drivers:
+/// kept to what both accept.
+pub const MAX_ENV_ID: usize = 63;
+
+/// Whether `text` can be an environment type: lowercase letters, digits and `-`.
+pub fn valid_env_type(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= MAX_ENV_ID
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
 /// What `state` names: a PostgreSQL URL, which must parse, or a SQLite file. A value that
 /// starts like a PostgreSQL URL but is not one (`postgres:host/db`) is refused rather than taken
 /// for a file of that name. Messages never quote the value, which may hold a password.

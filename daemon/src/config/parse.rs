@@ -605,7 +605,7 @@ fn previews(e: &mut Errors<'_>, p: PreviewsFile) -> Option<PreviewConfig> {
         );
         ok = false;
     }
-    if !crate::previews::valid_env_type(&p.env_type) {
+    if !super::valid_env_type(&p.env_type) {
         e.at(
             "previews",
             format!(

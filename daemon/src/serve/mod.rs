@@ -32,7 +32,6 @@ mod api;
 mod hooks;
 mod layout;
 mod listener;
-pub mod metrics;
 mod page;
 mod session;
 
@@ -299,7 +298,7 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
 async fn metrics_text(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
     let figures = shared.read(|s| s.figures()).await?;
     let text = shared.events.metrics.render(&figures);
-    Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response())
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
 }
 
 /// The cookie a browser carries its session in, set by `POST /login`.

@@ -13,7 +13,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::reconcile::{CallObserver, CallResult};
+use crate::calls::{CallObserver, CallResult};
 
 /// Deployments take from milliseconds (nothing changed) to an hour (a database created).
 const DEPLOYMENT_BUCKETS: &[f64] = &[

@@ -8,6 +8,8 @@
 
 // The pure core, re-exported where the rest of gitplane has always found it.
 pub use gitplane_core::{graph, model, plan, repo_template, review};
+/// The drivers, a crate of their own.
+pub use gitplane_drivers as drivers;
 
 pub mod app;
 pub mod calls;
@@ -16,7 +18,6 @@ pub mod config;
 pub mod daemon;
 pub mod deploy;
 pub mod drift;
-pub mod drivers;
 pub mod events;
 pub mod manifests;
 pub mod metrics;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use crate::model::template::kind_of;
+use gitplane_core::model::template::kind_of;
 
 /// The most files a definition may write into the working directory.
 const MAX_FILES: usize = 1_000;

@@ -491,7 +491,7 @@ fn parse_manifests(value: &Value, output: &str) -> Result<Vec<Manifest>, String>
             return Err(format!(
                 "the output {output} (manifests_output) must be a list or a map of \
                  {{location, data}}, got {}",
-                crate::model::template::kind_of(other)
+                gitplane_core::model::template::kind_of(other)
             ));
         }
     };

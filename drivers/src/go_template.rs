@@ -167,7 +167,7 @@ mod tests {
     use super::super::ErrorKind;
     use super::super::test_request::{Inputs, request};
     use super::*;
-    use crate::drivers::ManifestLocation;
+    use crate::ManifestLocation;
 
     fn inputs(values: Value, secrets: Value) -> Inputs {
         Inputs {

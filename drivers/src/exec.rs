@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
-use crate::model::template::kind_of;
+use gitplane_core::model::template::kind_of;
 
 use super::{
     Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, MAX_COOKIE_BYTES, Manifest,
@@ -150,7 +150,7 @@ impl ExecDriver {
 
 /// One run of a program as drivers run them: started directly (no shell) with exactly `env`, in
 /// a process group of its own, killed with that whole group at `deadline`.
-pub(crate) struct Program<'a> {
+pub struct Program<'a> {
     pub program: &'a std::ffi::OsStr,
     pub args: &'a [String],
     pub env: Vec<(String, std::ffi::OsString)>,
@@ -168,7 +168,7 @@ pub(crate) struct Program<'a> {
 
 /// What is kept of a program's stdout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Keep {
+pub enum Keep {
     /// All of it, up to `MAX_STDOUT_BYTES`; more is an error.
     Whole,
     /// Its last `STDERR_KEEP_BYTES`, like stderr.
@@ -176,7 +176,7 @@ pub(crate) enum Keep {
 }
 
 /// A program that ran to its end.
-pub(crate) struct Exited {
+pub struct Exited {
     pub status: ExitStatus,
     pub stdout: std::io::Result<Vec<u8>>,
     /// The last `STDERR_KEEP_BYTES` of stderr.
@@ -184,7 +184,7 @@ pub(crate) struct Exited {
 }
 
 /// A program that did not run to its end.
-pub(crate) enum RunFailure {
+pub enum RunFailure {
     Start(std::io::Error),
     Wait(std::io::Error),
     /// Killed with its group at the deadline; what it wrote so far.
@@ -199,7 +199,7 @@ pub(crate) enum RunFailure {
 }
 
 /// Runs `p` to its end or its deadline; its group is in [`kill_running`]'s reach meanwhile.
-pub(crate) fn run_program(p: Program<'_>) -> Result<Exited, RunFailure> {
+pub fn run_program(p: Program<'_>) -> Result<Exited, RunFailure> {
     let mut command = Command::new(p.program);
     command
         .args(p.args)
@@ -581,12 +581,12 @@ fn read_tail(mut pipe: impl Read + Send + 'static, tail: Arc<Mutex<Vec<u8>>>) ->
 }
 
 /// The last `STDERR_TAIL_BYTES` of stderr as text, with the request's secrets redacted.
-pub(crate) fn render_tail(kept: &[u8], redact: &[String]) -> String {
+pub fn render_tail(kept: &[u8], redact: &[String]) -> String {
     redacted_tail(kept, redact, STDERR_TAIL_BYTES)
 }
 
 /// The last `max` bytes of `kept` as text, every string of `redact` in it replaced first.
-pub(crate) fn redacted_tail(kept: &[u8], redact: &[String], max: usize) -> String {
+pub fn redacted_tail(kept: &[u8], redact: &[String], max: usize) -> String {
     let mut text = String::from_utf8_lossy(kept).into_owned();
     for secret in redact {
         text = text.replace(secret.as_str(), "[redacted]");
@@ -602,7 +602,7 @@ pub(crate) fn redacted_tail(kept: &[u8], redact: &[String], max: usize) -> Strin
     format!("…{}", &text[start..])
 }
 
-pub(crate) fn with_tail(message: String, tail: &str) -> String {
+pub fn with_tail(message: String, tail: &str) -> String {
     if tail.is_empty() {
         format!("{message} (stderr is empty)")
     } else {
@@ -610,7 +610,7 @@ pub(crate) fn with_tail(message: String, tail: &str) -> String {
     }
 }
 
-pub(crate) fn describe_exit(program: &str, status: ExitStatus) -> String {
+pub fn describe_exit(program: &str, status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("{program} exited with code {code}"),
         (None, Some(signal)) => format!("{program} was killed by signal {signal}"),
@@ -639,7 +639,7 @@ fn secret_strings(request: &DriverRequest<'_>) -> Vec<String> {
 
 /// Every string and number in `values`, at least `MIN_REDACTED_LEN` long, longest first so that
 /// a secret holding another is redacted whole.
-pub(crate) fn redaction_list<'v>(values: impl IntoIterator<Item = &'v Value>) -> Vec<String> {
+pub fn redaction_list<'v>(values: impl IntoIterator<Item = &'v Value>) -> Vec<String> {
     let mut out = Vec::new();
     for value in values {
         super::leaks::leaves(value, &mut out);

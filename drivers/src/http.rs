@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::model::template::kind_of;
+use gitplane_core::model::template::kind_of;
 use ureq::http::{Response, StatusCode};
 use ureq::{Agent, Body};
 
@@ -419,7 +419,7 @@ fn status_text(status: StatusCode) -> String {
 
 /// `text` on one line (control characters as spaces), cut to [`MAX_EXPLANATION_CHARS`]: what
 /// an error message may quote of a server's answer.
-pub(crate) fn one_line(text: &str) -> String {
+pub fn one_line(text: &str) -> String {
     let mut shown: String = text
         .chars()
         .take(MAX_EXPLANATION_CHARS)
@@ -432,7 +432,7 @@ pub(crate) fn one_line(text: &str) -> String {
 }
 
 /// Percent-encodes everything but unreserved characters, so a GUResID stays one path segment.
-pub(crate) fn encode_path_segment(segment: &str) -> String {
+pub fn encode_path_segment(segment: &str) -> String {
     let mut encoded = String::with_capacity(segment.len());
     for byte in segment.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {

@@ -24,7 +24,7 @@ pub use echo::EchoDriver;
 pub use exec::{ExecDriver, kill_running};
 pub use go_template::GoTemplateDriver;
 pub use http::HttpDriver;
-pub(crate) use http::{encode_path_segment, one_line};
+pub use http::{encode_path_segment, one_line};
 pub use template::TemplateDriver;
 pub use terraform::{
     DRIVER_TYPES as TERRAFORM_DRIVER_TYPES, Flavour as TerraformFlavour, TerraformConfig,
@@ -333,7 +333,7 @@ impl Driver for ProvidedDriver {
 
 /// A read by recomputing: for drivers whose outputs are a pure function of the request, with
 /// no side effect, what a put would answer is what the resource is.
-pub(crate) fn read_by_recomputing(
+pub fn read_by_recomputing(
     driver: &dyn Driver,
     request: &DriverRequest<'_>,
 ) -> Result<ReadOutcome, DriverError> {
@@ -442,7 +442,7 @@ impl Registry {
 
 /// What driver unit tests send: one resource's inputs, and a request for it.
 #[cfg(test)]
-pub(crate) mod test_request {
+pub mod test_request {
     use serde_json::Value;
 
     use super::DriverRequest;

@@ -17,7 +17,7 @@ use super::super::{Manifest, ManifestLocation};
 
 /// Where the golden files live.
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/drivers/k8s/golden")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/k8s/golden")
 }
 
 fn location_name(location: ManifestLocation) -> &'static str {

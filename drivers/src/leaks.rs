@@ -185,7 +185,7 @@ pub fn separate(needles: &Needles, outputs: &mut Value, secret_outputs: &mut Val
 
 /// Every string and number inside `value`, as text: what a secret value is looked for as,
 /// and redacted as.
-pub(crate) fn leaves(value: &Value, out: &mut Vec<String>) {
+pub fn leaves(value: &Value, out: &mut Vec<String>) {
     match value {
         Value::String(s) => out.push(s.clone()),
         Value::Number(n) => out.push(n.to_string()),

@@ -470,7 +470,12 @@ fn three_daemons_through_a_random_schedule_of_pushes_kills_freezes_and_database_
     if unnamed > 0 {
         problems.push(format!("{unnamed} driver calls without a daemon number"));
     }
+    let mut before_stop = 0;
     for stop in &chaos.stops {
+        before_stop += calls
+            .iter()
+            .filter(|c| c.daemon == Some(stop.daemon))
+            .count();
         for c in calls.iter().filter(|c| c.daemon == Some(stop.daemon)) {
             if c.arrived > stop.at + LATE {
                 problems.push(format!(
@@ -501,10 +506,16 @@ fn three_daemons_through_a_random_schedule_of_pushes_kills_freezes_and_database_
             }
         }
     }
+    // How many calls the checks below looked at, so that a run shows they were not vacuous.
+    let mut after_resume = 0;
     for freeze in &chaos.freezes {
         let Some(resumed) = freeze.resumed else {
             continue;
         };
+        after_resume += calls
+            .iter()
+            .filter(|c| c.daemon == Some(freeze.daemon) && c.arrived >= resumed)
+            .count();
         let log = fleet.daemons[freeze.daemon].log();
         let since = log.get(freeze.log_offset..).unwrap_or_default();
         for env in &freeze.moved {
@@ -542,7 +553,8 @@ fn three_daemons_through_a_random_schedule_of_pushes_kills_freezes_and_database_
         summary,
         "chaos summary: seed={seed} pushes={} sigterm={} sigkill={} sigstop={} (leases moved in \
          {}) db_restarts={} daemons_started={} deployments={} (commit {}, drift {}) \
-         driver_calls={} ({} PUT) run={:?}",
+         driver_calls={} ({} PUT; {before_stop} by daemons later stopped, {after_resume} by \
+         resumed daemons after SIGCONT) run={:?}",
         chaos.pushes.len() - 1,
         chaos.count("TERM"),
         chaos.count("KILL"),

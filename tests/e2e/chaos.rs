@@ -29,6 +29,14 @@ const DRIFT_SCHEDULE: &str = "*/5 * * * * *";
 struct Rng(u64);
 
 impl Rng {
+    /// Step `step`'s own stream of the run of `seed`: what a step draws does not depend on
+    /// what the steps before it drew (a step that finds a daemon frozen draws less), so that a
+    /// seed replays the same steps.
+    fn step(seed: u64, step: u64) -> Rng {
+        let mut outer = Rng(seed ^ step.wrapping_mul(0xd1b5_4a32_d192_ed03));
+        Rng(outer.next())
+    }
+
     fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
@@ -173,7 +181,6 @@ fn three_daemons_through_a_random_schedule_of_pushes_kills_freezes_and_database_
     let Some(server) = gitplane_testkit::postgres_or_skip("chaos") else {
         return;
     };
-    let mut rng = Rng(seed);
     let mut fleet = Fleet::numbered(&server, "");
     for env in ENVS {
         fleet.sb.write(
@@ -228,20 +235,23 @@ fn three_daemons_through_a_random_schedule_of_pushes_kills_freezes_and_database_
         ));
     };
     let mut frozen: Option<usize> = None;
+    let mut step = 0;
     while chaos.started.elapsed() < CHAOS {
+        step += 1;
+        let mut rng = Rng::step(seed, step);
         if let Some(at) = frozen
             && Instant::now() >= chaos.freezes[at].resume_at
         {
             resume(&fleet, &mut chaos, at);
             frozen = None;
         }
-        let thawed: Vec<usize> = live
-            .iter()
-            .copied()
-            .filter(|d| frozen.is_none_or(|at| chaos.freezes[at].daemon != *d))
-            .collect();
-        let pick = rng.below(thawed.len() as u64) as usize;
-        let victim = thawed[pick];
+        // Three live daemons, at most one of them frozen: the drawn one, or the next if frozen.
+        let frozen_daemon = frozen.map(|at| chaos.freezes[at].daemon);
+        let pick = rng.below(live.len() as u64) as usize;
+        let victim = (0..live.len())
+            .map(|k| live[(pick + k) % live.len()])
+            .find(|d| Some(*d) != frozen_daemon)
+            .expect("a daemon not frozen");
         match rng.below(100) {
             0..35 => {
                 let everything = rng.below(2) == 0;

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use gitplane_testkit::Postgres;
 use serde_json::{Value, json};
@@ -34,13 +34,22 @@ const GATE_LIMIT: Duration = Duration::from_secs(60);
 /// One call the driver answered.
 #[derive(Debug, Clone)]
 pub(crate) struct Call {
-    method: String,
-    guresid: String,
+    pub(crate) method: String,
+    pub(crate) guresid: String,
     /// The environment the resource is in (the definition sends `${context.env.id}`).
-    env: String,
+    pub(crate) env: String,
     /// For a PUT, whether the GUResID existed at the driver already: an update, not a create.
     /// For a DELETE, whether there was something to delete.
-    existed: bool,
+    pub(crate) existed: bool,
+    /// The daemon that called, by its index in `Fleet::daemons`, when the fleet gives each
+    /// daemon a driver URL of its own (`Fleet::numbered`).
+    pub(crate) daemon: Option<usize>,
+    /// When the request reached the driver, and the same moment by the wall clock (to compare
+    /// with the daemons' logs).
+    pub(crate) arrived: Instant,
+    pub(crate) arrived_at: SystemTime,
+    /// When the driver had its answer ready (after the gate, if it waited there).
+    pub(crate) answered: Instant,
 }
 
 /// An environment and a resource type, to let some PUTs through a closed gate.
@@ -75,9 +84,10 @@ impl GatedDriver {
         let handler_state = shared.clone();
         thread::spawn(move || {
             for request in server.incoming_requests() {
+                let arrived = (Instant::now(), SystemTime::now());
                 let state = handler_state.clone();
                 // A thread per request: the calls of several daemons wait at the gate together.
-                thread::spawn(move || answer(request, &state));
+                thread::spawn(move || answer(request, arrived, &state));
             }
         });
         GatedDriver {
@@ -140,8 +150,17 @@ impl Drop for GatedDriver {
     }
 }
 
-fn answer(mut request: tiny_http::Request, shared: &(Mutex<DriverState>, Condvar)) {
+fn answer(
+    mut request: tiny_http::Request,
+    (arrived, arrived_at): (Instant, SystemTime),
+    shared: &(Mutex<DriverState>, Condvar),
+) {
     let method = request.method().to_string();
+    // `/d<N>/driver/<guresid>`: daemon N's own driver URL.
+    let daemon = request
+        .url()
+        .split('/')
+        .find_map(|segment| segment.strip_prefix('d')?.parse::<usize>().ok());
     let guresid = request
         .url()
         .rsplit('/')
@@ -188,6 +207,10 @@ fn answer(mut request: tiny_http::Request, shared: &(Mutex<DriverState>, Condvar
         guresid: guresid.clone(),
         env: env.clone(),
         existed,
+        daemon,
+        arrived,
+        arrived_at,
+        answered: Instant::now(),
     });
     changed.notify_all();
     drop(state);
@@ -215,10 +238,10 @@ fn answer(mut request: tiny_http::Request, shared: &(Mutex<DriverState>, Condvar
 /// A lease as `env_lease` records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Lease {
-    daemon: String,
-    generation: i64,
+    pub(crate) daemon: String,
+    pub(crate) generation: i64,
     /// Whether it has not expired.
-    current: bool,
+    pub(crate) current: bool,
 }
 
 /// A `deployment` row.
@@ -249,6 +272,8 @@ pub(crate) struct Fleet<'s> {
     pub(crate) sb: Sandbox,
     pub(crate) driver: GatedDriver,
     config: PathBuf,
+    /// Whether each daemon gets a host config of its own whose driver URL names it (`/d<N>/`).
+    numbered: bool,
     pub(crate) daemons: Vec<Daemon>,
 }
 
@@ -260,6 +285,16 @@ impl<'s> Fleet<'s> {
 
     /// [`Fleet::new`], with `extra` added to the host config.
     pub(crate) fn with_host(server: &'s Postgres, extra: &str) -> Fleet<'s> {
+        Fleet::build(server, extra, false)
+    }
+
+    /// [`Fleet::with_host`], each daemon calling the driver at a URL of its own,
+    /// `<driver>/d<N>/driver/<guresid>` for `daemons[N]`, so that the driver can tell who called.
+    pub(crate) fn numbered(server: &'s Postgres, extra: &str) -> Fleet<'s> {
+        Fleet::build(server, extra, true)
+    }
+
+    fn build(server: &'s Postgres, extra: &str, numbered: bool) -> Fleet<'s> {
         let url = server.database();
         let sb = Sandbox::new();
         let driver = GatedDriver::start();
@@ -307,31 +342,54 @@ impl<'s> Fleet<'s> {
             sb,
             driver,
             config,
+            numbered,
             daemons: Vec::new(),
         }
     }
 
     pub(crate) fn args(&self) -> Vec<String> {
+        self.args_of(&self.config)
+    }
+
+    fn args_of(&self, config: &std::path::Path) -> Vec<String> {
         vec![
             "--config".into(),
-            self.config.display().to_string(),
+            config.display().to_string(),
             "--repo".into(),
             self.sb.origin.display().to_string(),
         ]
     }
 
+    /// The arguments of daemon `i` (the next one started is `daemons.len()`): the fleet's host
+    /// config, or with [`Fleet::numbered`] a copy of it whose driver URL names the daemon.
+    fn args_for(&self, i: usize) -> Vec<String> {
+        if !self.numbered {
+            return self.args();
+        }
+        let config = self.sb.root.join(format!("host.{i}.yaml"));
+        let shared = std::fs::read_to_string(&self.config).expect("read the host config");
+        let own = self
+            .driver
+            .url
+            .replacen("/driver", &format!("/d{i}/driver"), 1);
+        std::fs::write(&config, shared.replace(&self.driver.url, &own))
+            .expect("write a daemon's host config");
+        self.args_of(&config)
+    }
+
     /// Starts `n` more daemons at about the same moment, so that they count each other before
     /// they take leases, and waits until each says it is ready.
     pub(crate) fn start(&mut self, n: usize) {
-        let args = self.args();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let first_log = self.daemons.len();
+        let all_args: Vec<Vec<String>> = (first_log..first_log + n)
+            .map(|i| self.args_for(i))
+            .collect();
         let sb = &self.sb;
         let started = thread::scope(|scope| {
             let mut handles = Vec::new();
-            for i in 0..n {
-                let args = &args;
-                handles.push(scope.spawn(move || Daemon::start(sb, args)));
+            for (i, args) in all_args.iter().enumerate() {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                handles.push(scope.spawn(move || Daemon::start(sb, &args)));
                 // Each start names its log after the ones that exist: wait until this one's
                 // is there before the next start looks.
                 let log = match first_log + i {
@@ -353,14 +411,14 @@ impl<'s> Fleet<'s> {
 
     /// Starts one more daemon with `env` added to its environment; waits until it is ready.
     pub(crate) fn start_one_with_env(&mut self, env: &[(&str, &str)]) {
-        let args = self.args();
+        let args = self.args_for(self.daemons.len());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let daemon = Daemon::start_with_env(&self.sb, &args, env);
         self.daemons.push(daemon);
     }
 
     /// Whether `daemon_id` (`host:pid`, as the leases name a daemon) is daemon `i`.
-    fn owns(&self, i: usize, daemon_id: &str) -> bool {
+    pub(crate) fn owns(&self, i: usize, daemon_id: &str) -> bool {
         daemon_id.ends_with(&format!(":{}", self.daemons[i].pid()))
     }
 
@@ -525,7 +583,16 @@ impl<'s> Fleet<'s> {
             .driver
             .calls()
             .iter()
-            .map(|c| format!("{} {} {} existed={}", c.method, c.env, c.guresid, c.existed))
+            .map(|c| {
+                let by = c
+                    .daemon
+                    .map(|d| format!(" by daemon {d}"))
+                    .unwrap_or_default();
+                format!(
+                    "{} {} {} existed={}{by}",
+                    c.method, c.env, c.guresid, c.existed
+                )
+            })
             .collect();
         out.push_str(&format!("driver calls:\n{}\n", calls.join("\n")));
         for (i, daemon) in self.daemons.iter().enumerate() {
@@ -541,7 +608,7 @@ impl<'s> Fleet<'s> {
     }
 
     /// Sends `signal` (`KILL`, `STOP`, `CONT`) to daemon `i`.
-    fn signal(&self, i: usize, signal: &str) {
+    pub(crate) fn signal(&self, i: usize, signal: &str) {
         let status = Command::new("kill")
             .args([format!("-{signal}"), self.daemons[i].pid().to_string()])
             .status()
@@ -585,7 +652,7 @@ pub(crate) fn alive(pid: u32) -> bool {
 }
 
 /// Whether `log` has a line with `message` naming `env` (`env=x` or `env="x"`), and `extra`.
-fn logged(log: &str, message: &str, env: &str, extra: &str) -> bool {
+pub(crate) fn logged(log: &str, message: &str, env: &str, extra: &str) -> bool {
     log.lines().any(|line| {
         line.contains(message)
             && (line.contains(&format!("env={env}")) || line.contains(&format!("env=\"{env}\"")))

@@ -8,6 +8,7 @@ mod vault_server;
 mod bad_input;
 mod bad_input_corpus;
 mod changes;
+mod chaos;
 mod choosing;
 mod compat_files;
 mod daemon;

@@ -304,6 +304,18 @@ impl Daemon {
     async fn run(mut self) -> Result<(), DaemonError> {
         let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
         let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+        // SIGTERM stops new driver calls at once, from a task of its own: the main loop may be
+        // busy reading a commit when it comes, and must not let a worker start a call meanwhile.
+        let (stopped_tx, mut stop_requested) = latest::channel(false);
+        let stop = self.shared.stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            stop.store(true, Ordering::SeqCst);
+            let _ = stopped_tx.send(true);
+        });
         let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
         let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
         // Verified push webhooks, with when each arrived.
@@ -373,8 +385,7 @@ impl Daemon {
         loop {
             let drift_at = self.next_drift();
             tokio::select! {
-                _ = term.recv() => break,
-                _ = int.recv() => break,
+                _ = stop_requested.changed() => break,
                 _ = hup.recv() => {
                     self.reload();
                     self.check(Instant::now()).await;

@@ -516,11 +516,8 @@ fn the_documented_alert_rules_and_scrape_config_pass_promtool() {
         eprintln!("skipped: promtool is not installed (Debian's prometheus package)");
         return;
     }
-    let page = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../docs/service.md"
-    ))
-    .expect("docs/service.md");
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/service.md"))
+        .expect("docs/service.md");
     let block_after = |marker: &str| -> String {
         let from = page
             .find(marker)

@@ -221,7 +221,7 @@ fn metrics_move_by_what_each_deployment_did_and_pass_promtool() {
 
     match promtool_check(&after_text) {
         // Without promtool this check alone is left out (the metrics' values are checked
-        // above); the README's rules have a test of their own, ignored without it.
+        // above); the documented rules have a test of their own, ignored without it.
         None => {
             #[cfg(promtool)]
             panic!("promtool was on PATH when the tests were built, but does not run");
@@ -505,24 +505,24 @@ fn a_missing_token_file_is_a_config_error_at_its_line() {
         .stderr_has("must be an absolute path");
 }
 
-/// The README's alert rules and scrape config are ones Prometheus accepts.
+/// The alert rules and scrape config docs/service.md gives are ones Prometheus accepts.
 #[test]
 #[cfg_attr(
     not(promtool),
     ignore = "promtool is not installed (Debian's prometheus package)"
 )]
-fn the_readme_alert_rules_and_scrape_config_pass_promtool() {
+fn the_documented_alert_rules_and_scrape_config_pass_promtool() {
     if Command::new("promtool").arg("--version").output().is_err() {
         eprintln!("skipped: promtool is not installed (Debian's prometheus package)");
         return;
     }
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("the README");
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/service.md"))
+        .expect("docs/service.md");
     let block_after = |marker: &str| -> String {
-        let from = readme
+        let from = page
             .find(marker)
-            .unwrap_or_else(|| panic!("{marker} in README"));
-        let rest = &readme[from..];
+            .unwrap_or_else(|| panic!("{marker} in docs/service.md"));
+        let rest = &page[from..];
         let start = rest.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
         let end = rest[start..].find("```").expect("the block's end");
         rest[start..start + end].to_owned()

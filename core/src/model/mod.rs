@@ -485,7 +485,7 @@ pub struct Property {
     pub secret: bool,
 }
 
-/// What a Score resource asks for, besides its type (see README "Choosing a definition").
+/// What a Score resource asks for, besides its type (docs/repository.md, "Choosing a definition").
 /// Given in the resource's `metadata.annotations`, so the file stays valid Score.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Choice {

@@ -227,11 +227,18 @@ fn answer(
     let header = "Content-Type: application/json"
         .parse::<tiny_http::Header>()
         .expect("a valid header");
+    // tiny_http now and then leaves a request on a reused keep-alive connection unanswered;
+    // the daemon's call then times out and is made again, and the driver reads the repeat late.
+    // One connection per call keeps the record of calls a record of what the daemons did.
+    let close = "Connection: close"
+        .parse::<tiny_http::Header>()
+        .expect("a valid header");
     // The daemon that asked may be dead or frozen by now: nobody to tell.
     let _ = request.respond(
         tiny_http::Response::from_string(text)
             .with_status_code(status)
-            .with_header(header),
+            .with_header(header)
+            .with_header(close),
     );
 }
 

@@ -1255,9 +1255,10 @@ fn run_work(
     reconcile_one(env, &job, attempt, store, shared, handle)
 }
 
-/// One run of `job` on `env`: the environment's lock, the pin and preview checks, the
-/// reconcile (or detect run), pruning, the events and the log. Blocking: called on a blocking
-/// thread, it drives the reconcile's async parts on `handle`.
+/// One run of `job` on `env`: the environment claimed ([`claim`]), its target built
+/// ([`built`]), deployed (or a drift run made) through the application layer, and the outcome
+/// recorded and reported ([`ran`]). Blocking: called on a blocking thread, it drives the
+/// reconcile's async parts on `handle`.
 fn reconcile_one(
     env: &str,
     job: &Job,
@@ -1266,105 +1267,26 @@ fn reconcile_one(
     shared: &Shared,
     handle: &tokio::runtime::Handle,
 ) -> Ended {
-    let hold = match &shared.shard {
-        Some(shard) => match hold_of(shard, env, &shared.stop) {
-            Some(hold) => Some((hold, shard.busy(env))),
-            // Lapsed by this daemon's clock and not renewed since (the database does not
-            // answer): retried by the policy, or at once when the database answers again.
-            None if shard.held().contains(env) => {
-                warn!(
-                    env,
-                    "the environment's lease lapsed (the state's database did not answer in \
-                     time): the deployment waits for it"
-                );
-                return Ended::Unfinished;
-            }
-            // Another daemon holds it now.
-            None => return Ended::Done,
-        },
-        None => None,
+    let claimed = match claim(env, job, store, shared) {
+        Ok(claimed) => claimed,
+        Err(ended) => return ended,
     };
-    let fence = hold.as_ref().map(|(h, _)| h.fence().clone());
-    // A CLI apply or approve may hold the environment: wait for it.
-    let locked = match &fence {
-        Some(fence) => ApplyLock::acquire_leased(&shared.state, fence),
-        None => ApplyLock::acquire(&shared.state, env, true),
-    };
-    let lock = match locked {
-        Ok(lock) => lock,
-        Err(e) => {
-            error!(env, error = %e, "cannot lock the environment");
-            return Ended::Unfinished;
-        }
-    };
-    let runtime = shared.current();
-    // Every write of this reconcile checks the lease; none lands once another daemon took it.
-    store.set_fences(hold.iter().map(|(h, _)| h.fence().clone()).collect());
-    if let Err(e) = store.refresh_key() {
-        error!(env, error = %e, "cannot read the state");
-        return Ended::Unfinished;
-    }
-    match preview_allowed(env, job, store, shared) {
-        Ok(true) => {}
-        Ok(false) => return Ended::Done,
-        Err(e) => {
-            error!(env, error = %e, "cannot read the repository or the state");
-            return Ended::Unfinished;
-        }
-    }
-    let removing = job.preview == Some(PreviewJob::Remove);
-    if removing && matches!(store.resource_count(env), Ok(0)) {
-        match store.preview_removed(env) {
-            Ok(()) => info!(env, "preview environment removed: it has no resources left"),
-            Err(e) => error!(env, error = %e, "cannot record the preview's removal"),
-        }
-        return Ended::Done;
-    }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
         "reconciling {env}"
     ))]);
-    let target = match target_under_lock(env, job, store, shared, &runtime) {
-        Ok(Ok(target)) => target,
-        Ok(Err(rejected)) => {
-            let errors = rejected.errors.join("; ");
-            if job.drift {
-                warn!(env, commit = %job.commit, "drift run skipped: the last good commit does not build now: {errors}");
-                return Ended::Done;
-            }
-            warn!(env, commit = %job.commit, "the commit does not build now: {errors}");
-            return match store.failed_deployment(
-                env,
-                Some(&job.commit),
-                &rejected.errors.join("\n"),
-            ) {
-                Ok(deployment) => {
-                    shared.events.finished(DeploymentEvent::not_built(
-                        (env, deployment),
-                        &job.commit,
-                        commit_info(&shared.repo, &job.commit),
-                        rejected.errors,
-                    ));
-                    // It will not build on a retry either: the next commit is its fix.
-                    Ended::Done
-                }
-                Err(e) => {
-                    error!(env, error = %e, "cannot record the failed deployment");
-                    Ended::Unfinished
-                }
-            };
-        }
-        Err(e) => {
-            error!(env, commit = %job.commit, error = %e, "cannot read the commit or the state");
-            return Ended::Unfinished;
-        }
+    let target = match built(env, job, store, shared, &claimed.runtime) {
+        Ok(target) => target,
+        Err(ended) => return ended,
     };
+    let runtime = &claimed.runtime;
     let engine = app::Engine {
         drivers: &runtime.drivers,
         settings: &runtime.settings,
         history: runtime.history,
         runtime: handle,
     };
-    let lease = hold.as_ref().map(|(h, _)| h.clone());
+    let lease = claimed.hold.as_ref().map(|(h, _)| h.clone());
+    let lock = Some(claimed.lock.hold());
     let mut observer = Observed {
         events: &shared.events,
         noticed: job.noticed,
@@ -1374,9 +1296,9 @@ fn reconcile_one(
         let halt = crate::drift::DetectOptions {
             stop: Some(shared.stop.clone()),
             lease,
-            lock: Some(lock.hold()),
+            lock,
         };
-        match app::drift_env(
+        let drifted = app::drift_env(
             store,
             &engine,
             &target,
@@ -1384,9 +1306,10 @@ fn reconcile_one(
             false,
             &halt,
             &mut observer,
-        ) {
+        );
+        match drifted {
             Ok(app::DriftOutcome::Detected(report)) => {
-                drop(lock);
+                drop(claimed);
                 detected(env, job, shared, &report, started.elapsed());
                 return Ended::Done;
             }
@@ -1397,8 +1320,8 @@ fn reconcile_one(
         let options = ApplyOptions {
             stop: Some(shared.stop.clone()),
             lease,
-            lock: Some(lock.hold()),
-            removing_env: removing,
+            lock,
+            removing_env: job.preview == Some(PreviewJob::Remove),
             ..ApplyOptions::default()
         };
         app::deploy_env(
@@ -1411,7 +1334,134 @@ fn reconcile_one(
         )
     };
     let took = started.elapsed();
-    let (report, prune_error) = match outcome {
+    drop(target);
+    let ended = ran(env, (job, attempt), store, shared, (outcome, took), claimed);
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
+    ended
+}
+
+/// What a run holds while it works on an environment: the lease (and the mark that keeps
+/// the lease thread from giving it away), the apply lock, and the settings in force.
+struct Claimed {
+    hold: Option<(Arc<gitplane_state::LeaseHold>, shard::BusyGuard)>,
+    lock: ApplyLock,
+    runtime: Arc<Runtime>,
+}
+
+/// Claims `env` for `job`: its lease (when daemons share the state), its apply lock (waiting
+/// for a command that holds it), the lease's fence on every write, the current state key; and
+/// checks that a preview or the watched ref may run there. `Err` is how the run ends instead.
+fn claim(env: &str, job: &Job, store: &mut Store, shared: &Shared) -> Result<Claimed, Ended> {
+    let hold = match &shared.shard {
+        Some(shard) => match hold_of(shard, env, &shared.stop) {
+            Some(hold) => Some((hold, shard.busy(env))),
+            // Lapsed by this daemon's clock and not renewed since (the database does not
+            // answer): retried by the policy, or at once when the database answers again.
+            None if shard.held().contains(env) => {
+                warn!(
+                    env,
+                    "the environment's lease lapsed (the state's database did not answer in \
+                     time): the deployment waits for it"
+                );
+                return Err(Ended::Unfinished);
+            }
+            // Another daemon holds it now.
+            None => return Err(Ended::Done),
+        },
+        None => None,
+    };
+    let fence = hold.as_ref().map(|(h, _)| h.fence().clone());
+    // A CLI apply or approve may hold the environment: wait for it.
+    let locked = match &fence {
+        Some(fence) => ApplyLock::acquire_leased(&shared.state, fence),
+        None => ApplyLock::acquire(&shared.state, env, true),
+    };
+    let lock = locked.map_err(|e| {
+        error!(env, error = %e, "cannot lock the environment");
+        Ended::Unfinished
+    })?;
+    // Every write of this run checks the lease; none lands once another daemon took it.
+    store.set_fences(fence.into_iter().collect());
+    if let Err(e) = store.refresh_key() {
+        error!(env, error = %e, "cannot read the state");
+        return Err(Ended::Unfinished);
+    }
+    match preview_allowed(env, job, store, shared) {
+        Ok(true) => {}
+        Ok(false) => return Err(Ended::Done),
+        Err(e) => {
+            error!(env, error = %e, "cannot read the repository or the state");
+            return Err(Ended::Unfinished);
+        }
+    }
+    if job.preview == Some(PreviewJob::Remove) && matches!(store.resource_count(env), Ok(0)) {
+        match store.preview_removed(env) {
+            Ok(()) => info!(env, "preview environment removed: it has no resources left"),
+            Err(e) => error!(env, error = %e, "cannot record the preview's removal"),
+        }
+        return Err(Ended::Done);
+    }
+    Ok(Claimed {
+        hold,
+        lock,
+        runtime: shared.current(),
+    })
+}
+
+/// What `job` deploys on `env` (see [`target_under_lock`]). A commit that does not build is
+/// recorded as a failed deployment and not retried (the next commit is its fix); a drift run
+/// of a last good commit that no longer builds is skipped.
+fn built(
+    env: &str,
+    job: &Job,
+    store: &mut Store,
+    shared: &Shared,
+    runtime: &Runtime,
+) -> Result<Target, Ended> {
+    let rejected = match target_under_lock(env, job, store, shared, runtime) {
+        Ok(Ok(target)) => return Ok(target),
+        Ok(Err(rejected)) => rejected,
+        Err(e) => {
+            error!(env, commit = %job.commit, error = %e, "cannot read the commit or the state");
+            return Err(Ended::Unfinished);
+        }
+    };
+    let errors = rejected.errors.join("; ");
+    if job.drift {
+        warn!(env, commit = %job.commit, "drift run skipped: the last good commit does not build now: {errors}");
+        return Err(Ended::Done);
+    }
+    warn!(env, commit = %job.commit, "the commit does not build now: {errors}");
+    match store.failed_deployment(env, Some(&job.commit), &rejected.errors.join("\n")) {
+        Ok(deployment) => {
+            shared.events.finished(DeploymentEvent::not_built(
+                (env, deployment),
+                &job.commit,
+                commit_info(&shared.repo, &job.commit),
+                rejected.errors,
+            ));
+            Err(Ended::Done)
+        }
+        Err(e) => {
+            error!(env, error = %e, "cannot record the failed deployment");
+            Err(Ended::Unfinished)
+        }
+    }
+}
+
+/// Records and reports how a deployment of `job` ran (`attempt` is its try at the commit): a
+/// pin that held it, a state error, or its report (the retry it was, a preview's removal, the
+/// event, the log line); the claim is let go once the state is written. How it ended, for the
+/// retry policy.
+fn ran(
+    env: &str,
+    (job, attempt): (&Job, u32),
+    store: &mut Store,
+    shared: &Shared,
+    (outcome, took): (Result<app::EnvOutcome, app::AppError>, Duration),
+    claimed: Claimed,
+) -> Ended {
+    let (r, prune_error) = match outcome {
         // A rollback's pin holds the environment at its commit: a newer one is planned and the
         // plan recorded for `gitplane status`, not applied.
         Ok(app::EnvOutcome::Pinned { pin, plan }) => {
@@ -1428,7 +1478,6 @@ fn reconcile_one(
         }) => (report, prune_error),
         Err(e) => {
             error!(env, error = %e, "state error during the deployment");
-            let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
             return Ended::Unfinished;
         }
     };
@@ -1436,11 +1485,11 @@ fn reconcile_one(
         warn!(env, error = %e, "cannot prune the history (history.keep)");
     }
     if attempt > 1
-        && let Err(e) = store.mark_attempt(report.deployment, i64::from(attempt))
+        && let Err(e) = store.mark_attempt(r.deployment, i64::from(attempt))
     {
         warn!(env, error = %e, "cannot record the deployment as a retry");
     }
-    if removing && matches!(store.resource_count(env), Ok(0)) {
+    if job.preview == Some(PreviewJob::Remove) && matches!(store.resource_count(env), Ok(0)) {
         match store.preview_removed(env) {
             Ok(()) => info!(
                 env,
@@ -1449,9 +1498,7 @@ fn reconcile_one(
             Err(e) => error!(env, error = %e, "cannot record the preview's removal"),
         }
     }
-    drop(target);
-    drop(lock);
-    let r = report;
+    drop(claimed);
     let drifted = if job.drift {
         store.outputs_changed(r.deployment).unwrap_or_else(|e| {
             warn!(env, error = %e, "cannot read what the drift run found");
@@ -1473,7 +1520,7 @@ fn reconcile_one(
         drifted,
     });
     let c = r.counts;
-    let ended = match r.status {
+    match r.status {
         DeploymentStatus::Held => {
             warn!(
                 env, commit = %job.commit, deployment = r.deployment,
@@ -1497,9 +1544,7 @@ fn reconcile_one(
             );
             Ended::Unfinished
         }
-    };
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
-    ended
+    }
 }
 
 /// The lease of `env` if this daemon holds it. One that lapsed by this daemon's clock while

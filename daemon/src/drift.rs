@@ -445,166 +445,31 @@ pub async fn detect(
     let graph = &target.graph;
     let env = graph.env.clone();
     let recorded = store.resources(&env)?;
-    let mut upstream = Recorded::new(&recorded);
-    for rec in &recorded {
-        if rec.status == ResourceStatus::Ready
-            && let Some(node) = graph.get(rec.guresid.as_str())
-        {
-            upstream.stable(&node.guresid);
-        }
-    }
-    let mut findings: Vec<ResourceFinding> = Vec::new();
-    let mut failures = Vec::new();
-    let halt = options.halt();
-    let mut limits = Limits::new(settings.concurrency);
-    let mut reads: JoinSet<ReadEnded> = JoinSet::new();
-    // Reads that ended, by position in `ready`.
-    let mut answers: Vec<ReadEnded> = Vec::new();
-    // Per read: the secret values its call receives, which no public output may hold.
-    let mut needles: HashMap<usize, Needles> = HashMap::new();
     let ready: Vec<&ResourceRecord> = recorded
         .iter()
         .filter(|r| r.status == ResourceStatus::Ready)
         .collect();
-    for (i, rec) in ready.iter().enumerate() {
-        let label = plan::record_label(rec);
-        if let Some(node) = graph.get(rec.guresid.as_str())
-            && let Some(finding) = compare_inputs(rec, node, &upstream)
-        {
-            findings.push(ResourceFinding {
-                guresid: rec.guresid.clone(),
-                label: label.clone(),
-                finding,
-            });
-        }
-        let Some(registered) = drivers.get(&rec.driver) else {
-            failures.push(format!(
-                "{label}: driver '{}' is not registered on this host",
-                rec.driver
-            ));
-            continue;
-        };
-        let (resource, values, secrets, resource_shown) = match recorded_inputs(rec) {
-            Ok(inputs) => inputs,
-            Err(why) => {
-                failures.push(format!("{label}: {why}"));
-                continue;
-            }
-        };
-        let account = match &rec.account {
-            None => None,
-            Some(name) => match (settings.accounts)(name) {
-                Ok(v) => Some(v),
-                Err(why) => {
-                    failures.push(format!("{label}: {why}"));
-                    continue;
-                }
-            },
-        };
-        // As the put's: what the public inputs show is not looked for.
-        let shown = resource_shown.then_some(&resource);
-        needles.insert(
-            i,
-            Needles::of_call(
-                std::iter::once(&secrets).chain(&account),
-                std::iter::once(&values).chain(shown),
-            ),
-        );
-        let job = OwnedRequest {
-            guresid: rec.guresid.clone(),
-            org: graph.org.clone(),
-            env: env.clone(),
-            app: rec.app.clone(),
-            res_type: rec.res_type.clone(),
-            class: rec.class.clone(),
-            res_id: rec.res_id.clone(),
-            resource,
-            values,
-            secrets,
-            account,
-            cookie: store.cookie(&rec.guresid)?,
-        };
-        let driver = registered.driver.clone();
-        if driver.in_process() {
-            let read = driver.read(&job.request());
-            answers.push((i, read.map_err(|e| Failure::Failed(e.message))));
-            continue;
-        }
-        if let Some(halted) = halt.halted() {
-            failures.push(format!("{label}: not read: {}", halted.cause()));
-            continue;
-        }
-        let permits = limits.of(&rec.driver, registered.concurrency);
-        // Taken before the read's task is spawned; reads that end meanwhile are collected.
-        let held = loop {
-            tokio::select! {
-                held = permits.acquire() => break held,
-                Some(joined) = reads.join_next() => collect(joined, &mut answers, &mut failures),
-            }
-        };
-        if let Some(halted) = halt.halted() {
-            failures.push(format!("{label}: not read: {}", halted.cause()));
-            continue;
-        }
-        let caller = Caller {
-            driver,
-            driver_type: rec.driver.clone(),
-            permits,
-            retry: settings.retry,
-            halt: halt.clone(),
-            observer: settings.calls.clone(),
-        };
-        reads.spawn(async move {
-            // A read changes nothing: there is no call to journal.
-            let (_, read) = call_until_done(Read, job, caller, held, |_, _| {}).await;
-            (i, read)
-        });
-    }
-    while let Some(joined) = reads.join_next().await {
-        collect(joined, &mut answers, &mut failures);
-    }
-    let mut unchanged = 0;
-    let mut read_findings: Vec<(usize, Vec<Finding>)> = Vec::new();
-    for (i, result) in answers {
-        let rec = ready[i];
-        match result {
-            Ok(read) => {
-                let needles = needles.remove(&i).unwrap_or_default();
-                let read = secure_read(read, &needles, rec);
-                let recorded = secure_record(rec, &needles);
-                read_findings.push((i, compare_read(&recorded, &read)));
-            }
-            Err(Failure::Halted(halted)) => failures.push(format!(
-                "{}: not read: {}",
-                plan::record_label(rec),
-                halted.cause()
-            )),
-            Err(Failure::Failed(why)) => {
-                failures.push(format!("{}: {why}", plan::record_label(rec)));
-            }
-        }
-    }
-    read_findings.sort_by_key(|(i, _)| *i);
-    for (i, found) in read_findings {
-        let rec = ready[i];
-        for finding in found {
-            findings.push(ResourceFinding {
-                guresid: rec.guresid.clone(),
-                label: plan::record_label(rec),
-                finding,
-            });
-        }
-    }
+    let mut findings = input_findings(graph, &recorded, &ready);
+    let mut failures = Vec::new();
+    let (answers, mut needles) = read_all(
+        store,
+        (drivers, settings),
+        graph,
+        &ready,
+        options,
+        &mut failures,
+    )
+    .await?;
+    findings.extend(read_findings(&ready, answers, &mut needles, &mut failures));
     findings.sort_by(|a, b| {
         (&a.label, a.finding.what.as_str()).cmp(&(&b.label, b.finding.what.as_str()))
     });
     // One finding per resource and kind (the table's key): the driver's word first.
     findings.dedup_by(|b, a| a.guresid == b.guresid && a.finding.what == b.finding.what);
-    for rec in &ready {
-        if !findings.iter().any(|f| f.guresid == rec.guresid) {
-            unchanged += 1;
-        }
-    }
+    let unchanged = ready
+        .iter()
+        .filter(|rec| !findings.iter().any(|f| f.guresid == rec.guresid))
+        .count();
     failures.sort();
     let rows: Vec<DriftFinding> = findings
         .iter()
@@ -639,6 +504,196 @@ pub async fn detect(
         unchanged,
         failures,
     })
+}
+
+/// What the recorded inputs show of `ready`'s resources against `graph`, in `ready`'s order:
+/// inputs the commit would now give differently, as far as the recorded upstream outputs tell.
+fn input_findings(
+    graph: &crate::graph::ResourceGraph,
+    recorded: &[ResourceRecord],
+    ready: &[&ResourceRecord],
+) -> Vec<ResourceFinding> {
+    let mut upstream = Recorded::new(recorded);
+    for rec in recorded {
+        if rec.status == ResourceStatus::Ready
+            && let Some(node) = graph.get(rec.guresid.as_str())
+        {
+            upstream.stable(&node.guresid);
+        }
+    }
+    ready
+        .iter()
+        .filter_map(|rec| {
+            let node = graph.get(rec.guresid.as_str())?;
+            let finding = compare_inputs(rec, node, &upstream)?;
+            Some(ResourceFinding {
+                guresid: rec.guresid.clone(),
+                label: plan::record_label(rec),
+                finding,
+            })
+        })
+        .collect()
+}
+
+/// Reads each of `ready` through its driver's read path, in process or through the call
+/// engine (a permit taken before a read's task is spawned, the halt flags read once it is
+/// held): the reads that ended, by position in `ready`, and per read the secret values its
+/// call received, which no public output may hold. What could not be read goes to
+/// `failures`.
+async fn read_all(
+    store: &Store,
+    (drivers, settings): (&Registry, &Settings),
+    graph: &crate::graph::ResourceGraph,
+    ready: &[&ResourceRecord],
+    options: &DetectOptions,
+    failures: &mut Vec<String>,
+) -> Result<(Vec<ReadEnded>, HashMap<usize, Needles>), StateError> {
+    let halt = options.halt();
+    let mut limits = Limits::new(settings.concurrency);
+    let mut reads: JoinSet<ReadEnded> = JoinSet::new();
+    let mut answers: Vec<ReadEnded> = Vec::new();
+    let mut needles: HashMap<usize, Needles> = HashMap::new();
+    for (i, rec) in ready.iter().enumerate() {
+        let label = plan::record_label(rec);
+        let Some(registered) = drivers.get(&rec.driver) else {
+            failures.push(format!(
+                "{label}: driver '{}' is not registered on this host",
+                rec.driver
+            ));
+            continue;
+        };
+        let (job, secrets) = match read_request(store, settings, graph, rec)? {
+            Ok(request) => request,
+            Err(why) => {
+                failures.push(format!("{label}: {why}"));
+                continue;
+            }
+        };
+        needles.insert(i, secrets);
+        let driver = registered.driver.clone();
+        if driver.in_process() {
+            let read = driver.read(&job.request());
+            answers.push((i, read.map_err(|e| Failure::Failed(e.message))));
+            continue;
+        }
+        if let Some(halted) = halt.halted() {
+            failures.push(format!("{label}: not read: {}", halted.cause()));
+            continue;
+        }
+        let permits = limits.of(&rec.driver, registered.concurrency);
+        // Taken before the read's task is spawned; reads that end meanwhile are collected.
+        let held = loop {
+            tokio::select! {
+                held = permits.acquire() => break held,
+                Some(joined) = reads.join_next() => collect(joined, &mut answers, failures),
+            }
+        };
+        if let Some(halted) = halt.halted() {
+            failures.push(format!("{label}: not read: {}", halted.cause()));
+            continue;
+        }
+        let caller = Caller {
+            driver,
+            driver_type: rec.driver.clone(),
+            permits,
+            retry: settings.retry,
+            halt: halt.clone(),
+            observer: settings.calls.clone(),
+        };
+        reads.spawn(async move {
+            // A read changes nothing: there is no call to journal.
+            let (_, read) = call_until_done(Read, job, caller, held, |_, _| {}).await;
+            (i, read)
+        });
+    }
+    while let Some(joined) = reads.join_next().await {
+        collect(joined, &mut answers, failures);
+    }
+    Ok((answers, needles))
+}
+
+/// The read request of `rec` (its recorded inputs, its account's credentials, its cookie) and
+/// the secret values the call receives; `Ok(Err(why))` when it cannot be made.
+fn read_request(
+    store: &Store,
+    settings: &Settings,
+    graph: &crate::graph::ResourceGraph,
+    rec: &ResourceRecord,
+) -> Result<Result<(OwnedRequest, Needles), String>, StateError> {
+    let (resource, values, secrets, resource_shown) = match recorded_inputs(rec) {
+        Ok(inputs) => inputs,
+        Err(why) => return Ok(Err(why)),
+    };
+    let account = match &rec.account {
+        None => None,
+        Some(name) => match (settings.accounts)(name) {
+            Ok(v) => Some(v),
+            Err(why) => return Ok(Err(why.to_string())),
+        },
+    };
+    // As the put's: what the public inputs show is not looked for.
+    let shown = resource_shown.then_some(&resource);
+    let needles = Needles::of_call(
+        std::iter::once(&secrets).chain(&account),
+        std::iter::once(&values).chain(shown),
+    );
+    let request = OwnedRequest {
+        guresid: rec.guresid.clone(),
+        org: graph.org.clone(),
+        env: graph.env.clone(),
+        app: rec.app.clone(),
+        res_type: rec.res_type.clone(),
+        class: rec.class.clone(),
+        res_id: rec.res_id.clone(),
+        resource,
+        values,
+        secrets,
+        account,
+        cookie: store.cookie(&rec.guresid)?,
+    };
+    Ok(Ok((request, needles)))
+}
+
+/// What the reads that answered found, in `ready`'s order, each checked for leaked secrets
+/// first; reads that failed or were halted go to `failures`.
+fn read_findings(
+    ready: &[&ResourceRecord],
+    answers: Vec<ReadEnded>,
+    needles: &mut HashMap<usize, Needles>,
+    failures: &mut Vec<String>,
+) -> Vec<ResourceFinding> {
+    let mut found: Vec<(usize, Vec<Finding>)> = Vec::new();
+    for (i, result) in answers {
+        let rec = ready[i];
+        match result {
+            Ok(read) => {
+                let needles = needles.remove(&i).unwrap_or_default();
+                let read = secure_read(read, &needles, rec);
+                let recorded = secure_record(rec, &needles);
+                found.push((i, compare_read(&recorded, &read)));
+            }
+            Err(Failure::Halted(halted)) => failures.push(format!(
+                "{}: not read: {}",
+                plan::record_label(rec),
+                halted.cause()
+            )),
+            Err(Failure::Failed(why)) => {
+                failures.push(format!("{}: {why}", plan::record_label(rec)));
+            }
+        }
+    }
+    found.sort_by_key(|(i, _)| *i);
+    found
+        .into_iter()
+        .flat_map(|(i, findings)| {
+            let rec = ready[i];
+            findings.into_iter().map(move |finding| ResourceFinding {
+                guresid: rec.guresid.clone(),
+                label: plan::record_label(rec),
+                finding,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

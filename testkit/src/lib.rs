@@ -1,4 +1,8 @@
-//! A real PostgreSQL server for tests, started by the test itself and never left behind.
+//! What gitplane's tests start and wait on, real and never left behind.
+//!
+//! - [`Postgres`]: a real PostgreSQL server per test (or one per test process, [`shared`]);
+//! - [`webdriver`]: chromedriver and a headless Chromium session for the status page's tests;
+//! - [`eventually`]: waiting for an event with a deadline and a message, instead of a sleep.
 //!
 //! [`Postgres::start`] runs `initdb` into a temporary directory and `pg_ctl start` on a free port
 //! of 127.0.0.1, with trust authentication so that tests connect as `postgres` without a
@@ -19,9 +23,11 @@
 //! let url = server.database(); // postgres://postgres@127.0.0.1:PORT/gitplane_N, empty
 //! ```
 
+mod eventually;
 mod session;
 mod tools;
 mod watchdog;
+pub mod webdriver;
 
 use std::collections::BTreeSet;
 use std::fs::{self, OpenOptions};
@@ -34,6 +40,7 @@ use std::sync::{Mutex, OnceLock, PoisonError, TryLockError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub use eventually::{eventually, eventually_or, poll};
 pub use session::Session;
 use tools::{Tools, Unavailable, run};
 use watchdog::Watchdog;

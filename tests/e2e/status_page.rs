@@ -8,16 +8,15 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, Locator};
+use gitplane_testkit::eventually;
+use gitplane_testkit::webdriver::{Browser, Chromedriver};
 use serde_json::{Value, json};
 
 use crate::daemon::{Daemon, repo_args, wait_deployed};
 use crate::util::Sandbox;
 
-const CHROMIUM: &str = "/usr/bin/chromium";
 /// A secret output of the redis definition below: it must never reach the page.
 const REDIS_SECRET: &str = "page-secret-7f3a9c";
 /// A secret of the template's base-env (echoed as a secret output).
@@ -114,103 +113,15 @@ entity:
 // ---------------------------------------------------------------------------------------------
 // The browser
 
-/// chromedriver on a free port, stopped (by its own process id) on drop.
-struct Chromedriver {
-    child: Child,
-    url: String,
-    _profile: tempfile::TempDir,
-}
-
-impl Drop for Chromedriver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// chromedriver, when this machine has it and Chromium; otherwise why not.
+/// chromedriver, or why this machine cannot run it (the test then says so and returns; the
+/// build's `chromium` cfg already reports it as ignored where Chromium is missing).
 fn chromedriver() -> Result<Chromedriver, String> {
-    if !Path::new(CHROMIUM).exists() {
-        return Err(format!("{CHROMIUM} is not installed"));
-    }
-    let port = free_port();
-    let child = Command::new("chromedriver")
-        .arg(format!("--port={port}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start chromedriver: {e}"))?;
-    let driver = Chromedriver {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        _profile: tempfile::Builder::new()
-            .prefix("gitplane-chromium-")
-            .tempdir()
-            .map_err(|e| e.to_string())?,
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            return Err("chromedriver did not listen within 10 s".to_owned());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(driver)
+    Chromedriver::start()
 }
 
-async fn browser(driver: &Chromedriver) -> Client {
-    let profile = format!("--user-data-dir={}", driver._profile.path().display());
-    let capabilities = json!({
-        "browserName": "chrome",
-        "goog:chromeOptions": {
-            "binary": CHROMIUM,
-            "args": [
-                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", profile,
-                "--window-size=1400,900",
-            ],
-        },
-    });
-    let Value::Object(capabilities) = capabilities else {
-        unreachable!("an object literal")
-    };
-    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    fantoccini::ClientBuilder::new(connector)
-        .capabilities(capabilities)
-        .connect(&driver.url)
-        .await
-        .unwrap_or_else(|e| panic!("cannot start a Chromium session: {e}"))
-}
-
-/// Waits until `check` gives a value, or fails saying what it waited for.
-async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn count(client: &Client, css: &str) -> usize {
-    client
-        .find_all(Locator::Css(css))
-        .await
-        .map_or(0, |found| found.len())
-}
-
-async fn script(client: &Client, js: &str) -> Value {
-    client
-        .execute(js, Vec::new())
-        .await
+fn script(browser: &Browser, js: &str) -> Value {
+    browser
+        .execute(js)
         .unwrap_or_else(|e| panic!("script {js:?}: {e}"))
 }
 
@@ -243,121 +154,88 @@ fn the_page_follows_a_push_draws_every_resource_and_shows_no_secret() {
         .column("SELECT guresid FROM resource WHERE env = 'development' AND type = 'redis'")[0]
         .clone();
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let client = browser(&driver).await;
-        client
-            .goto(&format!("{base}/#env=development"))
-            .await
-            .unwrap();
-        until("the deployments table", Duration::from_secs(15), || async {
-            (count(&client, "#deployments tr[data-deployment]").await > 0).then_some(())
-        })
-        .await;
-
-        // Every resource of the environment is a node of the graph.
-        let drawn: Vec<String> = until("every node", Duration::from_secs(15), || async {
-            let nodes = client
-                .find_all(Locator::Css("#graph [data-guresid]"))
-                .await
-                .ok()?;
-            let mut ids = Vec::new();
-            for n in nodes {
-                ids.push(n.attr("data-guresid").await.ok()??);
-            }
-            ids.sort();
-            (ids.len() == resources.len()).then_some(ids)
-        })
-        .await;
-        assert_eq!(drawn, resources);
-
-        // A push shows up without a reload: the marker set on this page survives.
-        script(
-            &client,
-            "window.gitplaneMarker = 'set before the push'; return true;",
-        )
-        .await;
-        sb.edit(
-            "definitions/base-env.yaml",
-            "pgport: 5432\n      redis_host: redis.dev.internal",
-            "pgport: 6432\n      redis_host: redis.dev.internal",
-        );
-        let second = sb.commit("Move the development database port");
-        wait_deployed(&sb, &second, &["development"], Duration::from_secs(30));
-        let id = sb.column(&format!(
-            "SELECT id FROM deployment WHERE env = 'development' AND commit_id = '{second}'"
-        ))[0]
-            .clone();
-        let row = format!("#deployments tr[data-deployment=\"{id}\"]");
-        let shown_after = Instant::now();
-        // Within the poll's 10 s: the event stream brought it.
-        until(
-            "the new deployment's row",
-            Duration::from_secs(5),
-            || async { (count(&client, &row).await == 1).then_some(()) },
-        )
-        .await;
-        println!(
-            "the new deployment showed {} ms after it was recorded",
-            shown_after.elapsed().as_millis()
-        );
-        let row_text = client
-            .find(Locator::Css(&row))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        assert!(row_text.contains(&second[..7]), "{row_text}");
-        assert!(
-            row_text.contains("Move the development database port"),
-            "{row_text}"
-        );
-        assert_eq!(
-            script(&client, "return window.gitplaneMarker;").await,
-            json!("set before the push"),
-            "the page was reloaded"
-        );
-
-        // A node's details: outputs shown, the secret output by name only.
-        client
-            .find(Locator::Css(&format!("#graph [data-guresid=\"{redis}\"]")))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
-        until("the details of redis", Duration::from_secs(30), || async {
-            let explain = count(&client, "#details-explain").await;
-            let text = client
-                .find(Locator::Css("#details"))
-                .await
-                .ok()?
-                .text()
-                .await
-                .ok()?;
-            (explain == 1 && text.contains("redis.page.internal")).then_some(())
-        })
-        .await;
-        let source = client.source().await.unwrap();
-        for secret in [REDIS_SECRET, BASE_ENV_SECRET] {
-            assert!(!source.contains(secret), "secret {secret:?} in the page");
-        }
-        assert_eq!(
-            count(&client, "#details [data-secret-output=\"password\"]").await,
-            1
-        );
-
-        if std::env::var_os("GITPLANE_SCREENSHOT").is_some_and(|v| v == "1") {
-            let png = client.screenshot().await.unwrap();
-            std::fs::write(screenshot_path(), png).unwrap();
-            println!("saved {}", screenshot_path().display());
-        }
-        client.close().await.unwrap();
+    let browser = driver.browser(1400, 900);
+    browser.goto(&format!("{base}/#env=development")).unwrap();
+    eventually("the deployments table", Duration::from_secs(15), || {
+        (browser.count("#deployments tr[data-deployment]") > 0).then_some(())
     });
+
+    // Every resource of the environment is a node of the graph.
+    let drawn: Vec<String> = eventually("every node", Duration::from_secs(15), || {
+        let nodes = browser.find_all("#graph [data-guresid]").ok()?;
+        let mut ids = Vec::new();
+        for n in nodes {
+            ids.push(n.attr("data-guresid").ok()??);
+        }
+        ids.sort();
+        (ids.len() == resources.len()).then_some(ids)
+    });
+    assert_eq!(drawn, resources);
+
+    // A push shows up without a reload: the marker set on this page survives.
+    script(
+        &browser,
+        "window.gitplaneMarker = 'set before the push'; return true;",
+    );
+    sb.edit(
+        "definitions/base-env.yaml",
+        "pgport: 5432\n      redis_host: redis.dev.internal",
+        "pgport: 6432\n      redis_host: redis.dev.internal",
+    );
+    let second = sb.commit("Move the development database port");
+    wait_deployed(&sb, &second, &["development"], Duration::from_secs(30));
+    let id = sb.column(&format!(
+        "SELECT id FROM deployment WHERE env = 'development' AND commit_id = '{second}'"
+    ))[0]
+        .clone();
+    let row = format!("#deployments tr[data-deployment=\"{id}\"]");
+    let shown_after = Instant::now();
+    // Within the poll's 10 s: the event stream brought it.
+    eventually("the new deployment's row", Duration::from_secs(5), || {
+        (browser.count(&row) == 1).then_some(())
+    });
+    println!(
+        "the new deployment showed {} ms after it was recorded",
+        shown_after.elapsed().as_millis()
+    );
+    let row_text = browser.find(&row).unwrap().text().unwrap();
+    assert!(row_text.contains(&second[..7]), "{row_text}");
+    assert!(
+        row_text.contains("Move the development database port"),
+        "{row_text}"
+    );
+    assert_eq!(
+        script(&browser, "return window.gitplaneMarker;"),
+        json!("set before the push"),
+        "the page was reloaded"
+    );
+
+    // A node's details: outputs shown, the secret output by name only.
+    browser
+        .find(&format!("#graph [data-guresid=\"{redis}\"]"))
+        .unwrap()
+        .click()
+        .unwrap();
+    eventually("the details of redis", Duration::from_secs(30), || {
+        let explain = browser.count("#details-explain");
+        let text = browser.find("#details").ok()?.text().ok()?;
+        (explain == 1 && text.contains("redis.page.internal")).then_some(())
+    });
+    let source = browser.source().unwrap();
+    for secret in [REDIS_SECRET, BASE_ENV_SECRET] {
+        assert!(!source.contains(secret), "secret {secret:?} in the page");
+    }
+    assert_eq!(
+        browser.count("#details [data-secret-output=\"password\"]"),
+        1
+    );
+
+    if std::env::var_os("GITPLANE_SCREENSHOT").is_some_and(|v| v == "1") {
+        let png = browser.screenshot().unwrap();
+        std::fs::write(screenshot_path(), png).unwrap();
+        println!("saved {}", screenshot_path().display());
+    }
+    drop(browser);
 
     // The same through the API: the names of secret outputs, never their values.
     let (status, body, _) = get(&format!("{base}/api/envs/development/resources/{redis}"));
@@ -393,36 +271,23 @@ fn with_a_token_the_page_signs_in_and_streams_through_the_cookie() {
         start_daemon_with(&sb, &format!("  token_file: {}\n", token_file.display()));
     assert_eq!(get(&format!("{base}/api/overview")).0, 401);
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+    let browser = driver.browser(1400, 900);
+    browser.goto(&format!("{base}/")).unwrap();
+    let url = browser.current_url().unwrap();
+    let path = url.split(['?', '#']).next().unwrap_or_default();
+    assert!(path.ends_with("/login"), "{url}");
+    browser
+        .find("form [name=\"token\"]")
+        .unwrap()
+        .send_keys(token)
         .unwrap();
-    runtime.block_on(async {
-        let client = browser(&driver).await;
-        client.goto(&format!("{base}/")).await.unwrap();
-        assert_eq!(client.current_url().await.unwrap().path(), "/login");
-        let form = client.form(Locator::Css("form")).await.unwrap();
-        form.set_by_name("token", token).await.unwrap();
-        client
-            .find(Locator::Css("form button"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
-        until(
-            "the signed-in page, live",
-            Duration::from_secs(15),
-            || async {
-                let rows = count(&client, "#deployments tr[data-deployment]").await;
-                let live = count(&client, "#live[data-state=\"live\"]").await;
-                (rows > 0 && live == 1).then_some(())
-            },
-        )
-        .await;
-        assert!(!client.source().await.unwrap().contains(token));
-        client.close().await.unwrap();
+    browser.find("form button").unwrap().click().unwrap();
+    eventually("the signed-in page, live", Duration::from_secs(15), || {
+        let rows = browser.count("#deployments tr[data-deployment]");
+        let live = browser.count("#live[data-state=\"live\"]");
+        (rows > 0 && live == 1).then_some(())
     });
+    assert!(!browser.source().unwrap().contains(token));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 //! Building an environment's resource graph from the loaded repository (docs/repository.md, section 3).
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 
 use daggy::{Dag, NodeIndex};
@@ -777,7 +777,7 @@ impl<'r> Builder<'r> {
                 Expr::Context(key) => Mapped::Value(Value::String(self.context_value(n, *key))),
                 Expr::Resource { desc, read, path } => {
                     let node = &self.dag[n];
-                    if let Some((direction, selected_type)) = &desc.selector {
+                    if !desc.selectors.is_empty() {
                         // Selectors add edges, never nodes: the base must exist once the graph
                         // is complete, which `select` checks.
                         let base = GuresId::new(
@@ -791,8 +791,7 @@ impl<'r> Builder<'r> {
                         return Ok(Mapped::Expr(Binding::Selector {
                             written: desc.to_string(),
                             base,
-                            direction: *direction,
-                            selected_type: selected_type.clone(),
+                            steps: desc.selectors.clone(),
                             path: path.clone(),
                             targets: Vec::new(),
                         }));
@@ -890,8 +889,7 @@ impl<'r> Builder<'r> {
                     let Binding::Selector {
                         written,
                         base,
-                        direction,
-                        selected_type,
+                        steps,
                         targets,
                         ..
                     } = b
@@ -907,22 +905,24 @@ impl<'r> Builder<'r> {
                         return;
                     };
                     let g = self.dag.graph();
-                    let neighbours = match direction {
-                        SelectorDirection::DependedOn => {
-                            g.neighbors_directed(base_node, daggy::petgraph::Direction::Outgoing)
-                        }
-                        SelectorDirection::Dependents => {
-                            g.neighbors_directed(base_node, daggy::petgraph::Direction::Incoming)
-                        }
-                    };
-                    let mut selected: Vec<NodeIndex> = neighbours
-                        .filter(|&s| self.dag[s].res_type == *selected_type)
-                        .collect();
+                    // A set at each step, so a resource two paths reach is selected once.
+                    let mut selected: BTreeSet<NodeIndex> = BTreeSet::from([base_node]);
+                    for (direction, selected_type) in steps.iter() {
+                        let direction = match direction {
+                            SelectorDirection::DependedOn => daggy::petgraph::Direction::Outgoing,
+                            SelectorDirection::Dependents => daggy::petgraph::Direction::Incoming,
+                        };
+                        selected = selected
+                            .iter()
+                            .flat_map(|&s| g.neighbors_directed(s, direction))
+                            .filter(|&s| self.dag[s].res_type == *selected_type)
+                            .collect();
+                    }
+                    let mut selected: Vec<NodeIndex> = selected.into_iter().collect();
                     selected.sort_by(|&a, &b| {
                         let (a, b) = (&self.dag[a], &self.dag[b]);
                         (&a.res_id, &a.class, &a.guresid).cmp(&(&b.res_id, &b.class, &b.guresid))
                     });
-                    selected.dedup();
                     *targets = selected
                         .iter()
                         .map(|&s| self.dag[s].guresid.clone())

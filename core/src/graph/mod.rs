@@ -78,15 +78,17 @@ pub enum Binding {
         /// Older Score's `properties` entry for the output read: its default and secrecy.
         property: Option<Box<Property>>,
     },
-    /// `${resources.DESC>TYPE.outputs.PATH}` or `<TYPE`: the output of every selected resource,
-    /// as an array ordered by res_id, then class, then GUResID.
+    /// `${resources.DESC>TYPE.outputs.PATH}` or `<TYPE`, or a chain of such steps: the output
+    /// of every resource the last step selected, as an array ordered by res_id, then class,
+    /// then GUResID.
     Selector {
         /// The descriptor as written, such as `workload>aws-policy`.
         written: String,
         /// The resource DESC names.
         base: GuresId,
-        direction: SelectorDirection,
-        selected_type: String,
+        /// Each step's direction and resource type, applied to the set the step before selected
+        /// (at first, the base alone). Never empty.
+        steps: Vec<(SelectorDirection, String)>,
         path: Vec<Segment>,
         /// Filled in once every node and non-selector edge exists.
         targets: Vec<GuresId>,
@@ -242,8 +244,8 @@ impl ResourceNode {
     pub fn selects_dependents(&self) -> bool {
         [&self.values, &self.secrets].iter().any(|t| {
             t.placeholders("").iter().any(|p| {
-                matches!(p.expr, Binding::Selector { direction, .. }
-                    if *direction == SelectorDirection::Dependents)
+                matches!(&p.expr, Binding::Selector { steps, .. }
+                    if steps.iter().any(|(d, _)| *d == SelectorDirection::Dependents))
             })
         })
     }

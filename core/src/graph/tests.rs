@@ -808,3 +808,97 @@ fn context_org_id_is_the_repository_org() {
     files.insert("gitplane.yaml".into(), b"org: acme\n".to_vec());
     assert_eq!(ns(&files), "acme-app");
 }
+
+/// A chained selector, as HPO writes it for a role that grants its workloads' policies:
+/// `aws-role<workload>aws-policy` is the workloads that depend on the role, then the policies
+/// those workloads depend on; each step starts from the set the step before selected.
+#[test]
+fn chained_selectors_select_step_by_step() {
+    let files = files(&[
+        ("environments/development.yaml", ENV),
+        (
+            "workloads/a/one.yaml",
+            &workload("one", "  p:\n    type: aws-policy\n"),
+        ),
+        (
+            "workloads/a/two.yaml",
+            &workload(
+                "two",
+                "  p:\n    type: aws-policy\n  q:\n    type: aws-policy\n  db:\n    type: queue\n",
+            ),
+        ),
+        (
+            "workloads/b/three.yaml",
+            &workload("three", "  p:\n    type: aws-policy\n"),
+        ),
+        (
+            "definitions/wl.yaml",
+            &definition(
+                "wl",
+                "workload",
+                "      role: ${resources.aws-role#app-role.outputs.arn}\n",
+                "",
+            ),
+        ),
+        (
+            "definitions/role.yaml",
+            &definition(
+                "role",
+                "aws-role",
+                "      policies: ${resources[\"aws-role<workload>aws-policy\"].outputs.arn}\n",
+                "",
+            ),
+        ),
+        (
+            "definitions/policy.yaml",
+            &definition("policy", "aws-policy", "      arn: x\n", ""),
+        ),
+        (
+            "definitions/q.yaml",
+            &definition("q", "queue", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/base.yaml",
+            &definition("base", "base-env", "      a: 1\n", ""),
+        ),
+    ]);
+    let g = build_env(&files, "development").unwrap();
+    let selected = |app: &str| {
+        let role = g
+            .nodes()
+            .find(|n| n.res_type == "aws-role" && n.app.as_deref() == Some(app))
+            .unwrap_or_else(|| panic!("no role in app {app}"));
+        let mut found = Vec::new();
+        role.values
+            .clone()
+            .for_each_expr_mut(&mut |b: &mut Binding| {
+                if let Binding::Selector { targets, .. } = b {
+                    found.extend(targets.iter().map(|t| g.get(t).unwrap().res_id.clone()));
+                }
+            });
+        found
+    };
+    // The queue of `two` is not a policy; app b's role sees only app b's workload.
+    assert_eq!(
+        selected("a"),
+        [
+            "modules.one.externals.p",
+            "modules.two.externals.p",
+            "modules.two.externals.q"
+        ]
+    );
+    assert_eq!(selected("b"), ["modules.three.externals.p"]);
+    let (_, edges) = shape(&g);
+    for policy in [
+        "modules.one.externals.p",
+        "modules.two.externals.p",
+        "modules.two.externals.q",
+    ] {
+        assert!(
+            edges.contains(&format!(
+                "aws-role#app-role -> aws-policy#{policy} (selector)"
+            )),
+            "{edges:#?}"
+        );
+    }
+}

@@ -1580,7 +1580,7 @@ fn parse_provision_key(key: &str) -> Result<(String, Option<String>, Option<Stri
     let probe = format!("${{resources['{key}'].outputs.x}}");
     match parse_string(&probe, Dialect::Definition) {
         Ok(ParsedString::Whole(super::placeholder::Expr::Resource { desc, .. }))
-            if desc.selector.is_none() =>
+            if desc.selectors.is_empty() =>
         {
             Ok((desc.res_type, desc.class, desc.id))
         }

@@ -11,7 +11,7 @@
 //!                               | 'res.type' | 'res.class' | 'res.guresid')
 //! descriptor  := '.' DESC                       -- DESC ends at the first part keyword
 //!              | '[' quoted-DESC ']'            -- quotes are ' or ", ids may hold dots
-//! DESC        := TYPE ['.' CLASS] ['#' ID] [('>' | '<') TYPE]
+//! DESC        := TYPE ['.' CLASS] ['#' ID] (('>' | '<') TYPE)*   -- selector steps chain
 //! part        := '.outputs' path                -- an output, secret or not
 //!              | '.values' [path]               -- the non-secret outputs (HPO)
 //!              | '.secrets' [path]              -- the secret outputs (HPO)
@@ -70,7 +70,8 @@ pub enum SelectorDirection {
     Dependents,
 }
 
-/// `TYPE[.CLASS][#ID][(>|<)TYPE]`: names a resource relative to the one that holds the placeholder.
+/// `TYPE[.CLASS][#ID]((>|<)TYPE)*`: names a resource relative to the one that holds the
+/// placeholder, then, step by step, the resources of each TYPE around the previous step's set.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Descriptor {
     pub res_type: String,
@@ -78,7 +79,10 @@ pub struct Descriptor {
     pub class: Option<String>,
     /// `None`: propagate the referencing resource's id.
     pub id: Option<String>,
-    pub selector: Option<(SelectorDirection, String)>,
+    /// The selector's steps in order: `workload>aws-policy` is one, `aws-role<workload>aws-policy`
+    /// two (the workloads that depend on the role, then the policies those workloads depend
+    /// on). Empty: the descriptor names one resource.
+    pub selectors: Vec<(SelectorDirection, String)>,
 }
 
 impl fmt::Display for Descriptor {
@@ -90,11 +94,13 @@ impl fmt::Display for Descriptor {
         if let Some(id) = &self.id {
             write!(f, "#{id}")?;
         }
-        match &self.selector {
-            Some((SelectorDirection::DependedOn, t)) => write!(f, ">{t}"),
-            Some((SelectorDirection::Dependents, t)) => write!(f, "<{t}"),
-            None => Ok(()),
+        for (direction, selected) in &self.selectors {
+            match direction {
+                SelectorDirection::DependedOn => write!(f, ">{selected}")?,
+                SelectorDirection::Dependents => write!(f, "<{selected}")?,
+            }
         }
+        Ok(())
     }
 }
 
@@ -388,7 +394,7 @@ fn parse_resource_ref(rest: &str) -> Result<Expr, String> {
             read.as_str()
         ));
     }
-    if desc.selector.is_some() && read != Read::Outputs {
+    if !desc.selectors.is_empty() && read != Read::Outputs {
         return Err(format!(
             "a selector reads outputs: write '.outputs.NAME', not '.{}'",
             read.as_str()
@@ -417,18 +423,25 @@ fn find_part(s: &str) -> Option<usize> {
 }
 
 fn parse_descriptor(text: &str) -> Result<Descriptor, String> {
-    let (main, selector) = match text.find(['>', '<']) {
+    let (main, selectors) = match text.find(['>', '<']) {
         Some(pos) => {
-            let dir = if text[pos..].starts_with('>') {
-                SelectorDirection::DependedOn
-            } else {
-                SelectorDirection::Dependents
-            };
-            let selected = &text[pos + 1..];
-            check_name(selected, "selected resource type")?;
-            (&text[..pos], Some((dir, selected.to_owned())))
+            let mut selectors = Vec::new();
+            let mut rest = &text[pos..];
+            while let Some(arrow) = rest.chars().next() {
+                let dir = if arrow == '>' {
+                    SelectorDirection::DependedOn
+                } else {
+                    SelectorDirection::Dependents
+                };
+                let step = &rest[1..];
+                let end = step.find(['>', '<']).unwrap_or(step.len());
+                check_name(&step[..end], "selected resource type")?;
+                selectors.push((dir, step[..end].to_owned()));
+                rest = &step[end..];
+            }
+            (&text[..pos], selectors)
         }
-        None => (text, None),
+        None => (text, Vec::new()),
     };
     let (type_class, id) = match main.split_once('#') {
         Some((tc, id)) => {
@@ -451,7 +464,7 @@ fn parse_descriptor(text: &str) -> Result<Descriptor, String> {
         res_type: res_type.to_owned(),
         class,
         id,
-        selector,
+        selectors,
     })
 }
 
@@ -571,7 +584,7 @@ mod tests {
                     res_type: "base-env".into(),
                     class: None,
                     id: Some("base-env".into()),
-                    selector: None
+                    selectors: Vec::new()
                 },
                 read: Read::Outputs,
                 path: vec![key("pghost")],
@@ -608,8 +621,8 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            desc.selector,
-            Some((SelectorDirection::DependedOn, "aws-policy".into()))
+            desc.selectors,
+            [(SelectorDirection::DependedOn, "aws-policy".into())]
         );
         let Expr::Resource { desc, .. } =
             whole("${resources['dns.public#shared.dns<route'].outputs.path}")
@@ -617,10 +630,46 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            desc.selector,
-            Some((SelectorDirection::Dependents, "route".into()))
+            desc.selectors,
+            [(SelectorDirection::Dependents, "route".into())]
         );
         assert_eq!(desc.id.as_deref(), Some("shared.dns"));
+    }
+
+    #[test]
+    fn selectors_chain_step_by_step() {
+        let Expr::Resource { desc, path, .. } =
+            whole("${resources[\"aws-role<workload>aws-policy\"].outputs.arn}")
+        else {
+            panic!()
+        };
+        assert_eq!(desc.res_type, "aws-role");
+        assert_eq!(
+            desc.selectors,
+            [
+                (SelectorDirection::Dependents, "workload".into()),
+                (SelectorDirection::DependedOn, "aws-policy".into()),
+            ]
+        );
+        assert_eq!(path, vec![key("arn")]);
+        assert_eq!(desc.to_string(), "aws-role<workload>aws-policy");
+        for (text, reason) in [
+            (
+                "${resources.a<>b.outputs.x}",
+                "empty selected resource type",
+            ),
+            (
+                "${resources.a>b<.outputs.x}",
+                "empty selected resource type",
+            ),
+            (
+                "${resources['a>b<c d'].outputs.x}",
+                "invalid selected resource type 'c d'",
+            ),
+        ] {
+            let err = parse_string(text, Dialect::Definition).unwrap_err();
+            assert!(err.reason.contains(reason), "{text}: {}", err.reason);
+        }
     }
 
     #[test]

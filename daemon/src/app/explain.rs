@@ -1398,13 +1398,30 @@ impl Explanation<'_> {
             .unwrap_or_default()
     }
 
+    /// The text form: one section per question a reader asks, in the order they ask them.
     fn table(&self) -> String {
-        let rec = self.rec;
         let mut out = String::new();
         let mut line = |s: String| {
             out.push_str(s.trim_end());
             out.push('\n');
         };
+        self.about_section(&mut line);
+        self.definition_section(&mut line);
+        self.inputs_section(&mut line);
+        self.outputs_section(&mut line);
+        self.links_section(&mut line);
+        self.operations_section(&mut line);
+        out
+    }
+
+    /// The short commit the explanation is read at, `-` for the recorded state alone.
+    fn at(&self) -> &str {
+        self.commit.as_deref().map(short).unwrap_or("-")
+    }
+
+    /// What the resource is and where it stands: its label, ids, status, definition, driver.
+    fn about_section(&self, line: &mut impl FnMut(String)) {
+        let rec = self.rec;
         line(crate::plan::record_label(rec));
         let (status, provisioned_from) = if self.planned {
             ("not provisioned yet".to_owned(), "-".to_owned())
@@ -1428,8 +1445,12 @@ impl Explanation<'_> {
         for (k, v) in about {
             line(format!("  {k:<11} {v}"));
         }
+    }
 
-        let at = self.commit.as_deref().map(short).unwrap_or("-");
+    /// Which definition provisions it and why that one: every candidate with its rule and result.
+    fn definition_section(&self, line: &mut impl FnMut(String)) {
+        let rec = self.rec;
+        let at = self.at();
         line(String::new());
         match &self.matching {
             Some(m) => {
@@ -1459,7 +1480,7 @@ impl Explanation<'_> {
                         c.reason.clone(),
                     ]);
                 }
-                out_push(&mut line, &t.render("  "));
+                out_push(line, &t.render("  "));
             }
             None => {
                 line("DEFINITION".to_owned());
@@ -1472,7 +1493,11 @@ impl Explanation<'_> {
                 ));
             }
         }
+    }
 
+    /// Each input, its value, and where in which file it comes from.
+    fn inputs_section(&self, line: &mut impl FnMut(String)) {
+        let at = self.at();
         line(String::new());
         if self.planned {
             line(format!(
@@ -1504,10 +1529,14 @@ impl Explanation<'_> {
             }
             line(head);
             for t in &input.sources {
-                render_trace(t, "    ", &mut line);
+                render_trace(t, "    ", line);
             }
         }
+    }
 
+    /// Its outputs as last applied; secret outputs by name only.
+    fn outputs_section(&self, line: &mut impl FnMut(String)) {
+        let rec = self.rec;
         line(String::new());
         line(
             if self.planned {
@@ -1533,7 +1562,11 @@ impl Explanation<'_> {
                 secrets.join(", ")
             ));
         }
+    }
 
+    /// What it depends on and what depends on it.
+    fn links_section(&self, line: &mut impl FnMut(String)) {
+        let at = self.at();
         let source = match self.links.deployment {
             Some(d) => format!("links of deployment {d}"),
             None if self.planned => format!("edges of the graph at commit {at}"),
@@ -1563,9 +1596,12 @@ impl Explanation<'_> {
                     other.clone(),
                 ]);
             }
-            out_push(&mut line, &t.render("  "));
+            out_push(line, &t.render("  "));
         }
+    }
 
+    /// What deployments did to it, newest first.
+    fn operations_section(&self, line: &mut impl FnMut(String)) {
         line(String::new());
         line("OPERATIONS (newest first)".to_owned());
         if self.operations.is_empty() {
@@ -1593,9 +1629,8 @@ impl Explanation<'_> {
                     o.operation.error.clone().unwrap_or_default(),
                 ]);
             }
-            out_push(&mut line, &t.render("  "));
+            out_push(line, &t.render("  "));
         }
-        out
     }
 
     fn json(&self) -> Value {

@@ -251,6 +251,54 @@ mod tests {
         );
     }
 
+    /// `data: |`, the object as YAML text, as Humanitec's example library writes manifests:
+    /// parsed into the object; anything but one mapping is refused naming the manifest.
+    #[test]
+    fn manifest_data_written_as_yaml_text_is_the_object() {
+        let manifests_of = |data: &str| {
+            let template = format!(
+                "config.yaml:\n  location: namespace\n  data: |\n{}",
+                data.lines()
+                    .map(|l| format!("    {l}\n"))
+                    .collect::<String>()
+            );
+            inputs(
+                json!({"templates": {"manifests": template, "outputs": "a: 1\n"}}),
+                json!({}),
+            )
+        };
+        let (.., manifests) = put(
+            &manifests_of(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm-{{ .id | trunc 8 }}\n\
+                 data:\n  app: {{ .context.app.id }}",
+            ),
+            None,
+        );
+        assert_eq!(
+            manifests[0].data,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm-01234567"},
+                   "data": {"app": "shop"}})
+        );
+        for (data, expected) in [
+            (
+                "- a\n- b",
+                "manifests.config.yaml.data is a string that must hold one Kubernetes object \
+                 (a YAML mapping), not a sequence",
+            ),
+            (
+                "kind: A\n---\nkind: B",
+                "manifests.config.yaml.data: the rendered text is not valid YAML",
+            ),
+            (
+                "kind: [unclosed",
+                "manifests.config.yaml.data: the rendered text is not valid YAML",
+            ),
+        ] {
+            let message = error(&manifests_of(data));
+            assert!(message.contains(expected), "{data:?}: {message}");
+        }
+    }
+
     #[test]
     fn the_cookie_of_the_last_call_is_in_scope() {
         let cookie = r#"{"name":"redis-kept"}"#;
@@ -326,10 +374,18 @@ mod tests {
             "{}",
             error(&location)
         );
+        // Text is parsed (`data: |`), and must hold an object.
         let string = inputs(
-            json!({"templates": {"manifests": "x.yaml:\n  location: namespace\n  data: \"kind: A\""}}),
+            json!({"templates": {"manifests": "x.yaml:\n  location: namespace\n  data: \"just text\""}}),
             json!({}),
         );
-        assert!(error(&string).contains("not a string holding YAML"));
+        assert!(
+            error(&string).contains(
+                "values.templates.manifests.x.yaml.data is a string that must hold one \
+                 Kubernetes object (a YAML mapping), not a string"
+            ),
+            "{}",
+            error(&string)
+        );
     }
 }

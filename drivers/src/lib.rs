@@ -183,11 +183,9 @@ impl Manifest {
                 };
                 let data = match entry.remove("data") {
                     Some(data @ Value::Object(_)) => data,
-                    Some(Value::String(_)) => {
-                        return Err(format!(
-                            "{at}.{name}.data is a string: write the Kubernetes object itself as \
-                             YAML, not a string holding YAML"
-                        ));
+                    // HPO's example library writes `data: |` with the object as YAML text.
+                    Some(Value::String(text)) => {
+                        object_from_text(&format!("{at}.{name}.data"), &text)?
                     }
                     _ => return Err(format!("{at}.{name}.data must be a Kubernetes object")),
                 };
@@ -202,6 +200,20 @@ impl Manifest {
                 })
             })
             .collect()
+    }
+}
+
+/// A manifest's `data` written as YAML text: one document holding a mapping. Errors name where
+/// (`what`) and the line in the text, never quote it (it may hold secrets).
+fn object_from_text(what: &str, text: &str) -> Result<Value, String> {
+    let options = serde_saphyr::options! { strict_booleans: true };
+    match serde_saphyr::from_str_with_options::<Value>(text, options) {
+        Ok(object @ Value::Object(_)) => Ok(object),
+        Ok(other) => Err(format!(
+            "{what} is a string that must hold one Kubernetes object (a YAML mapping), not {}",
+            template::kind(&other)
+        )),
+        Err(e) => Err(template::yaml_message(what, &e)),
     }
 }
 

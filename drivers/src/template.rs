@@ -241,7 +241,7 @@ fn template_message(name: &str, e: &TemplateError) -> String {
 
 /// A YAML error in a rendered template: the message and where, without the snippet of the
 /// rendered text (it may hold secrets).
-fn yaml_message(name: &str, e: &serde_saphyr::Error) -> String {
+pub(crate) fn yaml_message(name: &str, e: &serde_saphyr::Error) -> String {
     let text = e.without_snippet().to_string();
     let first = text.lines().next().unwrap_or("invalid YAML").trim();
     let mut message = match first.rfind(" at line ") {

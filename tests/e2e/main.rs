@@ -21,6 +21,7 @@ mod guard_verdict;
 mod history;
 mod hook;
 mod host_config;
+mod hpo_patterns;
 mod hpo_templates;
 mod lifecycle;
 mod links;

@@ -14,8 +14,8 @@ use crate::model::placeholder::{
 };
 use crate::model::template::{Mapped, Template, lookup_path};
 use crate::model::{
-    Choice, DEFAULT_CLASS, Definition, Environment, Repository, SharedResource, SourceLocation,
-    Workload,
+    Choice, DEFAULT_CLASS, Definition, DriverAccount, Environment, Repository, SharedResource,
+    SourceLocation, Workload,
 };
 
 /// Why an environment's graph cannot be built.
@@ -106,6 +106,17 @@ pub enum BuildError {
         wanted: String,
         actual: String,
     },
+    #[error(
+        "{location}: the driver_account of {resource} is the account of {target} \
+         ('{written}'), whose definition '{definition}' names no driver_account: give it one"
+    )]
+    AccountOfUnnamed {
+        location: SourceLocation,
+        resource: String,
+        written: String,
+        target: String,
+        definition: String,
+    },
     #[error("{location}: environment '{env}' lists app '{app}', which has no workloads")]
     UnknownApp {
         location: SourceLocation,
@@ -194,6 +205,7 @@ pub fn build_apps(
     }
     b.match_dependents();
     b.select();
+    b.accounts();
     b.finish()
 }
 
@@ -229,6 +241,9 @@ struct Builder<'r> {
     match_dependents: Vec<(NodeIndex, NodeIndex)>,
     /// Nodes that hold selectors.
     selectors: Vec<NodeIndex>,
+    /// `driver_account: ${resources.DESC.account}`: each such node and the node DESC names,
+    /// whose account it takes once every node exists.
+    accounts_of: Vec<(NodeIndex, NodeIndex)>,
     /// Each workload node's Score file, hashed.
     spec_hashes: HashMap<NodeIndex, String>,
     loops: HashSet<Vec<GuresId>>,
@@ -263,6 +278,7 @@ impl<'r> Builder<'r> {
             queue: VecDeque::new(),
             match_dependents: Vec::new(),
             selectors: Vec::new(),
+            accounts_of: Vec::new(),
             spec_hashes: HashMap::new(),
             loops: HashSet::new(),
             errors: Vec::new(),
@@ -343,7 +359,11 @@ impl<'r> Builder<'r> {
             res_id: req.res_id.to_owned(),
             definition: def.id.clone(),
             driver_type: def.driver_type.clone(),
-            driver_account: def.driver_account.clone(),
+            // `${resources.DESC.account}` is filled in by `accounts`.
+            driver_account: match &def.driver_account {
+                Some(DriverAccount::Named(account)) => Some(account.clone()),
+                Some(DriverAccount::Of { .. }) | None => None,
+            },
             deletion_policy: def.deletion_policy,
             auto_update: def.auto_update,
             template_hash: String::new(),
@@ -734,6 +754,32 @@ impl<'r> Builder<'r> {
             }
         }
 
+        if let Some(DriverAccount::Of { desc, written }) = &def.driver_account {
+            let node = &self.dag[n];
+            let app = node.app.clone();
+            let class = desc.class.clone().unwrap_or_else(|| node.class.clone());
+            let res_id = desc.id.clone().unwrap_or_else(|| node.res_id.clone());
+            let by = node.guresid.clone();
+            if let Some(t) = self.ensure(
+                Request {
+                    app: app.as_deref(),
+                    res_type: &desc.res_type,
+                    class: &class,
+                    res_id: &res_id,
+                    params: Value::Null,
+                    origin: Origin::Referenced {
+                        by,
+                        definition: def.id.clone(),
+                    },
+                    choice: BY_CRITERIA,
+                },
+                &def.locate(written),
+            ) {
+                self.edge(n, t, EdgeKind::Reference);
+                self.accounts_of.push((n, t));
+            }
+        }
+
         for p in &def.provision {
             let node = &self.dag[n];
             let app = node.app.clone();
@@ -936,6 +982,38 @@ impl<'r> Builder<'r> {
         }
         for (from, to) in edges {
             self.edge(from, to, EdgeKind::Selector);
+        }
+    }
+
+    /// Gives each `driver_account: ${resources.DESC.account}` the account of the resource DESC
+    /// names, following such references from resource to resource (the edges keep them
+    /// acyclic) until a definition names an account.
+    fn accounts(&mut self) {
+        let of: HashMap<NodeIndex, NodeIndex> = self.accounts_of.iter().copied().collect();
+        for (n, t) in std::mem::take(&mut self.accounts_of) {
+            let mut at = t;
+            while let Some(&next) = of.get(&at) {
+                at = next;
+            }
+            let end = self.matched[&at];
+            match (&self.dag[at].driver_account, &end.driver_account) {
+                (Some(account), _) => self.dag[n].driver_account = Some(account.clone()),
+                // Reported once, at the reference to the resource without an account; a
+                // reference that matched nothing is reported already.
+                (None, None) if at == t => {
+                    let def = self.matched[&n];
+                    if let Some(DriverAccount::Of { written, .. }) = &def.driver_account {
+                        self.errors.push(BuildError::AccountOfUnnamed {
+                            location: def.locate(written),
+                            resource: self.dag[n].label(),
+                            written: written.clone(),
+                            target: self.dag[at].label(),
+                            definition: end.id.clone(),
+                        });
+                    }
+                }
+                (None, _) => {}
+            }
         }
     }
 

@@ -902,3 +902,85 @@ fn chained_selectors_select_step_by_step() {
         );
     }
 }
+
+/// `driver_account: ${resources['config.default#aws'].account}`, HPO's way to choose the cloud
+/// account per environment: the resource runs with the account of the `config` resource's
+/// definition (chosen by the environment's criteria), and depends on that resource.
+#[test]
+fn a_driver_account_placeholder_takes_the_referenced_resources_account() {
+    let config = |id: &str, account: &str, env: &str| {
+        format!(
+            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\n\
+             entity:\n  type: config\n  driver_type: echo\n  driver_account: {account}\n  \
+             driver_inputs:\n    values: {{}}\n  criteria:\n    - env_id: {env}\n      res_id: aws\n"
+        )
+    };
+    let bucket = "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: s3\n\
+                  entity:\n  type: s3\n  driver_type: echo\n  \
+                  driver_account: ${resources['config.default#aws'].account}\n  \
+                  driver_inputs:\n    values:\n      region: eu-west-1\n  criteria:\n    - {}\n";
+    let mut entries = vec![
+        ("environments/development.yaml", ENV.to_owned()),
+        (
+            "environments/production.yaml",
+            "type: production\n".to_owned(),
+        ),
+        (
+            "workloads/a/one.yaml",
+            workload("one", "  files:\n    type: s3\n"),
+        ),
+        (
+            "definitions/wl.yaml",
+            definition("wl", "workload", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/base.yaml",
+            definition("base", "base-env", "      a: 1\n", ""),
+        ),
+        ("definitions/s3.yaml", bucket.to_owned()),
+        (
+            "definitions/config-dev.yaml",
+            config("config-dev", "aws-dev", "development"),
+        ),
+        (
+            "definitions/config-prod.yaml",
+            config("config-prod", "aws-prod", "production"),
+        ),
+    ];
+    let as_files = |entries: &[(&str, String)]| {
+        files(
+            &entries
+                .iter()
+                .map(|(p, t)| (*p, t.as_str()))
+                .collect::<Vec<_>>(),
+        )
+    };
+    for (env, account) in [("development", "aws-dev"), ("production", "aws-prod")] {
+        let g = build_env(&as_files(&entries), env).unwrap();
+        let s3 = node(&g, "s3#modules.one.externals.files");
+        assert_eq!(s3.driver_account.as_deref(), Some(account), "{env}");
+        let (_, edges) = shape(&g);
+        assert!(
+            edges.contains("s3#modules.one.externals.files -> config#aws (reference)"),
+            "{edges:#?}"
+        );
+    }
+
+    // The referenced definition names no account: an error at the reference's line.
+    entries[6].1 =
+        config("config-dev", "\"\"", "development").replace("  driver_account: \"\"\n", "");
+    let errors = build_env(&as_files(&entries), "development").unwrap_err();
+    let message = errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        message.contains(
+            "definitions/s3.yaml:8: the driver_account of a/s3.default#modules.one.externals.files \
+             is the account of a/config.default#aws ('config.default#aws'), whose definition \
+             'config-dev' names no driver_account: give it one"
+        ),
+        "{message}"
+    );
+}

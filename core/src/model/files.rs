@@ -1035,6 +1035,20 @@ impl Loader {
         if self.errors.len() > before {
             return;
         }
+        let driver_account = match entity.driver_account {
+            None => None,
+            Some(text) => match super::placeholder::parse_account_ref(&text) {
+                Ok(None) => Some(super::DriverAccount::Named(text)),
+                Ok(Some(desc)) => Some(super::DriverAccount::Of {
+                    written: desc.to_string(),
+                    desc,
+                }),
+                Err(reason) => {
+                    self.error(at("driver_account"), LoadErrorKind::Invalid(reason));
+                    return;
+                }
+            },
+        };
         let deletion_policy = match entity.deletion_policy.as_deref() {
             None | Some("delete") => crate::records::DeletionPolicy::Delete,
             Some("orphan") => crate::records::DeletionPolicy::Orphan,
@@ -1082,7 +1096,7 @@ impl Loader {
             id,
             res_type: entity.res_type,
             driver_type: entity.driver_type,
-            driver_account: entity.driver_account,
+            driver_account,
             deletion_policy,
             auto_update: entity.auto_update.unwrap_or(true),
             depends_on,
@@ -1975,7 +1989,10 @@ mod tests {
             .collect();
         let repo = crate::model::load(&files).unwrap();
         let d = &repo.definitions[0];
-        assert_eq!(d.driver_account.as_deref(), Some("aws"));
+        assert_eq!(
+            d.driver_account,
+            Some(crate::model::DriverAccount::Named("aws".into()))
+        );
         assert_eq!(d.criteria[0].app_id.as_deref(), Some("shop"));
         assert_eq!(
             d.secrets.literal(),

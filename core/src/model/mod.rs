@@ -528,6 +528,21 @@ pub struct SharedResource {
     pub location: SourceLocation,
 }
 
+/// The account a definition's resources are provisioned with (`driver_account`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DriverAccount {
+    /// An account the host config names.
+    Named(String),
+    /// `${resources.DESC.account}`: the account of the resource DESC names, as that resource's
+    /// definition gives it (HPO's way to choose the cloud account per environment with one
+    /// `config` resource). The referencing resource depends on it.
+    Of {
+        desc: placeholder::Descriptor,
+        /// As written, for messages.
+        written: String,
+    },
+}
+
 /// A Resource Definition (Humanitec format).
 #[derive(Debug, Clone)]
 pub struct Definition {
@@ -535,7 +550,7 @@ pub struct Definition {
     pub name: String,
     pub res_type: String,
     pub driver_type: String,
-    pub driver_account: Option<String>,
+    pub driver_account: Option<DriverAccount>,
     pub deletion_policy: crate::records::DeletionPolicy,
     /// `false`: resources keep the values they were last bound to until `gitplane resolve`.
     pub auto_update: bool,

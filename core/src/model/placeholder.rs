@@ -422,6 +422,48 @@ fn find_part(s: &str) -> Option<usize> {
     best
 }
 
+/// `driver_account`: an account name, or one placeholder `${resources.DESC.account}` (also
+/// `${resources['DESC'].account}`) naming the resource whose account to use. `Ok(None)`: a
+/// plain name.
+pub fn parse_account_ref(text: &str) -> Result<Option<Descriptor>, String> {
+    const FORM: &str = "driver_account is an account name, or one placeholder \
+                        '${resources.TYPE[.CLASS][#ID].account}' naming the resource whose \
+                        account to use";
+    if !text.contains("${") {
+        return Ok(None);
+    }
+    let body = text
+        .strip_prefix("${")
+        .and_then(|b| b.strip_suffix('}'))
+        .ok_or(FORM)?;
+    let desc_text = body
+        .strip_prefix("resources")
+        .and_then(|rest| rest.strip_suffix(".account"))
+        .ok_or(FORM)?;
+    let desc_text = if let Some(inner) = desc_text.strip_prefix('[') {
+        let (quoted, after) = take_quoted(inner)?;
+        if after != "]" {
+            return Err(FORM.to_owned());
+        }
+        quoted
+    } else if let Some(dotted) = desc_text.strip_prefix('.') {
+        // `.outputs.account` and the like read an output, not the resource's account.
+        if find_part(&format!("{dotted}.")).is_some() {
+            return Err(FORM.to_owned());
+        }
+        dotted.to_owned()
+    } else {
+        return Err(FORM.to_owned());
+    };
+    let desc = parse_descriptor(&desc_text)?;
+    if !desc.selectors.is_empty() {
+        return Err(format!(
+            "'{desc}' is a selector, which names many resources: driver_account names one"
+        ));
+    }
+    Ok(Some(desc))
+}
+
 fn parse_descriptor(text: &str) -> Result<Descriptor, String> {
     let (main, selectors) = match text.find(['>', '<']) {
         Some(pos) => {
@@ -634,6 +676,51 @@ mod tests {
             [(SelectorDirection::Dependents, "route".into())]
         );
         assert_eq!(desc.id.as_deref(), Some("shared.dns"));
+    }
+
+    #[test]
+    fn a_driver_account_names_an_account_or_the_resource_whose_account_to_use() {
+        assert_eq!(parse_account_ref("aws-prod"), Ok(None));
+        let desc = parse_account_ref("${resources['config.default#aws'].account}")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (
+                desc.res_type.as_str(),
+                desc.class.as_deref(),
+                desc.id.as_deref()
+            ),
+            ("config", Some("default"), Some("aws"))
+        );
+        let desc = parse_account_ref("${resources.config#accounts.account}")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (desc.res_type.as_str(), desc.id.as_deref()),
+            ("config", Some("accounts"))
+        );
+        for (text, reason) in [
+            (
+                "${resources.config.outputs.account}",
+                "driver_account is an account name, or one",
+            ),
+            (
+                "prefix-${resources.config.account}",
+                "driver_account is an account name, or one",
+            ),
+            (
+                "${context.env.id}",
+                "driver_account is an account name, or one",
+            ),
+            ("${resources['config>x'].account}", "is a selector"),
+            (
+                "${resources['config.a b'].account}",
+                "invalid resource class",
+            ),
+        ] {
+            let err = parse_account_ref(text).unwrap_err();
+            assert!(err.contains(reason), "{text}: {err}");
+        }
     }
 
     #[test]

@@ -1,0 +1,318 @@
+//! Patterns from real Humanitec definitions, in files written in their shape: a chained selector
+//! (a role granting its workloads' policies), an account chosen per environment through a
+//! `config` resource (`driver_account: ${resources['config.default#aws'].account}`), and
+//! manifests whose `data` is the Kubernetes object as YAML text (Humanitec's example library).
+
+use serde_json::{Value, json};
+
+use crate::util::Sandbox;
+
+/// A driver script that records each request's JSON and answers with its values as outputs.
+const RECORDING_DRIVER: &str = r#"#!/bin/sh
+cat > "$0.request.$$.json"
+printf '{"status": "done", "resource": {"values": {"bucket": "made"}, "secrets": {}}}'
+"#;
+
+fn definition(id: &str, res_type: &str, body: &str) -> String {
+    format!(
+        "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\n\
+         entity:\n  type: {res_type}\n{body}"
+    )
+}
+
+fn workload(name: &str, resources: &str) -> String {
+    format!(
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: {name}\ncontainers:\n  main:\n    \
+         image: registry.example.com/{name}:1\nresources:\n{resources}"
+    )
+}
+
+const WORKLOAD_DEFINITION: &str = "  driver_type: humanitec/echo\n  driver_inputs:\n    values:\n      \
+     role: ${resources['aws-role.default#app-role'].outputs.name}\n  criteria:\n    - {}\n";
+
+/// `${resources["aws-role<workload>aws-policy"].outputs.arn}`: the role lists the policies of
+/// the workloads that use it, each step from the set the step before selected, and is
+/// provisioned after them.
+#[test]
+fn a_chained_selector_gives_the_role_its_workloads_policies() {
+    let sb = Sandbox::new();
+    sb.write(
+        "environments/development.yaml",
+        "type: development\nimplicit_resources: []\n",
+    );
+    sb.write(
+        "workloads/shop/api.yaml",
+        &workload("api", "  orders:\n    type: aws-policy\n"),
+    );
+    sb.write(
+        "workloads/shop/worker.yaml",
+        &workload(
+            "worker",
+            "  queue:\n    type: aws-policy\n  cache:\n    type: redis\n",
+        ),
+    );
+    sb.write(
+        "definitions/workload.yaml",
+        &definition("workload", "workload", WORKLOAD_DEFINITION),
+    );
+    sb.write(
+        "definitions/aws-role.yaml",
+        &definition(
+            "aws-role",
+            "aws-role",
+            "  driver_type: humanitec/echo\n  driver_inputs:\n    values:\n      \
+             name: role-${context.app.id}\n      \
+             policies: ${resources[\"aws-role<workload>aws-policy\"].outputs.arn}\n  \
+             criteria:\n    - {}\n",
+        ),
+    );
+    sb.write(
+        "definitions/aws-policy.yaml",
+        &definition(
+            "aws-policy",
+            "aws-policy",
+            "  driver_type: humanitec/echo\n  driver_inputs:\n    values:\n      \
+             arn: arn:aws:iam::1:policy/${context.res.id}\n  criteria:\n    - {}\n",
+        ),
+    );
+    sb.write(
+        "definitions/redis.yaml",
+        &definition(
+            "redis",
+            "redis",
+            "  driver_type: humanitec/echo\n  driver_inputs:\n    values:\n      \
+             arn: not-a-policy\n  criteria:\n    - {}\n",
+        ),
+    );
+    sb.commit("A role that grants its workloads' policies");
+    sb.gitplane(&["validate"]).ok();
+    sb.gitplane(&["apply"]).ok();
+    assert_eq!(
+        sb.outputs("development", "app-role")["policies"],
+        json!([
+            "arn:aws:iam::1:policy/modules.api.externals.orders",
+            "arn:aws:iam::1:policy/modules.worker.externals.queue"
+        ])
+    );
+    // The role is provisioned after the policies it lists: selector edges in the record.
+    let selected = sb.column(
+        "SELECT p.res_id FROM edge e JOIN resource r ON r.guresid = e.from_guresid \
+         JOIN resource p ON p.guresid = e.to_guresid \
+         WHERE r.res_id = 'app-role' AND e.kind = 'selector' ORDER BY p.res_id",
+    );
+    assert_eq!(
+        selected,
+        [
+            "modules.api.externals.orders",
+            "modules.worker.externals.queue"
+        ]
+    );
+}
+
+/// Every Terraform definition of a repository names its account through one `config`
+/// resource, whose definition per environment names the account: each environment's resources
+/// run with that environment's credentials.
+#[test]
+fn an_account_placeholder_runs_each_environment_with_its_config_resources_account() {
+    let sb = Sandbox::new();
+    let script = sb.root.join("s3-driver");
+    std::fs::write(&script, RECORDING_DRIVER).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for (account, key) in [("aws-dev", "dev-key-1"), ("aws-prod", "prod-key-2")] {
+        std::fs::write(
+            sb.root.join(format!("{account}.json")),
+            format!(r#"{{"access_key_id": "{key}"}}"#),
+        )
+        .unwrap();
+    }
+    let config = sb.root.join("host.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "drivers:\n  acme/s3:\n    exec: {{command: [\"{}\"], timeout: 10s}}\n\
+             accounts:\n  aws-dev: {{file: {root}/aws-dev.json}}\n  \
+             aws-prod: {{file: {root}/aws-prod.json}}\n",
+            script.display(),
+            root = sb.root.display()
+        ),
+    )
+    .unwrap();
+    for env in ["development", "production"] {
+        sb.write(
+            &format!("environments/{env}.yaml"),
+            &format!("type: {env}\nimplicit_resources: []\n"),
+        );
+        sb.write(
+            &format!("definitions/config-{env}.yaml"),
+            &definition(
+                &format!("aws-config-{env}"),
+                "config",
+                &format!(
+                    "  driver_type: humanitec/echo\n  driver_account: aws-{}\n  \
+                     driver_inputs:\n    values: {{}}\n  criteria:\n    - env_id: {env}\n      \
+                     res_id: aws\n",
+                    &env[..if env == "development" { 3 } else { 4 }]
+                ),
+            ),
+        );
+    }
+    sb.write(
+        "workloads/shop/api.yaml",
+        &workload("api", "  files:\n    type: s3\n"),
+    );
+    sb.write(
+        "definitions/workload.yaml",
+        &definition(
+            "workload",
+            "workload",
+            "  driver_type: humanitec/echo\n  criteria:\n    - {}\n",
+        ),
+    );
+    sb.write(
+        "definitions/s3.yaml",
+        &definition(
+            "s3",
+            "s3",
+            "  driver_type: acme/s3\n  \
+             driver_account: ${resources['config.default#aws'].account}\n  \
+             driver_inputs:\n    values:\n      region: eu-west-1\n  criteria:\n    - {}\n",
+        ),
+    );
+    sb.commit("s3 buckets with the environment's account");
+    let config = config.to_str().unwrap();
+    sb.gitplane(&["validate", "--config", config]).ok();
+    sb.gitplane(&["apply", "--config", config]).ok();
+
+    let mut keys: Vec<(String, String)> = std::fs::read_dir(&sb.root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("s3-driver.request."))
+        .map(|p| {
+            let r: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+            (
+                r["env"].as_str().unwrap().to_owned(),
+                r["driver"]["secrets"]["account"]["access_key_id"]
+                    .as_str()
+                    .unwrap_or("none")
+                    .to_owned(),
+            )
+        })
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            ("development".to_owned(), "dev-key-1".to_owned()),
+            ("production".to_owned(), "prod-key-2".to_owned())
+        ]
+    );
+    assert_eq!(
+        sb.rows("SELECT env, account FROM resource WHERE type = 's3' ORDER BY env"),
+        [["development", "aws-dev"], ["production", "aws-prod"]]
+    );
+    // The bucket depends on the config resource that names its account.
+    assert_eq!(
+        sb.count(
+            "SELECT COUNT(*) FROM edge e JOIN resource r ON r.guresid = e.from_guresid \
+             JOIN resource c ON c.guresid = e.to_guresid \
+             WHERE r.type = 's3' AND c.type = 'config' AND e.kind = 'reference'"
+        ),
+        2
+    );
+
+    // A config definition without an account: validate names the reference's file and line.
+    sb.edit(
+        "definitions/config-production.yaml",
+        "  driver_account: aws-prod\n",
+        "",
+    );
+    sb.commit("The production config forgets its account");
+    let before = sb.resource_rows();
+    let run = sb.gitplane(&["validate", "--config", config]).fails();
+    run.stderr_has(
+        "definitions/s3.yaml:8: the driver_account of shop/s3.default#modules.api.externals.files \
+         is the account of shop/config.default#aws ('config.default#aws'), whose definition \
+         'aws-config-production' names no driver_account: give it one",
+    );
+    sb.gitplane(&["apply", "--config", config]).fails();
+    assert_eq!(
+        sb.resource_rows(),
+        before,
+        "a refused commit changes nothing"
+    );
+}
+
+/// `templates.manifests` entries written `data: |`, the object as YAML text, as Humanitec's
+/// example library writes them (its propagate-id pattern): the object itself reaches the
+/// manifests; text that is not one mapping is refused naming the manifest.
+#[test]
+fn manifest_data_written_as_yaml_text_is_the_kubernetes_object() {
+    let sb = Sandbox::new();
+    sb.write(
+        "environments/development.yaml",
+        "type: development\nimplicit_resources: []\n",
+    );
+    sb.write(
+        "workloads/shop/api.yaml",
+        &workload("api", "  id-config:\n    type: config\n"),
+    );
+    sb.write(
+        "definitions/workload.yaml",
+        &definition(
+            "workload",
+            "workload",
+            "  driver_type: humanitec/echo\n  criteria:\n    - {}\n",
+        ),
+    );
+    let config = |data: &str| {
+        definition(
+            "propagate-id",
+            "config",
+            &format!(
+                "  driver_type: humanitec/template\n  driver_inputs:\n    values:\n      \
+                 templates:\n        manifests: |\n          config-map.yaml:\n            \
+                 location: namespace\n            data: |\n{}\n        \
+                 outputs: |\n          id: {{{{ .id }}}}\n  criteria:\n    - {{}}\n",
+                data.lines()
+                    .map(|l| format!("              {l}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ),
+        )
+    };
+    sb.write(
+        "definitions/config.yaml",
+        &config(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .id | trunc 20 }}\n\
+             data:\n  res_id: {{ .context.res.id }}",
+        ),
+    );
+    sb.commit("A ConfigMap named after the resource");
+    sb.gitplane(&["apply"]).ok();
+    let run = sb
+        .gitplane(&["manifests", "--env", "development", "--format", "json"])
+        .ok();
+    let objects = run.json();
+    let config_map = objects["items"]
+        .as_array()
+        .and_then(|all| all.iter().find(|o| o["kind"] == "ConfigMap"))
+        .unwrap_or_else(|| panic!("no ConfigMap in {objects:#}"));
+    assert_eq!(config_map["apiVersion"], "v1");
+    assert_eq!(
+        config_map["data"]["res_id"],
+        "modules.api.externals.id-config"
+    );
+
+    // Two documents in the text: the apply fails, naming the manifest.
+    sb.write(
+        "definitions/config.yaml",
+        &config("kind: ConfigMap\n---\nkind: Secret"),
+    );
+    sb.commit("Two objects in one manifest");
+    let run = sb.gitplane(&["apply"]).fails();
+    run.stderr_has("manifests.config-map.yaml.data: the rendered text is not valid YAML");
+}

@@ -316,3 +316,118 @@ fn manifest_data_written_as_yaml_text_is_the_kubernetes_object() {
     let run = sb.gitplane(&["apply"]).fails();
     run.stderr_has("manifests.config-map.yaml.data: the rendered text is not valid YAML");
 }
+
+/// A workload written for score-humanitec, which passed `${values.KEY}` and `${shared.ID...}`
+/// to HPO: the app's `values.yaml` (with a production override) and the environment's shared
+/// dns, read by the generated Deployment; a value the app does not set, or an override of an
+/// environment that does not exist, is refused with its file and line and changes nothing.
+#[test]
+fn app_values_and_shared_resources_reach_a_score_humanitec_workload() {
+    let sb = Sandbox::new();
+    for env in ["development", "production"] {
+        sb.write(
+            &format!("environments/{env}.yaml"),
+            &format!(
+                "type: {env}\nimplicit_resources: []\nshared_resources:\n  dns: {{type: dns}}\n"
+            ),
+        );
+    }
+    sb.write(
+        "workloads/shop/api.yaml",
+        "# Written for score-humanitec.\napiVersion: score.dev/v1b1\nmetadata:\n  name: api\n\
+         containers:\n  api:\n    image: registry.example.com/api:${values.IMAGE_TAG}\n    \
+         variables:\n      LOG_LEVEL: ${values.LOG_LEVEL}\n      \
+         PUBLIC_URL: https://${shared.dns.host}/api\n",
+    );
+    sb.write(
+        "workloads/shop/values.yaml",
+        "values:\n  LOG_LEVEL: info\n  IMAGE_TAG: \"1.4\"\nenvironments:\n  production:\n    \
+         LOG_LEVEL: warn\n",
+    );
+    sb.write(
+        "definitions/workload.yaml",
+        &definition(
+            "workload",
+            "workload",
+            "  driver_type: humanitec/echo\n  criteria:\n    - {}\n",
+        ),
+    );
+    sb.write(
+        "definitions/dns.yaml",
+        &definition(
+            "dns",
+            "dns",
+            "  driver_type: humanitec/echo\n  driver_inputs:\n    values:\n      \
+             host: ${context.env.id}.shop.example.com\n  criteria:\n    - {}\n",
+        ),
+    );
+    sb.commit("score-humanitec's placeholders");
+    sb.gitplane(&["validate"]).ok();
+    sb.gitplane(&["apply"]).ok();
+    for (env, level) in [("development", "info"), ("production", "warn")] {
+        let run = sb
+            .gitplane(&["manifests", "--env", env, "--format", "json"])
+            .ok();
+        let objects = run.json();
+        let deployment = objects["items"]
+            .as_array()
+            .and_then(|all| all.iter().find(|o| o["kind"] == "Deployment"))
+            .unwrap_or_else(|| panic!("no Deployment in {objects:#}"));
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(container["image"], "registry.example.com/api:1.4", "{env}");
+        let env_vars: Vec<(String, String)> = container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                (
+                    v["name"].as_str().unwrap().to_owned(),
+                    v["value"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        assert!(
+            env_vars.contains(&("LOG_LEVEL".to_owned(), level.to_owned())),
+            "{env}: {env_vars:?}"
+        );
+        assert!(
+            env_vars.contains(&(
+                "PUBLIC_URL".to_owned(),
+                format!("https://{env}.shop.example.com/api")
+            )),
+            "{env}: {env_vars:?}"
+        );
+    }
+
+    // A value the app does not set, and an override of an environment that does not exist.
+    let before = sb.resource_rows();
+    sb.edit(
+        "workloads/shop/api.yaml",
+        "${values.LOG_LEVEL}",
+        "${values.LOG_LEVLE}",
+    );
+    sb.commit("A typo in a value's name");
+    sb.gitplane(&["validate"]).fails().stderr_has(
+        "workloads/shop/api.yaml:9: workload 'api' reads '${values.LOG_LEVLE}', which app 'shop' \
+         does not set for environment 'development'",
+    );
+    sb.gitplane(&["apply"]).fails();
+    assert_eq!(sb.resource_rows(), before);
+    sb.edit(
+        "workloads/shop/api.yaml",
+        "${values.LOG_LEVLE}",
+        "${values.LOG_LEVEL}",
+    );
+    sb.edit(
+        "workloads/shop/values.yaml",
+        "  production:",
+        "  prodution:",
+    );
+    sb.commit("A typo in an environment's name");
+    sb.gitplane(&["validate"]).fails().stderr_has(
+        "workloads/shop/values.yaml:5:3: environment 'prodution' is not one of this \
+         repository's (development, production)",
+    );
+    sb.gitplane(&["apply"]).fails();
+    assert_eq!(sb.resource_rows(), before);
+}

@@ -14,8 +14,8 @@ use crate::model::placeholder::{
 };
 use crate::model::template::{Mapped, Template, lookup_path};
 use crate::model::{
-    Choice, DEFAULT_CLASS, Definition, DriverAccount, Environment, Repository, SharedResource,
-    SourceLocation, Workload,
+    AppValues, Choice, DEFAULT_CLASS, Definition, DriverAccount, Environment, Repository,
+    SharedResource, SourceLocation, Workload,
 };
 
 /// Why an environment's graph cannot be built.
@@ -117,6 +117,41 @@ pub enum BuildError {
         target: String,
         definition: String,
     },
+    #[error(
+        "{location}: workload '{workload}' reads '${{values.{key}}}', which app '{app}' does not \
+         set for environment '{env}': add it under values (or environments.{env}) in \
+         workloads/{app}/values.yaml"
+    )]
+    UnknownValue {
+        location: SourceLocation,
+        workload: String,
+        key: String,
+        app: String,
+        env: String,
+    },
+    #[error(
+        "{location}: workload '{workload}' reads '${{shared.{id}...}}', but no workload of app \
+         '{app}' declares a resource with 'id: {id}' and environment '{env}' has no \
+         shared_resources entry '{id}'"
+    )]
+    UnknownSharedId {
+        location: SourceLocation,
+        workload: String,
+        id: String,
+        app: String,
+        env: String,
+    },
+    #[error(
+        "{location}: workload '{workload}' reads '${{shared.{id}...}}', which names several \
+         resources shared under id '{id}': {}; give them different ids",
+        resources.join(", ")
+    )]
+    AmbiguousShared {
+        location: SourceLocation,
+        workload: String,
+        id: String,
+        resources: Vec<String>,
+    },
     #[error("{location}: environment '{env}' lists app '{app}', which has no workloads")]
     UnknownApp {
         location: SourceLocation,
@@ -200,8 +235,10 @@ pub fn build_apps(
         }
         b.drain();
         for (workload, p) in pending {
-            b.workload_spec(workload, p);
+            b.workload_spec(app_id, workload, p);
         }
+        // `${shared.ID}` may name an environment's global resource no request added yet.
+        b.drain();
     }
     b.match_dependents();
     b.select();
@@ -223,6 +260,8 @@ const BY_CRITERIA: &Choice = &Choice::Criteria;
 
 struct Builder<'r> {
     env: &'r Environment,
+    /// Each app's values, which its Score files read as `${values.KEY}`.
+    values: &'r BTreeMap<String, std::sync::Arc<AppValues>>,
     /// What `${context.org.id}` reads.
     org: &'r str,
     definitions: HashMap<&'r str, Vec<&'r Definition>>,
@@ -267,6 +306,7 @@ impl<'r> Builder<'r> {
             .collect();
         Builder {
             env,
+            values: &repo.values,
             org: &repo.org,
             definitions,
             by_id,
@@ -565,7 +605,7 @@ impl<'r> Builder<'r> {
     }
 
     /// Resolves the workload's own placeholders into its inputs (its Score file).
-    fn workload_spec(&mut self, workload: &'r Workload, p: PendingWorkload) {
+    fn workload_spec(&mut self, app: &str, workload: &'r Workload, p: PendingWorkload) {
         let PendingWorkload { w, by_name } = p;
         self.spec_hashes
             .insert(w, hex_digest(&[workload.source.as_bytes()]));
@@ -632,6 +672,37 @@ impl<'r> Builder<'r> {
                         Mapped::Value(Value::Null)
                     }
                 },
+                Expr::ScoreValue { key } => {
+                    match self.values.get(app).and_then(|v| v.get(&self.env.id, key)) {
+                        Some(v) => Mapped::Value(v.clone()),
+                        None => {
+                            self.errors.push(BuildError::UnknownValue {
+                                location: workload_location(workload, &format!("values.{key}")),
+                                workload: workload.name.clone(),
+                                key: key.clone(),
+                                app: app.to_owned(),
+                                env: self.env.id.clone(),
+                            });
+                            Mapped::Value(Value::Null)
+                        }
+                    }
+                }
+                Expr::ScoreShared { id, path } => match self.shared_by_id(app, workload, id) {
+                    Some(t) => {
+                        self.edge(w, t, EdgeKind::Reference);
+                        Mapped::Expr(Binding::Output {
+                            target: self.dag[t].guresid.clone(),
+                            read: if path.is_empty() {
+                                Read::Values
+                            } else {
+                                Read::Outputs
+                            },
+                            path: path.clone(),
+                            property: None,
+                        })
+                    }
+                    None => Mapped::Value(Value::Null),
+                },
                 // The Score dialect parses none of these.
                 Expr::Resource { .. } | Expr::Context(_) | Expr::Stored(_) => {
                     Mapped::Value(Value::Null)
@@ -640,6 +711,58 @@ impl<'r> Builder<'r> {
         });
         let Ok(spec) = spec;
         self.dag[w].params = spec;
+    }
+
+    /// `${shared.ID}`: the app's resource shared under `id: ID` (a Score resource of one of its
+    /// workloads), else the environment's `shared_resources` entry ID; an error naming both
+    /// places when neither has it, or when the app shares two resources of different types
+    /// under ID.
+    fn shared_by_id(&mut self, app: &str, workload: &Workload, id: &str) -> Option<NodeIndex> {
+        let location = workload_location(workload, &format!("shared.{id}"));
+        let res_id = format!("shared.{id}");
+        let mut in_app: Vec<NodeIndex> = self
+            .of_app
+            .get(app)
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|&n| self.dag[n].res_id == res_id)
+            .collect();
+        in_app.sort_by(|&a, &b| self.dag[a].guresid.cmp(&self.dag[b].guresid));
+        match in_app.as_slice() {
+            [one] => return Some(*one),
+            [] => {}
+            several => {
+                self.errors.push(BuildError::AmbiguousShared {
+                    location,
+                    workload: workload.name.clone(),
+                    id: id.to_owned(),
+                    resources: several.iter().map(|&n| self.dag[n].label()).collect(),
+                });
+                return None;
+            }
+        }
+        match self.env.shared_resources.get(id) {
+            Some(shared) => {
+                let origin = Origin::Requested {
+                    workload: workload.name.clone(),
+                    name: format!("shared.{id}"),
+                    location: location.clone(),
+                };
+                let res_type = shared.res_type.clone();
+                self.shared_resource(id, &res_type, origin, &location)
+            }
+            None => {
+                self.errors.push(BuildError::UnknownSharedId {
+                    location,
+                    workload: workload.name.clone(),
+                    id: id.to_owned(),
+                    app: app.to_owned(),
+                    env: self.env.id.clone(),
+                });
+                None
+            }
+        }
     }
 
     /// The environment's shared resource `name` (global or user-provided), which belongs to no
@@ -878,9 +1001,10 @@ impl<'r> Builder<'r> {
                     location: def.locate_store_ref(&secret.reference),
                     value: None,
                 }),
-                Expr::ScoreResource { .. } | Expr::ScoreMetadata { .. } => {
-                    Mapped::Value(Value::Null)
-                }
+                Expr::ScoreResource { .. }
+                | Expr::ScoreMetadata { .. }
+                | Expr::ScoreValue { .. }
+                | Expr::ScoreShared { .. } => Mapped::Value(Value::Null),
             })
         });
         let Ok(mapped) = mapped;

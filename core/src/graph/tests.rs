@@ -984,3 +984,96 @@ fn a_driver_account_placeholder_takes_the_referenced_resources_account() {
         "{message}"
     );
 }
+
+/// HPO's `${values.KEY}` and `${shared.ID.OUTPUT}` in Score files (score-humanitec passed them
+/// through): the app's values.yaml with an environment's override, and a resource shared under
+/// an id by another workload of the app, or the environment's shared resource of that name.
+#[test]
+fn score_files_read_app_values_and_shared_resources_by_id() {
+    let api = "apiVersion: score.dev/v1b1\nmetadata:\n  name: api\ncontainers:\n  main:\n    \
+               image: x\n    variables:\n      LOG_LEVEL: ${values.LOG_LEVEL}\n      \
+               REPLICAS: ${values.replicas}\n      DB: ${shared.main-db.host}\n      \
+               DNS: ${shared.dns.host}\n";
+    let entries = |values: &str| {
+        files(&[
+            ("environments/development.yaml", ENV),
+            (
+                "environments/production.yaml",
+                "type: production\nshared_resources:\n  dns: {type: dns}\n",
+            ),
+            (
+                "environments/staging.yaml",
+                "type: staging\nshared_resources:\n  dns: {type: dns}\n",
+            ),
+            ("workloads/shop/api.yaml", api),
+            (
+                "workloads/shop/db-owner.yaml",
+                &workload("db-owner", "  db:\n    type: postgres\n    id: main-db\n"),
+            ),
+            ("workloads/shop/values.yaml", values),
+            (
+                "definitions/wl.yaml",
+                &definition("wl", "workload", "      a: 1\n", ""),
+            ),
+            (
+                "definitions/pg.yaml",
+                &definition("pg", "postgres", "      host: db.internal\n", ""),
+            ),
+            (
+                "definitions/dns.yaml",
+                &definition("dns", "dns", "      host: example.com\n", ""),
+            ),
+            (
+                "definitions/base.yaml",
+                &definition("base", "base-env", "      a: 1\n", ""),
+            ),
+        ])
+    };
+    let values = "values:\n  LOG_LEVEL: info\n  replicas: 2\nenvironments:\n  production:\n    \
+                  LOG_LEVEL: warn\n";
+    let env_of = |env: &str| {
+        let g = build_env(&entries(values), env).unwrap();
+        let api = node(&g, "workload#modules.api");
+        let (_, edges) = shape(&g);
+        (format!("{:?}", api.params), edges)
+    };
+    let (production, edges) = env_of("production");
+    assert!(
+        production.contains("Value(String(\"warn\"))"),
+        "{production}"
+    );
+    assert!(production.contains("Value(Number(2))"), "{production}");
+    assert!(
+        edges.contains("workload#modules.api -> postgres#shared.main-db (reference)"),
+        "{edges:#?}"
+    );
+    assert!(
+        edges.contains("workload#modules.api -> dns#globals.dns (reference)"),
+        "{edges:#?}"
+    );
+    let (staging, _) = env_of("staging");
+    assert!(staging.contains("Value(String(\"info\"))"), "{staging}");
+
+    // Development has no dns: the error names both places it looked.
+    let errors = build_env(&entries(values), "development").unwrap_err();
+    let message: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        message,
+        [
+            "workloads/shop/api.yaml:11: workload 'api' reads '${shared.dns...}', but no workload \
+          of app 'shop' declares a resource with 'id: dns' and environment 'development' has no \
+          shared_resources entry 'dns'"
+        ],
+    );
+    // A value the app does not set.
+    let errors = build_env(&entries("values:\n  LOG_LEVEL: info\n"), "production").unwrap_err();
+    let message: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        message,
+        [
+            "workloads/shop/api.yaml:9: workload 'api' reads '${values.replicas}', which app 'shop' \
+          does not set for environment 'production': add it under values (or \
+          environments.production) in workloads/shop/values.yaml"
+        ],
+    );
+}

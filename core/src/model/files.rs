@@ -1,6 +1,6 @@
 //! The file formats as serde types, and the loader that turns files into a [`Repository`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -291,6 +291,7 @@ pub(super) struct ParsedFile {
     defaults: Option<EnvironmentDefaults>,
     org: Option<String>,
     workloads: Vec<(String, Arc<Workload>)>,
+    values: Vec<(String, Arc<super::AppValues>)>,
     definitions: Vec<Definition>,
     errors: Vec<LoadError>,
 }
@@ -341,6 +342,7 @@ pub(super) fn parse_file(path: &str, bytes: &[u8], limits: Limits) -> ParsedFile
         defaults: single.defaults,
         org: single.org,
         workloads,
+        values: single.repo.values.into_iter().collect(),
         definitions: single.repo.definitions,
         errors: single.errors,
     }
@@ -361,6 +363,7 @@ impl Loader {
         if parsed.org.is_some() {
             self.org = parsed.org;
         }
+        self.repo.values.extend(parsed.values);
         for (app, workload) in parsed.workloads {
             if let Some(first) = self
                 .workload_files
@@ -442,6 +445,9 @@ impl Loader {
         let kind = match parts.as_slice() {
             ["gitplane.yaml" | "gitplane.yml"] => FileKind::Settings,
             ["environments", _] => FileKind::Environment,
+            ["workloads", app, "values.yaml" | "values.yml"] => {
+                FileKind::AppValues((*app).to_owned())
+            }
             ["workloads", app, _] => FileKind::Workload((*app).to_owned()),
             ["definitions", ..] => FileKind::Definitions,
             ["environments", ..] | ["workloads", ..] => {
@@ -481,6 +487,7 @@ impl Loader {
             FileKind::Settings => self.settings(path, text),
             FileKind::Environment => self.environment(path, text),
             FileKind::Workload(app) => self.workload(path, &app, text),
+            FileKind::AppValues(app) => self.app_values(path, &app, text),
             FileKind::Definitions => {
                 for (offset, doc) in split_documents(text) {
                     self.definition(path, doc, offset);
@@ -497,6 +504,7 @@ impl Loader {
             );
         }
         self.check_equal_criteria();
+        self.check_value_environments();
         if let Some(org) = self.org.take() {
             self.repo.org = org;
         }
@@ -941,6 +949,103 @@ impl Loader {
             );
     }
 
+    /// An app's values may override only environments the repository has: a typo in an
+    /// environment's name would otherwise leave that environment on the app's values silently.
+    fn check_value_environments(&mut self) {
+        let known: BTreeSet<&str> = self
+            .repo
+            .environments
+            .iter()
+            .map(|e| e.id.as_str())
+            .collect();
+        let mut errors = Vec::new();
+        for values in self.repo.values.values() {
+            for env in values.environments.keys() {
+                if !known.contains(env.as_str()) {
+                    let (line, column) =
+                        yaml::key_location(&values.source, &["environments", env]).unzip();
+                    errors.push((
+                        SourceLocation {
+                            file: values.file.clone(),
+                            line,
+                            column,
+                        },
+                        format!(
+                            "environment '{env}' is not one of this repository's ({}): \
+                             overrides are written under an environment's id",
+                            known.iter().copied().collect::<Vec<_>>().join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        for (at, reason) in errors {
+            self.error(at, LoadErrorKind::Invalid(reason));
+        }
+    }
+
+    /// `workloads/<app>/values.yaml`: `values: {KEY: VALUE}` and `environments: {ENV: {KEY:
+    /// VALUE}}`, keys plain names (they are read as `${values.KEY}`).
+    fn app_values(&mut self, path: &str, app: &str, text: &str) {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct ValuesFile {
+            #[serde(default)]
+            values: BTreeMap<String, Value>,
+            #[serde(default)]
+            environments: BTreeMap<String, BTreeMap<String, Value>>,
+        }
+        if let Err(reason) = check_identifier(app) {
+            self.error(
+                SourceLocation::file(path),
+                LoadErrorKind::Invalid(format!("app folder: {reason}")),
+            );
+            return;
+        }
+        let Some(file): Option<ValuesFile> =
+            self.parse_yaml(path, text, 0, "an app's values (values, environments)")
+        else {
+            return;
+        };
+        let keys = file
+            .values
+            .keys()
+            .map(|k| (vec!["values", k.as_str()], k))
+            .chain(file.environments.iter().flat_map(|(env, over)| {
+                over.keys()
+                    .map(move |k| (vec!["environments", env.as_str(), k.as_str()], k))
+            }));
+        let mut bad = Vec::new();
+        for (at, key) in keys {
+            if let Err(reason) = check_identifier(key) {
+                let (line, column) = yaml::key_location(text, &at).unzip();
+                bad.push((
+                    SourceLocation {
+                        file: path.to_owned(),
+                        line,
+                        column,
+                    },
+                    format!("value '{key}': {reason}"),
+                ));
+            }
+        }
+        if !bad.is_empty() {
+            for (at, reason) in bad {
+                self.error(at, LoadErrorKind::Invalid(reason));
+            }
+            return;
+        }
+        self.repo.values.insert(
+            app.to_owned(),
+            Arc::new(super::AppValues {
+                file: path.to_owned(),
+                source: Arc::from(text),
+                values: file.values,
+                environments: file.environments,
+            }),
+        );
+    }
+
     fn definition(&mut self, path: &str, doc: &str, line_offset: usize) {
         let Some(file): Option<DefinitionFile> =
             self.parse_yaml(path, doc, line_offset, "a definition")
@@ -1198,6 +1303,8 @@ enum FileKind {
     Settings,
     Environment,
     Workload(String),
+    /// `workloads/<app>/values.yaml`: not a workload, the app's values.
+    AppValues(String),
     Definitions,
 }
 

@@ -396,7 +396,30 @@ pub struct Repository {
     pub environments: Vec<Environment>,
     /// Apps by id, each with its workloads.
     pub apps: BTreeMap<String, App>,
+    /// Each app's `workloads/<app>/values.yaml`, which its Score files read as `${values.KEY}`.
+    pub values: BTreeMap<String, Arc<AppValues>>,
     pub definitions: Vec<Definition>,
+}
+
+/// `workloads/<app>/values.yaml`: the app's values (HPO's shared app values), which its Score
+/// files read as `${values.KEY}`, and per environment the values that differ there.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AppValues {
+    pub file: String,
+    pub source: Arc<str>,
+    pub values: BTreeMap<String, Value>,
+    /// Environment id to the values it overrides.
+    pub environments: BTreeMap<String, BTreeMap<String, Value>>,
+}
+
+impl AppValues {
+    /// The value of `key` in environment `env`: its override, else the app's value.
+    pub fn get(&self, env: &str, key: &str) -> Option<&Value> {
+        self.environments
+            .get(env)
+            .and_then(|over| over.get(key))
+            .or_else(|| self.values.get(key))
+    }
 }
 
 impl Default for Repository {
@@ -405,6 +428,7 @@ impl Default for Repository {
             org: DEFAULT_ORG.to_owned(),
             environments: Vec::new(),
             apps: BTreeMap::new(),
+            values: BTreeMap::new(),
             definitions: Vec::new(),
         }
     }

@@ -23,8 +23,9 @@
 //! A selector (`>` or `<`) reads `.outputs` only.
 //!
 //! The Score dialect (workload files) has `resources.NAME [path]`, its legacy spelling
-//! `externals.NAME [path]` (score-humanitec), and `metadata path` instead; `resources.NAME` with
-//! no path is the whole resource.
+//! `externals.NAME [path]` (score-humanitec), `metadata path`, and HPO's `values.KEY` and
+//! `shared.ID [path]` instead; `resources.NAME` (and `shared.ID`) with no path is the whole
+//! resource.
 //! Columns in errors are 1-based character positions of the `${` that opens the bad placeholder.
 
 use std::fmt;
@@ -162,6 +163,18 @@ pub enum Expr {
     },
     /// Score: `metadata.PATH`, a value of the workload's own metadata.
     ScoreMetadata {
+        path: Vec<Segment>,
+    },
+    /// Score (as HPO reads it): `values.KEY`, a value of the app's `values.yaml`, the
+    /// environment's override first.
+    ScoreValue {
+        key: String,
+    },
+    /// Score (as HPO reads it): `shared.ID[.PATH]`, an output of the resource shared under ID,
+    /// or with no path the whole resource: the app's resource with `id: ID`, else the
+    /// environment's `shared_resources` entry ID.
+    ScoreShared {
+        id: String,
         path: Vec<Segment>,
     },
     /// Not a placeholder: a `secret_refs` leaf `{store, ref}`, read from the host's secret
@@ -326,11 +339,29 @@ fn parse_expr(body: &str, dialect: Dialect) -> Result<Expr, String> {
             }
             Ok(Expr::ScoreMetadata { path })
         }
+        (Dialect::Score, "values") => match parse_path(rest)?.as_slice() {
+            [Segment::Key(key)] => Ok(Expr::ScoreValue { key: key.clone() }),
+            _ => Err("expected 'values.KEY', KEY a key of the app's values.yaml".into()),
+        },
+        (Dialect::Score, "shared") => {
+            let path = parse_path(rest)?;
+            match path.split_first() {
+                Some((Segment::Key(id), tail)) => Ok(Expr::ScoreShared {
+                    id: id.clone(),
+                    path: tail.to_vec(),
+                }),
+                _ => Err(
+                    "expected 'shared.ID' or 'shared.ID.OUTPUT', ID the id of a shared resource"
+                        .into(),
+                ),
+            }
+        }
         (Dialect::Definition, other) => Err(format!(
             "unknown placeholder root '{other}': expected 'resources' or 'context'"
         )),
         (Dialect::Score, other) => Err(format!(
-            "unknown placeholder root '{other}': expected 'resources', 'externals' or 'metadata'"
+            "unknown placeholder root '{other}': expected 'resources', 'externals', 'metadata', \
+             'values' or 'shared'"
         )),
     }
 }
@@ -724,6 +755,45 @@ mod tests {
     }
 
     #[test]
+    fn score_files_read_app_values_and_shared_resources_as_hpo_does() {
+        let score = |text: &str| match parse_string(text, Dialect::Score) {
+            Ok(ParsedString::Whole(e)) => e,
+            other => panic!("{text}: {other:?}"),
+        };
+        assert_eq!(
+            score("${values.LOG_LEVEL}"),
+            Expr::ScoreValue {
+                key: "LOG_LEVEL".into()
+            }
+        );
+        assert_eq!(
+            score("${shared.dns.host}"),
+            Expr::ScoreShared {
+                id: "dns".into(),
+                path: vec![key("host")]
+            }
+        );
+        assert_eq!(
+            score("${shared['main-db']}"),
+            Expr::ScoreShared {
+                id: "main-db".into(),
+                path: vec![]
+            }
+        );
+        for (text, reason) in [
+            ("${values}", "expected 'values.KEY'"),
+            ("${values.a.b}", "expected 'values.KEY'"),
+            ("${shared}", "expected 'shared.ID'"),
+        ] {
+            let err = parse_string(text, Dialect::Score).unwrap_err();
+            assert!(err.reason.contains(reason), "{text}: {}", err.reason);
+        }
+        // Definitions read resources and context only.
+        let err = parse_string("${values.x}", Dialect::Definition).unwrap_err();
+        assert!(err.reason.contains("unknown placeholder root 'values'"));
+    }
+
+    #[test]
     fn selectors_chain_step_by_step() {
         let Expr::Resource { desc, path, .. } =
             whole("${resources[\"aws-role<workload>aws-policy\"].outputs.arn}")
@@ -885,10 +955,10 @@ mod tests {
                 "{text}"
             );
         }
-        let err = parse_string("${values.x}", Dialect::Score).unwrap_err();
+        let err = parse_string("${env.x}", Dialect::Score).unwrap_err();
         assert!(
             err.reason
-                .contains("'resources', 'externals' or 'metadata'"),
+                .contains("'resources', 'externals', 'metadata', 'values' or 'shared'"),
             "{err}"
         );
         let err = parse_string("${externals}", Dialect::Score).unwrap_err();

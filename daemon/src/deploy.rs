@@ -109,9 +109,11 @@ pub fn build(snapshot: &Snapshot, envs: &[String], host: Host<'_>) -> Result<Bui
 }
 
 /// What stops a graph that built from being applied on this host: a driver or a secret store
-/// it names that the host does not offer.
+/// it names that the host does not offer, inputs its driver does not take, an output read that
+/// its driver does not give.
 fn host_errors(repo: &Repository, graph: &ResourceGraph, host: Host<'_>) -> Vec<String> {
     let mut errors = unknown_drivers(repo, graph, host.drivers);
+    errors.extend(crate::preflight::problems(repo, graph, host.drivers));
     errors.extend(unusable_stored_secrets(graph, host.stores));
     errors
 }

@@ -22,6 +22,7 @@ pub mod events;
 pub mod manifests;
 pub mod metrics;
 pub mod notifications;
+pub mod preflight;
 pub mod previews;
 pub mod reconcile;
 pub mod repo;

@@ -1,5 +1,7 @@
 //! The `echo` driver: a resource's outputs are its `values`, its secret outputs its `secrets`.
 
+use std::collections::BTreeSet;
+
 use serde_json::Value;
 
 use super::{Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, PutOutcome, ReadOutcome};
@@ -36,5 +38,19 @@ impl Driver for EchoDriver {
 
     fn in_process(&self) -> bool {
         true
+    }
+
+    /// Its values' and secrets' names, when each is written as a mapping (or not at all).
+    fn known_outputs(&self, values: &Value, secrets: &Value) -> Option<BTreeSet<String>> {
+        let mut known = BTreeSet::new();
+        for inputs in [values, secrets] {
+            match inputs {
+                Value::Null => {}
+                Value::Object(map) => known.extend(map.keys().cloned()),
+                // One placeholder for the whole section: known after it resolves.
+                _ => return None,
+            }
+        }
+        Some(known)
     }
 }

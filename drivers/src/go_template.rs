@@ -8,7 +8,10 @@
 
 use serde_json::{Map, Value, json};
 
-use super::template::{cookie_of, kind, parse_rendered, previous_cookie, split_templates};
+use super::template::{
+    check_template_inputs, cookie_of, kind, parse_rendered, previous_cookie, split_templates,
+    template_outputs,
+};
 use super::{
     Cookie, DeleteOutcome, Driver, DriverError, DriverRequest, Manifest, PutOutcome, ReadOutcome,
 };
@@ -24,6 +27,23 @@ const SECRET_TEMPLATES: [&str; 1] = ["outputs"];
 pub struct GoTemplateDriver;
 
 impl Driver for GoTemplateDriver {
+    fn check_inputs(&self, values: &Value, secrets: &Value) -> Vec<super::InputProblem> {
+        check_template_inputs(values, secrets, &VALUE_TEMPLATES, &SECRET_TEMPLATES)
+    }
+
+    /// `values.templates.outputs`, `values.templates.secrets` and `secrets.templates.outputs`.
+    fn known_outputs(
+        &self,
+        values: &Value,
+        secrets: &Value,
+    ) -> Option<std::collections::BTreeSet<String>> {
+        template_outputs(
+            values,
+            secrets,
+            &[("values", "secrets"), ("secrets", "outputs")],
+        )
+    }
+
     /// Its outputs are a pure function of the request: reading is computing them again.
     fn read(&self, request: &DriverRequest<'_>) -> Result<ReadOutcome, DriverError> {
         super::read_by_recomputing(self, request)

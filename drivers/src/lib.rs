@@ -14,7 +14,7 @@ pub mod leaks;
 mod template;
 mod terraform;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -318,6 +318,107 @@ pub trait Driver: Send + Sync {
     fn in_process(&self) -> bool {
         false
     }
+
+    /// What is wrong with the shape of a definition's inputs, known before any call (a template
+    /// written as a mapping, a template the driver does not know). `values` and `secrets` are
+    /// the definition's `driver_inputs` with each placeholder left as its text.
+    fn check_inputs(&self, _values: &Value, _secrets: &Value) -> Vec<InputProblem> {
+        Vec::new()
+    }
+
+    /// The name of every output, secret or not, the driver can give for these inputs, when
+    /// the inputs alone say (an echo's values, a template's keys, a Terraform script's
+    /// `output` blocks); `None` when only a call can tell. `validate` checks the name of
+    /// every output read against it.
+    fn known_outputs(&self, _values: &Value, _secrets: &Value) -> Option<BTreeSet<String>> {
+        None
+    }
+}
+
+/// One problem with a definition's inputs: where (`values.templates.outputs`) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputProblem {
+    pub path: String,
+    pub reason: String,
+}
+
+/// The keys a YAML template renders at its top level, when the text says: every line at
+/// column 0 is a `key:` (a plain name), a comment, a blank, or a control action that emits no
+/// text of its own (`{{- if ...}}`, `{% for ... %}`, `{{ end }}`). `None` when a line at column
+/// 0 could render a key no one can read off the text (`{{ $k }}: v`, `{{ include ... }}`), so
+/// the outputs are known only after a call. Keys inside an `if` count: they may be given.
+pub fn template_keys(text: &str) -> Option<BTreeSet<String>> {
+    let mut keys = BTreeSet::new();
+    // Inside a block scalar (`key: |`), more-indented lines are its text.
+    for line in text.lines() {
+        if line.is_empty() || line.starts_with([' ', '\t']) {
+            continue;
+        }
+        let trimmed = line.trim_end();
+        if trimmed.starts_with('#') || trimmed.starts_with("---") {
+            continue;
+        }
+        if trimmed.starts_with("{{") || trimmed.starts_with("{%") {
+            if emits_nothing(trimmed) {
+                continue;
+            }
+            return None;
+        }
+        let key = trimmed.split_once(':').map(|(k, _)| k.trim())?;
+        let key = key.trim_matches(|c| c == '"' || c == '\'');
+        let plain = !key.is_empty()
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !plain {
+            return None;
+        }
+        keys.insert(key.to_owned());
+    }
+    Some(keys)
+}
+
+/// Whether a line is only control actions (Go's `{{- if }}`/`{{ end }}`/`{{ range }}`... or
+/// minijinja's `{% ... %}`, or a comment), which render no text of their own.
+fn emits_nothing(line: &str) -> bool {
+    const CONTROL: [&str; 9] = [
+        "if ", "else", "end", "range ", "with ", "define ", "block ", "break", "continue",
+    ];
+    let mut rest = line;
+    while !rest.is_empty() {
+        let (open, close) = if rest.starts_with("{{") {
+            ("{{", "}}")
+        } else if rest.starts_with("{%") {
+            ("{%", "%}")
+        } else if rest.starts_with("{#") {
+            ("{#", "#}")
+        } else {
+            return false;
+        };
+        let Some(end) = rest.find(close) else {
+            return false;
+        };
+        let inner = rest[open.len()..end].trim_matches(['-', ' ']);
+        let control = match open {
+            "{%" => !["include", "call", "filter"]
+                .iter()
+                .any(|emits| inner.starts_with(emits)),
+            "{#" => true,
+            _ => {
+                inner.starts_with("/*")
+                    // `$x := ...` sets a variable, printing nothing.
+                    || (inner.starts_with('$') && (inner.contains(":=") || inner.contains(" = ")))
+                    || CONTROL
+                        .iter()
+                        .any(|c| inner.starts_with(c) || inner == c.trim_end())
+            }
+        };
+        if !control {
+            return false;
+        }
+        rest = rest[end + close.len()..].trim_start();
+    }
+    true
 }
 
 /// User-provided resources (an on-premise database registered in an environment file): their
@@ -482,5 +583,142 @@ pub mod test_request {
             account: inputs.account.as_ref(),
             cookie,
         }
+    }
+}
+
+/// What each built-in driver can tell before a call.
+#[cfg(test)]
+mod known_before_a_call {
+    use std::collections::BTreeSet;
+
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn set(names: &[&str]) -> Option<BTreeSet<String>> {
+        Some(names.iter().map(|n| n.to_string()).collect())
+    }
+
+    #[test]
+    fn a_templates_keys_are_read_off_its_text_when_it_says_them() {
+        let go = "{{- if .driver.values.tls }}\ncert: {{ .init.cert }}\n{{- end }}\n\
+                  host: {{ .init.name }}\n# port: commented out\nurl: |\n  not: a key\n\
+                  {{- /* a comment */}}\n{{- $x := 1 }}\n\"quoted\": 1\n";
+        assert_eq!(template_keys(go), set(&["cert", "host", "quoted", "url"]));
+        let jinja = "{% if values.tls %}\ncert: x\n{% endif %}\nhost: {{ values.h }}\n";
+        assert_eq!(template_keys(jinja), set(&["cert", "host"]));
+        // A line at column 0 that may print a key: only a call can tell.
+        for unknown in [
+            "{{ range $k, $v := .x }}\n{{ $k }}: {{ $v }}\n{{ end }}\n",
+            "{{ template \"outputs\" . }}\n",
+            "{{ .driver.values.outputs | toYaml }}\n",
+            "{% include 'x' %}\n",
+            "a b: 1\n",
+        ] {
+            assert_eq!(template_keys(unknown), None, "{unknown:?}");
+        }
+    }
+
+    #[test]
+    fn echo_gives_its_values_and_secrets_names() {
+        let echo = EchoDriver;
+        assert_eq!(
+            echo.known_outputs(&json!({"host": "h", "port": 1}), &json!({"password": "p"})),
+            set(&["host", "password", "port"])
+        );
+        assert_eq!(echo.known_outputs(&Value::Null, &Value::Null), set(&[]));
+        // One placeholder for all its values: known after it resolves.
+        assert_eq!(echo.known_outputs(&json!("${...}"), &Value::Null), None);
+    }
+
+    #[test]
+    fn template_drivers_give_their_output_templates_keys_and_check_their_shape() {
+        let values = json!({"templates": {
+            "outputs": "host: {{ .init.name }}\nport: 5432\n",
+            "secrets": "password: {{ .driver.secrets.p }}\n",
+        }});
+        let secrets = json!({"templates": {"outputs": "token: x\n"}});
+        assert_eq!(
+            GoTemplateDriver.known_outputs(&values, &secrets),
+            set(&["host", "password", "port", "token"])
+        );
+        assert_eq!(
+            TemplateDriver.known_outputs(
+                &json!({"templates": {"outputs": "url: {{ values.u }}\n"}}),
+                &Value::Null
+            ),
+            set(&["url"])
+        );
+        // An output template written as a mapping, as HPO's `outputs: |` forgot its `|`.
+        let mapping = json!({"templates": {"outputs": {"host": "x"}}});
+        assert_eq!(
+            GoTemplateDriver.check_inputs(&mapping, &Value::Null),
+            [InputProblem {
+                path: "values.templates.outputs".into(),
+                reason: "values.templates.outputs must be a string, got a mapping: write the \
+                         template as text (`outputs: |` and the YAML below it)"
+                    .into()
+            }]
+        );
+        let unknown = json!({"templates": {"output": "a: 1"}});
+        assert!(
+            TemplateDriver.check_inputs(&unknown, &Value::Null)[0]
+                .reason
+                .contains("values.templates.output is not a template the template driver knows")
+        );
+        assert!(GoTemplateDriver.check_inputs(&values, &secrets).is_empty());
+    }
+
+    #[test]
+    fn the_kubernetes_drivers_give_fixed_outputs() {
+        let registry = Registry::builtin();
+        let known = |driver: &str, values: Value| {
+            registry
+                .get(driver)
+                .unwrap_or_else(|| panic!("{driver} is built in"))
+                .driver
+                .known_outputs(&values, &Value::Null)
+        };
+        assert_eq!(
+            known("humanitec/volume-pvc", json!({})),
+            set(&["pvcName", "volumeName"])
+        );
+        assert_eq!(
+            known("humanitec/volume-nfs", json!({})),
+            set(&["pvName", "pvcName", "volumeName"])
+        );
+        assert_eq!(known("humanitec/dns-wildcard", json!({})), set(&["host"]));
+        assert_eq!(known("humanitec/ingress", json!({})), set(&["id"]));
+        assert_eq!(known("humanitec/hpa", json!({})), set(&[]));
+        assert_eq!(
+            known(
+                "humanitec/k8s-cluster-eks",
+                json!({"name": "c", "region": "r"})
+            ),
+            set(&["credentials", "name", "region"])
+        );
+    }
+
+    #[test]
+    fn terraform_gives_the_outputs_its_inline_code_declares() {
+        let driver = TerraformDriver::new(TerraformConfig::default(), TerraformFlavour::Terraform);
+        let script = "resource \"x\" \"y\" {}\noutput \"bucket\" {\n  value = 1\n}\n  \
+                      output \"arn\"{ value = 2 }\n# output \"old\" {}\n";
+        assert_eq!(
+            driver.known_outputs(&json!({"script": script}), &Value::Null),
+            set(&["arn", "bucket"])
+        );
+        assert_eq!(
+            driver.known_outputs(
+                &json!({"files": {"main.tf": "output \"a\" {\n}\n", "README.md": "x"}}),
+                &Value::Null
+            ),
+            set(&["a"])
+        );
+        // Code from a module source is read only when the driver fetches it.
+        assert_eq!(
+            driver.known_outputs(&json!({"source": {"url": "https://x"}}), &Value::Null),
+            None
+        );
     }
 }

@@ -24,6 +24,18 @@ const SECRET_TEMPLATES: [&str; 1] = ["outputs"];
 pub struct TemplateDriver;
 
 impl Driver for TemplateDriver {
+    fn check_inputs(&self, values: &Value, secrets: &Value) -> Vec<super::InputProblem> {
+        check_template_inputs(values, secrets, &VALUE_TEMPLATES, &SECRET_TEMPLATES)
+    }
+
+    fn known_outputs(
+        &self,
+        values: &Value,
+        secrets: &Value,
+    ) -> Option<std::collections::BTreeSet<String>> {
+        template_outputs(values, secrets, &[("secrets", "outputs")])
+    }
+
     /// Its outputs are a pure function of the request: reading is computing them again.
     fn read(&self, request: &DriverRequest<'_>) -> Result<ReadOutcome, DriverError> {
         super::read_by_recomputing(self, request)
@@ -155,6 +167,66 @@ pub(super) fn split_templates(
         }
     }
     Ok((Value::Object(inputs), templates))
+}
+
+/// The shape checks and output names of a template driver, whose templates are
+/// `values.templates.{value_known...}` and `secrets.templates.{secret_known...}`; the outputs
+/// are what `values.templates.outputs` and the secret templates render.
+pub(super) fn check_template_inputs(
+    values: &Value,
+    secrets: &Value,
+    value_known: &[&str],
+    secret_known: &[&str],
+) -> Vec<super::InputProblem> {
+    let mut problems = Vec::new();
+    for (inputs, section, known) in [
+        (values, "values", value_known),
+        (secrets, "secrets", secret_known),
+    ] {
+        if let Err(e) = split_templates(inputs, section, known) {
+            let path = e
+                .message
+                .split_once(' ')
+                .map_or(section, |(path, _)| path)
+                .to_owned();
+            let mut reason = e.message;
+            if reason.contains("must be a string") {
+                reason
+                    .push_str(": write the template as text (`outputs: |` and the YAML below it)");
+            }
+            problems.push(super::InputProblem { path, reason });
+        }
+    }
+    problems
+}
+
+/// The keys the output templates render (`values.templates.outputs`, and `secret_keys` of
+/// `values.templates` and of `secrets.templates`), when the texts say.
+pub(super) fn template_outputs(
+    values: &Value,
+    secrets: &Value,
+    secret_keys: &[(&str, &str)],
+) -> Option<std::collections::BTreeSet<String>> {
+    let mut known = std::collections::BTreeSet::new();
+    let mut sources = vec![(values, "outputs")];
+    for (section, key) in secret_keys {
+        sources.push((
+            if *section == "values" {
+                values
+            } else {
+                secrets
+            },
+            *key,
+        ));
+    }
+    for (inputs, key) in sources {
+        match inputs.get("templates").and_then(|t| t.get(key)) {
+            None => {}
+            // A template in the wrong shape is reported as such; its keys are not known.
+            Some(template) => known.extend(super::template_keys(template.as_str()?)?),
+        }
+    }
+    Some(known)
 }
 
 /// The environment every template renders in: strict undefined values (a typo is an error),

@@ -431,3 +431,105 @@ fn app_values_and_shared_resources_reach_a_score_humanitec_workload() {
     sb.gitplane(&["apply"]).fails();
     assert_eq!(sb.resource_rows(), before);
 }
+
+/// Errors that used to surface half-way through an apply are found by `validate`, with the
+/// file and line: an output template written as a mapping, and a read of an output the
+/// provider's driver does not give (a typo), from a Score file and from a definition.
+#[test]
+fn template_shapes_and_output_names_are_checked_before_any_call() {
+    let sb = Sandbox::new();
+    sb.write(
+        "environments/development.yaml",
+        "type: development\nimplicit_resources: []\n",
+    );
+    sb.write(
+        "workloads/shop/api.yaml",
+        &workload(
+            "api",
+            "  db:\n    type: postgres\n  cfg:\n    type: config\n",
+        )
+        .replace(
+            "resources:\n",
+            "    variables:\n      DB_PORT: ${resources.db.port}\nresources:\n",
+        ),
+    );
+    sb.write(
+        "definitions/workload.yaml",
+        &definition(
+            "workload",
+            "workload",
+            "  driver_type: humanitec/echo\n  criteria:\n    - {}\n",
+        ),
+    );
+    sb.write(
+        "definitions/postgres.yaml",
+        &definition(
+            "postgres",
+            "postgres",
+            "  driver_type: humanitec/template\n  driver_inputs:\n    values:\n      \
+             templates:\n        outputs: |\n          host: db.internal\n          port: 5432\n        \
+             secrets: |\n          password: s3cret\n  criteria:\n    - {}\n",
+        ),
+    );
+    sb.write(
+        "definitions/config.yaml",
+        &definition(
+            "config",
+            "config",
+            "  driver_type: humanitec/echo\n  driver_inputs:\n    values:\n      \
+             url: postgres://${resources.postgres#modules.api.externals.db.outputs.host}\n  \
+             criteria:\n    - {}\n",
+        ),
+    );
+    sb.commit("A workload, its database and a config reading it");
+    sb.gitplane(&["validate"]).ok();
+    sb.gitplane(&["apply"]).ok();
+    let before = sb.resource_rows();
+
+    // A typo in the Score file.
+    sb.edit(
+        "workloads/shop/api.yaml",
+        "${resources.db.port}",
+        "${resources.db.prot}",
+    );
+    sb.commit("A typo in an output's name");
+    sb.gitplane(&["validate"]).fails().stderr_has(
+        "workloads/shop/api.yaml:8: shop/workload.default#modules.api reads output 'prot' of \
+         shop/postgres.default#modules.api.externals.db, which its definition 'postgres' \
+         (driver_type humanitec/template) does not give; it gives: host, password, port",
+    );
+    sb.gitplane(&["apply"]).fails();
+    assert_eq!(sb.resource_rows(), before);
+    sb.edit(
+        "workloads/shop/api.yaml",
+        "${resources.db.prot}",
+        "${resources.db.port}",
+    );
+
+    // A typo in a definition's reference.
+    sb.edit("definitions/config.yaml", "outputs.host}", "outputs.hots}");
+    sb.commit("A typo in a definition");
+    sb.gitplane(&["validate"]).fails().stderr_has(
+        "definitions/config.yaml:10: shop/config.default#modules.api.externals.cfg reads output \
+         'hots' of shop/postgres.default#modules.api.externals.db",
+    );
+    sb.edit("definitions/config.yaml", "outputs.hots}", "outputs.host}");
+
+    // An output template written as a mapping (the `|` forgotten).
+    sb.edit(
+        "definitions/postgres.yaml",
+        "        outputs: |\n          host: db.internal\n          port: 5432\n",
+        "        outputs:\n          host: db.internal\n          port: 5432\n",
+    );
+    sb.commit("outputs without its |");
+    let run = sb.gitplane(&["validate"]).fails();
+    // Its keys are unknown, so no read of them is second-guessed.
+    assert!(!run.stderr.contains("reads output"), "{}", run.stderr);
+    run.stderr_has(
+        "definitions/postgres.yaml:11: definition 'postgres' (driver_type humanitec/template): \
+         values.templates.outputs must be a string, got a mapping: write the template as text \
+         (`outputs: |` and the YAML below it)",
+    );
+    sb.gitplane(&["apply"]).fails();
+    assert_eq!(sb.resource_rows(), before);
+}

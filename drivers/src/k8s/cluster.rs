@@ -99,6 +99,17 @@ impl ClusterFlavor {
 pub struct ClusterDriver(pub ClusterFlavor);
 
 impl Driver for ClusterDriver {
+    /// Its values and secrets passed on, and `credentials`.
+    fn known_outputs(
+        &self,
+        values: &Value,
+        secrets: &Value,
+    ) -> Option<std::collections::BTreeSet<String>> {
+        let mut known = crate::EchoDriver.known_outputs(values, secrets)?;
+        known.insert("credentials".to_owned());
+        Some(known)
+    }
+
     fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
         let spec = self.0.spec();
         let driver = spec.driver;

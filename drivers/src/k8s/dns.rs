@@ -18,6 +18,15 @@ const DRIVER: &str = "humanitec/dns-wildcard";
 pub struct DnsWildcardDriver;
 
 impl Driver for DnsWildcardDriver {
+    /// Always the same outputs: `host`.
+    fn known_outputs(
+        &self,
+        _values: &serde_json::Value,
+        _secrets: &serde_json::Value,
+    ) -> Option<std::collections::BTreeSet<String>> {
+        Some(["host"].iter().map(|n| n.to_string()).collect())
+    }
+
     fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
         let values =
             Section::new(DRIVER, "values", request.values)?.only(&["domain", "template"])?;

@@ -30,6 +30,15 @@ const DEFAULT_TARGET_CPU: i64 = 80;
 pub struct HpaDriver;
 
 impl Driver for HpaDriver {
+    /// Always the same outputs: none (its answer is a manifest).
+    fn known_outputs(
+        &self,
+        _values: &serde_json::Value,
+        _secrets: &serde_json::Value,
+    ) -> Option<std::collections::BTreeSet<String>> {
+        Some(std::collections::BTreeSet::new())
+    }
+
     fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
         let values = Section::new(DRIVER, "values", request.values)?.only(&INPUTS)?;
         let params = Section::new(DRIVER, "params", request.resource)?.only(&INPUTS)?;

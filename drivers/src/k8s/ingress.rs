@@ -64,6 +64,15 @@ struct Route {
 }
 
 impl Driver for IngressDriver {
+    /// Always the same outputs: `id`.
+    fn known_outputs(
+        &self,
+        _values: &Value,
+        _secrets: &Value,
+    ) -> Option<std::collections::BTreeSet<String>> {
+        Some(["id"].iter().map(|n| n.to_string()).collect())
+    }
+
     fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
         let values = Section::new(DRIVER, "values", request.values)?.only(&VALUES)?;
         let params = Section::new(DRIVER, "params", request.resource)?.only(&PARAMS)?;

@@ -183,6 +183,20 @@ fn capacity(values: &Section<'_>) -> Result<String, DriverError> {
 }
 
 impl Driver for VolumePvcDriver {
+    /// Always the same outputs: `pvcName` and `volumeName`.
+    fn known_outputs(
+        &self,
+        _values: &Value,
+        _secrets: &Value,
+    ) -> Option<std::collections::BTreeSet<String>> {
+        Some(
+            ["pvcName", "volumeName"]
+                .iter()
+                .map(|n| n.to_string())
+                .collect(),
+        )
+    }
+
     fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
         let values = Section::new(PVC_DRIVER, "values", request.values)?.only(&PVC_VALUES)?;
         Section::new(PVC_DRIVER, "secrets", request.secrets)?.only(&[])?;
@@ -211,6 +225,20 @@ impl Driver for VolumePvcDriver {
 }
 
 impl Driver for VolumeNfsDriver {
+    /// Always the same outputs: `pvcName`, `volumeName` and `pvName`.
+    fn known_outputs(
+        &self,
+        _values: &Value,
+        _secrets: &Value,
+    ) -> Option<std::collections::BTreeSet<String>> {
+        Some(
+            ["pvcName", "volumeName", "pvName"]
+                .iter()
+                .map(|n| n.to_string())
+                .collect(),
+        )
+    }
+
     fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
         let values = Section::new(NFS_DRIVER, "values", request.values)?.only(&NFS_VALUES)?;
         Section::new(NFS_DRIVER, "secrets", request.secrets)?.only(&[])?;

@@ -148,7 +148,53 @@ impl TerraformDriver {
     }
 }
 
+/// The `output "NAME"` blocks of Terraform code given inline (`script`, `.tf` files), or `None`
+/// when the code comes from a module source or in a form not read here (`.tf.json`).
+fn script_outputs(values: &Value, secrets: &Value) -> Option<std::collections::BTreeSet<String>> {
+    static OUTPUT: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r#"(?m)^\s*output\s+"([A-Za-z0-9_-]+)"\s*\{"#)
+            .expect("a valid regular expression")
+    });
+    let mut texts = Vec::new();
+    for inputs in [values, secrets] {
+        if inputs.get("source").is_some_and(|s| !s.is_null()) {
+            return None;
+        }
+        if let Some(script) = inputs.get("script") {
+            texts.push(script.as_str()?);
+        }
+        if let Some(Value::Object(files)) = inputs.get("files") {
+            for (path, contents) in files {
+                if path.ends_with(".tf.json") {
+                    return None;
+                }
+                if path.ends_with(".tf") {
+                    texts.push(contents.as_str()?);
+                }
+            }
+        }
+    }
+    if texts.is_empty() {
+        return None;
+    }
+    Some(
+        texts
+            .iter()
+            .flat_map(|t| OUTPUT.captures_iter(t).map(|c| c[1].to_owned()))
+            .collect(),
+    )
+}
+
 impl Driver for TerraformDriver {
+    /// The outputs its code declares, when the code is in the definition.
+    fn known_outputs(
+        &self,
+        values: &Value,
+        secrets: &Value,
+    ) -> Option<std::collections::BTreeSet<String>> {
+        script_outputs(values, secrets)
+    }
+
     fn put(&self, request: &DriverRequest<'_>) -> Result<PutOutcome, DriverError> {
         let (call, inputs) = self.call(request)?;
         let kept = request.cookie.filter(|c| looks_like_state(c));

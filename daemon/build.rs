@@ -10,6 +10,10 @@
 //!
 //! Looked at when the package is built, and again when PATH changes: after installing a tool
 //! on the same PATH, `touch daemon/build.rs` (CI installs its tools before building).
+//!
+//! It also names the commit the binary is built from, for `gitplane --version`:
+//! `GITPLANE_COMMIT` and `GITPLANE_COMMIT_DATE` (`unknown` outside a git checkout, as from a
+//! source tarball), looked at again when the checkout's HEAD moves.
 
 #[path = "../testkit/src/tools.rs"]
 #[allow(dead_code)]
@@ -28,7 +32,43 @@ fn runs(program: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// What `git` prints for `args` in the package's folder, trimmed; `None` when it fails.
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    (out.status.success() && !text.trim().is_empty()).then(|| text.trim().to_owned())
+}
+
+/// `GITPLANE_COMMIT` (12 hex digits) and `GITPLANE_COMMIT_DATE` (the commit's date: a build
+/// of one commit says the same whenever it is built). Edits not committed are not told.
+fn commit() {
+    let commit = git(&["rev-parse", "--short=12", "HEAD"]);
+    let date = git(&["log", "-1", "--format=%cs"]);
+    println!(
+        "cargo::rustc-env=GITPLANE_COMMIT={}",
+        commit.as_deref().unwrap_or("unknown")
+    );
+    println!(
+        "cargo::rustc-env=GITPLANE_COMMIT_DATE={}",
+        date.as_deref().unwrap_or("unknown")
+    );
+    // A new commit moves HEAD, or the branch HEAD names.
+    if let Some(head) = git(&["rev-parse", "--path-format=absolute", "--git-path", "HEAD"]) {
+        println!("cargo::rerun-if-changed={head}");
+    }
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"])
+        && let Some(path) = git(&["rev-parse", "--path-format=absolute", "--git-path", &branch])
+    {
+        println!("cargo::rerun-if-changed={path}");
+    }
+}
+
 fn main() {
+    commit();
     println!("cargo::rerun-if-env-changed=PATH");
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=../testkit/src/tools.rs");

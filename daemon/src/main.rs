@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use gitplane::cli::{Cli, Command, CommandResult, run};
+use gitplane::cli::{Cli, CliError, Command, CommandResult, run};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
@@ -34,6 +34,8 @@ fn main() -> ExitCode {
         Ok(CommandResult::Failure) => ExitCode::FAILURE,
         // `gitplane drift` found drift: apart from failures, for cron jobs and CI.
         Ok(CommandResult::Drifted) => ExitCode::from(2),
+        // The reader went away (`gitplane history | head`): it has what it wanted.
+        Err(CliError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", message(&anyhow::Error::from(e)));
             ExitCode::FAILURE

@@ -10,6 +10,7 @@ mod bad_input_corpus;
 mod changes;
 mod chaos;
 mod choosing;
+mod cli_contracts;
 mod compat_files;
 mod daemon;
 mod daemon_core;

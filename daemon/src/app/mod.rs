@@ -152,6 +152,12 @@ pub enum AppError {
         commit: String,
         known: String,
     },
+    #[error(
+        "commit {commit} declares no environment (no environments/<id>.yaml) and the state \
+         records none: nothing to plan or apply; add an environment file (`gitplane init DIR` \
+         makes a repository with two)"
+    )]
+    NoEnvironments { commit: String },
     #[error("{state}: no environment '{env}' is recorded (recorded: {known})")]
     UnknownStateEnv {
         env: String,
@@ -271,6 +277,11 @@ impl Commit {
         let id = repo.resolve(rev)?;
         let layout = repo.layout(&id)?;
         let known = deploy::environments_to_deploy(&layout, store)?;
+        if known.is_empty() {
+            return Err(AppError::NoEnvironments {
+                commit: short(&id).to_owned(),
+            });
+        }
         let envs = select_envs(&known, &id, &ctx.envs)?;
         Ok(Commit { repo, layout, envs })
     }

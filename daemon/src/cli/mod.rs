@@ -31,10 +31,21 @@ use crate::stores::SecretStores;
 
 use actor::Actor;
 
+/// `gitplane --version`: the version, and the commit the binary was built from with its date
+/// (set by the build script; `unknown` outside a git checkout).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("GITPLANE_COMMIT"),
+    ", ",
+    env!("GITPLANE_COMMIT_DATE"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "gitplane",
-    version,
+    version = VERSION,
     about = "A git-native platform orchestrator: commits of Score workloads and Resource \
              Definitions in, provisioned resources and recorded state out."
 )]
@@ -176,6 +187,10 @@ pub enum GraphFormat {
 pub enum Command {
     /// Make a new config repository from the built-in template, committed.
     Init { dir: PathBuf },
+    /// Print a completion script for a shell: `gitplane completion bash >
+    /// /etc/bash_completion.d/gitplane`, `gitplane completion zsh > "${fpath[1]}/_gitplane"`,
+    /// `gitplane completion fish > ~/.config/fish/completions/gitplane.fish`.
+    Completion { shell: clap_complete::Shell },
     /// Make a repository from the template in DIR, apply it, and show what happened.
     Quickstart {
         #[arg(default_value = "gitplane-quickstart")]
@@ -199,7 +214,7 @@ pub enum Command {
         common: Common,
         #[command(flatten)]
         rev: Rev,
-        #[arg(long, value_enum, default_value_t = PlanFormat::Table)]
+        #[arg(long, short = 'o', value_enum, default_value_t = PlanFormat::Table)]
         format: PlanFormat,
     },
     /// Reconcile once: provision, update and delete resources, and record it all.
@@ -215,14 +230,14 @@ pub enum Command {
     Status {
         #[command(flatten)]
         common: Common,
-        #[arg(long, value_enum, default_value_t = Format::Table)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Table)]
         format: Format,
     },
     /// List deployments per commit, newest first.
     History {
         #[command(flatten)]
         common: Common,
-        #[arg(long, value_enum, default_value_t = Format::Table)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Table)]
         format: Format,
     },
     /// Release a deployment held by the deletion guard, and apply it: lists what it deletes
@@ -247,7 +262,7 @@ pub enum Command {
         name: report::ReportName,
         /// For `consumers`: the resource (GUResID, or `app/type.class#id` with --env).
         resource: Option<String>,
-        #[arg(long, value_enum, default_value_t = report::ReportFormat::Table)]
+        #[arg(long, short = 'o', value_enum, default_value_t = report::ReportFormat::Table)]
         format: report::ReportFormat,
     },
     /// Explain one resource: its definition and why it matched, where each input comes from,
@@ -259,7 +274,7 @@ pub enum Command {
         rev: Rev,
         /// The resource: a GUResID, or `app/type.class#id` (with --env when several match).
         resource: String,
-        #[arg(long, value_enum, default_value_t = Format::Table)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Table)]
         format: Format,
     },
     /// Bind a pinned resource (`auto_update: false`) to the current values of what it reads,
@@ -333,7 +348,7 @@ pub enum Command {
         /// Only this app's deployment (repeat for several); default: every app.
         #[arg(long = "app", value_name = "APP")]
         apps: Vec<String>,
-        #[arg(long, value_enum, default_value_t = manifests::ManifestFormat::Yaml)]
+        #[arg(long, short = 'o', value_enum, default_value_t = manifests::ManifestFormat::Yaml)]
         format: manifests::ManifestFormat,
         /// Show secret values (needs the state key) instead of `(secret)`.
         #[arg(long)]
@@ -345,7 +360,7 @@ pub enum Command {
         common: Common,
         #[command(flatten)]
         rev: Rev,
-        #[arg(long, value_enum, default_value_t = GraphFormat::Table)]
+        #[arg(long, short = 'o', value_enum, default_value_t = GraphFormat::Table)]
         format: GraphFormat,
     },
 }
@@ -503,6 +518,14 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             Ok(CommandResult::Success)
         }
         Command::Quickstart { dir } => quickstart(&dir, stdout),
+        Command::Completion { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            // Into a buffer: clap_complete panics when its writer fails (a closed pipe).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "gitplane", &mut script);
+            stdout.write_all(&script)?;
+            Ok(CommandResult::Success)
+        }
         Command::Validate {
             common,
             rev,
@@ -1099,6 +1122,10 @@ fn apply(
     actor: &Actor,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
+    // A first apply creates the state: only once the repository and its environments read.
+    if !ctx.state_exists() {
+        Commit::resolve(ctx, rev, None)?;
+    }
     let mut store = ctx.open_store()?;
     let commit = Commit::resolve(ctx, rev, Some(&store))?;
     commit.claim(ctx, &store)?;

@@ -1,0 +1,136 @@
+//! What scripts rely on from the command line: `--version` names the commit, shell completions,
+//! `-o` for `--format`, a closed pipe ends quietly, and `plan`/`apply` with nothing to work on
+//! fail without creating a state.
+
+use std::process::{Command, Stdio};
+
+use crate::util::Sandbox;
+
+#[test]
+fn the_version_names_the_commit_it_was_built_from() {
+    let sb = Sandbox::new();
+    let run = sb.gitplane_raw(&["--version"], &[]).ok();
+    let line = run.stdout.trim();
+    let expected_prefix = format!("gitplane {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(line.starts_with(&expected_prefix), "{line}");
+    // Built from this checkout: its HEAD's commit and date.
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let head = git(&["rev-parse", "--short=12", "HEAD"]);
+    if !head.is_empty() {
+        let date = git(&["log", "-1", "--format=%cs"]);
+        assert_eq!(line, format!("{expected_prefix}{head}, {date})"));
+    }
+}
+
+#[test]
+fn completions_are_printed_for_bash_zsh_and_fish() {
+    let sb = Sandbox::new();
+    for (shell, marker) in [
+        ("bash", "complete -F _gitplane"),
+        ("zsh", "#compdef gitplane"),
+        ("fish", "complete -c gitplane"),
+    ] {
+        let run = sb.gitplane_raw(&["completion", shell], &[]).ok();
+        assert!(
+            run.stdout.contains(marker),
+            "{shell}: {}",
+            &run.stdout[..200]
+        );
+        for command in ["apply", "plan", "status", "explain", "daemon"] {
+            assert!(run.stdout.contains(command), "{shell} lacks {command}");
+        }
+    }
+    sb.gitplane_raw(&["completion", "tcsh"], &[])
+        .fails()
+        .stderr_has("invalid value 'tcsh'");
+}
+
+#[test]
+fn dash_o_is_format() {
+    let sb = Sandbox::applied();
+    let long = sb.gitplane(&["status", "--format", "json"]).ok();
+    let short = sb.gitplane(&["status", "-o", "json"]).ok();
+    assert_eq!(short.json(), long.json());
+    let long = sb.gitplane(&["plan", "--format", "markdown"]).ok();
+    let short = sb.gitplane(&["plan", "-o", "markdown"]).ok();
+    assert_eq!(short.stdout, long.stdout);
+}
+
+/// `gitplane completion bash | head -1`, `gitplane history | head`: the reader closes the pipe
+/// before gitplane has written everything; gitplane stops quietly and exits 0.
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let sb = Sandbox::applied();
+    let state = sb.state.to_str().unwrap().to_owned();
+    let repo = sb.origin.to_str().unwrap().to_owned();
+    for args in [
+        vec!["completion", "bash"],
+        vec!["history", "--state", &state, "--repo", &repo],
+        vec!["status", "--state", &state, "--repo", &repo],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gitplane"))
+            .args(&args)
+            .current_dir(&sb.root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The read end closes before gitplane writes: its first write meets a closed pipe.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert_eq!(stderr, "", "{args:?}");
+    }
+}
+
+/// A repository whose commit declares no environment, and a folder that is no repository:
+/// `plan` and `apply` say so, fail, and leave no state file behind.
+#[test]
+fn plan_and_apply_with_nothing_to_work_on_fail_and_create_nothing() {
+    let sb = Sandbox::new();
+    sb.write(
+        "definitions/echo.yaml",
+        "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: e\nentity:\n  \
+         type: config\n  driver_type: echo\n  criteria:\n    - {}\n",
+    );
+    let commit = sb.commit("Definitions, no environment yet");
+    for command in ["plan", "apply"] {
+        sb.gitplane(&[command]).fails().stderr_has(&format!(
+            "error: commit {} declares no environment (no environments/<id>.yaml) and the state \
+             records none",
+            &commit[..12]
+        ));
+        assert!(
+            !sb.state.exists(),
+            "{command} created {}",
+            sb.state.display()
+        );
+    }
+
+    let empty = sb.root.join("not-a-repository");
+    std::fs::create_dir(&empty).unwrap();
+    let state = empty.join("gitplane.db");
+    for command in ["plan", "apply"] {
+        let run = sb.gitplane_raw(
+            &[
+                command,
+                "--repo",
+                empty.to_str().unwrap(),
+                "--state",
+                state.to_str().unwrap(),
+            ],
+            &[],
+        );
+        run.fails().stderr_has("not a git repository");
+        assert!(!state.exists(), "{command} created {}", state.display());
+    }
+}

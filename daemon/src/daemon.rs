@@ -810,7 +810,7 @@ impl Daemon {
             let new_branch = branches.iter().any(|(branch, _)| {
                 branch
                     .strip_prefix("refs/heads/")
-                    .filter(|name| previews::matches(&config.branches, name))
+                    .filter(|name| config.branches.matches(name))
                     .and_then(previews::env_of_branch)
                     .is_some_and(|env| !live.contains(env.as_str()))
             });

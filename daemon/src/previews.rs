@@ -47,32 +47,6 @@ pub struct Decisions {
     pub next_expiry: Option<Duration>,
 }
 
-/// Whether branch name `name` matches `pattern`, where `*` is any run of characters (slashes
-/// included) and `?` one character.
-pub fn matches(pattern: &str, name: &str) -> bool {
-    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
-    // The classic two-pointer match with one backtrack point: linear in practice, never
-    // exponential whatever the pattern.
-    let (mut pi, mut ni) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ni < n.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
-            pi += 1;
-            ni += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ni));
-            pi += 1;
-        } else if let Some((sp, sn)) = star {
-            pi = sp + 1;
-            ni = sn + 1;
-            star = Some((sp, sn + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
-}
-
 /// The environment id of branch `name` (without `refs/heads/`): lowercased, each run of
 /// characters other than letters and digits made one `-`. `None` when nothing is left.
 pub fn env_of_branch(name: &str) -> Option<String> {
@@ -129,9 +103,7 @@ pub fn decide(
         let Some(name) = full.strip_prefix("refs/heads/") else {
             continue;
         };
-        if Some(full.as_str()) == watched
-            || Some(name) == watched
-            || !matches(&config.branches, name)
+        if Some(full.as_str()) == watched || Some(name) == watched || !config.branches.matches(name)
         {
             continue;
         }
@@ -238,7 +210,7 @@ mod tests {
 
     fn config(ttl: Option<u64>) -> PreviewConfig {
         PreviewConfig {
-            branches: "pr-*".into(),
+            branches: crate::config::BranchPattern::new("pr-*").unwrap(),
             env_type: "development".into(),
             ttl: ttl.map(Duration::from_secs),
             trust: PreviewTrust::Workloads,
@@ -276,6 +248,11 @@ mod tests {
 
     #[test]
     fn patterns_match_as_globs() {
+        let matches = |pattern: &str, name: &str| {
+            crate::config::BranchPattern::new(pattern)
+                .unwrap()
+                .matches(name)
+        };
         assert!(matches("pr-*", "pr-7"));
         assert!(matches("pr-*", "pr-"));
         assert!(!matches("pr-*", "main"));
@@ -284,9 +261,16 @@ mod tests {
         assert!(!matches("pr-?", "pr-12"));
         assert!(matches("a*b*c", "aXXbYYc"));
         assert!(!matches("a*b*c", "aXXbYY"));
+        // Alternatives and classes, which the patterns of the host config's docs use.
+        assert!(matches("{pr,feature}-*", "feature-login"));
+        assert!(matches("{pr,feature}-*", "pr-12"));
+        assert!(!matches("{pr,feature}-*", "fix-12"));
+        assert!(matches("pr-[0-9]*", "pr-7"));
+        assert!(!matches("pr-[0-9]*", "pr-x"));
         // Many stars against a long name: no exponential backtracking.
         let long = "a".repeat(5000);
         assert!(!matches("*a*a*a*a*a*a*a*a*b", &long));
+        assert!(crate::config::BranchPattern::new("pr-{a,b").is_err());
     }
 
     #[test]
@@ -397,7 +381,7 @@ mod tests {
     fn a_branch_never_takes_another_environment() {
         let d = decide(
             &PreviewConfig {
-                branches: "*".into(),
+                branches: crate::config::BranchPattern::new("*").unwrap(),
                 ..config(None)
             },
             &[

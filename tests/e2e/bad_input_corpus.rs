@@ -655,7 +655,7 @@ corpus! {
         &["host.yaml:2: '0s' is no time at all: a time limit must be longer than zero, e.g. 30s, \
            2m or 500ms"]);
     host_timeout_in_words: Case::host("drivers:\n  acme/q:\n    http: {url: \"http://127.0.0.1:1/\", timeout: soon}\n",
-        &["host.yaml:2: 'soon' is not a duration: write e.g. 30s, 2m, 500ms, 90d"]);
+        &["host.yaml:2: 'soon' is not a duration: write e.g. 30s, 1h30m, 500ms, 90d"]);
     host_vault_timeout_zero: Case::host(
         "secret_stores:\n  v:\n    vault: {url: \"http://127.0.0.1:1\", token_file: /t, timeout: 0ms}\n",
         &["host.yaml:2: secret store 'v': timeout '0ms' is no time at all"]);

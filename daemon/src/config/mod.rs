@@ -204,13 +204,52 @@ impl DeploymentRetry {
     }
 }
 
+/// A branch name pattern, as a glob: `*` is any run of characters (slashes included), `?` one
+/// character, `{pr,feature}-*` either form, `[0-9]` one of a class.
+#[derive(Debug, Clone)]
+pub struct BranchPattern {
+    text: String,
+    matcher: globset::GlobMatcher,
+}
+
+impl BranchPattern {
+    pub fn new(text: &str) -> Result<BranchPattern, String> {
+        let glob = globset::GlobBuilder::new(text)
+            .literal_separator(false)
+            .backslash_escape(true)
+            .build()
+            .map_err(|e| format!("'{text}' is not a branch pattern: {}", e.kind()))?;
+        Ok(BranchPattern {
+            text: text.to_owned(),
+            matcher: glob.compile_matcher(),
+        })
+    }
+
+    /// Whether branch `name` (without `refs/heads/`) matches.
+    pub fn matches(&self, name: &str) -> bool {
+        self.matcher.is_match(name)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl PartialEq for BranchPattern {
+    fn eq(&self, other: &BranchPattern) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for BranchPattern {}
+
 /// `previews: {branches: "pr-*", type: development, ttl: 72h}`: the daemon makes an
 /// environment for each branch whose name matches `branches`, of type `env_type`, and removes it
 /// when the branch is deleted or `ttl` passes without a push.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreviewConfig {
-    /// A branch name pattern: `*` stands for any run of characters, `?` for one.
-    pub branches: String,
+    /// Which branches get a preview.
+    pub branches: BranchPattern,
     /// The environment type the previews have: it chooses their definitions.
     pub env_type: String,
     /// How long a preview lives after its branch's last push; `None`: until the branch goes.
@@ -572,32 +611,19 @@ pub fn parse_retention(text: &str) -> Result<gitplane_state::Retention, String> 
     }
 }
 
-/// Parses `30s`, `2m`, `1h`, `7d`, `500ms` or a bare number of seconds.
+/// Parses a duration as `humantime` reads one (`30s`, `2m`, `1h30m`, `1h 30m`, `500ms`, `90d`,
+/// `2w`), or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
-    let (number, unit) = match t.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(i) => (&t[..i], t[i..].trim()),
-        None => (t, "s"),
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("'{text}' is not a duration: write e.g. 30s, 2m, 500ms, 90d"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        "d" => value * 86_400.0,
-        _ => {
-            return Err(format!(
-                "'{text}': unknown unit '{unit}' (use ms, s, m, h or d)"
-            ));
-        }
-    };
-    if !seconds.is_finite() || seconds < 0.0 {
-        return Err(format!("'{text}' is not a duration"));
+    if let Ok(seconds) = t.parse::<u64>() {
+        return Ok(Duration::from_secs(seconds));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    humantime::parse_duration(t).map_err(|e| match e {
+        humantime::DurationError::UnknownUnit { unit, .. } => format!(
+            "'{text}': unknown unit '{unit}' (use ms, s, m, h, d or w, and combine them: 1h30m)"
+        ),
+        _ => format!("'{text}' is not a duration: write e.g. 30s, 1h30m, 500ms, 90d"),
+    })
 }
 
 /// What keeps `program` from being started, found without starting it: it does not exist, is
@@ -827,8 +853,15 @@ mod tests {
             parse_duration("90d").unwrap(),
             Duration::from_secs(90 * 86_400)
         );
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(
+            parse_duration("2w").unwrap(),
+            Duration::from_secs(14 * 86_400)
+        );
         assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5 days").is_err());
+        assert!(parse_duration("5 fortnights").is_err());
+        assert!(parse_duration("-1s").is_err());
     }
 
     #[test]
@@ -886,7 +919,7 @@ accounts:
         assert_eq!(
             c.previews,
             Some(PreviewConfig {
-                branches: "pr-*".into(),
+                branches: BranchPattern::new("pr-*").unwrap(),
                 env_type: "development".into(),
                 ttl: Some(Duration::from_secs(72 * 3600)),
                 trust: PreviewTrust::Workloads,
@@ -900,12 +933,13 @@ accounts:
         assert_eq!(trusting.previews.unwrap().trust, PreviewTrust::Branch);
         assert_eq!(
             errors(
-                "concurrency: 2\npreviews:\n  branches: \"pr-*\"\n  type: Dev Env\n  ttl: 3 weeks\n"
+                "concurrency: 2\npreviews:\n  branches: \"pr-*\"\n  type: Dev Env\n  ttl: 3 fortnights\n"
             ),
             [
                 "host.yaml:2: previews.type 'Dev Env' is not an environment type: use lowercase \
                  letters, digits and '-', e.g. development",
-                "host.yaml:2: previews.ttl: '3 weeks': unknown unit 'weeks' (use ms, s, m, h or d)",
+                "host.yaml:2: previews.ttl: '3 fortnights': unknown unit 'fortnights' (use ms, \
+                 s, m, h, d or w, and combine them: 1h30m)",
             ]
         );
         assert_eq!(
@@ -995,7 +1029,7 @@ accounts:
         assert_eq!(
             errors("history: {keep: forever}\n"),
             [
-                "host.yaml:1: history.keep: 'forever' is not a duration: write e.g. 30s, 2m, 500ms, 90d"
+                "host.yaml:1: history.keep: 'forever' is not a duration: write e.g. 30s, 1h30m, 500ms, 90d"
             ]
         );
         assert!(errors("history: {keep: 10, days: 3}\n")[0].contains("unknown field `days`"));

@@ -595,16 +595,22 @@ fn lease_ttl(e: &mut Errors<'_>, raw: Option<LeasesFile>) -> Duration {
 /// `previews: {branches, type, ttl, trust}`; `None` when any of it is wrong.
 fn previews(e: &mut Errors<'_>, p: PreviewsFile) -> Option<PreviewConfig> {
     let mut ok = true;
-    if p.branches.trim().is_empty() || p.branches.contains(char::is_whitespace) {
-        e.at(
-            "branches:",
-            format!(
-                "previews.branches '{}' is not a branch pattern: write e.g. \"pr-*\"",
-                p.branches
-            ),
-        );
-        ok = false;
-    }
+    let branches = if p.branches.trim().is_empty() || p.branches.contains(char::is_whitespace) {
+        Err(format!(
+            "previews.branches '{}' is not a branch pattern: write e.g. \"pr-*\"",
+            p.branches
+        ))
+    } else {
+        super::BranchPattern::new(&p.branches).map_err(|why| format!("previews.branches {why}"))
+    };
+    let branches = match branches {
+        Ok(pattern) => Some(pattern),
+        Err(message) => {
+            e.at("branches:", message);
+            ok = false;
+            None
+        }
+    };
     if !super::valid_env_type(&p.env_type) {
         e.at(
             "previews",
@@ -647,7 +653,7 @@ fn previews(e: &mut Errors<'_>, p: PreviewsFile) -> Option<PreviewConfig> {
         }
     };
     ok.then_some(PreviewConfig {
-        branches: p.branches,
+        branches: branches?,
         env_type: p.env_type,
         ttl,
         trust,

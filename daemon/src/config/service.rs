@@ -584,7 +584,7 @@ mod tests {
         assert_eq!(limits.max_body, 65536);
         let e = errors(
             "http:\n  listen: 127.0.0.1:1\n  max_connections: 0\n  header_timeout: 0s\n  \
-             body_timeout: soon\n  max_body: 26MiB\n  idle_timeout: 1y\n",
+             body_timeout: soon\n  max_body: 26MiB\n  idle_timeout: 1 fortnight\n",
         );
         assert_eq!(
             e,
@@ -592,10 +592,11 @@ mod tests {
                 "host.yaml:3: http.max_connections must be at least 1",
                 "host.yaml:4: http.header_timeout '0s' is no time at all: a time limit must be \
                  longer than zero, e.g. 30s, 2m or 500ms",
-                "host.yaml:5: http.body_timeout 'soon' is not a duration: write e.g. 30s, 2m, \
+                "host.yaml:5: http.body_timeout 'soon' is not a duration: write e.g. 30s, 1h30m, \
                  500ms, 90d",
                 "host.yaml:6: http.max_body 26 MiB is more than any forge sends (at most 25 MiB)",
-                "host.yaml:7: http.idle_timeout '1y': unknown unit 'y' (use ms, s, m, h or d)",
+                "host.yaml:7: http.idle_timeout '1 fortnight': unknown unit 'fortnight' (use ms, \
+                 s, m, h, d or w, and combine them: 1h30m)",
             ]
         );
         let e = errors("http:\n  listen: 127.0.0.1:1\n  max_body: 0\n");

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use crate::daemon::{Daemon, repo_args, wait_deployed};
-use crate::driver_server::{Behavior, DriverServer};
 use crate::util::{Run, Sandbox};
+use gitplane_testkit::{Behavior, DriverServer};
 
 const ENV: &str = "type: development\n";
 

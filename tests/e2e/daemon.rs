@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::driver_server::{Behavior, DriverServer};
 use crate::util::Sandbox;
+use gitplane_testkit::{Behavior, DriverServer};
 
 /// A running `gitplane daemon`; killed on drop if still running.
 pub(crate) struct Daemon {

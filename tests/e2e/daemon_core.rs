@@ -12,10 +12,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::daemon::Daemon;
-use crate::driver_server::{Behavior, DriverServer};
 use crate::failover::{ENVS, Fleet, assert_created_once};
 use crate::util::Sandbox;
 use crate::workflow::{host_config, strs, wait_until, write_platform, write_workload};
+use gitplane_testkit::{Behavior, DriverServer};
 
 /// The statuses and attempts of `env`'s deployments of `commit`, oldest first.
 fn attempts(sb: &Sandbox, env: &str, commit: &str) -> Vec<(String, String)> {

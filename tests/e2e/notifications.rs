@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::daemon::{Daemon, repo_args, wait_deployed, write_http_platform};
-use crate::driver_server::{Behavior, DriverServer};
 use crate::util::Sandbox;
+use gitplane_testkit::{Behavior, DriverServer};
 
 /// Part of every receiver's path: a Slack webhook's path is its secret, so no log may show it.
 const URL_SECRET: &str = "s3cr3t-hook";

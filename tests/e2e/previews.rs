@@ -8,11 +8,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::daemon::{Daemon, wait_deployed};
-use crate::driver_server::DriverServer;
 use crate::util::Sandbox;
 use crate::workflow::{
     calls, guresids, host_config, push_branch, strs, wait_until, write_platform, write_workload,
 };
+use gitplane_testkit::DriverServer;
 
 const CREDENTIAL: &str = "AKIA-preview-credential-7Qx9";
 

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::driver_server::{Behavior, DriverServer, Received};
 use crate::util::Sandbox;
+use gitplane_testkit::{Behavior, DriverServer, Received};
 
 /// A repository of `width` workloads in app `app`, environment `test`: each workload has a
 /// private postgres that reads the base-env; all three types use the HTTP driver. Depth 3.

@@ -7,9 +7,9 @@ use serde_json::{Value, json};
 use std::time::Duration;
 
 use crate::daemon::{Daemon, repo_args, wait_deployed};
-use crate::driver_server::DriverServer;
 use crate::util::{Run, Sandbox, rows};
 use crate::vault_server::VaultServer;
+use gitplane_testkit::DriverServer;
 
 const TOKEN: &str = "hvs-T0KEN-never-shown";
 const VAULT_V1: &str = "vault-s3cret-v1";

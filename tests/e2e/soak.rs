@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::daemon::{Daemon, repo_args};
-use crate::driver_server::{Behavior, DriverServer};
 use crate::util::Sandbox;
+use gitplane_testkit::{Behavior, DriverServer};
 
 const COMMITS: usize = 200;
 const KILLS: [usize; 5] = [40, 80, 120, 160, 190];

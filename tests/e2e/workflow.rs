@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use crate::daemon::{Daemon, repo_args, wait_deployed};
-use crate::driver_server::DriverServer;
 use crate::util::Sandbox;
+use gitplane_testkit::DriverServer;
 
 /// An HTTP-driver platform: environment `test`, app `shop` with a workload `web` that reads a
 /// postgres. The postgres of a `preview` environment has its own definition (its type chooses).

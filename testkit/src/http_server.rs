@@ -1,0 +1,244 @@
+//! A real HTTP server on 127.0.0.1 for tests: a handler closure answers each request on a thread
+//! of its own, and the server keeps a log of every request it answered.
+//!
+//! Fake drivers ([`crate::DriverServer`]), webhook receivers and API stand-ins (Vault) are built
+//! on it, so that each test server is only what it answers. A server that must send what
+//! tiny_http cannot (a malformed response, a connection cut mid-body) stays a raw
+//! `TcpListener` in its test.
+
+use std::io::Read as _;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::eventually::eventually_or;
+
+/// The largest request body a server reads; what a test sends is far smaller.
+const MAX_BODY: u64 = 64 * 1024 * 1024;
+
+/// One request as the handler sees it: read whole, headers by name.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub method: String,
+    /// The path and query, as sent (`/driver/0123abcd`, `/v1/secret/data/db?version=2`).
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+    /// When the server had read the request, on the test's monotonic clock and by the wall
+    /// clock (to compare with a daemon's log).
+    pub arrived: Instant,
+    pub arrived_at: SystemTime,
+}
+
+impl Request {
+    /// The value of header `name` (any case), if sent.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(field, _)| field.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The last segment of the path (a driver's GUResID), without the query.
+    pub fn last_segment(&self) -> &str {
+        let path = self.url.split('?').next().unwrap_or_default();
+        path.rsplit('/').next().unwrap_or_default()
+    }
+
+    /// The body parsed as JSON; `Null` when empty or not JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// What the handler answers.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+    /// How long to wait before sending it (a slow server).
+    pub delay: Duration,
+    /// Send `Connection: close` and so end the connection after this answer: a client's next
+    /// request then never meets a keep-alive connection the server is still reading.
+    pub close: bool,
+}
+
+impl Reply {
+    /// `status` with an empty body.
+    pub fn status(status: u16) -> Reply {
+        Reply {
+            status,
+            headers: Vec::new(),
+            body: String::new(),
+            delay: Duration::ZERO,
+            close: false,
+        }
+    }
+
+    /// `status` with `body` as text.
+    pub fn text(status: u16, body: impl Into<String>) -> Reply {
+        Reply {
+            body: body.into(),
+            ..Reply::status(status)
+        }
+    }
+
+    /// `status` with `body` as `application/json`.
+    pub fn json(status: u16, body: &serde_json::Value) -> Reply {
+        Reply::text(status, body.to_string()).header("Content-Type", "application/json")
+    }
+
+    pub fn header(mut self, name: &str, value: impl Into<String>) -> Reply {
+        self.headers.push((name.to_owned(), value.into()));
+        self
+    }
+
+    pub fn delay(mut self, delay: Duration) -> Reply {
+        self.delay = delay;
+        self
+    }
+
+    pub fn close(mut self) -> Reply {
+        self.close = true;
+        self
+    }
+}
+
+/// One request the server answered, with its answer.
+#[derive(Debug, Clone)]
+pub struct Logged {
+    pub request: Request,
+    pub status: u16,
+    pub reply: Reply,
+    /// When the answer was ready to send (after the handler and the reply's delay), taken
+    /// before it leaves: a client may send its next request the moment it reads this one.
+    pub answered: Instant,
+}
+
+type Handler = dyn Fn(&Request) -> Reply + Send + Sync;
+
+/// A tiny_http server on 127.0.0.1 (a free port) answering with a handler, one thread per
+/// request (so a handler may block, and others still get answers); stops when dropped.
+pub struct HttpServer {
+    /// `http://127.0.0.1:PORT`, without a trailing slash.
+    pub url: String,
+    server: Arc<tiny_http::Server>,
+    log: Arc<Mutex<Vec<Logged>>>,
+}
+
+impl HttpServer {
+    /// Starts a server answering every request with `handler`.
+    pub fn start(handler: impl Fn(&Request) -> Reply + Send + Sync + 'static) -> HttpServer {
+        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0"));
+        let port = server.server_addr().to_ip().expect("an IP address").port();
+        let log: Arc<Mutex<Vec<Logged>>> = Arc::default();
+        let handler: Arc<Handler> = Arc::new(handler);
+        let (incoming, shared_log) = (server.clone(), log.clone());
+        thread::spawn(move || {
+            // Ends when `drop` unblocks the server.
+            for request in incoming.incoming_requests() {
+                let (handler, log) = (handler.clone(), shared_log.clone());
+                thread::spawn(move || answer(request, &*handler, &log));
+            }
+        });
+        HttpServer {
+            url: format!("http://127.0.0.1:{port}"),
+            server,
+            log,
+        }
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.server
+            .server_addr()
+            .to_ip()
+            .expect("an IP address")
+            .port()
+    }
+
+    /// Every request answered so far, in the order the answers were sent.
+    pub fn requests(&self) -> Vec<Logged> {
+        lock(&self.log).clone()
+    }
+
+    /// Waits until the log holds a request `matches` accepts, and returns it; fails the test
+    /// after `within`, listing what it did receive.
+    #[track_caller]
+    pub fn wait_for_request(
+        &self,
+        what: &str,
+        within: Duration,
+        matches: impl Fn(&Logged) -> bool,
+    ) -> Logged {
+        eventually_or(
+            what,
+            within,
+            || lock(&self.log).iter().find(|l| matches(l)).cloned(),
+            || self.describe_log(),
+        )
+    }
+
+    /// The log, one line per request, for a failure message.
+    pub fn describe_log(&self) -> String {
+        let lines: Vec<String> = lock(&self.log)
+            .iter()
+            .map(|l| format!("{} {} -> {}", l.request.method, l.request.url, l.status))
+            .collect();
+        format!("the server at {} received:\n{}", self.url, lines.join("\n"))
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.server.unblock();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn answer(mut incoming: tiny_http::Request, handler: &Handler, log: &Mutex<Vec<Logged>>) {
+    let mut body = String::new();
+    let _ = incoming
+        .as_reader()
+        .take(MAX_BODY)
+        .read_to_string(&mut body);
+    let request = Request {
+        method: incoming.method().as_str().to_owned(),
+        url: incoming.url().to_owned(),
+        headers: incoming
+            .headers()
+            .iter()
+            .map(|h| (h.field.as_str().as_str().to_owned(), h.value.to_string()))
+            .collect(),
+        body,
+        arrived: Instant::now(),
+        arrived_at: SystemTime::now(),
+    };
+    let reply = handler(&request);
+    thread::sleep(reply.delay);
+    let mut response =
+        tiny_http::Response::from_string(reply.body.clone()).with_status_code(reply.status);
+    for (name, value) in &reply.headers {
+        let header = tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes())
+            .expect("a valid header");
+        response = response.with_header(header);
+    }
+    if reply.close {
+        response = response.with_header(
+            tiny_http::Header::from_bytes("Connection", "close").expect("a valid header"),
+        );
+    }
+    let answered = Instant::now();
+    // The client may have given up (a time-out test): its answer goes nowhere.
+    let _ = incoming.respond(response);
+    lock(log).push(Logged {
+        request,
+        status: reply.status,
+        reply,
+        answered,
+    });
+}

@@ -158,7 +158,7 @@ impl HttpServer {
             .port()
     }
 
-    /// Every request answered so far, in the order the answers were sent.
+    /// Every request answered so far, in the order of the answers (each logged as it is sent).
     pub fn requests(&self) -> Vec<Logged> {
         lock(&self.log).clone()
     }
@@ -232,13 +232,14 @@ fn answer(mut incoming: tiny_http::Request, handler: &Handler, log: &Mutex<Vec<L
             tiny_http::Header::from_bytes("Connection", "close").expect("a valid header"),
         );
     }
-    let answered = Instant::now();
-    // The client may have given up (a time-out test): its answer goes nowhere.
-    let _ = incoming.respond(response);
+    // Logged before it is sent, so that whatever a client has read is in the log when the
+    // client (a gitplane command that exits) is done.
     lock(log).push(Logged {
         request,
         status: reply.status,
         reply,
-        answered,
+        answered: Instant::now(),
     });
+    // The client may have given up (a time-out test): its answer goes nowhere.
+    let _ = incoming.respond(response);
 }

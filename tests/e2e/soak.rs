@@ -103,6 +103,7 @@ fn two_hundred_commits_through_a_flaky_driver_and_five_kills() {
             drop(daemon.take()); // SIGKILL, wherever it was
             daemon = Some(Daemon::start(&sb, &args));
         }
+        // Not a wait for an event: the pace of the pushes, faster than a deployment.
         std::thread::sleep(Duration::from_millis(20));
     }
     // The last commit is deployed (pushing it again, empty, if a driver failure outlasted
@@ -189,19 +190,19 @@ fn two_hundred_commits_through_a_flaky_driver_and_five_kills() {
 }
 
 /// The status of the newest finished commit deployment of `commit` in environment `test`.
+#[track_caller]
 fn wait_finished(sb: &Sandbox, commit: &str) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    while std::time::Instant::now() < deadline {
-        if sb.state.exists() {
-            let rows = sb.rows(&format!(
-                "SELECT status FROM deployment WHERE commit_id = '{commit}' AND kind = 'commit' \
-                 AND status NOT IN ('running') ORDER BY id DESC LIMIT 1"
-            ));
-            if let Some(r) = rows.first() {
-                return r[0].clone();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{commit} was not deployed within 5 minutes");
+    gitplane_testkit::eventually(
+        format_args!("{commit} deployed"),
+        Duration::from_secs(300),
+        || {
+            let rows = sb.state.exists().then(|| {
+                sb.rows(&format!(
+                    "SELECT status FROM deployment WHERE commit_id = '{commit}' \
+                     AND kind = 'commit' AND status NOT IN ('running') ORDER BY id DESC LIMIT 1"
+                ))
+            })?;
+            rows.into_iter().next().map(|mut r| r.remove(0))
+        },
+    )
 }

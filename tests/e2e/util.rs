@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rusqlite::Connection;
 use rusqlite::types::ValueRef;
@@ -589,7 +589,7 @@ pub fn rows_of<const N: usize, C: FromIterator<Vec<String>>>(rows: &[[&str; N]])
         .collect()
 }
 
-/// Polls `done` every 100 ms for up to `limit`, failing with `what` and `context()`.
+/// Waits until `done` (up to `limit`), failing with `what` and `context()`.
 #[track_caller]
 pub fn wait_until(
     what: &str,
@@ -597,13 +597,5 @@ pub fn wait_until(
     mut done: impl FnMut() -> bool,
     context: impl Fn() -> String,
 ) {
-    let started = Instant::now();
-    while !done() {
-        assert!(
-            started.elapsed() < limit,
-            "{what}: not within {limit:?}\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    gitplane_testkit::eventually_or(what, limit, || done().then_some(()), context);
 }

@@ -95,6 +95,7 @@ pub(crate) fn calls(server: &DriverServer, method: &str, ids: &BTreeSet<String>)
         .collect()
 }
 
+/// Waits until `done` (up to `timeout`), failing with `what` and the daemon's log.
 #[track_caller]
 pub(crate) fn wait_until(
     what: &str,
@@ -102,15 +103,12 @@ pub(crate) fn wait_until(
     timeout: Duration,
     mut done: impl FnMut() -> bool,
 ) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not in time\n{}",
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    gitplane_testkit::eventually_or(
+        what,
+        timeout,
+        || done().then_some(()),
+        || format!("daemon log:\n{}", daemon.log()),
+    );
 }
 
 /// A pushed `pr-1` branch gets its own environment at the driver, built with the preview type's
@@ -192,6 +190,8 @@ fn a_branch_gets_a_preview_environment_that_goes_with_the_branch() {
     write_workload(&sb, "v1.1");
     let on_main = sb.commit("v1.1 on main");
     wait_deployed(&sb, &on_main, &["test"], Duration::from_secs(30));
+    // Not a wait for an event: time passes to show that a deployment that must not come does
+    // not.
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
         sb.count(&format!(
@@ -312,7 +312,8 @@ fn a_preview_whose_time_runs_out_is_removed() {
     );
     assert_eq!(calls(&server, "DELETE", &preview_ids).len(), 3);
     assert_eq!(guresids(&sb, "test").len(), 3, "test keeps its resources");
-    // The branch is still there: the next looks leave the preview removed.
+    // The branch is still there: the next looks leave the preview removed. Not a wait for an
+    // event: two watch intervals pass, to show that nothing makes the preview again.
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(
         sb.count("SELECT COUNT(*) FROM resource WHERE env = 'pr-2'"),
@@ -405,6 +406,7 @@ fn a_rollback_pins_the_environment_until_unpinned() {
             )) == 1
         },
     );
+    // Not a wait for an event: time passes to show that no call is made for the pinned env.
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         server.received().len(),

@@ -5,13 +5,12 @@
 //! as it arrives and as it was answered.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::eventually::poll;
 use crate::http_server::{HttpServer, Logged, Reply, Request};
 
 /// The key of the behaviour of reads among those of resource types.
@@ -101,12 +100,13 @@ pub struct DriverServer {
     /// `http://127.0.0.1:PORT/driver`, the URL to register.
     pub url: String,
     server: HttpServer,
-    inner: Arc<Mutex<Inner>>,
+    /// The driver's memory, and a condition variable told of each arrival.
+    inner: Arc<(Mutex<Inner>, Condvar)>,
 }
 
 impl DriverServer {
     pub fn start() -> DriverServer {
-        let inner: Arc<Mutex<Inner>> = Arc::default();
+        let inner: Arc<(Mutex<Inner>, Condvar)> = Arc::default();
         let shared = inner.clone();
         // The server answers each request on a thread of its own: resources are provisioned
         // concurrently.
@@ -128,7 +128,7 @@ impl DriverServer {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Every request answered so far, in the order the answers were sent.
@@ -151,19 +151,22 @@ impl DriverServer {
         self.lock().arrivals.clone()
     }
 
-    /// Waits until `n` requests have arrived, answered or not (or `timeout` passes); returns
-    /// whether they did.
+    /// Blocks until `n` requests have arrived, answered or not (or `timeout` passes); returns
+    /// whether they did. Woken by each arrival, not by a poll (see
+    /// [`HttpServer::wait_for_answers`]).
     pub fn wait_for_arrivals(&self, n: usize, timeout: Duration) -> bool {
-        poll(timeout, || (self.lock().arrivals.len() >= n).then_some(())).is_some()
+        let (lock, arrived) = &*self.inner;
+        let inner = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let (inner, _) = arrived
+            .wait_timeout_while(inner, timeout, |i| i.arrivals.len() < n)
+            .unwrap_or_else(PoisonError::into_inner);
+        inner.arrivals.len() >= n
     }
 
-    /// Waits until the server has answered `n` requests (or `timeout` passes); returns whether
+    /// Blocks until the server has answered `n` requests (or `timeout` passes); returns whether
     /// it did.
     pub fn wait_for_requests(&self, n: usize, timeout: Duration) -> bool {
-        poll(timeout, || {
-            (self.server.requests().len() >= n).then_some(())
-        })
-        .is_some()
+        self.server.wait_for_answers(n, timeout)
     }
 
     /// The calls received, one line each, for a failure message.
@@ -172,7 +175,7 @@ impl DriverServer {
     }
 }
 
-fn handle(request: &Request, shared: &Mutex<Inner>) -> Reply {
+fn handle(request: &Request, (shared, arrived): &(Mutex<Inner>, Condvar)) -> Reply {
     let method = request.method.as_str();
     let guresid = request.last_segment();
     let body = request.json();
@@ -182,6 +185,7 @@ fn handle(request: &Request, shared: &Mutex<Inner>) -> Reply {
         inner
             .arrivals
             .push((method.to_owned(), guresid.to_owned(), request.arrived));
+        arrived.notify_all();
         let key = if method == "GET" { READS } else { res_type };
         inner.behaviors.get(key).cloned().unwrap_or_default()
     };

@@ -7,7 +7,7 @@
 //! `TcpListener` in its test.
 
 use std::io::Read as _;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -124,7 +124,14 @@ pub struct HttpServer {
     /// `http://127.0.0.1:PORT`, without a trailing slash.
     pub url: String,
     server: Arc<tiny_http::Server>,
-    log: Arc<Mutex<Vec<Logged>>>,
+    log: Arc<Log>,
+}
+
+/// The requests answered, and a condition variable told of each new one.
+#[derive(Default)]
+struct Log {
+    answered: Mutex<Vec<Logged>>,
+    grew: Condvar,
 }
 
 impl HttpServer {
@@ -132,7 +139,7 @@ impl HttpServer {
     pub fn start(handler: impl Fn(&Request) -> Reply + Send + Sync + 'static) -> HttpServer {
         let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0"));
         let port = server.server_addr().to_ip().expect("an IP address").port();
-        let log: Arc<Mutex<Vec<Logged>>> = Arc::default();
+        let log: Arc<Log> = Arc::default();
         let handler: Arc<Handler> = Arc::new(handler);
         let (incoming, shared_log) = (server.clone(), log.clone());
         thread::spawn(move || {
@@ -160,7 +167,20 @@ impl HttpServer {
 
     /// Every request answered so far, in the order of the answers (each logged as it is sent).
     pub fn requests(&self) -> Vec<Logged> {
-        lock(&self.log).clone()
+        lock(&self.log.answered).clone()
+    }
+
+    /// Blocks until `n` requests have been answered (or `within` passes); returns whether they
+    /// were. Woken by each answer, not by a poll: for a test that must act the moment the `n`th
+    /// answer goes (kill a client mid-deployment), where a poll's pause would come too late.
+    pub fn wait_for_answers(&self, n: usize, within: Duration) -> bool {
+        let answered = lock(&self.log.answered);
+        let (answered, _) = self
+            .log
+            .grew
+            .wait_timeout_while(answered, within, |a| a.len() < n)
+            .unwrap_or_else(PoisonError::into_inner);
+        answered.len() >= n
     }
 
     /// Waits until the log holds a request `matches` accepts, and returns it; fails the test
@@ -175,14 +195,19 @@ impl HttpServer {
         eventually_or(
             what,
             within,
-            || lock(&self.log).iter().find(|l| matches(l)).cloned(),
+            || {
+                lock(&self.log.answered)
+                    .iter()
+                    .find(|l| matches(l))
+                    .cloned()
+            },
             || self.describe_log(),
         )
     }
 
     /// The log, one line per request, for a failure message.
     pub fn describe_log(&self) -> String {
-        let lines: Vec<String> = lock(&self.log)
+        let lines: Vec<String> = lock(&self.log.answered)
             .iter()
             .map(|l| format!("{} {} -> {}", l.request.method, l.request.url, l.status))
             .collect();
@@ -200,7 +225,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn answer(mut incoming: tiny_http::Request, handler: &Handler, log: &Mutex<Vec<Logged>>) {
+fn answer(mut incoming: tiny_http::Request, handler: &Handler, log: &Log) {
     let mut body = String::new();
     let _ = incoming
         .as_reader()
@@ -234,12 +259,13 @@ fn answer(mut incoming: tiny_http::Request, handler: &Handler, log: &Mutex<Vec<L
     }
     // Logged before it is sent, so that whatever a client has read is in the log when the
     // client (a gitplane command that exits) is done.
-    lock(log).push(Logged {
+    lock(&log.answered).push(Logged {
         request,
         status: reply.status,
         reply,
         answered: Instant::now(),
     });
+    log.grew.notify_all();
     // The client may have given up (a time-out test): its answer goes nowhere.
     let _ = incoming.respond(response);
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use gitplane_testkit::{eventually, eventually_or, poll};
 use serde_json::{Value, json};
 
-use crate::util::Sandbox;
+use crate::util::{Definition, Sandbox, definitions, http_driver_config};
 use gitplane_testkit::{Behavior, DriverServer};
 
 /// A running `gitplane daemon`; killed on drop if still running.
@@ -599,19 +599,12 @@ fn slow_database(
             ..Behavior::default()
         },
     );
-    let config = sb.root.join("host.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "{host}drivers:\n  test/http:\n    http: {{url: \"{}\", {http_timeout}}}\n",
-            server.url
-        ),
-    )
-    .unwrap();
+    let args = sb.host_config(&format!(
+        "{host}{}",
+        http_driver_config(&server.url, http_timeout)
+    ));
     write_http_platform(sb);
     let commit = sb.commit("A slow database");
-    let mut args = repo_args(sb);
-    args.extend(["--config".to_owned(), config.display().to_string()]);
     (args, commit)
 }
 
@@ -642,24 +635,13 @@ fn started_calls(sb: &Sandbox, res_type: &str) -> i64 {
 /// One app, one workload with a postgres that reads the base-env, all on the HTTP driver.
 pub(crate) fn write_http_platform(sb: &Sandbox) {
     sb.write("environments/test.yaml", "type: test\n");
-    let def = |id: &str, values: &str| {
-        format!(
-            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\nentity:\n  \
-             type: {id}\n  driver_type: test/http\n  driver_inputs:\n    values:\n      {values}\n  \
-             criteria:\n    - {{}}\n"
-        )
-    };
     sb.write(
         "definitions/platform.yaml",
-        &[
-            def("base-env", "zone: test"),
-            def(
-                "postgres",
-                "host: ${resources.base-env#base-env.outputs.name}",
-            ),
-            def("workload", "namespace: ${context.app.id}"),
-        ]
-        .join("---\n"),
+        &definitions(&[
+            Definition::http("base-env").value("zone: test"),
+            Definition::http("postgres").value("host: ${resources.base-env#base-env.outputs.name}"),
+            Definition::http("workload").value("namespace: ${context.app.id}"),
+        ]),
     );
     sb.write(
         "workloads/app/web.yaml",

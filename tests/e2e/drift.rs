@@ -11,7 +11,7 @@ use gitplane_testkit::{HttpServer, Reply, eventually_or};
 use serde_json::{Value, json};
 
 use crate::daemon::Daemon;
-use crate::util::Sandbox;
+use crate::util::{Definition, Sandbox, definitions, http_driver_config};
 
 /// The secret output the driver gives, and the one it is changed to outside gitplane.
 const PASSWORD: &str = "pw-original-5ecret";
@@ -130,20 +130,21 @@ fn platform(sb: &Sandbox, driver: &ReadingDriver, env_file: &str) -> String {
     sb.write(
         "host.yaml",
         &format!(
-            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 2s}}\n\
-             retry: {{attempts: 2, initial_delay: 10ms, max_delay: 20ms, poll_interval: 10ms}}\n",
-            driver.url
+            "{}retry: {{attempts: 2, initial_delay: 10ms, max_delay: 20ms, poll_interval: 10ms}}\n",
+            http_driver_config(&driver.url, "timeout: 2s")
         ),
     );
     sb.write("environments/test.yaml", env_file);
     sb.write(
         "definitions/platform.yaml",
-        "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: pg\nentity:\n  \
-         type: postgres\n  driver_type: test/http\n  driver_inputs:\n    values:\n      \
-         size: small\n  criteria:\n    - {}\n---\n\
-         apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: wl\nentity:\n  \
-         type: workload\n  driver_type: echo\n  driver_inputs:\n    values:\n      \
-         namespace: shop\n  criteria:\n    - {}\n",
+        &definitions(&[
+            Definition::http("pg")
+                .of_type("postgres")
+                .value("size: small"),
+            Definition::new("wl", "echo")
+                .of_type("workload")
+                .value("namespace: shop"),
+        ]),
     );
     sb.write(
         "workloads/shop/api.yaml",

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use gitplane_testkit::{HttpServer, Logged, Reply, eventually_or};
 use serde_json::Value;
 
-use crate::daemon::{Daemon, repo_args, wait_deployed, write_http_platform};
-use crate::util::Sandbox;
+use crate::daemon::{Daemon, wait_deployed, write_http_platform};
+use crate::util::{Definition, Sandbox, definitions, http_driver_config};
 use gitplane_testkit::{Behavior, DriverServer};
 
 /// Part of every receiver's path: a Slack webhook's path is its secret, so no log may show it.
@@ -92,15 +92,6 @@ impl Receiver {
     }
 }
 
-/// Writes `host.yaml` with `yaml` and returns the daemon's arguments for it.
-fn host_config(sb: &Sandbox, yaml: &str) -> Vec<String> {
-    let config = sb.root.join("host.yaml");
-    std::fs::write(&config, yaml).unwrap();
-    let mut args = repo_args(sb);
-    args.extend(["--config".to_owned(), config.display().to_string()]);
-    args
-}
-
 fn start(sb: &Sandbox, args: &[String], env: &[(&str, &str)]) -> Daemon {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Daemon::start_with_env(sb, &args, env)
@@ -136,9 +127,7 @@ fn a_pushed_commit_is_announced_to_the_targets_that_want_it() {
     let rotated = Receiver::start();
     let url_file = sb.root.join("slack-url");
     std::fs::write(&url_file, format!("{}\n", slack.url)).unwrap();
-    let args = host_config(
-        &sb,
-        &format!(
+    let args = sb.host_config(&format!(
             "notify:\n  - url: \"{}\"\n  - url: \"{}\"\n    events: [failed]\n  - url_file: {}\n    format: slack\n",
             json.url,
             failed_only.url,
@@ -231,31 +220,15 @@ fn a_driver_failure_is_announced_with_its_message_and_no_secret() {
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     sb.write("environments/test.yaml", "type: test\n");
-    let def = |res_type: &str, driver: &str, inputs: &str| {
-        format!(
-            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {res_type}\n\
-             entity:\n  type: {res_type}\n  driver_type: {driver}\n  driver_inputs:\n{inputs}  \
-             criteria:\n    - {{}}\n"
-        )
-    };
     sb.write(
         "definitions/platform.yaml",
-        &[
-            def("base-env", "humanitec/echo", "    values: {zone: test}\n"),
-            def(
-                "workload",
-                "humanitec/echo",
-                "    values: {namespace: app}\n",
-            ),
-            def(
-                "postgres",
-                "test/failing",
-                &format!(
-                    "    values: {{size: small}}\n    secrets: {{password: {DRIVER_SECRET}}}\n"
-                ),
-            ),
-        ]
-        .join("---\n"),
+        &definitions(&[
+            Definition::new("base-env", "humanitec/echo").value("zone: test"),
+            Definition::new("workload", "humanitec/echo").value("namespace: app"),
+            Definition::new("postgres", "test/failing")
+                .value("size: small")
+                .secret(&format!("password: {DRIVER_SECRET}")),
+        ]),
     );
     sb.write(
         "workloads/app/web.yaml",
@@ -265,9 +238,7 @@ fn a_driver_failure_is_announced_with_its_message_and_no_secret() {
     let commit = sb.commit("A database the driver refuses");
     let failed = Receiver::start();
     let succeeded_only = Receiver::start();
-    let args = host_config(
-        &sb,
-        &format!(
+    let args = sb.host_config(&format!(
             "drivers:\n  test/failing:\n    exec: {{command: [\"{}\"], timeout: 10s}}\n\
              notify:\n  - url: \"{}\"\n    events: [failed]\n  - url: \"{}\"\n    events: [succeeded]\n",
             script.display(),
@@ -309,10 +280,10 @@ fn a_driver_failure_is_announced_with_its_message_and_no_secret() {
 fn a_mass_deletion_is_announced_as_held() {
     let sb = Sandbox::template();
     let held = Receiver::start();
-    let args = host_config(
-        &sb,
-        &format!("notify:\n  - url: \"{}\"\n    events: [held]\n", held.url),
-    );
+    let args = sb.host_config(&format!(
+        "notify:\n  - url: \"{}\"\n    events: [held]\n",
+        held.url
+    ));
     let daemon = start(&sb, &args, &[]);
     wait_deployed(
         &sb,
@@ -347,9 +318,7 @@ fn a_target_answering_500_twice_gets_the_event_on_the_third_post() {
     let sb = Sandbox::template();
     let flaky = Receiver::answering(&[500, 500], None);
     let refusing = Receiver::answering(&[], Some(404));
-    let args = host_config(
-        &sb,
-        &format!(
+    let args = sb.host_config(&format!(
             "notify:\n  - url: \"{}\"\n    events: [succeeded]\n  - url: \"{}\"\n    events: [succeeded]\n",
             flaky.url, refusing.url
         ),
@@ -405,10 +374,9 @@ fn a_hung_target_holds_up_neither_deployments_nor_shutdown() {
             let _ = accepted_tx.send(());
         }
     });
-    let args = host_config(
-        &sb,
-        &format!("notify:\n  - url: \"http://127.0.0.1:{port}/{URL_SECRET}\"\n    timeout: 60s\n"),
-    );
+    let args = sb.host_config(&format!(
+        "notify:\n  - url: \"http://127.0.0.1:{port}/{URL_SECRET}\"\n    timeout: 60s\n"
+    ));
     let mut daemon = start(&sb, &args, &[]);
     let envs = ["development", "production"];
     wait_deployed(&sb, &sb.head(), &envs, Duration::from_secs(20));
@@ -446,14 +414,11 @@ fn a_drift_run_that_changes_outputs_is_announced() {
     );
     let commit = sb.commit("A platform with drift runs");
     let drift = Receiver::start();
-    let args = host_config(
-        &sb,
-        &format!(
-            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 10s}}\n\
-             notify:\n  - url: \"{}\"\n    events: [drift]\n",
-            server.url, drift.url
-        ),
-    );
+    let args = sb.host_config(&format!(
+        "{}notify:\n  - url: \"{}\"\n    events: [drift]\n",
+        http_driver_config(&server.url, "timeout: 10s"),
+        drift.url
+    ));
     let daemon = start(&sb, &args, &[]);
     let got = drift.wait_until(&daemon, |g| !g.is_empty());
     let b = &got[0].body;

@@ -6,35 +6,25 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use crate::daemon::{Daemon, repo_args, wait_deployed};
-use crate::util::Sandbox;
+use crate::daemon::{Daemon, wait_deployed};
+use crate::util::{Definition, Sandbox, definitions, http_driver_config};
 use gitplane_testkit::DriverServer;
 
 /// An HTTP-driver platform: environment `test`, app `shop` with a workload `web` that reads a
 /// postgres. The postgres of a `preview` environment has its own definition (its type chooses).
 pub(crate) fn write_platform(sb: &Sandbox, version: &str) {
     sb.write("environments/test.yaml", "type: test\n");
-    let def = |id: &str, res_type: &str, values: &str, criteria: &str| {
-        format!(
-            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\n\
-             entity:\n  type: {res_type}\n  driver_type: test/http\n  driver_inputs:\n    \
-             values:\n      {values}\n  criteria:\n    - {criteria}\n"
-        )
-    };
     sb.write(
         "definitions/platform.yaml",
-        &[
-            def("base-env", "base-env", "zone: test", "{}"),
-            def("postgres", "postgres", "size: shared", "{}"),
-            def(
-                "postgres-preview",
-                "postgres",
-                "size: tiny-preview",
-                "{env_type: preview}",
-            ),
-            def("workload", "workload", "namespace: ${context.env.id}", "{}"),
-        ]
-        .join("---\n"),
+        &definitions(&[
+            Definition::http("base-env").value("zone: test"),
+            Definition::http("postgres").value("size: shared"),
+            Definition::http("postgres-preview")
+                .of_type("postgres")
+                .value("size: tiny-preview")
+                .criteria("{env_type: preview}"),
+            Definition::http("workload").value("namespace: ${context.env.id}"),
+        ]),
     );
     write_workload(sb, version);
 }
@@ -50,20 +40,13 @@ pub(crate) fn write_workload(sb: &Sandbox, version: &str) {
     );
 }
 
+/// The daemon's arguments with a host config registering `server` and watching every second,
+/// and `extra`.
 pub(crate) fn host_config(sb: &Sandbox, server: &DriverServer, extra: &str) -> Vec<String> {
-    let config = sb.root.join("host.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 10s}}\n\
-             watch_interval: 1s\n{extra}",
-            server.url
-        ),
-    )
-    .unwrap();
-    let mut args = repo_args(sb);
-    args.extend(["--config".to_owned(), config.display().to_string()]);
-    args
+    sb.host_config(&format!(
+        "{}watch_interval: 1s\n{extra}",
+        http_driver_config(&server.url, "timeout: 10s")
+    ))
 }
 
 pub(crate) fn strs(args: &[String]) -> Vec<&str> {

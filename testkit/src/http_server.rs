@@ -269,3 +269,115 @@ fn answer(mut incoming: tiny_http::Request, handler: &Handler, log: &Log) {
     // The client may have given up (a time-out test): its answer goes nowhere.
     let _ = incoming.respond(response);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An agent that hands back 4xx and 5xx answers instead of errors.
+    fn agent() -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into()
+    }
+
+    #[test]
+    fn the_handler_answers_and_the_log_keeps_the_request_and_the_answer() {
+        let server = HttpServer::start(|request| {
+            Reply::text(201, format!("got {}", request.body))
+                .header("X-Seen", request.method.clone())
+        });
+        let mut response = agent()
+            .post(&format!("{}/a/b?c=1", server.url))
+            .header("X-Token", "t0k")
+            .send("hello")
+            .expect("an answer");
+        assert_eq!(response.status().as_u16(), 201);
+        assert_eq!(response.headers()["X-Seen"], "POST");
+        assert_eq!(response.body_mut().read_to_string().unwrap(), "got hello");
+        let log = server.requests();
+        assert_eq!(log.len(), 1);
+        let request = &log[0].request;
+        assert_eq!(
+            (
+                request.method.as_str(),
+                request.url.as_str(),
+                request.last_segment()
+            ),
+            ("POST", "/a/b?c=1", "b")
+        );
+        assert_eq!(
+            (request.header("x-token"), request.body.as_str()),
+            (Some("t0k"), "hello")
+        );
+        assert_eq!(log[0].status, 201);
+        assert!(log[0].answered >= request.arrived);
+    }
+
+    #[test]
+    #[should_panic(expected = "waiting for a DELETE")]
+    fn waiting_for_a_request_that_never_comes_names_it() {
+        let server = HttpServer::start(|_| Reply::status(204));
+        server.wait_for_request("a DELETE", Duration::from_millis(50), |l| {
+            l.request.method == "DELETE"
+        });
+    }
+
+    #[test]
+    fn a_driver_polls_provisions_and_deletes() {
+        let driver = crate::DriverServer::start();
+        driver.behave(
+            "postgres",
+            crate::Behavior {
+                polls: 1,
+                ..crate::Behavior::default()
+            },
+        );
+        let put = |cookie: Option<&str>| {
+            let mut request = agent().put(&format!("{}/abc123", driver.url));
+            if let Some(cookie) = cookie {
+                request = request.header("Humanitec-Driver-Cookie", cookie);
+            }
+            let mut response = request
+                .send(r#"{"type": "postgres", "driver": {"values": {"size": 1}}}"#)
+                .expect("an answer");
+            let status = response.status().as_u16();
+            let body = response.body_mut().read_to_string().unwrap();
+            (
+                status,
+                serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+            )
+        };
+        assert_eq!(put(None).0, 202);
+        let (status, body) = put(Some("polls=1"));
+        assert_eq!(status, 200);
+        assert_eq!(
+            body["resource"]["values"]["echo"],
+            serde_json::json!({"size": 1})
+        );
+        assert_eq!(driver.instances().len(), 1);
+        let deleted = agent()
+            .delete(&format!("{}/abc123", driver.url))
+            .call()
+            .expect("an answer");
+        assert_eq!(deleted.status().as_u16(), 204);
+        assert!(driver.instances().is_empty());
+        let received = driver.received();
+        let seen: Vec<(&str, u16, Option<&str>)> = received
+            .iter()
+            .map(|r| (r.method.as_str(), r.status, r.cookie.as_deref()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("PUT", 202, None),
+                ("PUT", 200, Some("polls=1")),
+                ("DELETE", 204, None)
+            ]
+        );
+        assert_eq!(received[0].set_cookie.as_deref(), Some("polls=1"));
+        assert!(driver.wait_for_requests(3, Duration::ZERO));
+        assert!(driver.wait_for_arrivals(3, Duration::ZERO));
+    }
+}

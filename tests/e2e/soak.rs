@@ -112,7 +112,7 @@ fn two_hundred_commits_through_a_flaky_driver_and_five_kills() {
             "--format",
             "json",
             "--config",
-            &args[args.len() - 1],
+            args[args.len() - 1],
         ])
         .ok()
         .json();

@@ -2005,6 +2005,7 @@ mod tests {
     use std::time::Duration;
 
     use gitplane_state::Leases;
+    use gitplane_testkit::{HttpServer, Reply};
 
     use super::*;
     use crate::deploy::Scope;
@@ -2018,45 +2019,41 @@ mod tests {
         puts: Arc<Mutex<Vec<String>>>,
         arrived: sync_mpsc::Receiver<()>,
         release: sync_mpsc::Sender<()>,
+        _server: HttpServer,
     }
 
     impl HeldDriver {
         fn start() -> HeldDriver {
-            let server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0");
-            let port = server.server_addr().to_ip().expect("an IP address").port();
             let puts: Arc<Mutex<Vec<String>>> = Arc::default();
             let (arrived_tx, arrived) = sync_mpsc::channel();
             let (release, released) = sync_mpsc::channel::<()>();
-            let released = Arc::new(Mutex::new(released));
+            let released = Mutex::new(released);
+            let arrived_tx = Mutex::new(arrived_tx);
             let seen = puts.clone();
-            std::thread::spawn(move || {
-                for request in server.incoming_requests() {
-                    let (seen, arrived_tx, released) =
-                        (seen.clone(), arrived_tx.clone(), released.clone());
-                    std::thread::spawn(move || {
-                        let guresid = request.url().rsplit('/').next().unwrap_or("").to_owned();
-                        let first = {
-                            let mut seen = seen.lock().expect("not poisoned");
-                            seen.push(guresid.clone());
-                            seen.len() == 1
-                        };
-                        if first {
-                            let _ = arrived_tx.send(());
-                            let _ = released.lock().expect("not poisoned").recv();
-                        }
-                        let body = format!(
-                            r#"{{"id":"{guresid}","type":"queue","resource":{{"values":{{}},"secrets":{{}}}}}}"#
-                        );
-                        let _ = request
-                            .respond(tiny_http::Response::from_string(body).with_status_code(200));
-                    });
+            let server = HttpServer::start(move |request| {
+                let guresid = request.last_segment().to_owned();
+                let first = {
+                    let mut seen = seen.lock().expect("not poisoned");
+                    seen.push(guresid.clone());
+                    seen.len() == 1
+                };
+                if first {
+                    let _ = arrived_tx.lock().expect("not poisoned").send(());
+                    let _ = released.lock().expect("not poisoned").recv();
                 }
+                Reply::text(
+                    200,
+                    format!(
+                        r#"{{"id":"{guresid}","type":"queue","resource":{{"values":{{}},"secrets":{{}}}}}}"#
+                    ),
+                )
             });
             HeldDriver {
-                url: format!("http://127.0.0.1:{port}/driver"),
+                url: format!("{}/driver", server.url),
                 puts,
                 arrived,
                 release,
+                _server: server,
             }
         }
 

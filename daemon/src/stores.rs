@@ -1037,12 +1037,10 @@ mod tests {
     use super::*;
 
     use std::net::TcpListener;
-    use std::sync::{Arc, Mutex};
-    use std::thread::{self, JoinHandle};
     use std::time::Instant;
 
+    use gitplane_testkit::{HttpServer, Reply};
     use serde_json::json;
-    use tiny_http::{Header, Server};
 
     const TOKEN: &str = "s.root-token-4b1d";
     const OLD_PASSWORD: &str = "old-pass-1111";
@@ -1052,60 +1050,29 @@ mod tests {
     /// 127.0.0.1 until dropped.
     struct FakeVault {
         url: String,
-        server: Arc<Server>,
-        thread: Option<JoinHandle<()>>,
-        /// The URL of each request, query included.
-        seen: Arc<Mutex<Vec<String>>>,
+        server: HttpServer,
     }
 
     impl FakeVault {
         fn start() -> Self {
-            let server = Arc::new(Server::http("127.0.0.1:0").expect("bind the test server"));
-            let port = server.server_addr().to_ip().expect("an IP address").port();
-            let seen = Arc::new(Mutex::new(Vec::new()));
-            let thread = {
-                let server = Arc::clone(&server);
-                let seen = Arc::clone(&seen);
-                thread::spawn(move || {
-                    // Ends when `drop` unblocks the server.
-                    for request in server.incoming_requests() {
-                        let token = request
-                            .headers()
-                            .iter()
-                            .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(TOKEN_HEADER))
-                            .map(|h| h.value.as_str().to_owned());
-                        seen.lock().unwrap().push(request.url().to_owned());
-                        let (status, body) =
-                            kv_answer(request.method().as_str(), request.url(), token.as_deref());
-                        let response = tiny_http::Response::from_string(body.to_string())
-                            .with_status_code(status)
-                            .with_header(
-                                Header::from_bytes("Content-Type", "application/json")
-                                    .expect("a header"),
-                            );
-                        let _ = request.respond(response);
-                    }
-                })
-            };
+            let server = HttpServer::start(|request| {
+                let (status, body) =
+                    kv_answer(&request.method, &request.url, request.header(TOKEN_HEADER));
+                Reply::json(status, &body)
+            });
             FakeVault {
-                url: format!("http://127.0.0.1:{port}"),
+                url: server.url.clone(),
                 server,
-                thread: Some(thread),
-                seen,
             }
         }
 
+        /// The URL of each request, query included.
         fn seen(&self) -> Vec<String> {
-            self.seen.lock().unwrap().clone()
-        }
-    }
-
-    impl Drop for FakeVault {
-        fn drop(&mut self) {
-            self.server.unblock();
-            if let Some(thread) = self.thread.take() {
-                thread.join().expect("the fake Vault thread");
-            }
+            self.server
+                .requests()
+                .into_iter()
+                .map(|logged| logged.request.url)
+                .collect()
         }
     }
 

@@ -484,12 +484,13 @@ fn mask_secrets(text: &str, secrets: &[String]) -> String {
 mod tests {
     use super::*;
 
+    use std::collections::VecDeque;
     use std::net::TcpListener;
-    use std::thread::{self, JoinHandle};
+    use std::sync::Mutex;
     use std::time::Instant;
 
+    use gitplane_testkit::{HttpServer, poll};
     use serde_json::json;
-    use tiny_http::{Header, Server};
 
     /// What the test server saw of one request.
     #[derive(Debug, Clone, PartialEq)]
@@ -531,62 +532,64 @@ mod tests {
         }
     }
 
-    /// A server on 127.0.0.1 that answers `replies` in order, one per request, and then hands
-    /// back what it saw. Its base URL is `http://127.0.0.1:<port>/queue`.
-    fn serve(replies: Vec<Reply>) -> (String, JoinHandle<Vec<Seen>>) {
-        let server = Server::http("127.0.0.1:0").expect("bind the test server");
-        let port = server.server_addr().to_ip().expect("an IP address").port();
-        let handle = thread::spawn(move || {
-            let mut seen = Vec::new();
-            for reply in replies {
-                let Some(mut request) = server
-                    .recv_timeout(Duration::from_secs(10))
-                    .expect("receive a request")
-                else {
-                    break;
-                };
-                let header = |name: &str| {
-                    request
-                        .headers()
-                        .iter()
-                        .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name))
-                        .map(|h| h.value.as_str().to_owned())
-                };
-                let cookie = header(COOKIE_HEADER);
-                let content_type = header("Content-Type");
-                let mut body = String::new();
-                request
-                    .as_reader()
-                    .read_to_string(&mut body)
-                    .expect("read the request body");
-                seen.push(Seen {
-                    method: request.method().as_str().to_owned(),
-                    path: request.url().to_owned(),
-                    body: if body.is_empty() {
-                        Value::Null
-                    } else {
-                        serde_json::from_str(&body).expect("a JSON request body")
-                    },
-                    cookie,
-                    content_type,
-                });
-                thread::sleep(reply.delay);
-                let mut response = tiny_http::Response::from_string(reply.body)
-                    .with_status_code(reply.status)
-                    .with_header(
-                        Header::from_bytes("Content-Type", "application/json").expect("a header"),
-                    );
-                if let Some(cookie) = reply.set_cookie {
-                    response = response.with_header(
-                        Header::from_bytes(SET_COOKIE_HEADER, cookie).expect("a header"),
-                    );
-                }
-                // The client may have given up (the time-out test).
-                let _ = request.respond(response);
+    /// A server on 127.0.0.1 answering `replies` in order, one per request.
+    struct Served {
+        server: HttpServer,
+        replies: usize,
+    }
+
+    impl Served {
+        /// What the server saw, once it has answered every reply (or 10 s have passed).
+        fn seen(self) -> Vec<Seen> {
+            let _ = poll(Duration::from_secs(10), || {
+                (self.server.requests().len() >= self.replies).then_some(())
+            });
+            self.server
+                .requests()
+                .into_iter()
+                .map(|logged| {
+                    let request = logged.request;
+                    Seen {
+                        method: request.method.clone(),
+                        path: request.url.clone(),
+                        body: if request.body.is_empty() {
+                            Value::Null
+                        } else {
+                            serde_json::from_str(&request.body).expect("a JSON request body")
+                        },
+                        cookie: request.header(COOKIE_HEADER).map(str::to_owned),
+                        content_type: request.header("Content-Type").map(str::to_owned),
+                    }
+                })
+                .collect()
+        }
+    }
+
+    /// A server on 127.0.0.1 that answers `replies` in order, one per request; [`Served::seen`]
+    /// hands back what it saw. Its base URL is `http://127.0.0.1:<port>/queue`.
+    fn serve(replies: Vec<Reply>) -> (String, Served) {
+        let count = replies.len();
+        let queue = Mutex::new(VecDeque::from(replies));
+        let server = HttpServer::start(move |_| {
+            let Some(reply) = queue.lock().expect("not poisoned").pop_front() else {
+                return gitplane_testkit::Reply::status(500);
+            };
+            let mut answer = gitplane_testkit::Reply::text(reply.status, reply.body)
+                .header("Content-Type", "application/json")
+                .delay(reply.delay);
+            if let Some(cookie) = reply.set_cookie {
+                answer = answer.header(SET_COOKIE_HEADER, cookie);
             }
-            seen
+            answer
         });
-        (format!("http://127.0.0.1:{port}/queue"), handle)
+        let url = format!("{}/queue", server.url);
+        (
+            url,
+            Served {
+                server,
+                replies: count,
+            },
+        )
     }
 
     const GURESID: &str = "0123abcd";
@@ -718,7 +721,7 @@ mod tests {
         let err = driver.read(&inputs.request()).unwrap_err();
         assert_eq!(err.kind, ErrorKind::Transient);
         assert!(!err.message.contains("hunter2"), "{}", err.message);
-        let seen = server.join().unwrap();
+        let seen = server.seen();
         assert_eq!(seen.len(), 6);
         for s in &seen {
             assert_eq!(s.method, "GET");
@@ -742,10 +745,7 @@ mod tests {
                 manifests: Vec::new(),
             }
         );
-        assert_eq!(
-            server.join().unwrap(),
-            vec![put_seen(expected_put_body(), None)]
-        );
+        assert_eq!(server.seen(), vec![put_seen(expected_put_body(), None)]);
     }
 
     #[test]
@@ -763,7 +763,7 @@ mod tests {
                 manifests: Vec::new(),
             }
         );
-        assert_eq!(server.join().unwrap().len(), 1);
+        assert_eq!(server.seen().len(), 1);
     }
 
     #[test]
@@ -808,7 +808,7 @@ mod tests {
                 "resource.secrets is an array, not an object",
             ]
         );
-        assert_eq!(server.join().unwrap().len(), bodies.len());
+        assert_eq!(server.seen().len(), bodies.len());
     }
 
     #[test]
@@ -846,7 +846,7 @@ mod tests {
             }
         );
         assert_eq!(
-            server.join().unwrap(),
+            server.seen(),
             vec![
                 put_seen(expected_put_body(), None),
                 put_seen(expected_put_body(), Some("c2Vzc2lvbj0x")),
@@ -874,7 +874,7 @@ mod tests {
             }
         );
         assert_eq!(
-            server.join().unwrap(),
+            server.seen(),
             vec![
                 put_seen(expected_put_body(), Some("b2xk")),
                 delete_seen(Some("b2xk")),
@@ -899,7 +899,7 @@ mod tests {
         let mut without_secrets = expected_put_body();
         without_secrets["driver"]["secrets"] = json!({"account": account});
         assert_eq!(
-            server.join().unwrap(),
+            server.seen(),
             vec![
                 put_seen(with_secrets, None),
                 put_seen(without_secrets, None),
@@ -967,7 +967,7 @@ mod tests {
             "DELETE {url}/{GURESID}: 202 Accepted: driver cookie of 10241 bytes"
         )));
         assert!(!error.message.contains(&too_large));
-        assert_eq!(server.join().unwrap().len(), 4);
+        assert_eq!(server.seen().len(), 4);
     }
 
     #[test]
@@ -983,10 +983,7 @@ mod tests {
                 cookie: Cookie::Unchanged,
             }
         );
-        assert_eq!(
-            server.join().unwrap(),
-            vec![put_seen(expected_put_body(), None)]
-        );
+        assert_eq!(server.seen(), vec![put_seen(expected_put_body(), None)]);
     }
 
     #[test]
@@ -1021,7 +1018,7 @@ mod tests {
                 }
             );
         }
-        assert_eq!(server.join().unwrap().len(), cases.len());
+        assert_eq!(server.seen().len(), cases.len());
     }
 
     #[test]
@@ -1047,7 +1044,7 @@ mod tests {
                 DriverError::transient(format!("{prefix}: 409 Conflict: busy")),
             ]
         );
-        assert_eq!(server.join().unwrap(), vec![delete_seen(None); 4]);
+        assert_eq!(server.seen(), vec![delete_seen(None); 4]);
     }
 
     #[test]
@@ -1075,7 +1072,7 @@ mod tests {
                 "DELETE {url}/{GURESID}: 302 Found: unexpected status (expected 204, 202 or 404)"
             ))
         );
-        assert_eq!(server.join().unwrap().len(), 2);
+        assert_eq!(server.seen().len(), 2);
     }
 
     #[test]
@@ -1088,7 +1085,7 @@ mod tests {
             error.message,
             format!("PUT {url}/{GURESID}: 400 Bad Request: {}…", "é".repeat(300))
         );
-        server.join().unwrap();
+        server.seen();
     }
 
     #[test]
@@ -1107,10 +1104,7 @@ mod tests {
             error,
             DriverError::transient(format!("PUT {url}/{GURESID}: no answer within 200ms"))
         );
-        assert_eq!(
-            server.join().unwrap(),
-            vec![put_seen(expected_put_body(), None)]
-        );
+        assert_eq!(server.seen(), vec![put_seen(expected_put_body(), None)]);
     }
 
     #[test]
@@ -1180,7 +1174,7 @@ mod tests {
         );
         let mut expected = vec![delete_seen(None); 4];
         expected.push(delete_seen(Some("ZGVsZXRpbmc=")));
-        assert_eq!(server.join().unwrap(), expected);
+        assert_eq!(server.seen(), expected);
     }
 
     #[test]
@@ -1200,7 +1194,7 @@ mod tests {
         HttpDriver::new(&format!("{url}/"), Duration::from_secs(5))
             .delete(&inputs.request())
             .unwrap();
-        let paths: Vec<_> = server.join().unwrap().into_iter().map(|s| s.path).collect();
+        let paths: Vec<_> = server.seen().into_iter().map(|s| s.path).collect();
         assert_eq!(paths, vec![format!("/queue/{GURESID}"); 3]);
 
         for (base, expected) in [
@@ -1250,7 +1244,7 @@ mod tests {
         let refused = HttpDriver::new("http://127.0.0.1:9/queue", Duration::from_millis(100));
         no_secret_in(&refused.put(&inputs.request()).unwrap_err());
         no_secret_in(&refused.delete(&inputs.request()).unwrap_err());
-        assert_eq!(server.join().unwrap().len(), 5);
+        assert_eq!(server.seen().len(), 5);
     }
 
     #[test]

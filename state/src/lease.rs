@@ -471,6 +471,7 @@ mod tests {
         beat_all(std::slice::from_mut(&mut leases), &envs(&["dev"]), 2);
         let hold = leases.hold("dev").unwrap();
         assert!(hold.holds());
+        // Not a wait for an event: the lease's time runs out with no renewal.
         std::thread::sleep(Duration::from_millis(700));
         assert!(
             !hold.holds(),

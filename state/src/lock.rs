@@ -529,11 +529,11 @@ mod tests {
                     params![],
                 )
                 .unwrap();
-            let limit = Instant::now() + Duration::from_secs(10);
-            while hold.holds() {
-                assert!(Instant::now() < limit, "the renewer never noticed");
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            gitplane_testkit::eventually(
+                "the renewer to notice the lock was taken",
+                Duration::from_secs(10),
+                || (!hold.holds()).then_some(()),
+            );
             assert!(!lock.holds());
             drop(lock);
             // Releasing a lost lock leaves the new holder's row alone.
@@ -556,11 +556,11 @@ mod tests {
         let blocker = rusqlite::Connection::open(&state).unwrap();
         blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
         let blocked = Instant::now();
-        let limit = blocked + Duration::from_secs(5);
-        while lock.holds() {
-            assert!(Instant::now() < limit, "still held 5 s without a renewal");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        gitplane_testkit::eventually(
+            "the lock lost without a renewal",
+            Duration::from_secs(5),
+            || (!lock.holds()).then_some(()),
+        );
         // Not lost before others could judge it stale: the last renewal was at most one tick
         // before the writer came.
         assert!(
@@ -569,7 +569,8 @@ mod tests {
             blocked.elapsed()
         );
         blocker.execute_batch("ROLLBACK").unwrap();
-        // Lost stays lost, though the row is ours again.
+        // Lost stays lost, though the row is ours again. Not a wait for an event: renewals get
+        // their chance, to show that none takes the lock back.
         std::thread::sleep(3 * timing.renew_every);
         assert!(!lock.holds());
     }

@@ -326,10 +326,12 @@ mod tests {
             store
                 .record_action(&action("apply", Some("production"), Some(1), None))
                 .unwrap();
+            // Not a wait for an event: the clock ticks, so that the actions' times differ.
             std::thread::sleep(std::time::Duration::from_millis(5));
             store
                 .record_action(&action("state rekey", None, None, Some("resealed 3")))
                 .unwrap();
+            // Not a wait for an event: the clock ticks, so that the actions' times differ.
             std::thread::sleep(std::time::Duration::from_millis(5));
             store
                 .record_action(&action(

@@ -375,7 +375,8 @@ mod tests {
             assert_eq!(held.deployment_id, Some(7));
             assert_eq!(held.waiting_commit.as_deref(), Some("c3"));
             assert_eq!(store.pin_of("development").unwrap(), None);
-            // Pinning again ends the first pin.
+            // Pinning again ends the first pin. Not a wait for an event: the clock ticks, so
+            // that the two pins' times differ.
             std::thread::sleep(std::time::Duration::from_millis(5));
             store
                 .pin("production", "c0", "bob", "older still", true)

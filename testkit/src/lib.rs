@@ -2,7 +2,10 @@
 //!
 //! - [`Postgres`]: a real PostgreSQL server per test (or one per test process, [`shared`]);
 //! - [`webdriver`]: chromedriver and a headless Chromium session for the status page's tests;
-//! - [`eventually`]: waiting for an event with a deadline and a message, instead of a sleep.
+//! - [`eventually`]: waiting for an event with a deadline and a message, instead of a sleep;
+//! - [`HttpServer`]: an HTTP server on 127.0.0.1 answering with a closure, logging every request;
+//! - [`DriverServer`]: an HTTP driver (the Humanitec Driver Interface) on it, with scripted
+//!   behaviours per resource type (polls, delays, failures, drift) and a log of calls.
 //!
 //! [`Postgres::start`] runs `initdb` into a temporary directory and `pg_ctl start` on a free port
 //! of 127.0.0.1, with trust authentication so that tests connect as `postgres` without a
@@ -23,7 +26,9 @@
 //! let url = server.database(); // postgres://postgres@127.0.0.1:PORT/gitplane_N, empty
 //! ```
 
+mod driver_server;
 mod eventually;
+mod http_server;
 mod session;
 mod tools;
 mod watchdog;
@@ -40,7 +45,9 @@ use std::sync::{Mutex, OnceLock, PoisonError, TryLockError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub use driver_server::{Behavior, DriverServer, Received, url_encoded};
 pub use eventually::{eventually, eventually_or, poll};
+pub use http_server::{HttpServer, Logged, Reply, Request};
 pub use session::Session;
 use tools::{Tools, Unavailable, run};
 use watchdog::Watchdog;

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use crate::daemon::{Daemon, repo_args, wait_deployed};
-use crate::driver_server::{Behavior, DriverServer};
 use crate::util::{Run, Sandbox};
+use gitplane_testkit::{Behavior, DriverServer};
 
 const ENV: &str = "type: development\n";
 
@@ -469,18 +469,13 @@ fn an_app_a_killed_deployment_was_changing_is_read_again_even_for_its_old_files(
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while sb.count(
-        "SELECT COUNT(*) FROM resource WHERE app = 'b' AND type = 'workload'
-         AND res_id = 'modules.web' AND inputs LIKE '%web:2%'",
-    ) == 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "b's web was never updated"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    gitplane_testkit::eventually("b's web updated", Duration::from_secs(20), || {
+        (sb.count(
+            "SELECT COUNT(*) FROM resource WHERE app = 'b' AND type = 'workload'
+             AND res_id = 'modules.web' AND inputs LIKE '%web:2%'",
+        ) > 0)
+            .then_some(())
+    });
     child.kill().unwrap();
     child.wait().unwrap();
 

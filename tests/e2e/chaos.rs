@@ -355,9 +355,11 @@ fn three_daemons_through_a_random_schedule_of_pushes_kills_freezes_and_database_
                     );
                 }
                 chaos.note(format!("pause {length:?}"));
+                // Not a wait for an event: a pause is a step of the random schedule.
                 thread::sleep(length);
             }
         }
+        // Not a wait for an event: the random gap between two steps of the schedule.
         thread::sleep(rng.millis(100, 1_000));
     }
     if let Some(at) = frozen {
@@ -373,25 +375,21 @@ fn three_daemons_through_a_random_schedule_of_pushes_kills_freezes_and_database_
     // Settled: every environment's newest deployment a succeeded one of the last commit, and
     // nothing running, seen in one reading of the table (drift runs go on meanwhile).
     let settling = Instant::now();
-    let deployments = loop {
-        let deployments = fleet.deployments();
-        let settled = ENVS.iter().all(|env| {
-            deployments
-                .iter()
-                .rfind(|d| d.env == *env)
-                .is_some_and(|d| d.commit == last && d.status == "succeeded")
-        }) && deployments.iter().all(|d| d.status != "running");
-        if settled {
-            break deployments;
-        }
-        assert!(
-            settling.elapsed() < SETTLE,
-            "every environment at the last commit {last} within {SETTLE:?}\n{}{}",
-            chaos.replay(),
-            fleet.diagnostics()
-        );
-        thread::sleep(Duration::from_millis(100));
-    };
+    let deployments = gitplane_testkit::eventually_or(
+        format_args!("every environment at the last commit {last}"),
+        SETTLE,
+        || {
+            let deployments = fleet.deployments();
+            let settled = ENVS.iter().all(|env| {
+                deployments
+                    .iter()
+                    .rfind(|d| d.env == *env)
+                    .is_some_and(|d| d.commit == last && d.status == "succeeded")
+            }) && deployments.iter().all(|d| d.status != "running");
+            settled.then_some(deployments)
+        },
+        || format!("{}{}", chaos.replay(), fleet.diagnostics()),
+    );
     chaos.note(format!("settled after {:?}", settling.elapsed()));
     for (i, daemon) in fleet.daemons.iter().enumerate() {
         if live.contains(&i) {

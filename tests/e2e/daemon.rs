@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gitplane_testkit::{eventually, eventually_or, poll};
 use serde_json::{Value, json};
 
-use crate::driver_server::{Behavior, DriverServer};
-use crate::util::Sandbox;
+use crate::util::{Definition, Sandbox, definitions, http_driver_config};
+use gitplane_testkit::{Behavior, DriverServer};
 
 /// A running `gitplane daemon`; killed on drop if still running.
 pub(crate) struct Daemon {
@@ -87,14 +88,10 @@ impl Daemon {
     }
 
     pub(crate) fn wait_for_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().expect("wait for the daemon") {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        poll(timeout, || {
+            self.child.try_wait().expect("wait for the daemon")
+        })
+        .and_then(|s| s.code())
     }
 
     pub(crate) fn log(&self) -> String {
@@ -106,16 +103,15 @@ impl Daemon {
         self.child.id()
     }
 
+    /// Waits until the daemon's log contains `needle`; fails with the log.
     #[track_caller]
     pub(crate) fn wait_for_log(&self, needle: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.log().contains(needle) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("the daemon never logged {needle:?}:\n{}", self.log());
+        eventually_or(
+            format_args!("the daemon to log {needle:?}"),
+            timeout,
+            || self.log().contains(needle).then_some(()),
+            || format!("daemon log:\n{}", self.log()),
+        );
     }
 
     /// SIGTERM, then waits for the exit; returns the exit code and how long it took.
@@ -127,11 +123,10 @@ impl Daemon {
             .expect("kill");
         assert!(status.success());
         // Bounded: a daemon that does not stop fails the test instead of hanging it.
-        while started.elapsed() < Duration::from_secs(60) {
-            if let Some(status) = self.child.try_wait().expect("wait for the daemon") {
-                return (status.code(), started.elapsed());
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if let Some(status) = poll(Duration::from_secs(60), || {
+            self.child.try_wait().expect("wait for the daemon")
+        }) {
+            return (status.code(), started.elapsed());
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -186,23 +181,22 @@ pub(crate) fn wait_deployed(
     envs: &[&str],
     timeout: Duration,
 ) -> Vec<Value> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if sb.state.exists() {
-            let rows = sb.rows(&format!(
-                "SELECT env, status FROM deployment WHERE commit_id = '{commit}' AND kind = 'commit' \
-                 AND status != 'running'"
-            ));
-            if envs.iter().all(|e| rows.iter().any(|r| r[0] == *e)) {
-                return history(sb);
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "commit {commit} was not deployed to {envs:?} in time"
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    eventually(
+        format_args!("commit {commit} deployed to {envs:?}"),
+        timeout,
+        || {
+            let rows = sb.state.exists().then(|| {
+                sb.rows(&format!(
+                    "SELECT env, status FROM deployment WHERE commit_id = '{commit}' \
+                     AND kind = 'commit' AND status != 'running'"
+                ))
+            })?;
+            envs.iter()
+                .all(|e| rows.iter().any(|r| r[0] == *e))
+                .then_some(())
+        },
+    );
+    history(sb)
 }
 
 fn history(sb: &Sandbox) -> Vec<Value> {
@@ -388,24 +382,21 @@ fn a_remote_is_mirrored_and_fetched_on_an_interval() {
     let (config, state) = remote_config(&sb, "300ms");
     let _daemon = Daemon::start(&sb, &["--config", config.to_str().unwrap()]);
     let mirrored = |commit: &str| {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if state.exists() {
+        eventually(
+            format_args!("{commit} fetched and deployed"),
+            Duration::from_secs(20),
+            || {
                 let n: i64 = crate::util::rows(
-                    &crate::util::open_db(&state),
+                    &crate::util::open_db(state.exists().then_some(&state)?),
                     &format!(
                         "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
                     ),
                 )[0][0]
                     .parse()
                     .unwrap();
-                if n == 2 {
-                    return;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("{commit} was not fetched and deployed");
+                (n == 2).then_some(())
+            },
+        );
     };
     mirrored(&sb.head());
     assert!(state.parent().unwrap().join("mirror.git/HEAD").exists());
@@ -420,17 +411,20 @@ fn a_hung_remote_does_not_hold_up_the_daemon() {
     let sb = Sandbox::template();
     let (config, state) = remote_config(&sb, "200ms");
     let mut daemon = Daemon::start(&sb, &["--config", config.to_str().unwrap()]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !(state.exists()
-        && crate::util::rows(
-            &crate::util::open_db(&state),
-            "SELECT COUNT(*) FROM deployment WHERE status = 'succeeded'",
-        )[0][0]
-            == "2")
-    {
-        assert!(Instant::now() < deadline, "{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually_or(
+        "both environments deployed",
+        Duration::from_secs(20),
+        || {
+            (state.exists()
+                && crate::util::rows(
+                    &crate::util::open_db(&state),
+                    "SELECT COUNT(*) FROM deployment WHERE status = 'succeeded'",
+                )[0][0]
+                    == "2")
+                .then_some(())
+        },
+        || daemon.log(),
+    );
     // The remote now hangs: every connection is accepted and left unanswered.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -455,6 +449,8 @@ fn a_hung_remote_does_not_hold_up_the_daemon() {
     accepted
         .recv_timeout(Duration::from_secs(10))
         .expect("a fetch reached the hung remote");
+    // Not a wait for an event: the fetch is left hanging a while, past the interval, before
+    // SIGTERM, so that the daemon is shown not to be stuck behind it.
     std::thread::sleep(Duration::from_millis(500));
     let (code, took) = daemon.terminate();
     assert_eq!(code, Some(0), "{}", daemon.log());
@@ -492,17 +488,19 @@ fn sigterm_lets_a_slow_driver_call_finish() {
     let (args, commit) = slow_database(&sb, &server, Duration::from_secs(2), "timeout: 10s", "");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut daemon = Daemon::start(&sb, &args);
-    // Wait until the slow call is in flight: base-env answered, postgres asked.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !server
-        .received()
-        .iter()
-        .any(|r| r.body["type"] == "base-env")
-        || started_calls(&sb, "postgres") == 0
-    {
-        assert!(Instant::now() < deadline, "{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually_or(
+        "the slow call in flight: base-env answered, postgres asked",
+        Duration::from_secs(20),
+        || {
+            (server
+                .received()
+                .iter()
+                .any(|r| r.body["type"] == "base-env")
+                && started_calls(&sb, "postgres") > 0)
+                .then_some(())
+        },
+        || daemon.log(),
+    );
     let (code, took) = daemon.terminate();
     assert_eq!(code, Some(0), "{}", daemon.log());
     assert!(
@@ -549,11 +547,12 @@ fn sigterm_does_not_wait_past_the_stop_timeout() {
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut daemon = Daemon::start(&sb, &args);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while started_calls(&sb, "postgres") == 0 {
-        assert!(Instant::now() < deadline, "{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually_or(
+        "the postgres call started",
+        Duration::from_secs(20),
+        || (started_calls(&sb, "postgres") > 0).then_some(()),
+        || daemon.log(),
+    );
     let (code, took) = daemon.terminate();
     assert_eq!(code, Some(0), "{}", daemon.log());
     assert!(
@@ -600,33 +599,28 @@ fn slow_database(
             ..Behavior::default()
         },
     );
-    let config = sb.root.join("host.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "{host}drivers:\n  test/http:\n    http: {{url: \"{}\", {http_timeout}}}\n",
-            server.url
-        ),
-    )
-    .unwrap();
+    let args = sb.host_config(&format!(
+        "{host}{}",
+        http_driver_config(&server.url, http_timeout)
+    ));
     write_http_platform(sb);
     let commit = sb.commit("A slow database");
-    let mut args = repo_args(sb);
-    args.extend(["--config".to_owned(), config.display().to_string()]);
     (args, commit)
 }
 
 /// Waits (up to 20 s) for a succeeded deployment of `commit`.
 #[track_caller]
 pub(crate) fn wait_succeeded(sb: &Sandbox, commit: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while sb.count(&format!(
-        "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
-    )) == 0
-    {
-        assert!(Instant::now() < deadline, "not finished after the restart");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(
+        format_args!("a succeeded deployment of {commit} after the restart"),
+        Duration::from_secs(20),
+        || {
+            (sb.count(&format!(
+                "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
+            )) > 0)
+                .then_some(())
+        },
+    );
 }
 
 fn started_calls(sb: &Sandbox, res_type: &str) -> i64 {
@@ -641,24 +635,13 @@ fn started_calls(sb: &Sandbox, res_type: &str) -> i64 {
 /// One app, one workload with a postgres that reads the base-env, all on the HTTP driver.
 pub(crate) fn write_http_platform(sb: &Sandbox) {
     sb.write("environments/test.yaml", "type: test\n");
-    let def = |id: &str, values: &str| {
-        format!(
-            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\nentity:\n  \
-             type: {id}\n  driver_type: test/http\n  driver_inputs:\n    values:\n      {values}\n  \
-             criteria:\n    - {{}}\n"
-        )
-    };
     sb.write(
         "definitions/platform.yaml",
-        &[
-            def("base-env", "zone: test"),
-            def(
-                "postgres",
-                "host: ${resources.base-env#base-env.outputs.name}",
-            ),
-            def("workload", "namespace: ${context.app.id}"),
-        ]
-        .join("---\n"),
+        &definitions(&[
+            Definition::http("base-env").value("zone: test"),
+            Definition::http("postgres").value("host: ${resources.base-env#base-env.outputs.name}"),
+            Definition::http("workload").value("namespace: ${context.app.id}"),
+        ]),
     );
     sb.write(
         "workloads/app/web.yaml",
@@ -700,16 +683,17 @@ fn a_drift_schedule_calls_every_driver_again() {
     args.extend(["--config".to_owned(), config.display().to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let daemon = Daemon::start(&sb, &args);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let drifts = sb
-            .count("SELECT COUNT(*) FROM deployment WHERE kind = 'drift' AND status = 'succeeded'");
-        if drifts >= 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no drift run:\n{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually_or(
+        "a succeeded drift run",
+        Duration::from_secs(20),
+        || {
+            (sb.count(
+                "SELECT COUNT(*) FROM deployment WHERE kind = 'drift' AND status = 'succeeded'",
+            ) >= 1)
+                .then_some(())
+        },
+        || daemon.log(),
+    );
     let drift = sb.rows(
         "SELECT id, commit_id, updated, unchanged FROM deployment WHERE kind = 'drift' ORDER BY id LIMIT 1",
     );
@@ -768,11 +752,12 @@ fn sighup_reloads_the_host_config() {
     assert!(status.success());
     daemon.wait_for_log("host config reloaded", Duration::from_secs(10));
     // The same commit goes through now, without a new push.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while sb.last_deployment("test").status != "succeeded" {
-        assert!(Instant::now() < deadline, "{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    eventually_or(
+        "the same commit deployed after the reload",
+        Duration::from_secs(20),
+        || (sb.last_deployment("test").status == "succeeded").then_some(()),
+        || daemon.log(),
+    );
     assert_eq!(sb.last_deployment("test").commit, first);
     assert_eq!(server.instances().len(), 3);
 }

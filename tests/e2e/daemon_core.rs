@@ -12,10 +12,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::daemon::Daemon;
-use crate::driver_server::{Behavior, DriverServer};
 use crate::failover::{ENVS, Fleet, assert_created_once};
 use crate::util::Sandbox;
 use crate::workflow::{host_config, strs, wait_until, write_platform, write_workload};
+use gitplane_testkit::{Behavior, DriverServer};
 
 /// The statuses and attempts of `env`'s deployments of `commit`, oldest first.
 fn attempts(sb: &Sandbox, env: &str, commit: &str) -> Vec<(String, String)> {
@@ -147,6 +147,7 @@ fn a_driver_failing_its_first_three_calls_ends_with_a_succeeded_deployment_by_re
     assert_eq!(newest["attempt"], 4, "{newest}");
     // Once succeeded, nothing more is retried.
     let deployments = sb.count("SELECT COUNT(*) FROM deployment");
+    // Not a wait for an event: several retry intervals pass, to show that no retry comes.
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(sb.count("SELECT COUNT(*) FROM deployment"), deployments);
 }
@@ -184,6 +185,7 @@ fn a_newer_commit_ends_the_retries_of_a_failing_one() {
             .any(|(s, _)| s == "succeeded")
     });
     let before = attempts(&sb, "test", &failing).len();
+    // Not a wait for an event: several retry intervals pass, to show that v1 is not retried.
     std::thread::sleep(Duration::from_millis(1200));
     assert_eq!(
         attempts(&sb, "test", &failing).len(),
@@ -224,6 +226,7 @@ fn a_database_outage_mid_deployment_ends_with_the_commit_deployed_without_a_new_
     });
     server.stop();
     fleet.driver.open();
+    // Not a wait for an event: the outage's length is what the test is about.
     thread::sleep(Duration::from_secs(10));
     server.start_again();
     let recovered = fleet.wait_until(
@@ -289,6 +292,7 @@ fn the_watchdog_heartbeat_goes_on_while_the_database_hangs_for_70_seconds() {
         .sb
         .edit("definitions/platform.yaml", "build: 1", "build: 2");
     let second = fleet.sb.commit("A commit pushed while the database hangs");
+    // Not a wait for an event: the hang's length (past every timeout) is what the test is about.
     thread::sleep(Duration::from_secs(70));
     drop(frozen);
     let hung = hang.elapsed();
@@ -400,15 +404,12 @@ fn past_stop_timeout_the_lease_goes_only_after_the_running_call_is_killed_and_jo
          CREATE TRIGGER note_release BEFORE UPDATE ON env_lease
            FOR EACH ROW EXECUTE FUNCTION note_release();",
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !started.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the call never started\n{}",
-            daemon.log()
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    gitplane_testkit::eventually_or(
+        "the call to start",
+        Duration::from_secs(30),
+        || started.exists().then_some(()),
+        || daemon.log(),
+    );
     let pid: i32 = std::fs::read_to_string(&started)
         .unwrap()
         .trim()

@@ -5,13 +5,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use gitplane_testkit::{HttpServer, Reply, eventually_or};
 use serde_json::{Value, json};
 
 use crate::daemon::Daemon;
-use crate::util::Sandbox;
+use crate::util::{Definition, Sandbox, definitions, http_driver_config};
 
 /// The secret output the driver gives, and the one it is changed to outside gitplane.
 const PASSWORD: &str = "pw-original-5ecret";
@@ -32,64 +32,59 @@ struct Resources {
 struct ReadingDriver {
     url: String,
     resources: Arc<Mutex<Resources>>,
+    _server: HttpServer,
 }
 
 impl ReadingDriver {
     fn start(read_path: bool) -> ReadingDriver {
-        let server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        let port = server.server_addr().to_ip().expect("an IP address").port();
         let resources: Arc<Mutex<Resources>> = Arc::default();
         let shared = resources.clone();
-        thread::spawn(move || {
-            for mut request in server.incoming_requests() {
-                let method = request.method().to_string();
-                let guresid = request.url().rsplit('/').next().unwrap_or("").to_owned();
-                let mut text = String::new();
-                let _ = request.as_reader().read_to_string(&mut text);
-                let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-                let (status, answer) = {
-                    let mut r = shared.lock().unwrap_or_else(|e| e.into_inner());
-                    r.methods.push(method.clone());
-                    match method.as_str() {
-                        "PUT" => {
-                            let values = json!({
-                                "host": format!("db-{}", &guresid[..8]),
-                                "port": 5432,
-                                "echo": body["driver"]["values"],
-                            });
-                            let secrets = json!({"password": PASSWORD});
-                            r.live
-                                .insert(guresid.clone(), (values.clone(), secrets.clone()));
-                            (200, answer(&guresid, &values, &secrets))
-                        }
-                        "GET" if !read_path => (405, json!({"message": "no read path"})),
-                        "GET" if r.failing_reads > 0 => {
-                            r.failing_reads -= 1;
-                            (503, json!({"message": "busy: try again"}))
-                        }
-                        "GET" => match r.live.get(&guresid) {
-                            Some((values, secrets)) => (200, answer(&guresid, values, secrets)),
-                            None => (404, json!({"message": "no such resource"})),
-                        },
-                        "DELETE" => {
-                            r.live.remove(&guresid);
-                            (204, Value::Null)
-                        }
-                        _ => (405, json!({})),
+        let server = HttpServer::start(move |request| {
+            let method = request.method.as_str();
+            let guresid = request.last_segment().to_owned();
+            let body = request.json();
+            let (status, answer) = {
+                let mut r = shared.lock().unwrap_or_else(|e| e.into_inner());
+                r.methods.push(method.to_owned());
+                match method {
+                    "PUT" => {
+                        let values = json!({
+                            "host": format!("db-{}", &guresid[..8]),
+                            "port": 5432,
+                            "echo": body["driver"]["values"],
+                        });
+                        let secrets = json!({"password": PASSWORD});
+                        r.live
+                            .insert(guresid.clone(), (values.clone(), secrets.clone()));
+                        (200, answer(&guresid, &values, &secrets))
                     }
-                };
-                let text = if status == 204 {
-                    String::new()
-                } else {
-                    answer.to_string()
-                };
-                let _ = request
-                    .respond(tiny_http::Response::from_string(text).with_status_code(status));
-            }
+                    "GET" if !read_path => (405, json!({"message": "no read path"})),
+                    "GET" if r.failing_reads > 0 => {
+                        r.failing_reads -= 1;
+                        (503, json!({"message": "busy: try again"}))
+                    }
+                    "GET" => match r.live.get(&guresid) {
+                        Some((values, secrets)) => (200, answer(&guresid, values, secrets)),
+                        None => (404, json!({"message": "no such resource"})),
+                    },
+                    "DELETE" => {
+                        r.live.remove(&guresid);
+                        (204, Value::Null)
+                    }
+                    _ => (405, json!({})),
+                }
+            };
+            let text = if status == 204 {
+                String::new()
+            } else {
+                answer.to_string()
+            };
+            Reply::text(status, text)
         });
         ReadingDriver {
-            url: format!("http://127.0.0.1:{port}/driver"),
+            url: format!("{}/driver", server.url),
             resources,
+            _server: server,
         }
     }
 
@@ -135,20 +130,21 @@ fn platform(sb: &Sandbox, driver: &ReadingDriver, env_file: &str) -> String {
     sb.write(
         "host.yaml",
         &format!(
-            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 2s}}\n\
-             retry: {{attempts: 2, initial_delay: 10ms, max_delay: 20ms, poll_interval: 10ms}}\n",
-            driver.url
+            "{}retry: {{attempts: 2, initial_delay: 10ms, max_delay: 20ms, poll_interval: 10ms}}\n",
+            http_driver_config(&driver.url, "timeout: 2s")
         ),
     );
     sb.write("environments/test.yaml", env_file);
     sb.write(
         "definitions/platform.yaml",
-        "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: pg\nentity:\n  \
-         type: postgres\n  driver_type: test/http\n  driver_inputs:\n    values:\n      \
-         size: small\n  criteria:\n    - {}\n---\n\
-         apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: wl\nentity:\n  \
-         type: workload\n  driver_type: echo\n  driver_inputs:\n    values:\n      \
-         namespace: shop\n  criteria:\n    - {}\n",
+        &definitions(&[
+            Definition::http("pg")
+                .of_type("postgres")
+                .value("size: small"),
+            Definition::new("wl", "echo")
+                .of_type("workload")
+                .value("namespace: shop"),
+        ]),
     );
     sb.write(
         "workloads/shop/api.yaml",
@@ -469,15 +465,12 @@ fn the_daemon_detects_on_its_schedule() {
     daemon.wait_for_log("drift detected (not corrected)", Duration::from_secs(30));
     let before = driver.methods().len();
     driver.tamper();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while sb.count("SELECT COUNT(*) FROM drift_finding") == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no finding recorded:\n{}",
-            daemon.log()
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
+    eventually_or(
+        "a drift finding recorded",
+        Duration::from_secs(30),
+        || (sb.count("SELECT COUNT(*) FROM drift_finding") > 0).then_some(()),
+        || daemon.log(),
+    );
     let (code, _) = daemon.terminate();
     assert_eq!(code, Some(0), "{}", daemon.log());
     let during: Vec<String> = driver.methods()[before..].to_vec();

@@ -9,15 +9,14 @@
 //! that a daemon is inside a driver call when the test kills or freezes it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read as _;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use gitplane_testkit::Postgres;
-use serde_json::{Value, json};
+use gitplane_testkit::{HttpServer, Postgres, Reply, Request, eventually_or, poll};
+use serde_json::json;
 
 use crate::daemon::Daemon;
 use crate::util::Sandbox;
@@ -74,25 +73,20 @@ struct DriverState {
 pub(crate) struct GatedDriver {
     url: String,
     shared: Arc<(Mutex<DriverState>, Condvar)>,
+    _server: HttpServer,
 }
 
 impl GatedDriver {
     fn start() -> GatedDriver {
-        let server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        let port = server.server_addr().to_ip().expect("an IP address").port();
         let shared: Arc<(Mutex<DriverState>, Condvar)> = Arc::default();
         let handler_state = shared.clone();
-        thread::spawn(move || {
-            for request in server.incoming_requests() {
-                let arrived = (Instant::now(), SystemTime::now());
-                let state = handler_state.clone();
-                // A thread per request: the calls of several daemons wait at the gate together.
-                thread::spawn(move || answer(request, arrived, &state));
-            }
-        });
+        // The server answers each request on a thread of its own: the calls of several daemons
+        // wait at the gate together.
+        let server = HttpServer::start(move |request| answer(request, &handler_state));
         GatedDriver {
-            url: format!("http://127.0.0.1:{port}/driver"),
+            url: format!("{}/driver", server.url),
             shared,
+            _server: server,
         }
     }
 
@@ -150,26 +144,15 @@ impl Drop for GatedDriver {
     }
 }
 
-fn answer(
-    mut request: tiny_http::Request,
-    (arrived, arrived_at): (Instant, SystemTime),
-    shared: &(Mutex<DriverState>, Condvar),
-) {
-    let method = request.method().to_string();
+fn answer(request: &Request, shared: &(Mutex<DriverState>, Condvar)) -> Reply {
+    let method = request.method.clone();
     // `/d<N>/driver/<guresid>`: daemon N's own driver URL.
     let daemon = request
-        .url()
+        .url
         .split('/')
         .find_map(|segment| segment.strip_prefix('d')?.parse::<usize>().ok());
-    let guresid = request
-        .url()
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
-    let mut text = String::new();
-    let _ = request.as_reader().take(1 << 20).read_to_string(&mut text);
-    let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    let guresid = request.last_segment().to_owned();
+    let body = request.json();
     let env = body["driver"]["values"]["env"]
         .as_str()
         .unwrap_or_default()
@@ -208,38 +191,27 @@ fn answer(
         env: env.clone(),
         existed,
         daemon,
-        arrived,
-        arrived_at,
+        arrived: request.arrived,
+        arrived_at: request.arrived_at,
         answered: Instant::now(),
     });
     changed.notify_all();
     drop(state);
-    let (status, text) = match method.as_str() {
+    let reply = match method.as_str() {
         "PUT" => {
             let values = json!({"name": format!("{env}-{}", &guresid[..guresid.len().min(8)])});
             let answer = json!({"id": guresid, "type": body["type"],
                 "resource": {"values": values, "secrets": {}}});
-            (200, answer.to_string())
+            Reply::json(200, &answer)
         }
-        "DELETE" => (204, String::new()),
-        _ => (405, json!({"message": "method not allowed"}).to_string()),
+        "DELETE" => Reply::status(204).header("Content-Type", "application/json"),
+        _ => Reply::json(405, &json!({"message": "method not allowed"})),
     };
-    let header = "Content-Type: application/json"
-        .parse::<tiny_http::Header>()
-        .expect("a valid header");
     // tiny_http now and then leaves a request on a reused keep-alive connection unanswered;
     // the daemon's call then times out and is made again, and the driver reads the repeat late.
-    // One connection per call keeps the record of calls a record of what the daemons did.
-    let close = "Connection: close"
-        .parse::<tiny_http::Header>()
-        .expect("a valid header");
-    // The daemon that asked may be dead or frozen by now: nobody to tell.
-    let _ = request.respond(
-        tiny_http::Response::from_string(text)
-            .with_status_code(status)
-            .with_header(header)
-            .with_header(close),
-    );
+    // One connection per call keeps the record of calls a record of what the daemons did. (The
+    // daemon that asked may be dead or frozen by now: nobody to tell.)
+    reply.close()
 }
 
 /// A lease as `env_lease` records it.
@@ -403,10 +375,8 @@ impl<'s> Fleet<'s> {
                     0 => sb.root.join("daemon.log"),
                     k => sb.root.join(format!("daemon.{k}.log")),
                 };
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while !log.exists() && Instant::now() < deadline {
-                    thread::sleep(Duration::from_millis(2));
-                }
+                // A start whose log never comes fails on its own (`Daemon::start`).
+                let _ = poll(Duration::from_secs(10), || log.exists().then_some(()));
             }
             handles
                 .into_iter()
@@ -535,8 +505,8 @@ impl<'s> Fleet<'s> {
         }
     }
 
-    /// Polls `done` every 100 ms for up to `limit`; returns how long it took, or fails the test
-    /// with the leases, the deployments and the end of every daemon's log.
+    /// Waits until `done` (up to `limit`); returns how long it took, or fails the test with the
+    /// leases, the deployments and the end of every daemon's log.
     #[track_caller]
     pub(crate) fn wait_until(
         &self,
@@ -545,15 +515,8 @@ impl<'s> Fleet<'s> {
         mut done: impl FnMut() -> bool,
     ) -> Duration {
         let started = Instant::now();
-        loop {
-            if done() {
-                return started.elapsed();
-            }
-            if started.elapsed() > limit {
-                panic!("{what}: not within {limit:?}\n{}", self.diagnostics());
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
+        eventually_or(what, limit, || done().then_some(()), || self.diagnostics());
+        started.elapsed()
     }
 
     /// What a person needs to see when a test fails here.
@@ -718,9 +681,16 @@ fn three_daemons_share_six_environments_two_each_and_deploy_each_once() {
          all deployed {deployed:?} later",
         started.elapsed().saturating_sub(spread + deployed)
     );
-    // A few heartbeats more: no lease moves and nothing is deployed again.
+    // A few heartbeats more: no lease moves and nothing is deployed again. Two renewals of
+    // every lease are the heartbeats, seen instead of guessed.
     let leases = fleet.leases();
-    thread::sleep(TTL / 2);
+    for _ in 0..2 {
+        let expiries = fleet.rows("SELECT env, expires_at FROM env_lease ORDER BY env");
+        fleet.wait_until("every lease renewed by a heartbeat", TTL, || {
+            let now = fleet.rows("SELECT env, expires_at FROM env_lease ORDER BY env");
+            now.len() == expiries.len() && now.iter().zip(&expiries).all(|(n, e)| n != e)
+        });
+    }
     assert_eq!(fleet.leases().len(), ENVS.len());
     for (env, lease) in fleet.leases() {
         assert_eq!(
@@ -942,7 +912,8 @@ fn a_frozen_daemon_resumed_after_its_leases_were_taken_over_writes_nothing() {
         },
     );
     eprintln!("failover timing: the resumed daemon noticed the loss {noticed:?} after SIGCONT");
-    // Whatever it still had in hand would be written by now.
+    // Whatever it still had in hand would be written by now. Not a wait for an event: time
+    // passes to show that a write which must never come does not.
     thread::sleep(TTL / 2);
     let log = fleet.daemons[frozen].log();
     let resumed_lines: Vec<&str> = log
@@ -1190,6 +1161,7 @@ fn every_daemon_survives_a_database_restart() {
     let third = fleet
         .sb
         .commit("A commit pushed while the database is down");
+    // Not a wait for an event: the outage's length is what the test is about.
     thread::sleep(TTL / 2);
     server.start_again();
     let down = outage.elapsed();

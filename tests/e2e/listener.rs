@@ -9,6 +9,8 @@ use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use gitplane_testkit::eventually_or;
+
 use crate::daemon::{Daemon, open_files_limited, wait_deployed};
 use crate::service::{client, free_port, get, hmac_hex, host_config, post};
 use crate::util::Sandbox;
@@ -110,21 +112,17 @@ fn half_open_connections_do_not_stop_a_push_or_the_health_check() {
     sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
     let pushed = Instant::now();
     let commit = sb.commit("A push while the listener is flooded");
-    let deadline = pushed + Duration::from_secs(10);
-    loop {
-        let done = sb.count(&format!(
-            "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
-        ));
-        if done == 2 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the push was not deployed within 10 s of 1010 half-open connections:\n{}",
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually_or(
+        "the push deployed within 10 s of 1010 half-open connections",
+        Duration::from_secs(10),
+        || {
+            (sb.count(&format!(
+                "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
+            )) == 2)
+                .then_some(())
+        },
+        || daemon.log(),
+    );
     eprintln!("deployed {:?} after the push", pushed.elapsed());
 
     // The connections over the cap were answered at once.
@@ -137,15 +135,12 @@ fn half_open_connections_do_not_stop_a_push_or_the_health_check() {
 
     // The half-open ones within the cap are closed at the header timeout: the health check
     // answers again, while the test still holds every connection open.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while healthz(port) != Some(200) {
-        assert!(
-            Instant::now() < deadline,
-            "/healthz does not answer:\n{}",
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    eventually_or(
+        "/healthz to answer 200",
+        Duration::from_secs(20),
+        || (healthz(port) == Some(200)).then_some(()),
+        || daemon.log(),
+    );
     let log = daemon.log();
     assert!(!log.contains("not a git repository"), "{log}");
     assert!(log.contains("connections refused with 503"), "{log}");
@@ -337,11 +332,12 @@ fn connections_over_the_cap_get_503_at_once() {
 
     // One connection less, and a client is served again.
     drop(held.pop());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while healthz(port) != Some(200) {
-        assert!(Instant::now() < deadline, "{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually_or(
+        "/healthz to answer 200 with one connection less",
+        Duration::from_secs(5),
+        || (healthz(port) == Some(200)).then_some(()),
+        || daemon.log(),
+    );
     daemon.wait_for_log(
         "connections refused with 503: 256 (http.max_connections) are open",
         Duration::from_secs(5),

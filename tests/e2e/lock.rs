@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::driver_server::{Behavior, DriverServer, Received};
 use crate::reconcile::http_platform;
 use crate::util::{Run, Sandbox, wait_until};
+use gitplane_testkit::{Behavior, DriverServer, Received};
 
 /// `gitplane ARGS --state STATE --config CONFIG` against the sandbox's repository.
 fn gitplane(sb: &Sandbox, state: &str, config: &Path, args: &[&str]) -> Run {

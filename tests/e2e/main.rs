@@ -1,7 +1,6 @@
 //! End-to-end tests: the real `gitplane` binary against real git repositories and a real state
 //! file. Each test gets its own temporary folder (see `util`).
 
-mod driver_server;
 mod util;
 mod vault_server;
 

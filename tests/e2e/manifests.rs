@@ -1,8 +1,8 @@
 //! `gitplane manifests`: the Kubernetes manifests of a deployment, as the last apply recorded
 //! them, with secret values hidden unless asked for.
 
-use crate::driver_server::DriverServer;
 use crate::util::{Sandbox, assert_golden};
+use gitplane_testkit::DriverServer;
 
 /// The template's database password, which reaches the backend's Score file.
 const PASSWORD: &str = "dev-password-change-me";

@@ -8,11 +8,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::daemon::{Daemon, wait_deployed};
-use crate::driver_server::DriverServer;
 use crate::util::Sandbox;
 use crate::workflow::{
     calls, guresids, host_config, push_branch, strs, wait_until, write_platform, write_workload,
 };
+use gitplane_testkit::DriverServer;
 
 const CREDENTIAL: &str = "AKIA-preview-credential-7Qx9";
 
@@ -134,7 +134,8 @@ fn a_preview_runs_its_branchs_workloads_with_the_watched_refs_platform_only() {
             )) == 1
         },
     );
-    // Time enough for a deployment to have started, had one been dispatched.
+    // Time enough for a deployment to have started, had one been dispatched. Not a wait for
+    // an event: time passes to show that none comes.
     std::thread::sleep(Duration::from_secs(2));
     assert!(!marker.exists(), "the branch's code ran on the host");
     assert_eq!(
@@ -304,7 +305,8 @@ fn a_branch_never_deploys_over_an_environment_the_watched_ref_declares() {
             ) == 1
         },
     );
-    // Longer than the ttl, and than a deployment of the push would take.
+    // Longer than the ttl, and than a deployment of the push would take. Not a wait for an
+    // event: time passes to show that none comes.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
         sb.count(&format!(
@@ -365,6 +367,7 @@ fn the_watched_ref_takes_over_a_live_preview_it_declares() {
         "the watched ref declares environment pr-y: no preview made",
         Duration::from_secs(30),
     );
+    // Not a wait for an event: time passes to show that the refused push deploys nothing.
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(
         sb.count(&format!(

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::driver_server::{Behavior, DriverServer, Received};
-use crate::util::Sandbox;
+use crate::util::{Definition, Sandbox, definitions};
+use gitplane_testkit::{Behavior, DriverServer, Received};
 
 /// A repository of `width` workloads in app `app`, environment `test`: each workload has a
 /// private postgres that reads the base-env; all three types use the HTTP driver. Depth 3.
@@ -22,31 +22,15 @@ pub(crate) fn http_platform(sb: &Sandbox, server: &DriverServer, width: usize) {
         ),
     );
     sb.write("environments/test.yaml", "type: test\n");
-    let def = |id: &str, res_type: &str, values: &str, secrets: &str| {
-        format!(
-            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\nentity:\n  \
-             type: {res_type}\n  driver_type: test/http\n  driver_inputs:\n    values:\n{values}{secrets}  \
-             criteria:\n    - {{}}\n"
-        )
-    };
     sb.write(
         "definitions/platform.yaml",
-        &[
-            def("base-env", "base-env", "      zone: example.test\n", ""),
-            def(
-                "postgres",
-                "postgres",
-                "      host: ${resources.base-env#base-env.outputs.name}\n",
-                "    secrets:\n      token: ${resources.base-env#base-env.outputs.token}\n",
-            ),
-            def(
-                "workload",
-                "workload",
-                "      namespace: ${context.app.id}\n",
-                "",
-            ),
-        ]
-        .join("---\n"),
+        &definitions(&[
+            Definition::http("base-env").value("zone: example.test"),
+            Definition::http("postgres")
+                .value("host: ${resources.base-env#base-env.outputs.name}")
+                .secret("token: ${resources.base-env#base-env.outputs.token}"),
+            Definition::http("workload").value("namespace: ${context.app.id}"),
+        ]),
     );
     for i in 0..width {
         sb.write(

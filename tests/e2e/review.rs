@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 
+use gitplane_testkit::{HttpServer, Reply, eventually_or};
 use serde_json::Value;
 
 use crate::util::Sandbox;
@@ -304,33 +305,31 @@ fn hmac_hex(secret: &str, body: &[u8]) -> String {
         .collect()
 }
 
-/// A POST the plan hook received: its Authorization header and its body as JSON.
-fn received(server: &tiny_http::Server, within: std::time::Duration) -> Option<(String, Value)> {
-    let mut request = server
-        .recv_timeout(within)
-        .expect("the test server works")?;
-    let auth = request
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv("Authorization"))
-        .map(|h| h.value.to_string())
-        .unwrap_or_default();
-    let mut body = String::new();
-    request.as_reader().read_to_string(&mut body).unwrap();
-    request
-        .respond(tiny_http::Response::from_string("ok"))
-        .unwrap();
-    Some((
-        auth,
-        serde_json::from_str(&body).expect("the plan hook's body is JSON"),
-    ))
+/// The `n`th POST the plan hook received (waiting up to 30 s for it): its Authorization header
+/// and its body as JSON.
+#[track_caller]
+fn received(server: &HttpServer, n: usize, daemon: &crate::daemon::Daemon) -> (String, Value) {
+    let logged = eventually_or(
+        format_args!("plan number {n} posted"),
+        std::time::Duration::from_secs(30),
+        || server.requests().into_iter().nth(n - 1),
+        || format!("{}\n{}", server.describe_log(), daemon.log()),
+    );
+    let request = logged.request;
+    (
+        request
+            .header("Authorization")
+            .unwrap_or_default()
+            .to_owned(),
+        serde_json::from_str(&request.body).expect("the plan hook's body is JSON"),
+    )
 }
 
 #[test]
 fn a_signed_pull_request_webhook_posts_the_plan_of_its_head_and_an_unsigned_one_nothing() {
     let sb = Sandbox::template();
-    let plan_server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    let plan_port = plan_server.server_addr().to_ip().unwrap().port();
+    let plan_server = HttpServer::start(|_| Reply::text(200, "ok"));
+    let plan_port = plan_server.port();
     let port = crate::service::free_port();
     let secret = "whsec-pr-4b8e11";
     let token = "plan-bot-token-77a2";
@@ -394,10 +393,6 @@ fn a_signed_pull_request_webhook_posts_the_plan_of_its_head_and_an_unsigned_one_
         ),
         401
     );
-    assert!(
-        received(&plan_server, std::time::Duration::from_secs(2)).is_none(),
-        "a refused webhook posted a plan"
-    );
     // Signed but malformed: 400.
     let malformed = br#"{"action":"opened","pull_request":{"number":"seven"}}"#;
     let signature = format!("sha256={}", hmac_hex(secret, malformed));
@@ -425,8 +420,14 @@ fn a_signed_pull_request_webhook_posts_the_plan_of_its_head_and_an_unsigned_one_
         ),
         202
     );
-    let (auth, posted) = received(&plan_server, std::time::Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("no plan was posted:\n{}", daemon.log()));
+    let (auth, posted) = received(&plan_server, 1, &daemon);
+    // The refused and the malformed webhooks came first and posted nothing: this is the first.
+    assert_eq!(
+        plan_server.requests().len(),
+        1,
+        "a refused webhook posted a plan: {}",
+        plan_server.describe_log()
+    );
     assert_eq!(auth, format!("Bearer {token}"));
     assert_eq!(posted["pull_request"], 7);
     assert_eq!(posted["head"], head.as_str());
@@ -464,8 +465,7 @@ fn a_signed_pull_request_webhook_posts_the_plan_of_its_head_and_an_unsigned_one_
         ),
         202
     );
-    let (_, posted) = received(&plan_server, std::time::Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("no plan was posted:\n{}", daemon.log()));
+    let (_, posted) = received(&plan_server, 2, &daemon);
     assert_eq!(posted["pull_request"], 3);
     assert_eq!(posted["provider"], "gitlab");
     assert!(posted["markdown"].as_str().unwrap().contains("queue"));

@@ -12,9 +12,9 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
 use crate::daemon::{Daemon, repo_args};
-use crate::driver_server::{Behavior, DriverServer, url_encoded};
 use crate::service::{free_port, get};
 use crate::util::{Sandbox, keys};
+use gitplane_testkit::{Behavior, DriverServer, url_encoded};
 
 const ENV: &str = "dev";
 /// The resource under test: an implicit resource of app `shop`, so its res_id is its type.

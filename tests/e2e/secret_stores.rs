@@ -7,9 +7,9 @@ use serde_json::{Value, json};
 use std::time::Duration;
 
 use crate::daemon::{Daemon, repo_args, wait_deployed};
-use crate::driver_server::DriverServer;
 use crate::util::{Run, Sandbox, rows};
 use crate::vault_server::VaultServer;
+use gitplane_testkit::DriverServer;
 
 const TOKEN: &str = "hvs-T0KEN-never-shown";
 const VAULT_V1: &str = "vault-s3cret-v1";
@@ -424,14 +424,17 @@ fn the_daemon_reads_stored_secrets_for_each_commit() {
     // The commit is fine, the store is not ready: once the secret is there, the same commit is
     // applied without a new push, and the wait was reported once.
     p.vault.put("db/gone", json!({"password": VAULT_V1}));
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while p.sb.count(&format!(
-        "SELECT COUNT(*) FROM deployment WHERE commit_id = '{broken}' AND status = 'succeeded'"
-    )) == 0
-    {
-        assert!(std::time::Instant::now() < deadline, "{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    gitplane_testkit::eventually_or(
+        "the same commit applied once the secret is there",
+        Duration::from_secs(20),
+        || {
+            (p.sb.count(&format!(
+                "SELECT COUNT(*) FROM deployment WHERE commit_id = '{broken}' AND status = 'succeeded'"
+            )) > 0)
+                .then_some(())
+        },
+        || daemon.log(),
+    );
     assert_eq!(p.driver.received().len(), calls + 1);
     let log = daemon.log();
     assert_eq!(

@@ -284,23 +284,17 @@ pub(crate) fn hmac_hex(secret: &str, body: &[u8]) -> String {
 /// long that took, or `None` past `limit`.
 fn deployed_within(state: &Path, commit: &str, limit: Duration) -> Option<Duration> {
     let started = Instant::now();
-    while started.elapsed() < limit {
-        if state.exists() {
-            let n: i64 = crate::util::rows(
-                &crate::util::open_db(state),
-                &format!(
-                    "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
-                ),
-            )[0][0]
-                .parse()
-                .unwrap();
-            if n == 2 {
-                return Some(started.elapsed());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    None
+    gitplane_testkit::poll(limit, || {
+        let n: i64 = crate::util::rows(
+            &crate::util::open_db(state.exists().then_some(state)?),
+            &format!(
+                "SELECT COUNT(*) FROM deployment WHERE commit_id = '{commit}' AND status = 'succeeded'"
+            ),
+        )[0][0]
+            .parse()
+            .unwrap();
+        (n == 2).then(|| started.elapsed())
+    })
 }
 
 #[test]

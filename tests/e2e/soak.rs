@@ -7,9 +7,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::daemon::{Daemon, repo_args};
-use crate::driver_server::{Behavior, DriverServer};
-use crate::util::Sandbox;
+use crate::daemon::Daemon;
+use crate::util::{Definition, Sandbox, definitions, http_driver_config};
+use gitplane_testkit::{Behavior, DriverServer};
 
 const COMMITS: usize = 200;
 const KILLS: [usize; 5] = [40, 80, 120, 160, 190];
@@ -36,44 +36,25 @@ fn two_hundred_commits_through_a_flaky_driver_and_five_kills() {
             },
         );
     }
-    let config = sb.root.join("host.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 5s}}\n\
-             retry: {{attempts: 6, initial_delay: 10ms, max_delay: 50ms, poll_interval: 10ms}}\n",
-            server.url
-        ),
-    )
-    .unwrap();
+    let config_args = sb.host_config(&format!(
+        "{}retry: {{attempts: 6, initial_delay: 10ms, max_delay: 50ms, poll_interval: 10ms}}\n",
+        http_driver_config(&server.url, "timeout: 5s")
+    ));
     sb.write("environments/test.yaml", "type: test\n");
-    let def = |id: &str, values: &str| {
-        format!(
-            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\n\
-             entity:\n  type: {id}\n  driver_type: test/http\n  driver_inputs:\n    values:\n      \
-             {values}\n  criteria:\n    - {{}}\n"
-        )
-    };
     sb.write(
         "definitions/platform.yaml",
-        &[
-            def("base-env", "zone: example.test"),
-            def(
-                "postgres",
-                "host: ${resources.base-env#base-env.outputs.name}",
-            ),
-            def("workload", "namespace: ${context.app.id}"),
-        ]
-        .join("---\n"),
+        &definitions(&[
+            Definition::http("base-env").value("zone: example.test"),
+            Definition::http("postgres").value("host: ${resources.base-env#base-env.outputs.name}"),
+            Definition::http("workload").value("namespace: ${context.app.id}"),
+        ]),
     );
     for i in 0..10 {
         sb.write(&format!("workloads/app/w{i}.yaml"), &workload(i, 0));
     }
     sb.commit("Ten workloads");
 
-    let mut args = repo_args(&sb);
-    args.extend(["--config".to_owned(), config.display().to_string()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let args: Vec<&str> = config_args.iter().map(String::as_str).collect();
     let mut daemon = Some(Daemon::start(&sb, &args));
     let mut retired = BTreeSet::new();
     let mut next = 10;
@@ -103,6 +84,7 @@ fn two_hundred_commits_through_a_flaky_driver_and_five_kills() {
             drop(daemon.take()); // SIGKILL, wherever it was
             daemon = Some(Daemon::start(&sb, &args));
         }
+        // Not a wait for an event: the pace of the pushes, faster than a deployment.
         std::thread::sleep(Duration::from_millis(20));
     }
     // The last commit is deployed (pushing it again, empty, if a driver failure outlasted
@@ -130,7 +112,7 @@ fn two_hundred_commits_through_a_flaky_driver_and_five_kills() {
             "--format",
             "json",
             "--config",
-            config.to_str().unwrap(),
+            args[args.len() - 1],
         ])
         .ok()
         .json();
@@ -189,19 +171,19 @@ fn two_hundred_commits_through_a_flaky_driver_and_five_kills() {
 }
 
 /// The status of the newest finished commit deployment of `commit` in environment `test`.
+#[track_caller]
 fn wait_finished(sb: &Sandbox, commit: &str) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    while std::time::Instant::now() < deadline {
-        if sb.state.exists() {
-            let rows = sb.rows(&format!(
-                "SELECT status FROM deployment WHERE commit_id = '{commit}' AND kind = 'commit' \
-                 AND status NOT IN ('running') ORDER BY id DESC LIMIT 1"
-            ));
-            if let Some(r) = rows.first() {
-                return r[0].clone();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{commit} was not deployed within 5 minutes");
+    gitplane_testkit::eventually(
+        format_args!("{commit} deployed"),
+        Duration::from_secs(300),
+        || {
+            let rows = sb.state.exists().then(|| {
+                sb.rows(&format!(
+                    "SELECT status FROM deployment WHERE commit_id = '{commit}' \
+                     AND kind = 'commit' AND status NOT IN ('running') ORDER BY id DESC LIMIT 1"
+                ))
+            })?;
+            rows.into_iter().next().map(|mut r| r.remove(0))
+        },
+    )
 }

@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use crate::daemon::{Daemon, repo_args, wait_succeeded};
-use crate::driver_server::{Behavior, DriverServer};
 use crate::util::Sandbox;
+use gitplane_testkit::{Behavior, DriverServer};
 
 /// How many resources wait behind the driver's one permit.
 const QUEUES: usize = 20;

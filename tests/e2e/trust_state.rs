@@ -464,7 +464,8 @@ fn a_daemon_with_the_wrong_state_key_refuses_to_start_and_takes_no_lease() {
         leases_of(server, &url, second.pid()),
         Vec::<Vec<String>>::new()
     );
-    // The first daemon keeps what it held, and nothing failed.
+    // The first daemon keeps what it held, and nothing failed. Not a wait for an event: time
+    // passes to show that the refused daemon took nothing away.
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(
         pg_rows(

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rusqlite::Connection;
 use rusqlite::types::ValueRef;
@@ -589,7 +589,7 @@ pub fn rows_of<const N: usize, C: FromIterator<Vec<String>>>(rows: &[[&str; N]])
         .collect()
 }
 
-/// Polls `done` every 100 ms for up to `limit`, failing with `what` and `context()`.
+/// Waits until `done` (up to `limit`), failing with `what` and `context()`.
 #[track_caller]
 pub fn wait_until(
     what: &str,
@@ -597,13 +597,119 @@ pub fn wait_until(
     mut done: impl FnMut() -> bool,
     context: impl Fn() -> String,
 ) {
-    let started = Instant::now();
-    while !done() {
-        assert!(
-            started.elapsed() < limit,
-            "{what}: not within {limit:?}\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(100));
+    gitplane_testkit::eventually_or(what, limit, || done().then_some(()), context);
+}
+
+/// A Resource Definition as a test writes it: one way to build the common shape (an id, a
+/// resource type, a driver, values and secrets, one criteria entry) instead of a `format!` per
+/// file.
+#[derive(Debug, Clone)]
+pub struct Definition {
+    id: String,
+    res_type: String,
+    driver: String,
+    /// `key: value` lines under `driver_inputs.values` / `.secrets`.
+    values: Vec<String>,
+    secrets: Vec<String>,
+    criteria: String,
+}
+
+impl Definition {
+    /// Definition `id` of resource type `id`, on `driver`, for every context (`criteria: [{}]`).
+    pub fn new(id: &str, driver: &str) -> Definition {
+        Definition {
+            id: id.to_owned(),
+            res_type: id.to_owned(),
+            driver: driver.to_owned(),
+            values: Vec::new(),
+            secrets: Vec::new(),
+            criteria: "{}".to_owned(),
+        }
+    }
+
+    /// On the HTTP driver the tests register as `test/http`.
+    pub fn http(id: &str) -> Definition {
+        Definition::new(id, "test/http")
+    }
+
+    /// For resource type `res_type` (the id stays).
+    pub fn of_type(mut self, res_type: &str) -> Definition {
+        self.res_type = res_type.to_owned();
+        self
+    }
+
+    /// A `key: value` line of `driver_inputs.values`.
+    pub fn value(mut self, line: &str) -> Definition {
+        self.values.push(line.to_owned());
+        self
+    }
+
+    /// A `key: value` line of `driver_inputs.secrets`.
+    pub fn secret(mut self, line: &str) -> Definition {
+        self.secrets.push(line.to_owned());
+        self
+    }
+
+    /// The one criteria entry, as flow YAML (`{env_type: preview}`).
+    pub fn criteria(mut self, criteria: &str) -> Definition {
+        self.criteria = criteria.to_owned();
+        self
+    }
+
+    /// The definition's YAML document.
+    pub fn yaml(&self) -> String {
+        let block = |name: &str, lines: &[String]| {
+            if lines.is_empty() {
+                return String::new();
+            }
+            let body: String = lines.iter().map(|l| format!("      {l}\n")).collect();
+            format!("    {name}:\n{body}")
+        };
+        format!(
+            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {}\n\
+             entity:\n  type: {}\n  driver_type: {}\n  driver_inputs:\n{}{}  criteria:\n    - {}\n",
+            self.id,
+            self.res_type,
+            self.driver,
+            block("values", &self.values),
+            block("secrets", &self.secrets),
+            self.criteria
+        )
+    }
+}
+
+/// Several definitions as one multi-document YAML file.
+pub fn definitions(all: &[Definition]) -> String {
+    all.iter()
+        .map(Definition::yaml)
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// The `drivers:` block of a host config registering `test/http` at `url`, with `options`
+/// (`timeout: 10s`, `concurrency: 1`) inside its `http:` map.
+pub fn http_driver_config(url: &str, options: &str) -> String {
+    let options = if options.is_empty() {
+        String::new()
+    } else {
+        format!(", {options}")
+    };
+    format!("drivers:\n  test/http:\n    http: {{url: \"{url}\"{options}}}\n")
+}
+
+impl Sandbox {
+    /// Writes `yaml` as the host config `host.yaml` beside the repositories (not in the
+    /// clone) and returns the daemon's arguments: the repository, the state and `--config`.
+    pub fn host_config(&self, yaml: &str) -> Vec<String> {
+        let config = self.root.join("host.yaml");
+        std::fs::write(&config, yaml).unwrap();
+        vec![
+            "--repo".into(),
+            self.origin.display().to_string(),
+            "--state".into(),
+            self.state.display().to_string(),
+            "--config".into(),
+            config.display().to_string(),
+        ]
     }
 }

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::thread;
 
+use gitplane_testkit::{HttpServer, Reply, Request};
 use serde_json::{Value, json};
 
 pub struct VaultServer {
@@ -13,34 +13,20 @@ pub struct VaultServer {
     pub url: String,
     /// Every versions of every secret, by path under the `secret` mount.
     secrets: Arc<Mutex<HashMap<String, Vec<Value>>>>,
-    reads: Arc<Mutex<Vec<String>>>,
-    server: Arc<tiny_http::Server>,
+    server: HttpServer,
 }
 
 impl VaultServer {
     pub fn start(token: &str) -> VaultServer {
-        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0"));
-        let port = server.server_addr().to_ip().expect("an IP address").port();
         let secrets: Arc<Mutex<HashMap<String, Vec<Value>>>> = Arc::default();
-        let reads: Arc<Mutex<Vec<String>>> = Arc::default();
-        let (s, r, srv, token) = (
-            secrets.clone(),
-            reads.clone(),
-            server.clone(),
-            token.to_owned(),
-        );
-        thread::spawn(move || {
-            for request in srv.incoming_requests() {
-                let (status, body) = answer(&request, &token, &s, &r);
-                let _ = request.respond(
-                    tiny_http::Response::from_string(body.to_string()).with_status_code(status),
-                );
-            }
+        let (s, token) = (secrets.clone(), token.to_owned());
+        let server = HttpServer::start(move |request| {
+            let (status, body) = answer(request, &token, &s);
+            Reply::text(status, body.to_string())
         });
         VaultServer {
-            url: format!("http://127.0.0.1:{port}"),
+            url: server.url.clone(),
             secrets,
-            reads,
             server,
         }
     }
@@ -53,36 +39,24 @@ impl VaultServer {
 
     /// The URL of every read, in order.
     pub fn reads(&self) -> Vec<String> {
-        self.reads.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
-
-impl Drop for VaultServer {
-    fn drop(&mut self) {
-        self.server.unblock();
+        self.server
+            .requests()
+            .into_iter()
+            .map(|logged| logged.request.url)
+            .collect()
     }
 }
 
 fn answer(
-    request: &tiny_http::Request,
+    request: &Request,
     token: &str,
     secrets: &Mutex<HashMap<String, Vec<Value>>>,
-    reads: &Mutex<Vec<String>>,
 ) -> (u16, Value) {
-    let url = request.url().to_owned();
-    reads
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(url.clone());
-    let given = request
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv("X-Vault-Token"))
-        .map(|h| h.value.to_string());
-    if given.as_deref() != Some(token) {
+    let url = &request.url;
+    if request.header("X-Vault-Token") != Some(token) {
         return (403, json!({"errors": ["permission denied"]}));
     }
-    let (path, query) = url.split_once('?').unwrap_or((&url, ""));
+    let (path, query) = url.split_once('?').unwrap_or((url, ""));
     let Some(path) = path.strip_prefix("/v1/secret/data/") else {
         return (404, json!({"errors": []}));
     };

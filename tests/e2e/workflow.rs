@@ -6,35 +6,25 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use crate::daemon::{Daemon, repo_args, wait_deployed};
-use crate::driver_server::DriverServer;
-use crate::util::Sandbox;
+use crate::daemon::{Daemon, wait_deployed};
+use crate::util::{Definition, Sandbox, definitions, http_driver_config};
+use gitplane_testkit::DriverServer;
 
 /// An HTTP-driver platform: environment `test`, app `shop` with a workload `web` that reads a
 /// postgres. The postgres of a `preview` environment has its own definition (its type chooses).
 pub(crate) fn write_platform(sb: &Sandbox, version: &str) {
     sb.write("environments/test.yaml", "type: test\n");
-    let def = |id: &str, res_type: &str, values: &str, criteria: &str| {
-        format!(
-            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {id}\n\
-             entity:\n  type: {res_type}\n  driver_type: test/http\n  driver_inputs:\n    \
-             values:\n      {values}\n  criteria:\n    - {criteria}\n"
-        )
-    };
     sb.write(
         "definitions/platform.yaml",
-        &[
-            def("base-env", "base-env", "zone: test", "{}"),
-            def("postgres", "postgres", "size: shared", "{}"),
-            def(
-                "postgres-preview",
-                "postgres",
-                "size: tiny-preview",
-                "{env_type: preview}",
-            ),
-            def("workload", "workload", "namespace: ${context.env.id}", "{}"),
-        ]
-        .join("---\n"),
+        &definitions(&[
+            Definition::http("base-env").value("zone: test"),
+            Definition::http("postgres").value("size: shared"),
+            Definition::http("postgres-preview")
+                .of_type("postgres")
+                .value("size: tiny-preview")
+                .criteria("{env_type: preview}"),
+            Definition::http("workload").value("namespace: ${context.env.id}"),
+        ]),
     );
     write_workload(sb, version);
 }
@@ -50,20 +40,13 @@ pub(crate) fn write_workload(sb: &Sandbox, version: &str) {
     );
 }
 
+/// The daemon's arguments with a host config registering `server` and watching every second,
+/// and `extra`.
 pub(crate) fn host_config(sb: &Sandbox, server: &DriverServer, extra: &str) -> Vec<String> {
-    let config = sb.root.join("host.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "drivers:\n  test/http:\n    http: {{url: \"{}\", timeout: 10s}}\n\
-             watch_interval: 1s\n{extra}",
-            server.url
-        ),
-    )
-    .unwrap();
-    let mut args = repo_args(sb);
-    args.extend(["--config".to_owned(), config.display().to_string()]);
-    args
+    sb.host_config(&format!(
+        "{}watch_interval: 1s\n{extra}",
+        http_driver_config(&server.url, "timeout: 10s")
+    ))
 }
 
 pub(crate) fn strs(args: &[String]) -> Vec<&str> {
@@ -95,6 +78,7 @@ pub(crate) fn calls(server: &DriverServer, method: &str, ids: &BTreeSet<String>)
         .collect()
 }
 
+/// Waits until `done` (up to `timeout`), failing with `what` and the daemon's log.
 #[track_caller]
 pub(crate) fn wait_until(
     what: &str,
@@ -102,15 +86,12 @@ pub(crate) fn wait_until(
     timeout: Duration,
     mut done: impl FnMut() -> bool,
 ) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not in time\n{}",
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    gitplane_testkit::eventually_or(
+        what,
+        timeout,
+        || done().then_some(()),
+        || format!("daemon log:\n{}", daemon.log()),
+    );
 }
 
 /// A pushed `pr-1` branch gets its own environment at the driver, built with the preview type's
@@ -192,6 +173,8 @@ fn a_branch_gets_a_preview_environment_that_goes_with_the_branch() {
     write_workload(&sb, "v1.1");
     let on_main = sb.commit("v1.1 on main");
     wait_deployed(&sb, &on_main, &["test"], Duration::from_secs(30));
+    // Not a wait for an event: time passes to show that a deployment that must not come does
+    // not.
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
         sb.count(&format!(
@@ -312,7 +295,8 @@ fn a_preview_whose_time_runs_out_is_removed() {
     );
     assert_eq!(calls(&server, "DELETE", &preview_ids).len(), 3);
     assert_eq!(guresids(&sb, "test").len(), 3, "test keeps its resources");
-    // The branch is still there: the next looks leave the preview removed.
+    // The branch is still there: the next looks leave the preview removed. Not a wait for an
+    // event: two watch intervals pass, to show that nothing makes the preview again.
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(
         sb.count("SELECT COUNT(*) FROM resource WHERE env = 'pr-2'"),
@@ -405,6 +389,7 @@ fn a_rollback_pins_the_environment_until_unpinned() {
             )) == 1
         },
     );
+    // Not a wait for an event: time passes to show that no call is made for the pinned env.
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         server.received().len(),

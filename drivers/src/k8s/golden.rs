@@ -11,7 +11,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::super::{Manifest, ManifestLocation};
 
@@ -131,17 +131,13 @@ fn run_with_limit(mut command: Command, limit: Duration) -> Result<String, Strin
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start: {e}"))?;
-    let started = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if started.elapsed() > limit => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("still running after {limit:?}; killed"));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("cannot wait: {e}")),
+    match gitplane_testkit::poll(limit, || child.try_wait().transpose()) {
+        Some(Ok(_)) => {}
+        Some(Err(e)) => return Err(format!("cannot wait: {e}")),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("still running after {limit:?}; killed"));
         }
     }
     let output = child

@@ -1,17 +1,23 @@
 //! A real HTTP driver on 127.0.0.1 implementing the Humanitec Driver Interface the way a real
 //! asynchronous driver does: one instance per GUResID, 202 while provisioning with a cookie that
 //! counts the polls, 200 with outputs, 204 on delete. Behaviour is set per resource type, so a
-//! test can inject a 500, a 400, a slow answer or an oversized cookie. It records every request.
+//! test can inject a 500, a 400, a slow answer or an oversized cookie. It records every request
+//! as it arrives and as it was answered.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::http_server::{HttpServer, Logged, Reply, Request};
+
 /// The key of the behaviour of reads among those of resource types.
 const READS: &str = "(reads)";
+/// The header a driver's cookie comes back in, and the one that sets it.
+const COOKIE_HEADER: &str = "Humanitec-Driver-Cookie";
+const SET_COOKIE_HEADER: &str = "Set-Humanitec-Driver-Cookie";
 
 /// How the driver answers for one resource type.
 #[derive(Debug, Clone, Default)]
@@ -35,7 +41,7 @@ pub struct Behavior {
     pub leak_secrets: bool,
 }
 
-/// One request the driver received.
+/// One request the driver received and answered.
 #[derive(Debug, Clone)]
 pub struct Received {
     pub method: String,
@@ -50,6 +56,27 @@ pub struct Received {
     pub answered: Instant,
 }
 
+impl Received {
+    fn of(logged: &Logged) -> Received {
+        let request = &logged.request;
+        Received {
+            method: request.method.clone(),
+            guresid: request.last_segment().to_owned(),
+            body: request.json(),
+            cookie: request.header(COOKIE_HEADER).map(str::to_owned),
+            status: logged.status,
+            set_cookie: logged
+                .reply
+                .headers
+                .iter()
+                .find(|(name, _)| name == SET_COOKIE_HEADER)
+                .map(|(_, value)| value.clone()),
+            arrived: request.arrived,
+            answered: logged.answered,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     behaviors: HashMap<String, Behavior>,
@@ -62,34 +89,31 @@ struct Inner {
     failures: HashMap<String, u32>,
     /// 200s answered per GUResID.
     provisioned: HashMap<String, u32>,
-    received: Vec<Received>,
     /// Every request as it arrived, before it is answered: method, GUResID and when.
     arrivals: Vec<(String, String, Instant)>,
     /// Calls answered, for the flaky sequence.
     calls: u64,
 }
 
+/// The driver: an [`HttpServer`] whose handler is the Driver Interface above.
 pub struct DriverServer {
     /// `http://127.0.0.1:PORT/driver`, the URL to register.
     pub url: String,
+    server: HttpServer,
+    /// The driver's memory, and a condition variable told of each arrival.
     inner: Arc<(Mutex<Inner>, Condvar)>,
 }
 
 impl DriverServer {
     pub fn start() -> DriverServer {
-        let server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        let port = server.server_addr().to_ip().expect("an IP address").port();
         let inner: Arc<(Mutex<Inner>, Condvar)> = Arc::default();
         let shared = inner.clone();
-        thread::spawn(move || {
-            for request in server.incoming_requests() {
-                let shared = shared.clone();
-                // One thread per request: resources are provisioned concurrently.
-                thread::spawn(move || handle(request, &shared));
-            }
-        });
+        // The server answers each request on a thread of its own: resources are provisioned
+        // concurrently.
+        let server = HttpServer::start(move |request| handle(request, &shared));
         DriverServer {
-            url: format!("http://127.0.0.1:{port}/driver"),
+            url: format!("{}/driver", server.url),
+            server,
             inner,
         }
     }
@@ -103,12 +127,13 @@ impl DriverServer {
         self.lock().behaviors.insert(READS.to_owned(), behavior);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.0.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Every request answered so far, in the order the answers were sent.
     pub fn received(&self) -> Vec<Received> {
-        self.lock().received.clone()
+        self.server.requests().iter().map(Received::of).collect()
     }
 
     /// The live instances: GUResID to instance number.
@@ -116,7 +141,7 @@ impl DriverServer {
         self.lock().instances.clone()
     }
 
-    /// GUResIDs for which more than one instance was ever created while none was deleted.
+    /// How many instances were created per GUResID since it was last deleted.
     pub fn creations(&self) -> HashMap<String, u32> {
         self.lock().creations.clone()
     }
@@ -127,96 +152,59 @@ impl DriverServer {
     }
 
     /// Blocks until `n` requests have arrived, answered or not (or `timeout` passes); returns
-    /// whether they did.
+    /// whether they did. Woken by each arrival, not by a poll (see
+    /// [`HttpServer::wait_for_answers`]).
     pub fn wait_for_arrivals(&self, n: usize, timeout: Duration) -> bool {
-        let (lock, cv) = &*self.inner;
-        let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
-        let (guard, _) = cv
-            .wait_timeout_while(guard, timeout, |i| i.arrivals.len() < n)
-            .unwrap_or_else(|e| e.into_inner());
-        guard.arrivals.len() >= n
+        let (lock, arrived) = &*self.inner;
+        let inner = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let (inner, _) = arrived
+            .wait_timeout_while(inner, timeout, |i| i.arrivals.len() < n)
+            .unwrap_or_else(PoisonError::into_inner);
+        inner.arrivals.len() >= n
     }
 
-    /// Blocks until the server has received `n` requests (or `timeout` passes); returns whether
+    /// Blocks until the server has answered `n` requests (or `timeout` passes); returns whether
     /// it did.
     pub fn wait_for_requests(&self, n: usize, timeout: Duration) -> bool {
-        let (lock, cv) = &*self.inner;
-        let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
-        let (guard, _) = cv
-            .wait_timeout_while(guard, timeout, |i| i.received.len() < n)
-            .unwrap_or_else(|e| e.into_inner());
-        guard.received.len() >= n
+        self.server.wait_for_answers(n, timeout)
+    }
+
+    /// The calls received, one line each, for a failure message.
+    pub fn describe_calls(&self) -> String {
+        self.server.describe_log()
     }
 }
 
-fn handle(mut request: tiny_http::Request, shared: &(Mutex<Inner>, Condvar)) {
-    let arrived = Instant::now();
-    let method = request.method().to_string();
-    let guresid = request
-        .url()
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
-    let cookie = request
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv("Humanitec-Driver-Cookie"))
-        .map(|h| h.value.to_string());
-    let mut text = String::new();
-    let _ = request.as_reader().read_to_string(&mut text);
-    let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    let res_type = body["type"].as_str().unwrap_or_default().to_owned();
-
+fn handle(request: &Request, (shared, arrived): &(Mutex<Inner>, Condvar)) -> Reply {
+    let method = request.method.as_str();
+    let guresid = request.last_segment();
+    let body = request.json();
+    let res_type = body["type"].as_str().unwrap_or_default();
     let behavior = {
-        let mut inner = shared.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = shared.lock().unwrap_or_else(PoisonError::into_inner);
         inner
             .arrivals
-            .push((method.clone(), guresid.clone(), arrived));
-        shared.1.notify_all();
-        let key = if method == "GET" { READS } else { &res_type };
+            .push((method.to_owned(), guresid.to_owned(), request.arrived));
+        arrived.notify_all();
+        let key = if method == "GET" { READS } else { res_type };
         inner.behaviors.get(key).cloned().unwrap_or_default()
     };
     thread::sleep(behavior.delay);
 
     let (status, response_body, set_cookie) = {
-        let mut inner = shared.0.lock().unwrap_or_else(|e| e.into_inner());
-        answer(&mut inner, &method, &guresid, &body, &behavior)
+        let mut inner = shared.lock().unwrap_or_else(PoisonError::into_inner);
+        answer(&mut inner, method, guresid, &body, &behavior)
     };
     let text = if status == 204 {
         String::new()
     } else {
         response_body.to_string()
     };
-    let mut response = tiny_http::Response::from_string(text)
-        .with_status_code(status)
-        .with_header(
-            "Content-Type: application/json"
-                .parse::<tiny_http::Header>()
-                .expect("a valid header"),
-        );
-    if let Some(c) = &set_cookie {
-        let header = tiny_http::Header::from_bytes("Set-Humanitec-Driver-Cookie", c.as_bytes())
-            .expect("a valid header");
-        response = response.with_header(header);
+    let mut reply = Reply::text(status, text).header("Content-Type", "application/json");
+    if let Some(cookie) = set_cookie {
+        reply = reply.header(SET_COOKIE_HEADER, cookie);
     }
-    // Taken before the answer leaves: a client may send its next request the moment it reads
-    // this one, so a later timestamp could land after that request's `arrived`.
-    let answered = Instant::now();
-    let _ = request.respond(response);
-    let (lock, cv) = shared;
-    let mut inner = lock.lock().unwrap_or_else(|e| e.into_inner());
-    inner.received.push(Received {
-        method,
-        guresid,
-        body,
-        cookie,
-        status,
-        set_cookie,
-        arrived,
-        answered,
-    });
-    cv.notify_all();
+    reply
 }
 
 /// Status, body and cookie to set for one request.

@@ -1467,10 +1467,13 @@ impl<'a> Run<'a, '_> {
                     && !manifests::has_pod_template(&manifests)
                 {
                     let name = node.res_id.strip_prefix("modules.").unwrap_or(&node.res_id);
+                    let secrets: Vec<&Value> = inputs.resource_secrets.iter().collect();
                     manifests.extend(manifests::workload_objects(
                         node.app.as_deref(),
                         name,
                         &inputs.resource,
+                        &manifests::volume_sources(&node.params),
+                        &secrets,
                     ));
                 }
                 // Secret values reach manifests through the driver's secret inputs, its secret

@@ -33,6 +33,7 @@ mod previews;
 mod reconcile;
 mod reports;
 mod review;
+mod score_mounts;
 mod secret_outputs;
 mod secret_stores;
 mod secrets;

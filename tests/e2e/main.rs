@@ -34,6 +34,7 @@ mod reconcile;
 mod reports;
 mod review;
 mod score_mounts;
+mod score_services;
 mod secret_outputs;
 mod secret_stores;
 mod secrets;

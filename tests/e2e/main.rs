@@ -46,3 +46,4 @@ mod systemd;
 mod terraform;
 mod trust_state;
 mod workflow;
+mod workload_updates;

@@ -172,7 +172,9 @@ fn score_files_and_volumes_are_mounted_in_the_generated_deployment() {
     let (mount, volume) = volume_at(deployment, "/data");
     assert_eq!(mount["subPath"], "uploads");
     assert_eq!(mount["readOnly"], true);
-    let claim = volume["persistentVolumeClaim"]["claimName"].as_str().unwrap();
+    let claim = volume["persistentVolumeClaim"]["claimName"]
+        .as_str()
+        .unwrap();
     object(&objects, "PersistentVolumeClaim", claim);
     let (mount, volume) = volume_at(deployment, "/var/cache/nginx");
     assert!(mount.get("readOnly").is_none(), "{mount}");

@@ -68,7 +68,13 @@ fn a_service_resource_reads_the_named_workloads_service_and_depends_on_it() {
 
     let json = sb
         .gitplane(&[
-            "manifests", "--env", "development", "--app", "calls", "--format", "json",
+            "manifests",
+            "--env",
+            "development",
+            "--app",
+            "calls",
+            "--format",
+            "json",
         ])
         .ok()
         .json();
@@ -81,7 +87,12 @@ fn a_service_resource_reads_the_named_workloads_service_and_depends_on_it() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| (e["name"].as_str().unwrap().into(), e["value"].as_str().unwrap().into()))
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().into(),
+                e["value"].as_str().unwrap().into(),
+            )
+        })
         .collect();
     let value = |name: &str| env.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
     assert_eq!(value("BACKEND_HOST"), Some("backend"));

@@ -1065,7 +1065,13 @@ impl Loader {
                     as_written.push((content_at, content.clone()));
                 }
                 if let Some(mode) = entry.get("mode") {
-                    let keys = ["containers", container.as_str(), "files", key.as_str(), "mode"];
+                    let keys = [
+                        "containers",
+                        container.as_str(),
+                        "files",
+                        key.as_str(),
+                        "mode",
+                    ];
                     if mode.as_str().and_then(octal_mode).is_none() {
                         let (line, column) = yaml::key_location(text, &keys).unzip();
                         self.error(
@@ -1084,7 +1090,13 @@ impl Loader {
                 let Some(Value::String(source)) = entry.get("source") else {
                     continue;
                 };
-                let keys = ["containers", container.as_str(), "files", key.as_str(), "source"];
+                let keys = [
+                    "containers",
+                    container.as_str(),
+                    "files",
+                    key.as_str(),
+                    "source",
+                ];
                 let (line, column) = yaml::key_location(text, &keys).unzip();
                 let location = SourceLocation {
                     file: path.into(),
@@ -1145,6 +1157,22 @@ impl Loader {
         let _ = &file.metadata.annotations;
         let entity = file.entity;
 
+        if entity.res_type == "workload"
+            && let Some(Value::String(outputs)) = entity
+                .driver_inputs
+                .values
+                .as_ref()
+                .and_then(|v| v.pointer("/templates/outputs"))
+        {
+            // An `update` the workload's objects could not take is refused here when its path
+            // is written out, rather than when the template renders.
+            for (needle, reason) in super::workload_update::unsupported_paths_in(outputs) {
+                self.error(
+                    at(&needle),
+                    LoadErrorKind::Invalid(format!("templates.outputs, update: {reason}")),
+                );
+            }
+        }
         let mut template_errors = Vec::new();
         let values = parse_template(
             entity.driver_inputs.values.as_ref().unwrap_or(&Value::Null),

@@ -6,6 +6,7 @@
 
 pub mod placeholder;
 pub mod template;
+pub mod workload_update;
 pub mod yaml;
 
 mod files;

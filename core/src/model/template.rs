@@ -154,9 +154,11 @@ impl<E> Template<E> {
                 .find(|(k, _)| k == key)
                 .map(|(_, v)| std::mem::take(v))
                 .unwrap_or_default(),
-            Template::Value(Value::Object(map)) => {
-                map.get(key).cloned().map(Template::Value).unwrap_or_default()
-            }
+            Template::Value(Value::Object(map)) => map
+                .get(key)
+                .cloned()
+                .map(Template::Value)
+                .unwrap_or_default(),
             _ => Template::default(),
         }
     }

@@ -14,8 +14,10 @@ use serde_json::{Map, Value};
 use crate::drivers::leaks::Needles;
 use crate::drivers::{Manifest, ManifestLocation};
 
+mod update;
 mod workload;
 
+pub use update::apply as apply_update;
 pub use workload::{VolumeSources, objects as workload_objects, volume_sources};
 
 /// What a secret value becomes in recorded and printed manifests.
@@ -266,9 +268,10 @@ pub fn deployment(
         name_volume_mounts(pod, &volume_of, &by_id, by_id[workload], &mut unplaced);
     }
     // A workload without pod parts may still mount a resource that gives no pod volume.
-    for o in objects.iter_mut().filter(|o| {
-        o.res_type == WORKLOAD_TYPE && by_id.contains_key(o.guresid.as_str())
-    }) {
+    for o in objects
+        .iter_mut()
+        .filter(|o| o.res_type == WORKLOAD_TYPE && by_id.contains_key(o.guresid.as_str()))
+    {
         let rec = by_id[o.guresid.as_str()];
         if let Some(pod) = pod_spec(&mut o.data) {
             name_volume_mounts(pod, &HashMap::new(), &by_id, rec, &mut unplaced);
@@ -328,7 +331,10 @@ fn name_volume_mounts(
                          location volumes)",
                         label(workload),
                         label(from),
-                        mount.get("mountPath").and_then(Value::as_str).unwrap_or("?"),
+                        mount
+                            .get("mountPath")
+                            .and_then(Value::as_str)
+                            .unwrap_or("?"),
                     ));
                     false
                 }

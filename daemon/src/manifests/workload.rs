@@ -44,7 +44,9 @@ pub fn volume_sources(score: &Template<Binding>) -> VolumeSources {
                 _ => key,
             };
             if let Some(Template::Whole(binding)) = child(entry, "source")
-                && let Binding::Output { target: res, path, .. } = &**binding
+                && let Binding::Output {
+                    target: res, path, ..
+                } = &**binding
                 && path.is_empty()
             {
                 out.insert((container.clone(), target), res.as_str().to_owned());
@@ -257,7 +259,11 @@ impl<'a> Files<'a> {
                 (None, None) => continue,
             };
             let mut item = json!({ "key": key, "path": "file" });
-            if let Some(mode) = entry.get("mode").and_then(Value::as_str).and_then(crate::model::octal_mode) {
+            if let Some(mode) = entry
+                .get("mode")
+                .and_then(Value::as_str)
+                .and_then(crate::model::octal_mode)
+            {
                 item["mode"] = json!(mode);
             }
             let source = if source_key == "secret" {

@@ -34,7 +34,12 @@ containers:
         source: ${resources.data}
         path: uploads
         readOnly: true
+      /var/log/web:
+        source: ${resources.logs}
 resources:
+  logs:
+    type: volume
+    class: plain
   db:
     type: postgres
   data:
@@ -80,6 +85,19 @@ entity:
                 sizeLimit: 64Mi
   criteria:
     - class: ephemeral
+---
+apiVersion: entity.humanitec.io/v1b1
+kind: Definition
+metadata:
+  id: volume-without-pod-volume
+entity:
+  type: volume
+  driver_type: humanitec/echo
+  driver_inputs:
+    values:
+      note: gives no manifest in location volumes
+  criteria:
+    - class: plain
 "#;
 
 fn web_repo() -> Sandbox {
@@ -134,6 +152,12 @@ fn score_files_and_volumes_are_mounted_in_the_generated_deployment() {
         .gitplane(&["manifests", "--env", "development", "--app", "site"])
         .ok();
     run.hides(&[PASSWORD]);
+    sb.assert_state_bytes_hide(&[PASSWORD]);
+    // A volume resource that gives no pod volume cannot be mounted, and that is said.
+    run.stderr_has(
+        "note: workload site/workload.default#modules.web mounts \
+         site/volume.plain#modules.web.externals.logs at /var/log/web, which gives no pod volume",
+    );
     let objects = site_objects(&sb, &[]);
     let deployment = object(&objects, "Deployment", "web");
 
@@ -179,6 +203,11 @@ fn score_files_and_volumes_are_mounted_in_the_generated_deployment() {
     let (mount, volume) = volume_at(deployment, "/var/cache/nginx");
     assert!(mount.get("readOnly").is_none(), "{mount}");
     assert_eq!(volume["emptyDir"]["sizeLimit"], "64Mi");
+    let mounts = &deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"];
+    assert!(
+        !mounts.to_string().contains("/var/log/web"),
+        "no mount without a pod volume: {mounts}"
+    );
 
     // A change to the source file alone reaches the ConfigMap.
     sb.write(

@@ -1805,6 +1805,56 @@ fn check_identifier(id: &str) -> Result<(), String> {
     }
 }
 
+/// The repository path of a Score `files[].source`, relative to the Score file at `score`;
+/// refused when it leaves the app's folder, which is all gitplane reads of an app.
+fn source_path(score: &str, app: &str, source: &str) -> Result<String, String> {
+    let shown: String = source.chars().take(200).collect();
+    if source.starts_with('/') {
+        return Err(format!(
+            "files source '{shown}' is an absolute path: write it relative to the Score file, \
+             within workloads/{app}/"
+        ));
+    }
+    let mut parts: Vec<&str> = score.split('/').collect();
+    parts.pop();
+    for part in source.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            other => parts.push(other),
+        }
+    }
+    let app_dir = ["workloads", app];
+    if parts.len() <= 2 || parts[..2] != app_dir {
+        return Err(format!(
+            "files source '{shown}' is outside workloads/{app}/: gitplane reads an app's files \
+             from its own folder only; put the file there"
+        ));
+    }
+    Ok(parts.join("/"))
+}
+
+/// A Score file mode (`"0644"`, `"600"`) as the number Kubernetes takes.
+pub fn octal_mode(mode: &str) -> Option<u32> {
+    if mode.is_empty() || mode.len() > 4 {
+        return None;
+    }
+    u32::from_str_radix(mode, 8).ok()
+}
+
+/// The JSON pointer of a path of steps.
+fn json_pointer(at: &[super::template::Step]) -> String {
+    use super::template::Step;
+    at.iter()
+        .map(|step| match step {
+            Step::Key(k) => format!("/{}", k.replace('~', "~0").replace('/', "~1")),
+            Step::Index(i) => format!("/{i}"),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2523,54 +2573,18 @@ mod tests {
         );
         assert!(parse_provision_key("a>b").is_err());
     }
-}
 
-/// The repository path of a Score `files[].source`, relative to the Score file at `score`;
-/// refused when it leaves the app's folder, which is all gitplane reads of an app.
-fn source_path(score: &str, app: &str, source: &str) -> Result<String, String> {
-    let shown: String = source.chars().take(200).collect();
-    if source.starts_with('/') {
-        return Err(format!(
-            "files source '{shown}' is an absolute path: write it relative to the Score file, \
-             within workloads/{app}/"
-        ));
+    #[test]
+    fn a_files_source_is_relative_to_the_score_file_and_stays_in_the_app() {
+        let at = "workloads/shop/web.yaml";
+        assert_eq!(
+            super::source_path(at, "shop", "./conf/../nginx.conf"),
+            Ok("workloads/shop/nginx.conf".to_owned())
+        );
+        assert!(super::source_path(at, "shop", "../other/x").is_err());
+        assert!(super::source_path(at, "shop", "/etc/passwd").is_err());
+        assert!(super::source_path(at, "shop", "..").is_err());
+        assert_eq!(super::octal_mode("0640"), Some(0o640));
+        assert_eq!(super::octal_mode("0999"), None);
     }
-    let mut parts: Vec<&str> = score.split('/').collect();
-    parts.pop();
-    for part in source.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            other => parts.push(other),
-        }
-    }
-    let app_dir = ["workloads", app];
-    if parts.len() <= 2 || parts[..2] != app_dir {
-        return Err(format!(
-            "files source '{shown}' is outside workloads/{app}/: gitplane reads an app's files \
-             from its own folder only; put the file there"
-        ));
-    }
-    Ok(parts.join("/"))
-}
-
-/// A Score file mode (`"0644"`, `"600"`) as the number Kubernetes takes.
-pub fn octal_mode(mode: &str) -> Option<u32> {
-    if mode.is_empty() || mode.len() > 4 {
-        return None;
-    }
-    u32::from_str_radix(mode, 8).ok()
-}
-
-/// The JSON pointer of a path of steps.
-fn json_pointer(at: &[super::template::Step]) -> String {
-    use super::template::Step;
-    at.iter()
-        .map(|step| match step {
-            Step::Key(k) => format!("/{}", k.replace('~', "~0").replace('/', "~1")),
-            Step::Index(i) => format!("/{i}"),
-        })
-        .collect()
 }

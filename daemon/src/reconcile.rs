@@ -567,6 +567,43 @@ struct Queued {
 /// What a resource's calls came to, or why not.
 type CallOutcome = Result<Answer, String>;
 
+/// The manifests a put records: the driver's, and for a workload whose driver gives no pod
+/// template the Deployment (and Service) Humanitec would generate from its Score file; for a
+/// workload, its `update` output applied to them.
+fn workload_manifests_of(
+    node: &ResourceNode,
+    answer: &Answer,
+    inputs: Option<&ResolvedInputs>,
+) -> Result<Vec<Manifest>, String> {
+    let mut manifests = answer.manifests.clone();
+    if node.res_type != manifests::WORKLOAD_TYPE {
+        return Ok(manifests);
+    }
+    if !manifests::has_pod_template(&manifests) {
+        let name = node.res_id.strip_prefix("modules.").unwrap_or(&node.res_id);
+        let secrets: Vec<&Value> = inputs
+            .map(|i| i.resource_secrets.iter().collect())
+            .unwrap_or_default();
+        manifests.extend(manifests::workload_objects(
+            node.app.as_deref(),
+            name,
+            inputs.map_or(&Value::Null, |i| &i.resource),
+            &manifests::volume_sources(&node.params),
+            &secrets,
+        ));
+    }
+    if let Some(update) = answer.outputs.get("update") {
+        manifests::apply_update(&mut manifests, update).map_err(|reason| {
+            format!(
+                "definition '{}' gives output 'update' that gitplane cannot apply to the \
+                 workload's objects: {reason}",
+                node.definition
+            )
+        })?;
+    }
+    Ok(manifests)
+}
+
 /// What a driver gave for a resource: its outputs, secret outputs and manifests.
 #[derive(Debug)]
 struct Answer {
@@ -1426,17 +1463,26 @@ impl<'a> Run<'a, '_> {
     }
 
     /// What a finished put records.
-    fn put_record(&self, step: &Step, result: JobResult) -> Finished {
+    fn put_record(&self, step: &Step, mut result: JobResult) -> Finished {
         let node = self
             .graph
             .get(&step.guresid)
             .expect("only steps of graph nodes are put");
         let previous = self.outputs.recorded.get(node.guresid.as_str()).copied();
+        // A workload's objects, its `update` output applied; one that cannot be applied fails
+        // the put, as a refusal of the driver's answer would.
+        let mut workload_manifests = None;
+        if let Ok(answer) = &result.outcome {
+            match workload_manifests_of(node, answer, result.inputs.as_ref()) {
+                Ok(m) => workload_manifests = Some(m),
+                Err(e) => result.outcome = Err(e),
+            }
+        }
         match &result.outcome {
             Ok(Answer {
                 outputs,
                 secret_outputs,
-                manifests,
+                manifests: _,
             }) => {
                 let inputs = result.inputs.clone().unwrap_or(ResolvedInputs {
                     resource: Value::Null,
@@ -1460,19 +1506,7 @@ impl<'a> Run<'a, '_> {
                 let changed = previous.is_none_or(|rec| {
                     rec.outputs != record.outputs || rec.secret_outputs != record.secret_outputs
                 });
-                let mut manifests = manifests.clone();
-                // A workload whose driver gives no pod template gets the Deployment (and
-                // Service) Humanitec would generate from its Score file.
-                if node.res_type == manifests::WORKLOAD_TYPE
-                    && !manifests::has_pod_template(&manifests)
-                {
-                    let name = node.res_id.strip_prefix("modules.").unwrap_or(&node.res_id);
-                    manifests.extend(manifests::workload_objects(
-                        node.app.as_deref(),
-                        name,
-                        &inputs.resource,
-                    ));
-                }
+                let manifests = workload_manifests.unwrap_or_default();
                 // Secret values reach manifests through the driver's secret inputs, its secret
                 // outputs, or (in a workload's Score file) the secret outputs it reads; and,
                 // encoded or not, through anything its call received, the account included.

@@ -14,7 +14,7 @@ use crate::model::placeholder::{
 };
 use crate::model::template::{Mapped, Template, lookup_path};
 use crate::model::{
-    AppValues, Choice, DEFAULT_CLASS, Definition, DriverAccount, Environment, Repository,
+    App, AppValues, Choice, DEFAULT_CLASS, Definition, DriverAccount, Environment, Repository,
     SharedResource, SourceLocation, Workload,
 };
 
@@ -152,6 +152,27 @@ pub enum BuildError {
         id: String,
         resources: Vec<String>,
     },
+    #[error(
+        "{location}: resource '{name}' of type 'service' names workload '{name}' of app '{app}', \
+         which has no such workload (it has: {known}); a service resource is named after the \
+         workload it reaches"
+    )]
+    UnknownServiceWorkload {
+        location: SourceLocation,
+        app: String,
+        name: String,
+        known: String,
+    },
+    #[error(
+        "{location}: workload '{workload}' reads '${{resources.{name}.{path}}}', but service \
+         '{name}' gives only name, ports.PORT-NAME and (with one port) port"
+    )]
+    UnknownServiceOutput {
+        location: SourceLocation,
+        workload: String,
+        name: String,
+        path: String,
+    },
     #[error("{location}: environment '{env}' lists app '{app}', which has no workloads")]
     UnknownApp {
         location: SourceLocation,
@@ -234,6 +255,9 @@ pub fn build_apps(
             b.interfaces(app_id, workload, p);
         }
         b.drain();
+        for (workload, p) in &mut pending {
+            b.services(app_id, app, workload, p);
+        }
         for (workload, p) in pending {
             b.workload_spec(app_id, workload, p);
         }
@@ -464,7 +488,7 @@ impl<'r> Builder<'r> {
         )?;
         let mut by_name: HashMap<String, NodeIndex> = HashMap::new();
         for (name, res) in &workload.resources {
-            if matches!(res.choice, Choice::Interface(_)) {
+            if matches!(res.choice, Choice::Interface(_)) || is_service(res) {
                 continue;
             }
             let origin = Origin::Requested {
@@ -497,7 +521,40 @@ impl<'r> Builder<'r> {
                 by_name.insert(name.clone(), t);
             }
         }
-        Some(PendingWorkload { w, by_name })
+        Some(PendingWorkload {
+            w,
+            by_name,
+            services: HashMap::new(),
+        })
+    }
+
+    /// Links each `service` resource of the workload to the workload of the app it names (as
+    /// score-humanitec did: `${resources.NAME.X}` read `${modules.NAME.service.X}`): an edge,
+    /// and the outputs its Score file says (the Service's name and ports).
+    fn services(&mut self, app_id: &str, app: &App, workload: &Workload, p: &mut PendingWorkload) {
+        for (name, res) in workload.resources.iter().filter(|(_, r)| is_service(r)) {
+            let Some(target) = app.workloads.get(name) else {
+                self.errors.push(BuildError::UnknownServiceWorkload {
+                    location: res.location.clone(),
+                    app: app_id.to_owned(),
+                    name: name.clone(),
+                    known: app.workloads.keys().cloned().collect::<Vec<_>>().join(", "),
+                });
+                continue;
+            };
+            let guresid = GuresId::new(
+                &self.env.id,
+                Some(app_id),
+                "workload",
+                DEFAULT_CLASS,
+                &format!("modules.{name}"),
+            );
+            // A workload that did not build has said why already.
+            if let Some(&t) = self.index.get(&guresid) {
+                self.edge(p.w, t, EdgeKind::Dependency);
+            }
+            p.services.insert(name.clone(), service_outputs(target));
+        }
     }
 
     /// Serves the workload's requests by interface: GetOrCreate. A user-provided resource of
@@ -606,7 +663,11 @@ impl<'r> Builder<'r> {
 
     /// Resolves the workload's own placeholders into its inputs (its Score file).
     fn workload_spec(&mut self, app: &str, workload: &'r Workload, p: PendingWorkload) {
-        let PendingWorkload { w, by_name } = p;
+        let PendingWorkload {
+            w,
+            by_name,
+            services: p_services,
+        } = p;
         self.spec_hashes
             .insert(w, hex_digest(&[workload.source.as_bytes()]));
         let renames: HashMap<(String, String), String> = self.dag[w]
@@ -648,6 +709,24 @@ impl<'r> Builder<'r> {
                             path,
                             property,
                         })
+                    }
+                    None if p_services.contains_key(name) => {
+                        match lookup_path(&p_services[name], path) {
+                            Some(v) => Mapped::Value(v.clone()),
+                            None => {
+                                let path = path_to_string(path);
+                                self.errors.push(BuildError::UnknownServiceOutput {
+                                    location: workload_location(
+                                        workload,
+                                        &format!("resources.{name}.{path}"),
+                                    ),
+                                    workload: workload.name.clone(),
+                                    name: name.clone(),
+                                    path,
+                                });
+                                Mapped::Value(Value::Null)
+                            }
+                        }
                     }
                     None => {
                         if !workload.resources.contains_key(name) {
@@ -1226,6 +1305,53 @@ fn hex_digest(parts: &[&[u8]]) -> String {
 struct PendingWorkload {
     w: NodeIndex,
     by_name: HashMap<String, NodeIndex>,
+    /// Its `service` resources by name: the outputs of the workload each names.
+    services: HashMap<String, Value>,
+}
+
+/// A Score resource of type `service`: another workload of the app, not a provisioned resource
+/// (unless an annotation chooses a definition or a shared resource for it).
+fn is_service(res: &crate::model::ScoreResource) -> bool {
+    res.res_type == "service" && res.choice == Choice::Criteria
+}
+
+/// What a `service` resource gives: the name of the workload's Service (the workload's name),
+/// its `service.ports` by name, and `port` when it has exactly one.
+fn service_outputs(target: &Workload) -> Value {
+    let mut ports = serde_json::Map::new();
+    if let Some(Value::Object(declared)) = literal_at(&target.spec, &["service", "ports"]) {
+        for (port_name, port) in declared {
+            if let Some(number) = port.get("port") {
+                ports.insert(port_name, number.clone());
+            }
+        }
+    }
+    let mut outputs = serde_json::json!({ "name": target.name });
+    if ports.len() == 1
+        && let Some(only) = ports.values().next()
+    {
+        outputs["port"] = only.clone();
+    }
+    outputs["ports"] = Value::Object(ports);
+    outputs
+}
+
+/// The value at object keys `path` of a template, when it holds no placeholder.
+fn literal_at(t: &Template<Expr>, path: &[&str]) -> Option<Value> {
+    let Some((key, rest)) = path.split_first() else {
+        return t.literal();
+    };
+    match t {
+        Template::Object(fields) => {
+            let (_, child) = fields.iter().find(|(k, _)| k == key)?;
+            literal_at(child, rest)
+        }
+        Template::Value(v) => {
+            let pointer: String = path.iter().map(|k| format!("/{k}")).collect();
+            v.pointer(&pointer).cloned()
+        }
+        _ => None,
+    }
 }
 
 /// If `provides` (output to `$id`) carries every `$id` of `wanted` (name to `$id`): which

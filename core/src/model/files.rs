@@ -407,6 +407,66 @@ impl Loader {
         }
     }
 
+    /// Reads each workload's `files[].source` from the commit's `contents` into its spec (as
+    /// the entry's `content`); a source the commit does not hold is an error at the Score
+    /// file's line. Done after the files are absorbed: a source file may change while the
+    /// Score file, and so its cached parse, does not.
+    pub(super) fn read_sources(&mut self, contents: &BTreeMap<String, Vec<u8>>) {
+        use super::template::Step;
+        let mut errors = Vec::new();
+        for app in self.repo.apps.values_mut() {
+            for workload in app.workloads.values_mut() {
+                if workload.file_sources.is_empty() {
+                    continue;
+                }
+                let workload = Arc::make_mut(workload);
+                for source in &workload.file_sources {
+                    let Some(bytes) = contents.get(&source.path) else {
+                        errors.push(LoadError {
+                            location: source.location.clone(),
+                            kind: LoadErrorKind::Invalid(format!(
+                                "files source names {}, which is not in the repository at this \
+                                 commit (score-compose refuses it too): commit the file, or fix \
+                                 the path (relative to the Score file)",
+                                source.path
+                            )),
+                        });
+                        continue;
+                    };
+                    let Ok(text) = std::str::from_utf8(bytes) else {
+                        errors.push(LoadError {
+                            location: source.location.clone(),
+                            kind: LoadErrorKind::Invalid(format!(
+                                "files source {} is not UTF-8 text: give binary files as \
+                                 `binaryContent` (base64)",
+                                source.path
+                            )),
+                        });
+                        continue;
+                    };
+                    let content = Value::String(text.to_owned());
+                    let leaf = if source.no_expand {
+                        Template::Value(content)
+                    } else {
+                        let mut template_errors = Vec::new();
+                        let leaf = parse_template(
+                            &content,
+                            Dialect::Score,
+                            &source.path,
+                            &mut template_errors,
+                        );
+                        errors.extend(placeholder_errors(&source.path, text, 0, template_errors));
+                        leaf
+                    };
+                    let mut at = source.at.clone();
+                    at.push(Step::Key("content".into()));
+                    workload.spec.graft_at(&at, leaf);
+                }
+            }
+        }
+        self.errors.extend(errors);
+    }
+
     /// Reports the symbolic links of the folders gitplane reads. None is followed: a link out
     /// of the repository names a file the commit does not hold, and a link inside it would let
     /// a file change without its own path changing, which the work-follows-the-change
@@ -871,8 +931,24 @@ impl Loader {
             );
             return;
         }
+        let (file_sources, as_written) = self.file_entries(path, app, text, &raw);
         let mut template_errors = Vec::new();
-        let spec = parse_template(&raw, Dialect::Score, "", &mut template_errors);
+        let spec = if as_written.is_empty() {
+            parse_template(&raw, Dialect::Score, "", &mut template_errors)
+        } else {
+            // `noExpand` contents are not templates: parsed without them, put back as written.
+            let mut expanded = raw.clone();
+            for (at, _) in &as_written {
+                if let Some(content) = expanded.pointer_mut(&json_pointer(at)) {
+                    *content = Value::Null;
+                }
+            }
+            let mut spec = parse_template(&expanded, Dialect::Score, "", &mut template_errors);
+            for (at, content) in as_written {
+                spec.graft_at(&at, Template::Value(content));
+            }
+            spec
+        };
         let source: Arc<str> = Arc::from(text);
         self.errors
             .extend(placeholder_errors(path, text, 0, template_errors));
@@ -945,6 +1021,7 @@ impl Loader {
                     metadata,
                     spec,
                     resources,
+                    file_sources,
                 }),
             );
     }
@@ -1046,6 +1123,105 @@ impl Loader {
         );
     }
 
+    /// The `containers.*.files` entries: the `source` files to read once every file is known
+    /// (checked to stay in the app's folder), and the inline `content`s with `noExpand: true`,
+    /// which are taken as written, by where they are.
+    #[allow(clippy::type_complexity)]
+    fn file_entries(
+        &mut self,
+        path: &str,
+        app: &str,
+        text: &str,
+        raw: &Value,
+    ) -> (
+        Vec<super::FileSource>,
+        Vec<(Vec<super::template::Step>, Value)>,
+    ) {
+        use super::template::Step;
+        let mut out = Vec::new();
+        let mut as_written = Vec::new();
+        let Some(Value::Object(containers)) = raw.get("containers") else {
+            return (out, as_written);
+        };
+        for (container, c) in containers {
+            let entries: Vec<(Step, String, &Value)> = match c.get("files") {
+                Some(Value::Object(map)) => map
+                    .iter()
+                    .map(|(target, e)| (Step::Key(target.clone()), target.clone(), e))
+                    .collect(),
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| (Step::Index(i), i.to_string(), e))
+                    .collect(),
+                _ => continue,
+            };
+            for (step, key, entry) in entries {
+                let at = vec![
+                    Step::Key("containers".into()),
+                    Step::Key(container.clone()),
+                    Step::Key("files".into()),
+                    step,
+                ];
+                let no_expand = entry.get("noExpand") == Some(&Value::Bool(true));
+                if no_expand && let Some(content) = entry.get("content").filter(|c| c.is_string()) {
+                    let mut content_at = at.clone();
+                    content_at.push(Step::Key("content".into()));
+                    as_written.push((content_at, content.clone()));
+                }
+                if let Some(mode) = entry.get("mode") {
+                    let keys = [
+                        "containers",
+                        container.as_str(),
+                        "files",
+                        key.as_str(),
+                        "mode",
+                    ];
+                    if mode.as_str().and_then(octal_mode).is_none() {
+                        let (line, column) = yaml::key_location(text, &keys).unzip();
+                        self.error(
+                            SourceLocation {
+                                file: path.into(),
+                                line,
+                                column,
+                            },
+                            LoadErrorKind::Invalid(format!(
+                                "files mode {mode} is not a file mode: write it in octal as a \
+                                 string, such as \"0644\""
+                            )),
+                        );
+                    }
+                }
+                let Some(Value::String(source)) = entry.get("source") else {
+                    continue;
+                };
+                let keys = [
+                    "containers",
+                    container.as_str(),
+                    "files",
+                    key.as_str(),
+                    "source",
+                ];
+                let (line, column) = yaml::key_location(text, &keys).unzip();
+                let location = SourceLocation {
+                    file: path.into(),
+                    line,
+                    column,
+                };
+                match source_path(path, app, source) {
+                    Ok(resolved) => out.push(super::FileSource {
+                        at,
+                        path: resolved,
+                        no_expand,
+                        location,
+                    }),
+                    Err(reason) => self.error(location, LoadErrorKind::Invalid(reason)),
+                }
+            }
+        }
+        (out, as_written)
+    }
+
     fn definition(&mut self, path: &str, doc: &str, line_offset: usize) {
         let Some(file): Option<DefinitionFile> =
             self.parse_yaml(path, doc, line_offset, "a definition")
@@ -1086,6 +1262,22 @@ impl Loader {
         let _ = &file.metadata.annotations;
         let entity = file.entity;
 
+        if entity.res_type == "workload"
+            && let Some(Value::String(outputs)) = entity
+                .driver_inputs
+                .values
+                .as_ref()
+                .and_then(|v| v.pointer("/templates/outputs"))
+        {
+            // An `update` the workload's objects could not take is refused here when its path
+            // is written out, rather than when the template renders.
+            for (needle, reason) in super::workload_update::unsupported_paths_in(outputs) {
+                self.error(
+                    at(&needle),
+                    LoadErrorKind::Invalid(format!("templates.outputs, update: {reason}")),
+                );
+            }
+        }
         let mut template_errors = Vec::new();
         let values = parse_template(
             entity.driver_inputs.values.as_ref().unwrap_or(&Value::Null),
@@ -1732,6 +1924,56 @@ fn check_identifier(id: &str) -> Result<(), String> {
             "'{id}' is not a valid id: use letters, digits, '-' and '_', starting with a letter or digit"
         ))
     }
+}
+
+/// The repository path of a Score `files[].source`, relative to the Score file at `score`;
+/// refused when it leaves the app's folder, which is all gitplane reads of an app.
+fn source_path(score: &str, app: &str, source: &str) -> Result<String, String> {
+    let shown: String = source.chars().take(200).collect();
+    if source.starts_with('/') {
+        return Err(format!(
+            "files source '{shown}' is an absolute path: write it relative to the Score file, \
+             within workloads/{app}/"
+        ));
+    }
+    let mut parts: Vec<&str> = score.split('/').collect();
+    parts.pop();
+    for part in source.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            other => parts.push(other),
+        }
+    }
+    let app_dir = ["workloads", app];
+    if parts.len() <= 2 || parts[..2] != app_dir {
+        return Err(format!(
+            "files source '{shown}' is outside workloads/{app}/: gitplane reads an app's files \
+             from its own folder only; put the file there"
+        ));
+    }
+    Ok(parts.join("/"))
+}
+
+/// A Score file mode (`"0644"`, `"600"`) as the number Kubernetes takes.
+pub fn octal_mode(mode: &str) -> Option<u32> {
+    if mode.is_empty() || mode.len() > 4 {
+        return None;
+    }
+    u32::from_str_radix(mode, 8).ok()
+}
+
+/// The JSON pointer of a path of steps.
+fn json_pointer(at: &[super::template::Step]) -> String {
+    use super::template::Step;
+    at.iter()
+        .map(|step| match step {
+            Step::Key(k) => format!("/{}", k.replace('~', "~0").replace('/', "~1")),
+            Step::Index(i) => format!("/{i}"),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -2454,5 +2696,19 @@ mod tests {
             ("aws-policy".into(), None, None)
         );
         assert!(parse_provision_key("a>b").is_err());
+    }
+
+    #[test]
+    fn a_files_source_is_relative_to_the_score_file_and_stays_in_the_app() {
+        let at = "workloads/shop/web.yaml";
+        assert_eq!(
+            super::source_path(at, "shop", "./conf/../nginx.conf"),
+            Ok("workloads/shop/nginx.conf".to_owned())
+        );
+        assert!(super::source_path(at, "shop", "../other/x").is_err());
+        assert!(super::source_path(at, "shop", "/etc/passwd").is_err());
+        assert!(super::source_path(at, "shop", "..").is_err());
+        assert_eq!(super::octal_mode("0640"), Some(0o640));
+        assert_eq!(super::octal_mode("0999"), None);
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod placeholder;
 pub mod template;
+pub mod workload_update;
 pub mod yaml;
 
 mod files;
@@ -16,7 +17,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-pub use files::{CriterionFile, DriverInputsFile, ProvisionFile};
+pub use files::{CriterionFile, DriverInputsFile, ProvisionFile, octal_mode};
 use placeholder::{Dialect, Expr, PlaceholderError};
 use template::{Template, TemplateError};
 
@@ -480,6 +481,23 @@ pub struct Workload {
     pub spec: Template<Expr>,
     /// Resource dependencies by name.
     pub resources: BTreeMap<String, ScoreResource>,
+    /// The `containers.*.files` entries whose content is a file of the repository (`source`),
+    /// read into `spec` once every file of the commit is known.
+    pub file_sources: Vec<FileSource>,
+}
+
+/// A Score `files` entry whose content is read from the repository: `source`, relative to the
+/// Score file, within the app's folder (what the app's fingerprint covers).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileSource {
+    /// Where the entry is in the Score file: `containers`, the container, `files`, then the
+    /// target (the mapping form) or the position (the older list form).
+    pub at: Vec<template::Step>,
+    /// The repository path `source` names.
+    pub path: String,
+    /// `noExpand: true`: the file's text is taken as it is, placeholders and all.
+    pub no_expand: bool,
+    pub location: SourceLocation,
 }
 
 #[derive(Debug, Clone)]
@@ -748,6 +766,7 @@ pub fn load<S: Sources + ?Sized>(files: &S) -> Result<Repository, Vec<LoadError>
     for (path, bytes) in contents {
         loader.absorb(files::parse_file(path, bytes, limits));
     }
+    loader.read_sources(contents);
     loader.absorb_links(files.links());
     loader.finish()
 }
@@ -800,6 +819,7 @@ pub fn load_cached<S: Sources + ?Sized>(
         next.insert(path.clone(), (contents[path].clone(), limits, parsed));
     }
     cache.files = next;
+    loader.read_sources(contents);
     loader.absorb_links(files.links());
     loader.finish()
 }

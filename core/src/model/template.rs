@@ -108,7 +108,61 @@ impl Template<super::placeholder::Expr> {
     }
 }
 
+/// One step into a value tree: an object's key or an array's position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    Key(String),
+    Index(usize),
+}
+
 impl<E> Template<E> {
+    /// Puts `leaf` at `path`, turning plain values on the way into templates. A missing key is
+    /// added; a missing position, or a step of the wrong kind, leaves the tree as it was.
+    pub fn graft_at(&mut self, path: &[Step], leaf: Template<E>) {
+        let Some((step, rest)) = path.split_first() else {
+            *self = leaf;
+            return;
+        };
+        match step {
+            Step::Key(key) => match self {
+                Template::Object(_) | Template::Value(Value::Object(_)) => {
+                    let mut child = self.take_key(key);
+                    child.graft_at(rest, leaf);
+                    self.graft(std::slice::from_ref(key), child);
+                }
+                _ => {}
+            },
+            Step::Index(i) => {
+                if let Template::Value(Value::Array(items)) = self {
+                    let items = std::mem::take(items);
+                    *self = Template::Array(items.into_iter().map(Template::Value).collect());
+                }
+                if let Template::Array(items) = self
+                    && let Some(item) = items.get_mut(*i)
+                {
+                    item.graft_at(rest, leaf);
+                }
+            }
+        }
+    }
+
+    /// The child at `key` of an object, taken out (a default where missing).
+    fn take_key(&mut self, key: &str) -> Template<E> {
+        match self {
+            Template::Object(fields) => fields
+                .iter_mut()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| std::mem::take(v))
+                .unwrap_or_default(),
+            Template::Value(Value::Object(map)) => map
+                .get(key)
+                .cloned()
+                .map(Template::Value)
+                .unwrap_or_default(),
+            _ => Template::default(),
+        }
+    }
+
     /// Puts `leaf` at the object keys `path`, turning plain objects on the way into templates.
     /// A missing key is added; a non-object on the way is replaced.
     pub fn graft(&mut self, path: &[String], leaf: Template<E>) {

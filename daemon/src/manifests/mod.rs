@@ -14,9 +14,11 @@ use serde_json::{Map, Value};
 use crate::drivers::leaks::Needles;
 use crate::drivers::{Manifest, ManifestLocation};
 
+mod update;
 mod workload;
 
-pub use workload::objects as workload_objects;
+pub use update::apply as apply_update;
+pub use workload::{VolumeSources, objects as workload_objects, volume_sources};
 
 /// What a secret value becomes in recorded and printed manifests.
 pub const HIDDEN: &str = "(secret)";
@@ -246,15 +248,33 @@ pub fn deployment(
             }
             continue;
         };
-        for (_, m) in parts {
+        // The pod volume each resource gives, for the Score volumes that mount it.
+        let mut volume_of: HashMap<&str, &str> = HashMap::new();
+        for (from, m) in &parts {
             let key = match m.location {
                 ManifestLocation::Containers => "containers",
-                _ => "volumes",
+                _ => {
+                    if let Some(name) = m.data.get("name").and_then(Value::as_str) {
+                        volume_of.entry(from.guresid.as_str()).or_insert(name);
+                    }
+                    "volumes"
+                }
             };
             let list = pod.entry(key).or_insert_with(|| Value::Array(Vec::new()));
             if let Value::Array(items) = list {
                 items.push(m.data.clone());
             }
+        }
+        name_volume_mounts(pod, &volume_of, &by_id, by_id[workload], &mut unplaced);
+    }
+    // A workload without pod parts may still mount a resource that gives no pod volume.
+    for o in objects
+        .iter_mut()
+        .filter(|o| o.res_type == WORKLOAD_TYPE && by_id.contains_key(o.guresid.as_str()))
+    {
+        let rec = by_id[o.guresid.as_str()];
+        if let Some(pod) = pod_spec(&mut o.data) {
+            name_volume_mounts(pod, &HashMap::new(), &by_id, rec, &mut unplaced);
         }
     }
     objects.sort_by(|a, b| {
@@ -274,6 +294,53 @@ pub fn deployment(
             ))
     });
     Deployment { objects, unplaced }
+}
+
+/// Renames each volumeMount that names a resource (by GUResID, as the generated Deployment
+/// of a Score volume does) to the pod volume that resource gives; a resource that gives none
+/// is reported, its mount left out.
+fn name_volume_mounts(
+    pod: &mut Map<String, Value>,
+    volume_of: &HashMap<&str, &str>,
+    by_id: &HashMap<&str, &ResourceRecord>,
+    workload: &ResourceRecord,
+    unplaced: &mut Vec<String>,
+) {
+    let Some(Value::Array(containers)) = pod.get_mut("containers") else {
+        return;
+    };
+    for container in containers {
+        let Some(Value::Array(mounts)) = container.get_mut("volumeMounts") else {
+            continue;
+        };
+        mounts.retain_mut(|mount| {
+            let Some(name) = mount.get("name").and_then(Value::as_str) else {
+                return true;
+            };
+            let Some(from) = by_id.get(name) else {
+                return true;
+            };
+            match volume_of.get(name) {
+                Some(volume) => {
+                    mount["name"] = Value::String((*volume).to_owned());
+                    true
+                }
+                None => {
+                    unplaced.push(format!(
+                        "workload {} mounts {} at {}, which gives no pod volume (a manifest in \
+                         location volumes)",
+                        label(workload),
+                        label(from),
+                        mount
+                            .get("mountPath")
+                            .and_then(Value::as_str)
+                            .unwrap_or("?"),
+                    ));
+                    false
+                }
+            }
+        });
+    }
 }
 
 fn is_pod_part(location: ManifestLocation) -> bool {

@@ -237,7 +237,7 @@ impl Daemon {
         let (repo_path, remote) = match &options.source {
             RepoSource::Local(path) => (path.clone(), None),
             RepoSource::Remote { url, .. } => {
-                let mirror = mirror_path(&options.state);
+                let mirror = crate::config::mirror_path(&options.state);
                 watch::fetch_mirror(url, &mirror, FETCH_LIMIT)?;
                 (mirror, Some(url.as_str()))
             }
@@ -1867,22 +1867,6 @@ fn commit_info(repo: &Path, commit: &str) -> Option<crate::repo::CommitInfo> {
     ConfigRepo::open(repo)
         .and_then(|r| r.commit_info(commit))
         .ok()
-}
-
-/// Where a remote's mirror lives: beside the state file; with a PostgreSQL state (no file),
-/// in the service's state directory (systemd's `StateDirectory=`), else the working directory.
-fn mirror_path(state: &Path) -> PathBuf {
-    if state.to_str().is_some_and(gitplane_state::is_postgres_url) {
-        return std::env::var_os("STATE_DIRECTORY")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("."))
-            .join("mirror.git");
-    }
-    state
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .join("mirror.git")
 }
 
 fn git_dir(repo: &Path) -> Result<PathBuf, DaemonError> {

@@ -32,6 +32,7 @@ mod notifications;
 mod postgres;
 mod previews;
 mod reconcile;
+mod remote_host;
 mod reports;
 mod review;
 mod score_mounts;

@@ -68,7 +68,8 @@ impl fmt::Display for Run {
 }
 
 impl Run {
-    fn from_command(mut cmd: Command) -> Run {
+    /// Runs `cmd` to its end, keeping what it printed.
+    pub fn from_command(mut cmd: Command) -> Run {
         let command = describe(&cmd);
         let out = cmd
             .output()

@@ -44,6 +44,9 @@ pub const RECLAIM_PAGES: u32 = 1024;
 #[derive(Debug, Clone)]
 pub struct Context {
     pub repo: PathBuf,
+    /// When `repo` is the daemon's mirror of a remote (`repo: {url}` in the host config): the
+    /// remote's URL, without credentials, for a message when the mirror is not there.
+    pub mirror_of: Option<String>,
     /// A SQLite file, or a PostgreSQL URL without its password.
     pub state: PathBuf,
     /// The environments asked for; empty: every one.
@@ -65,6 +68,7 @@ impl Context {
     pub fn of_daemon(repo: PathBuf, state: PathBuf, envs: Vec<String>, host: HostConfig) -> Self {
         Context {
             repo,
+            mirror_of: None,
             state,
             envs,
             default_rev: host.git_ref.clone(),
@@ -73,6 +77,20 @@ impl Context {
             host,
             state_password_error: None,
         }
+    }
+
+    /// The config repository: `repo`, or the daemon's mirror of the host config's remote, which
+    /// must be there (the daemon made it), else the error says where it was looked for.
+    pub fn open_repo(&self) -> Result<ConfigRepo, AppError> {
+        if let Some(url) = &self.mirror_of
+            && !self.repo.exists()
+        {
+            return Err(AppError::NoMirror {
+                url: url.clone(),
+                mirror: self.repo.clone(),
+            });
+        }
+        Ok(ConfigRepo::open(&self.repo)?)
     }
 
     /// Whether the state is there to read: a SQLite file that exists, or a PostgreSQL database
@@ -153,6 +171,13 @@ pub enum AppError {
         known: String,
     },
     #[error(
+        "the host config's repo is the remote {url}, whose mirror the daemon keeps at {}; it is \
+         not there (has the daemon run on this host, with this state?): pass --repo with a clone \
+         of the repository",
+        mirror.display()
+    )]
+    NoMirror { url: String, mirror: PathBuf },
+    #[error(
         "commit {commit} declares no environment (no environments/<id>.yaml) and the state \
          records none: nothing to plan or apply; add an environment file (`gitplane init DIR` \
          makes a repository with two)"
@@ -180,7 +205,7 @@ pub enum AppError {
 /// Checks that the repository a request reads is the one `store` serves, when there is one to
 /// read: `explain` shows a recorded resource even without it.
 pub fn check_repository(ctx: &Context, store: &Store) -> Result<(), AppError> {
-    match ConfigRepo::open(&ctx.repo) {
+    match ctx.open_repo() {
         Ok(repo) => ctx.check_repository(&repo, store, false),
         Err(_) => Ok(()),
     }
@@ -211,7 +236,7 @@ pub fn load_and_build(
     rev: Option<&str>,
     need: Need,
 ) -> Result<(Snapshot, Result<Built, Rejected>), AppError> {
-    let repo = ConfigRepo::open(&ctx.repo)?;
+    let repo = ctx.open_repo()?;
     let snapshot = repo.load(rev)?;
     let envs = target_envs(&snapshot, &ctx.envs)?;
     let mut result = deploy::build(&snapshot, &envs, ctx.host());
@@ -270,7 +295,7 @@ impl Commit {
         rev: Option<&str>,
         store: Option<&Store>,
     ) -> Result<Commit, AppError> {
-        let repo = ConfigRepo::open(&ctx.repo)?;
+        let repo = ctx.open_repo()?;
         if let Some(store) = store {
             ctx.check_repository(&repo, store, false)?;
         }

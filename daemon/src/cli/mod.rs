@@ -76,16 +76,6 @@ impl Common {
     /// What a command runs with: the host config, with `--repo` and `--state` applied over it.
     fn context(&self) -> Result<Context, CliError> {
         let host = HostConfig::load(self.config.as_deref()).map_err(CliError::Config)?;
-        let repo = match (&self.repo, &host.repo) {
-            (Some(repo), _) => repo.clone(),
-            (None, Some(RepoSource::Local(path))) => path.clone(),
-            (None, Some(RepoSource::Remote { url, .. })) => {
-                return Err(CliError::RemoteRepo {
-                    url: crate::watch::redact_url_credentials(url, url),
-                });
-            }
-            (None, None) => PathBuf::from("."),
-        };
         let (state, state_password_error) = state_setting(
             self.state
                 .clone()
@@ -93,8 +83,20 @@ impl Common {
                 .unwrap_or_else(|| PathBuf::from("gitplane.db")),
             &host,
         )?;
+        // A remote is read from the mirror the daemon keeps; commands that read only the
+        // state never open it.
+        let (repo, mirror_of) = match (&self.repo, &host.repo) {
+            (Some(repo), _) => (repo.clone(), None),
+            (None, Some(RepoSource::Local(path))) => (path.clone(), None),
+            (None, Some(RepoSource::Remote { url, .. })) => (
+                crate::config::mirror_for_commands(&state),
+                Some(crate::watch::redact_url_credentials(url, url)),
+            ),
+            (None, None) => (PathBuf::from("."), None),
+        };
         Ok(Context {
             repo,
+            mirror_of,
             state,
             envs: self.envs.clone(),
             default_rev: host.git_ref.clone(),
@@ -466,11 +468,6 @@ pub enum CliError {
     CopyNeedsKey { from: String },
     #[error("host config: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Config(Vec<ConfigError>),
-    #[error(
-        "the host config's repo is a remote ({url}): the daemon mirrors it; pass --repo with a \
-         local repository to run this command"
-    )]
-    RemoteRepo { url: String },
     #[error(
         "the state key comes from a systemd credential or a file gitplane does not write: \
          rekey needs a key file (state_key: {{file: PATH}})"
@@ -1850,6 +1847,7 @@ fn quickstart(dir: &Path, stdout: &mut impl Write) -> Result<CommandResult, CliE
     }
     let ctx = Context {
         repo: dir.to_owned(),
+        mirror_of: None,
         state: dir.join("gitplane.db"),
         envs: Vec::new(),
         default_rev: None,

@@ -14,7 +14,6 @@ use super::{
 };
 use crate::deploy::Reach;
 use crate::reconcile::ApplyOptions;
-use crate::repo::ConfigRepo;
 
 /// The one environment a command works on (`--env`).
 fn one_env(ctx: &Context, command: &str) -> Result<String, CliError> {
@@ -135,7 +134,7 @@ fn outside_history(
     env: &str,
     to: &str,
 ) -> Result<Option<Outside>, CliError> {
-    let repo = ConfigRepo::open(&ctx.repo)?;
+    let repo = ctx.open_repo()?;
     ctx.check_repository(&repo, store, false)?;
     let commit = repo.resolve(Some(to))?;
     let watched = ctx.default_rev.clone();

@@ -243,6 +243,43 @@ impl PartialEq for BranchPattern {
 
 impl Eq for BranchPattern {}
 
+/// Where a daemon keeps the mirror of a remote repository (`repo: {url}`): beside the state
+/// file; with a PostgreSQL state (no file), in the service's state directory (systemd's
+/// `StateDirectory=`, given as `$STATE_DIRECTORY`), else the working directory.
+pub fn mirror_path(state: &Path) -> PathBuf {
+    if state.to_str().is_some_and(gitplane_state::is_postgres_url) {
+        return std::env::var_os("STATE_DIRECTORY")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."))
+            .join("mirror.git");
+    }
+    state
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .join("mirror.git")
+}
+
+/// Where a command run by a person finds the daemon's mirror: where [`mirror_path`] says, else,
+/// for a PostgreSQL state outside systemd's environment, in the packaged unit's state
+/// directory (`/var/lib/gitplane`), where the service keeps it.
+pub fn mirror_for_commands(state: &Path) -> PathBuf {
+    let mirror = mirror_path(state);
+    let service = Path::new(SERVICE_STATE_DIRECTORY).join("mirror.git");
+    let postgres = state.to_str().is_some_and(gitplane_state::is_postgres_url);
+    if postgres
+        && !mirror.exists()
+        && std::env::var_os("STATE_DIRECTORY").is_none()
+        && service.exists()
+    {
+        return service;
+    }
+    mirror
+}
+
+/// The state directory of the packaged systemd unit (`StateDirectory=gitplane`).
+pub const SERVICE_STATE_DIRECTORY: &str = "/var/lib/gitplane";
+
 /// `previews: {branches: "pr-*", type: development, ttl: 72h}`: the daemon makes an
 /// environment for each branch whose name matches `branches`, of type `env_type`, and removes it
 /// when the branch is deleted or `ttl` passes without a push.

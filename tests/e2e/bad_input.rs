@@ -85,7 +85,7 @@ fn assert_rejected(mutate: impl FnOnce(&Sandbox), expected: &[&str]) -> (Sandbox
         .ok()
         .json();
     assert_eq!(
-        status["commit"],
+        status[0]["commit"],
         good.as_str(),
         "status after a rejected commit"
     );

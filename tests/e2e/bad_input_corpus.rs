@@ -222,7 +222,7 @@ fn rejected_commit(sb: &Sandbox, edit: fn(&Sandbox), config: Option<&Path>, expe
     assert_eq!(
         sb.gitplane(&["status", "--env", "development", "--format", "json"])
             .ok()
-            .json()["commit"],
+            .json()[0]["commit"],
         good.as_str()
     );
 }

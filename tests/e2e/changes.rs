@@ -97,7 +97,7 @@ fn a_commit_reads_plans_and_applies_only_the_apps_it_changed() {
     sb.edit("workloads/b/web.yaml", "web:1", "web:2");
     sb.commit("A new image for b");
 
-    let plan = sb.gitplane(&["plan", "--format", "steps-json"]).ok().json();
+    let plan = sb.gitplane(&["plan", "--format", "steps-json"]).ok().json()[0].clone();
     let steps: Vec<(String, String)> = plan["steps"]
         .as_array()
         .unwrap()

@@ -134,3 +134,31 @@ fn plan_and_apply_with_nothing_to_work_on_fail_and_create_nothing() {
         assert!(!state.exists(), "{command} created {}", state.display());
     }
 }
+
+/// A list command's JSON is an array whether one environment or several are shown: a script
+/// written against one environment keeps working the day a second appears.
+#[test]
+fn list_commands_give_an_array_for_one_environment_as_for_two() {
+    let sb = Sandbox::applied();
+    for command in [
+        vec!["status", "-o", "json"],
+        vec!["history", "-o", "json"],
+        vec!["graph", "-o", "json"],
+        vec!["plan", "-o", "steps-json"],
+        vec!["report", "resources", "-o", "json"],
+    ] {
+        let all = sb.gitplane(&command).ok().json();
+        let mut one_env = command.clone();
+        one_env.extend(["--env", "production"]);
+        let one = sb.gitplane(&one_env).ok().json();
+        for (what, value) in [("every environment", &all), ("--env production", &one)] {
+            assert!(value.is_array(), "{command:?} ({what}): {value}");
+        }
+        assert!(
+            one.as_array().unwrap().len() < all.as_array().unwrap().len(),
+            "{command:?}: --env production shows less than every environment"
+        );
+    }
+    // A command about one thing gives that thing.
+    assert!(sb.gitplane(&["plan", "-o", "json"]).ok().json().is_object());
+}

@@ -298,7 +298,8 @@ fn detect_records_what_changed_outside_and_changes_nothing() {
     let status = sb
         .gitplane(&["status", "--config", &c, "--format", "json"])
         .ok()
-        .json();
+        .json()[0]
+        .clone();
     assert_eq!(status["drift"]["resources_differ"], json!(1), "{status}");
     assert_eq!(status["drift"]["corrected"], json!(false));
     sb.gitplane(&["history", "--config", &c])

@@ -55,7 +55,8 @@ fn a_superseded_held_deployment_cannot_be_approved() {
     let status = sb
         .gitplane(&["status", "--env", "development", "--format", "json"])
         .ok()
-        .json();
+        .json()[0]
+        .clone();
     assert_eq!(status["commit"], back.as_str());
 }
 
@@ -81,7 +82,8 @@ fn a_newer_held_deployment_supersedes_an_older_one() {
     let status = sb
         .gitplane(&["status", "--env", "production", "--format", "json"])
         .ok()
-        .json();
+        .json()[0]
+        .clone();
     assert_eq!(status["commit"], second_commit.as_str());
     let history = sb
         .gitplane(&["history", "--env", "production", "--format", "json"])

@@ -124,7 +124,8 @@ fn first_apply_creates_every_resource() {
         let graph = sb
             .gitplane(&["graph", "--env", env, "--format", "json"])
             .ok()
-            .json();
+            .json()[0]
+            .clone();
         let recorded: BTreeSet<(String, String, String)> = sb
             .rows(&format!(
                 "SELECT from_guresid, to_guresid, kind FROM edge WHERE env = '{env}'"
@@ -136,11 +137,13 @@ fn first_apply_creates_every_resource() {
         assert_eq!(recorded.len(), 7, "{env}");
     }
 
-    // status --format json, one environment.
+    // status --format json, one environment: an array of one.
     let status = sb
         .gitplane(&["status", "--env", "development", "--format", "json"])
         .ok()
         .json();
+    assert_eq!(status.as_array().map(Vec::len), Some(1), "{status}");
+    let status = status[0].clone();
     assert_eq!(
         keys(&status),
         BTreeSet::from(["env", "commit", "resources"])
@@ -489,7 +492,8 @@ fn reapplying_a_commit_changes_nothing() {
     let one = sb
         .gitplane(&["plan", "--env", "production", "--format", "steps-json"])
         .ok()
-        .json();
+        .json()[0]
+        .clone();
     assert_eq!(one["env"], "production");
     let table = sb.gitplane(&["plan"]).ok();
     table.stdout_has("0 to create, 0 to update, 0 may update, 0 pinned, 6 unchanged, 0 to delete");
@@ -504,7 +508,8 @@ fn plan_shows_what_a_change_would_do_and_changes_nothing() {
     let plan = sb
         .gitplane(&["plan", "--env", "development", "--format", "steps-json"])
         .ok()
-        .json();
+        .json()[0]
+        .clone();
     assert!(!sb.state.exists(), "plan created {}", sb.state.display());
     let steps = plan["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 6);
@@ -529,7 +534,8 @@ fn plan_shows_what_a_change_would_do_and_changes_nothing() {
     let plan = sb
         .gitplane(&["plan", "--env", "development", "--format", "steps-json"])
         .ok()
-        .json();
+        .json()[0]
+        .clone();
     let actions: BTreeMap<String, String> = plan["steps"]
         .as_array()
         .unwrap()
@@ -600,7 +606,7 @@ fn rev_selects_commit_by_id_branch_and_tag_in_bare_and_normal_repositories() {
             )
             .ok()
             .json();
-        assert_eq!(status["commit"], commit, "--rev {rev:?} in {repo}");
+        assert_eq!(status[0]["commit"], commit, "--rev {rev:?} in {repo}");
         let conn = open_db(std::path::Path::new(state));
         // Each apply here changes the database port, so postgres was provisioned from `commit`.
         assert_eq!(
@@ -757,7 +763,8 @@ fn template_graph() {
         let graph = sb
             .gitplane(&["graph", "--env", env, "--format", "json"])
             .ok()
-            .json();
+            .json()[0]
+            .clone();
         assert_eq!(
             keys(&graph),
             BTreeSet::from(["env", "commit", "nodes", "edges"])
@@ -855,7 +862,7 @@ fn apply_env_applies_one_environment() {
     assert_eq!(sb.res_ids("production"), template_res_ids());
     assert!(sb.res_ids("development").is_empty());
     let status = sb.gitplane(&["status", "--format", "json"]).ok().json();
-    assert_eq!(status["env"], "production", "{status}");
+    assert_eq!(status[0]["env"], "production", "{status}");
 }
 
 #[test]

@@ -411,7 +411,8 @@ fn auto_update_moves_what_is_bound_and_a_pinned_resource_waits_for_resolve() {
     let plan = sb
         .gitplane(&["plan", "--env", "development", "--format", "steps-json"])
         .ok()
-        .json();
+        .json()[0]
+        .clone();
     let db = plan["steps"]
         .as_array()
         .unwrap()

@@ -165,7 +165,8 @@ fn rollback_to_an_unmerged_commit_is_refused_unless_forced() {
     let status = sb
         .gitplane(&["status", "--env", "production", "--format", "json"])
         .ok()
-        .json();
+        .json()[0]
+        .clone();
     assert_eq!(status["pin"]["forced"], true);
     sb.gitplane(&["history"])
         .ok()

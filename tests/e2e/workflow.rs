@@ -409,10 +409,10 @@ fn a_rollback_pins_the_environment_until_unpinned() {
     status.stdout_has("0 to create, 1 to update, 0 to delete");
     let json = sb.gitplane(&["status", "--format", "json"]).ok().json();
     assert_eq!(
-        json["pin"]["pinned_by"], "alice",
-        "one environment: one object"
+        json[0]["pin"]["pinned_by"], "alice",
+        "one environment: an array of one object"
     );
-    assert_eq!(json["pin"]["held_back"]["commit"], newer.as_str());
+    assert_eq!(json[0]["pin"]["held_back"]["commit"], newer.as_str());
     let history = sb.gitplane(&["history"]).ok();
     history.stdout_has("v2 breaks checkout; still pinned");
     let history = sb.gitplane(&["history", "--format", "json"]).ok().json();

@@ -952,8 +952,10 @@ fn built_or_report(
     }
 }
 
+/// A list command's JSON: always an array, one object per environment, however many there are
+/// (a script must not break the day a second environment appears).
 fn print_json(stdout: &mut impl Write, items: Vec<serde_json::Value>) -> Result<(), CliError> {
-    let text = serde_json::to_string_pretty(&output::one_or_many(items))
+    let text = serde_json::to_string_pretty(&serde_json::Value::Array(items))
         .expect("a serde_json::Value always serialises");
     writeln!(stdout, "{text}")?;
     Ok(())

@@ -269,15 +269,6 @@ pub fn built_summary(built: &crate::deploy::Built) -> String {
         .join(", ")
 }
 
-/// One JSON value when one environment is shown, an array when several are.
-pub fn one_or_many(mut items: Vec<Value>) -> Value {
-    if items.len() == 1 {
-        items.remove(0)
-    } else {
-        Value::Array(items)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -162,3 +162,97 @@ fn list_commands_give_an_array_for_one_environment_as_for_two() {
     // A command about one thing gives that thing.
     assert!(sb.gitplane(&["plan", "-o", "json"]).ok().json().is_object());
 }
+
+/// "What is broken in app X" without SQL: `status` says per app how many resources failed, the
+/// worst app first, and filters by app, type and status.
+#[test]
+fn status_summarises_each_app_worst_first_and_filters() {
+    use gitplane_testkit::{Behavior, DriverServer};
+
+    use crate::util::{Definition, definitions, http_driver_config};
+
+    let server = DriverServer::start();
+    server.behave(
+        "postgres",
+        Behavior {
+            fail: Some((400, 1000)),
+            ..Behavior::default()
+        },
+    );
+    let sb = Sandbox::new();
+    sb.write(
+        "environments/test.yaml",
+        "type: test\nimplicit_resources: []\n",
+    );
+    sb.write(
+        "definitions/platform.yaml",
+        &definitions(&[
+            Definition::new("workload", "humanitec/echo").value("namespace: app"),
+            Definition::http("postgres").value("size: small"),
+            Definition::new("redis", "humanitec/echo").value("host: cache"),
+        ]),
+    );
+    for (app, resource) in [("billing", "postgres"), ("shop", "redis")] {
+        sb.write(
+            &format!("workloads/{app}/api.yaml"),
+            &format!(
+                "apiVersion: score.dev/v1b1\nmetadata:\n  name: api\ncontainers:\n  main:\n    \
+                 image: x\nresources:\n  store:\n    type: {resource}\n"
+            ),
+        );
+    }
+    sb.commit("Two apps, one with a database the driver refuses");
+    let config = sb.root.join("host.yaml");
+    std::fs::write(&config, http_driver_config(&server.url, "timeout: 10s")).unwrap();
+    let config = config.to_str().unwrap();
+    sb.gitplane(&["apply", "--config", config]).fails();
+
+    let table = sb.gitplane(&["status"]).ok().stdout;
+    let words = |l: &str| l.split_whitespace().collect::<Vec<_>>().join(" ");
+    let summary: Vec<String> = table
+        .lines()
+        .map(words)
+        .skip_while(|l| l != "APP RESOURCES STATUS")
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    // The billing workload waits for its database: not created, so not counted.
+    assert_eq!(
+        summary,
+        ["billing 1 failed, 0 ready FAILED", "shop 2 ready READY"],
+        "{table}"
+    );
+
+    let failed = sb
+        .gitplane(&["status", "--status", "failed", "-o", "json"])
+        .ok()
+        .json();
+    let resources = failed[0]["resources"].as_array().unwrap();
+    assert_eq!(resources.len(), 1, "{failed}");
+    assert_eq!(resources[0]["type"], "postgres");
+    assert_eq!(failed[0]["apps"][0]["app"], "billing");
+    assert_eq!(failed[0]["apps"][0]["status"], "failed");
+
+    let shop = sb
+        .gitplane(&["status", "--app", "shop", "-o", "json"])
+        .ok()
+        .json();
+    let apps: Vec<&str> = shop[0]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["app"].as_str().unwrap())
+        .collect();
+    assert_eq!(apps, ["shop", "shop"]);
+    let workloads = sb
+        .gitplane(&["status", "--type", "workload", "-o", "json"])
+        .ok()
+        .json();
+    let types: Vec<&str> = workloads[0]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["workload"]);
+}

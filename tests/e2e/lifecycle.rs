@@ -146,7 +146,7 @@ fn first_apply_creates_every_resource() {
     let status = status[0].clone();
     assert_eq!(
         keys(&status),
-        BTreeSet::from(["env", "commit", "resources"])
+        BTreeSet::from(["env", "commit", "apps", "resources"])
     );
     assert_eq!(status["env"], "development");
     assert_eq!(status["commit"], commit.as_str());

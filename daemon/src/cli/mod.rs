@@ -154,6 +154,57 @@ pub struct Rev {
     pub rev: Option<String>,
 }
 
+/// Which resources `status` shows (each repeatable; all of them when none is given).
+#[derive(Debug, Clone, Default, Args)]
+pub struct StatusFilter {
+    /// Only the resources of this app (`-` for the environment's global ones).
+    #[arg(long = "app", value_name = "APP")]
+    pub apps: Vec<String>,
+    /// Only resources of this type.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub types: Vec<String>,
+    /// Only resources with this status.
+    #[arg(long = "status", value_enum, value_name = "STATUS")]
+    pub statuses: Vec<StatusArg>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusArg {
+    Ready,
+    Failed,
+}
+
+impl StatusFilter {
+    /// The resources it lets through, ordered by app, then type, class and id.
+    fn apply(
+        &self,
+        resources: Vec<gitplane_state::ResourceRecord>,
+    ) -> Vec<gitplane_state::ResourceRecord> {
+        let mut kept: Vec<_> = resources
+            .into_iter()
+            .filter(|r| {
+                let app = r.app.as_deref().unwrap_or("-");
+                let status = match r.status {
+                    gitplane_state::ResourceStatus::Ready => StatusArg::Ready,
+                    gitplane_state::ResourceStatus::Failed => StatusArg::Failed,
+                };
+                (self.apps.is_empty() || self.apps.iter().any(|a| a == app))
+                    && (self.types.is_empty() || self.types.contains(&r.res_type))
+                    && (self.statuses.is_empty() || self.statuses.contains(&status))
+            })
+            .collect();
+        kept.sort_by(|a, b| {
+            (&a.app, &a.res_type, &a.class, &a.res_id).cmp(&(
+                &b.app,
+                &b.res_type,
+                &b.class,
+                &b.res_id,
+            ))
+        });
+        kept
+    }
+}
+
 /// How `gitplane plan` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PlanFormat {
@@ -232,6 +283,8 @@ pub enum Command {
     Status {
         #[command(flatten)]
         common: Common,
+        #[command(flatten)]
+        filter: StatusFilter,
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Table)]
         format: Format,
     },
@@ -552,7 +605,11 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
                 stdout,
             )
         }
-        Command::Status { common, format } => status(&common.context()?, format, stdout),
+        Command::Status {
+            common,
+            filter,
+            format,
+        } => status(&common.context()?, &filter, format, stdout),
         Command::History { common, format } => history(&common.context()?, format, stdout),
         Command::Report {
             common,
@@ -1774,13 +1831,15 @@ fn detect_line(run: &gitplane_state::DetectRun) -> String {
 
 fn status(
     ctx: &Context,
+    filter: &StatusFilter,
     format: Format,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     let store = existing_store(ctx)?;
     let postgres = store.backend() == gitplane_state::db::Backend::Postgres;
     let mut json = Vec::new();
-    for status in app::status::status(ctx, &store)? {
+    for mut status in app::status::status(ctx, &store)? {
+        status.resources = filter.apply(std::mem::take(&mut status.resources));
         let env = &status.env;
         let (pin, preview) = (status.pin.as_ref(), status.preview.as_ref());
         let lease = status.lease.as_ref();
@@ -1862,7 +1921,7 @@ fn quickstart(dir: &Path, stdout: &mut impl Write) -> Result<CommandResult, CliE
         return Ok(CommandResult::Failure);
     }
     writeln!(stdout)?;
-    status(&ctx, Format::Table, stdout)?;
+    status(&ctx, &StatusFilter::default(), Format::Table, stdout)?;
     let (snapshot, result) = load_and_build(
         &Context {
             envs: vec!["development".into()],

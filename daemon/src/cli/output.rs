@@ -118,10 +118,76 @@ pub fn status_json(
             "outputs": r.outputs,
         })).collect::<Vec<_>>(),
     });
-    if let (Some(lease), Some(fields)) = (lease, status.as_object_mut()) {
-        fields.insert("lease".to_owned(), lease_json(lease));
+    if let Some(fields) = status.as_object_mut() {
+        let apps = app_summaries(resources)
+            .into_iter()
+            .map(|a| {
+                json!({
+                    "app": a.app,
+                    "status": a.status(),
+                    "resources": a.resources,
+                    "failed": a.failed,
+                    "ready": a.resources - a.failed,
+                })
+            })
+            .collect::<Vec<_>>();
+        fields.insert("apps".to_owned(), Value::Array(apps));
+        if let Some(lease) = lease {
+            fields.insert("lease".to_owned(), lease_json(lease));
+        }
     }
     status
+}
+
+/// One app of an environment at a glance: how many resources, how many failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppSummary {
+    /// `-` for the environment's global resources.
+    pub app: String,
+    pub resources: usize,
+    pub failed: usize,
+}
+
+impl AppSummary {
+    /// The app's worst resource status.
+    pub fn status(&self) -> &'static str {
+        if self.failed > 0 { "failed" } else { "ready" }
+    }
+}
+
+/// Each app of `resources`, worst first (most failed resources), then by name.
+pub fn app_summaries(resources: &[ResourceRecord]) -> Vec<AppSummary> {
+    let mut by_app: std::collections::BTreeMap<&str, AppSummary> = Default::default();
+    for r in resources {
+        let app = r.app.as_deref().unwrap_or("-");
+        let summary = by_app.entry(app).or_insert_with(|| AppSummary {
+            app: app.to_owned(),
+            resources: 0,
+            failed: 0,
+        });
+        summary.resources += 1;
+        if r.status == gitplane_state::ResourceStatus::Failed {
+            summary.failed += 1;
+        }
+    }
+    let mut apps: Vec<AppSummary> = by_app.into_values().collect();
+    apps.sort_by(|a, b| b.failed.cmp(&a.failed).then_with(|| a.app.cmp(&b.app)));
+    apps
+}
+
+/// The one-line-per-app summary `status` prints above the table: `  shop  6 resources: 1
+/// failed, 5 ready  FAILED`.
+fn app_lines(resources: &[ResourceRecord]) -> String {
+    let mut t = Table::new(&["APP", "RESOURCES", "STATUS"]);
+    for a in app_summaries(resources) {
+        let counts = match a.failed {
+            0 => format!("{} ready", a.resources),
+            failed => format!("{failed} failed, {} ready", a.resources - failed),
+        };
+        let status = a.status().to_uppercase();
+        t.row(vec![a.app, counts, status]);
+    }
+    t.render("  ")
 }
 
 pub fn status_table(
@@ -163,8 +229,13 @@ pub fn status_table(
     let lease = lease
         .map(|l| format!("  {}\n", lease_line(l)))
         .unwrap_or_default();
+    let apps = if resources.is_empty() {
+        String::new()
+    } else {
+        format!("{}\n", app_lines(resources))
+    };
     format!(
-        "{env} @ {} ({last}), {} resources\n{lease}{}",
+        "{env} @ {} ({last}), {} resources\n{lease}{apps}{}",
         commit.map(short).unwrap_or("-"),
         resources.len(),
         t.render("  ")

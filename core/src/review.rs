@@ -55,11 +55,14 @@ impl Resource {
 pub struct Updated {
     pub resource: Resource,
     /// Whether it changes is known only after apply: it reads outputs of resources that change
-    /// first.
+    /// first, and none of its own inputs changes.
     pub maybe: bool,
     pub reason: String,
-    /// Each input that changes, secrets as `secrets.NAME: changed (secret)`.
+    /// Each input that changes for sure, secrets as `secrets.NAME: changed (secret)`; listed
+    /// beside `known_after_apply` when the resource also reads outputs that may change.
     pub changes: Vec<String>,
+    /// Each input that reads an output of a resource changing first, as
+    /// `values.host <- LABEL outputs.host`.
     pub known_after_apply: Vec<String>,
 }
 
@@ -240,7 +243,7 @@ pub fn compare(state: &EnvState<'_>) -> EnvReview {
             Action::Create => entry.created.push(resource),
             Action::Update | Action::MaybeUpdate => entry.updated.push(Updated {
                 resource,
-                maybe: step.action == Action::MaybeUpdate,
+                maybe: step.action == Action::MaybeUpdate && step.changes.is_empty(),
                 reason: step.reason.clone(),
                 changes: step.changes.clone(),
                 known_after_apply: step.known_after_apply.clone(),
@@ -745,8 +748,12 @@ fn entries(a: &AppReview) -> Vec<Entry> {
             details: u
                 .changes
                 .iter()
-                .chain(&u.known_after_apply)
                 .cloned()
+                .chain(
+                    u.known_after_apply
+                        .iter()
+                        .map(|k| format!("{k} (known after apply)")),
+                )
                 .collect(),
         });
     }

@@ -110,8 +110,18 @@ fn a_branch_plan_lists_exactly_what_it_changes_hides_secrets_and_changes_no_stat
         .filter(|u| u["maybe"] == false)
         .map(|u| u["resource"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(certain, set(&["shop/base-env.default#base-env"]));
-    let base = updated.iter().find(|u| u["maybe"] == false).unwrap();
+    // The backend's Score file asks for a queue: a change known now, beside what it reads.
+    assert_eq!(
+        certain,
+        set(&[
+            "shop/base-env.default#base-env",
+            "shop/workload.default#modules.backend"
+        ])
+    );
+    let base = updated
+        .iter()
+        .find(|u| u["resource"] == "shop/base-env.default#base-env")
+        .unwrap();
     assert_eq!(
         base["changes"],
         serde_json::json!(["secrets.pgpassword: changed (secret)"])
@@ -148,7 +158,7 @@ fn a_branch_plan_lists_exactly_what_it_changes_hides_secrets_and_changes_no_stat
     );
     assert_eq!(shop["bindings"]["removed"], serde_json::json!([]));
     assert_eq!(j["summary"]["create"], 1);
-    assert_eq!(j["summary"]["update"], 1);
+    assert_eq!(j["summary"]["update"], 2);
     assert_eq!(j["summary"]["delete"], 2);
 
     let md = sb
@@ -159,7 +169,7 @@ fn a_branch_plan_lists_exactly_what_it_changes_hides_secrets_and_changes_no_stat
     let short = &sb.rev_parse("feature")[..12];
     assert!(
         first.starts_with(&format!(
-            "**gitplane plan** for `{short}` (ref `feature`): 2 to create, 2 to update, 4 to \
+            "**gitplane plan** for `{short}` (ref `feature`): 2 to create, 4 to update, 4 to \
              delete"
         )) && first.ends_with("in 2 environments"),
         "{first}"
@@ -196,7 +206,7 @@ fn a_branch_plan_lists_exactly_what_it_changes_hides_secrets_and_changes_no_stat
         .gitplane(&["plan", "--ref", "feature", "--format", "text"])
         .ok();
     text.hides(&[NEW_SECRET]).hides(&OLD_SECRETS);
-    text.stdout_has("development: 1 to create, 1 to update, 2 to delete");
+    text.stdout_has("development: 1 to create, 2 to update, 2 to delete");
 
     // Nothing was recorded: no deployment, not a byte of the state file.
     assert_eq!(sb.count("SELECT COUNT(*) FROM deployment"), deployments);

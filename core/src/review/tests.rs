@@ -99,8 +99,21 @@ fn creations_updates_deletions_links_and_bindings_are_listed_by_app() {
             ("shop/base-env.default#base-env", false),
             ("shop/postgres.default#modules.backend.externals.db", true),
             ("shop/redis.default#shared.cache", true),
-            ("shop/workload.default#modules.backend", true),
+            // Its Score file has a new resource: a change known now, beside what it reads.
+            ("shop/workload.default#modules.backend", false),
         ]
+    );
+    assert_eq!(
+        shop.updated[3].changes,
+        ["resource.resources.queue: changed (secret)"]
+    );
+    assert!(
+        shop.updated[3]
+            .known_after_apply
+            .iter()
+            .any(|k| k.starts_with("resource.containers.api.variables.DB_PORT <- ")),
+        "{:?}",
+        shop.updated[3]
     );
     assert_eq!(
         shop.updated[0].changes,
@@ -202,11 +215,11 @@ fn the_markdown_has_a_summary_a_table_and_details_and_is_stable() {
     let first = md.lines().next().unwrap();
     assert_eq!(
         first,
-        "**gitplane plan** for `0123456789ab` (ref `feature`): 1 to create, 1 to update, 2 to \
-         delete, 3 may update, 5 link change(s), 2 binding change(s) in 1 environment"
+        "**gitplane plan** for `0123456789ab` (ref `feature`): 1 to create, 2 to update, 2 to \
+         delete, 2 may update, 5 link change(s), 2 binding change(s) in 1 environment"
     );
     assert!(
-        md.contains("| shop | 1 | 1 (+3 may) | 2 | +2 −3 | +1 −0 ~1 |"),
+        md.contains("| shop | 1 | 2 (+2 may) | 2 | +2 −3 | +1 −0 ~1 |"),
         "{md}"
     );
     assert!(md.contains("<details><summary>production: changes by resource</summary>"));
@@ -247,4 +260,45 @@ fn user_text_cannot_break_out_of_the_markdown() {
     let md = r.to_markdown();
     assert!(md.contains("| sh\\|op\\<script\\>\\` |"), "{md}");
     assert!(md.contains("**app `` sh|op<script>` ``**"), "{md}");
+}
+
+/// Finding: an image bump vanished from a plan when the same workload also read a changing
+/// output; only "may update (known after apply)" was shown.
+#[test]
+fn an_image_bump_shows_beside_the_inputs_known_after_apply() {
+    let r = review_after("development", |files| {
+        edit(files, "definitions/redis.yaml", "port: 6379", "port: 6380");
+        edit(
+            files,
+            "workloads/shop/backend.yaml",
+            "backend:1.4.2",
+            "backend:1.5.0",
+        );
+    });
+    let text = r.to_text();
+    assert!(
+        text.contains(
+            "update shop/workload.default#modules.backend (inputs changed; more known after \
+             apply)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("        resource.containers.api.image: "),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "        resource.containers.api.variables.CACHE_URL <- \
+             shop/redis.default#shared.cache outputs.port (known after apply)"
+        ),
+        "{text}"
+    );
+    // The frontend changes nothing of its own: it stays a maybe.
+    assert!(
+        text.contains("may update shop/workload.default#modules.frontend"),
+        "{text}"
+    );
+    let md = r.to_markdown();
+    assert!(md.contains("  - `resource.containers.api.image: "), "{md}");
 }

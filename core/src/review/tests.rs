@@ -302,3 +302,86 @@ fn an_image_bump_shows_beside_the_inputs_known_after_apply() {
     let md = r.to_markdown();
     assert!(md.contains("  - `resource.containers.api.image: "), "{md}");
 }
+
+/// Finding: a one-field definition change across 200 apps gave 307 KB of Markdown, which
+/// GitHub refuses as a comment (over 65 536 characters).
+#[test]
+fn a_200_app_plan_fits_a_comment_and_still_names_every_changed_app() {
+    let mut files = template_files();
+    let apps = 200;
+    // The estate applied, then a one-field change of the definition every app reads.
+    let shop: Vec<(String, Vec<u8>)> = files
+        .iter()
+        .filter(|(p, _)| p.starts_with("workloads/shop/"))
+        .map(|(p, c)| (p.clone(), c.clone()))
+        .collect();
+    for (path, contents) in &shop {
+        files.remove(path);
+        for n in 0..apps {
+            let path = path.replace("workloads/shop/", &format!("workloads/app-{n:03}/"));
+            files.insert(path, contents.clone());
+        }
+    }
+    let before = applied(&graph(&files, "development"));
+    edit(
+        &mut files,
+        "definitions/base-env.yaml",
+        "pghost: pg.dev.internal",
+        "pghost: pg-ha.dev.internal",
+    );
+    let g = graph(&files, "development");
+    let p = plan(&g, &before.records, &before.links);
+    let e = compare(&EnvState {
+        graph: &g,
+        plan: &p,
+        recorded: &before.records,
+        links: &before.links,
+        bindings: &before.bindings,
+        held: None,
+    });
+    let r = Review {
+        commit: "0123456789abcdef0123456789abcdef01234567".into(),
+        reference: Some("feature".into()),
+        environments: vec![e],
+        rejected: Vec::new(),
+    };
+    assert_eq!(r.environments[0].apps.len(), apps);
+    let whole = r.to_markdown_within(usize::MAX);
+    assert!(whole.len() > MARKDOWN_LIMIT, "{}", whole.len());
+
+    let md = r.to_markdown();
+    assert!(md.len() <= MARKDOWN_LIMIT, "{} bytes", md.len());
+    assert_eq!(md.lines().next(), whole.lines().next(), "the same summary line");
+    // The counts first: the environment's, then one row per app, every one of them.
+    assert!(
+        md.contains("| development | 200 | 0 | 200 (+1000 may) | 0 |"),
+        "{}",
+        &md[..2000]
+    );
+    for n in 0..apps {
+        assert!(
+            md.contains(&format!("\n| app-{n:03} | 0 | 1 (+5 may) | 0 |")),
+            "app-{n:03} is not in the table"
+        );
+    }
+    // Details while they fit, then a line saying how many were left out and how to see them.
+    let shown = md.matches("\n**app `").count();
+    assert!(shown > 0 && shown < apps, "{shown} apps shown");
+    let left = apps - shown;
+    let resources = left * 6;
+    assert!(
+        md.contains(&format!(
+            "**{resources} more resources in {left} apps not shown here**: run `gitplane plan \
+             --ref feature --env development --format text` to see every change."
+        )),
+        "{}",
+        &md[md.len().saturating_sub(1500)..]
+    );
+    assert_eq!(md, r.to_markdown(), "the same bytes each time");
+
+    // Even when the tables do not fit, the limit holds and each environment says how to see it.
+    let tiny = r.to_markdown_within(2_000);
+    assert!(tiny.len() <= 2_000, "{tiny}");
+    assert!(tiny.contains("### development: 0 to create, 200 to update"), "{tiny}");
+    assert!(tiny.contains("**1200 more resources in 200 apps not shown here**"), "{tiny}");
+}

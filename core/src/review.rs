@@ -173,6 +173,40 @@ pub struct Review {
     pub environments: Vec<EnvReview>,
     /// Why the commit does not load or build (it would change nothing); empty when it does.
     pub rejected: Vec<String>,
+    /// When the commit lacks commits of the watched ref: the plan is of its merge into it.
+    pub merge: Option<MergeNote>,
+}
+
+/// A branch behind the watched ref, planned as its merge into it: the watched ref's newer
+/// commits are kept, never shown as reverted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergeNote {
+    /// The watched ref, as the host config names it (`main`).
+    pub into: String,
+    /// The watched ref's commit the branch is merged into.
+    pub into_commit: String,
+    /// The newest commit both have.
+    pub base: String,
+    /// How many commits the watched ref has that the branch lacks.
+    pub behind: usize,
+    /// Files both changed since `base`, differently: the review is then rejected.
+    pub conflicts: Vec<String>,
+}
+
+impl MergeNote {
+    /// `the branch is 2 commits behind main (0123456789ab): this plan shows the result of
+    /// merging it into main`.
+    fn sentence(&self, quote: impl Fn(&str) -> String) -> String {
+        format!(
+            "the branch is {} commit{} behind {} ({}): this plan shows the result of merging \
+             it into {}",
+            self.behind,
+            if self.behind == 1 { "" } else { "s" },
+            quote(&self.into),
+            quote(self.into_commit.get(..12).unwrap_or(&self.into_commit)),
+            quote(&self.into),
+        )
+    }
 }
 
 /// The longest Markdown [`Review::to_markdown`] gives, in bytes: under the 65 536 characters
@@ -546,6 +580,13 @@ impl Review {
                 "environments_held": self.environments.iter().filter(|e| e.held.is_some()).count(),
             },
             "environments": self.environments.iter().map(env_json).collect::<Vec<_>>(),
+            "merge": self.merge.as_ref().map(|m| json!({
+                "into": m.into,
+                "into_commit": m.into_commit,
+                "base": m.base,
+                "behind": m.behind,
+                "conflicts": m.conflicts,
+            })),
         })
     }
 
@@ -673,6 +714,9 @@ impl Review {
             code(self.short()),
             self.summary_phrase()
         );
+        if let Some(m) = &self.merge {
+            let _ = writeln!(out, "\n> {}.", capitalised(&m.sentence(code)));
+        }
         out
     }
 
@@ -689,6 +733,9 @@ impl Review {
             self.short(),
             self.summary_phrase()
         );
+        if let Some(m) = &self.merge {
+            let _ = writeln!(out, "  {}", m.sentence(str::to_owned));
+        }
         for e in &self.rejected {
             let _ = writeln!(out, "  error: {e}");
         }
@@ -1050,6 +1097,14 @@ fn escape(text: &str) -> String {
         }
     }
     out
+}
+
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
 }
 
 /// `text` for HTML (inside `<summary>`).

@@ -169,7 +169,7 @@ fn a_branch_plan_lists_exactly_what_it_changes_hides_secrets_and_changes_no_stat
     let short = &sb.rev_parse("feature")[..12];
     assert!(
         first.starts_with(&format!(
-            "**gitplane plan** for `{short}` (ref `feature`): 2 to create, 4 to update, 4 to \
+            "**gitplane plan** for `{short}` (ref `feature`): 2 to create, 3 to update, 4 to \
              delete"
         )) && first.ends_with("in 2 environments"),
         "{first}"
@@ -210,6 +210,112 @@ fn a_branch_plan_lists_exactly_what_it_changes_hides_secrets_and_changes_no_stat
 
     // Nothing was recorded: no deployment, not a byte of the state file.
     assert_eq!(sb.count("SELECT COUNT(*) FROM deployment"), deployments);
+    assert_eq!(std::fs::read(&sb.state).unwrap(), state_before);
+}
+
+/// `git count-objects -v` of the bare repository: what planning must not change.
+fn objects_of(sb: &Sandbox) -> String {
+    sb.git_in(&sb.origin, &["count-objects", "-v"])
+}
+
+/// Finding: a branch two commits behind main planned as reverting main's changes (an image
+/// downgrade). It plans as its merge into main, says how far behind it is, and writes no git
+/// object; a file both changed is refused by name rather than guessed.
+#[test]
+fn a_branch_behind_main_plans_its_merge_and_never_reverts_main() {
+    let sb = Sandbox::applied();
+    let base = sb.head();
+    sb.git(&["checkout", "--quiet", "-b", "feature"]);
+    sb.edit(
+        "workloads/shop/frontend.yaml",
+        "frontend:2.0.0",
+        "frontend:2.1.0",
+    );
+    sb.git(&["commit", "--quiet", "-am", "Frontend 2.1.0"]);
+    sb.git(&["push", "--quiet", "origin", "feature"]);
+    sb.git(&["checkout", "--quiet", "main"]);
+    sb.edit("workloads/shop/backend.yaml", "backend:1.4.2", "backend:1.5.0");
+    sb.commit("Backend 1.5.0");
+    sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
+    let main = sb.commit("Redis on 6380");
+    sb.gitplane(&["apply"]).ok();
+    let objects = objects_of(&sb);
+    let state_before = std::fs::read(&sb.state).unwrap();
+
+    let run = sb
+        .gitplane(&["plan", "--ref", "feature", "--format", "json"])
+        .ok();
+    let j = run.json();
+    assert_eq!(j["commit"], sb.rev_parse("feature"));
+    assert_eq!(j["merge"]["into"], "main");
+    assert_eq!(j["merge"]["into_commit"], main.as_str());
+    assert_eq!(j["merge"]["base"], base.as_str());
+    assert_eq!(j["merge"]["behind"], 2);
+    assert_eq!(j["merge"]["conflicts"], serde_json::json!([]));
+    // Only the branch's own change: the frontend's image, in each environment. Main's backend
+    // image and redis port are not undone.
+    assert!(!run.stdout.contains("1.4.2") && !run.stdout.contains("6379"), "{run}");
+    assert_eq!(j["summary"]["update"], 2, "{j}");
+    for key in ["create", "delete", "maybe_update", "forget"] {
+        assert_eq!(j["summary"][key], 0, "{key}: {j}");
+    }
+    for env in j["environments"].as_array().unwrap() {
+        let updated = &env["apps"][0]["updated"];
+        assert_eq!(
+            field(updated, "resource"),
+            set(&["shop/workload.default#modules.frontend"]),
+            "{env}"
+        );
+        assert_eq!(
+            updated[0]["changes"],
+            serde_json::json!([
+                "resource.containers.web.image: \"registry.example.com/shop/frontend:2.0.0\" -> \
+                 \"registry.example.com/shop/frontend:2.1.0\""
+            ])
+        );
+    }
+    let md = sb
+        .gitplane(&["plan", "--ref", "feature", "--format", "markdown"])
+        .ok();
+    md.stdout_has(&format!(
+        "> The branch is 2 commits behind `main` (`{}`): this plan shows the result of merging \
+         it into `main`.",
+        &main[..12]
+    ));
+    sb.gitplane(&["plan", "--ref", "feature", "--format", "text"])
+        .ok()
+        .stdout_has("the branch is 2 commits behind main");
+
+    assert_eq!(objects_of(&sb), objects, "planning wrote a git object");
+
+    // The watched ref itself plans with no merge and, as deployed, no change.
+    let watched = sb
+        .gitplane(&["plan", "--ref", "main", "--format", "json"])
+        .ok()
+        .json();
+    assert_eq!(watched["merge"], Value::Null);
+    assert_eq!(watched["summary"]["environments_changed"], 0, "{watched}");
+
+    // Both sides changed the backend's file: refused, by name, nothing guessed.
+    sb.git(&["checkout", "--quiet", "-b", "clash", &base]);
+    sb.edit("workloads/shop/backend.yaml", "backend:1.4.2", "backend:1.3.9");
+    sb.git(&["commit", "--quiet", "-am", "Backend 1.3.9"]);
+    sb.git(&["push", "--quiet", "origin", "clash"]);
+    let objects = objects_of(&sb);
+    let clash = sb
+        .gitplane(&["plan", "--ref", "clash", "--format", "json"])
+        .fails();
+    clash.stderr_has("workloads/shop/backend.yaml: changed both by the branch and by main");
+    let j = clash.json();
+    assert_eq!(
+        j["merge"]["conflicts"],
+        serde_json::json!(["workloads/shop/backend.yaml"])
+    );
+    assert_eq!(j["environments"], serde_json::json!([]));
+    assert!(!clash.stdout.contains("1.3.9"), "{clash}");
+
+    // Nothing written: no git object, not a byte of the state.
+    assert_eq!(objects_of(&sb), objects);
     assert_eq!(std::fs::read(&sb.state).unwrap(), state_before);
 }
 

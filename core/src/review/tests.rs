@@ -36,6 +36,7 @@ fn review_after(env: &str, change: impl FnOnce(&mut BTreeMap<String, Vec<u8>>)) 
         reference: Some("feature".into()),
         environments: vec![e],
         rejected: Vec::new(),
+        merge: None,
     }
 }
 
@@ -344,6 +345,7 @@ fn a_200_app_plan_fits_a_comment_and_still_names_every_changed_app() {
         reference: Some("feature".into()),
         environments: vec![e],
         rejected: Vec::new(),
+        merge: None,
     };
     assert_eq!(r.environments[0].apps.len(), apps);
     let whole = r.to_markdown_within(usize::MAX);

@@ -515,6 +515,12 @@ impl Review {
         c
     }
 
+    /// Whether applying would change anything in any environment (a rejected commit changes
+    /// nothing).
+    pub fn changes_anything(&self) -> bool {
+        self.changed_envs() > 0
+    }
+
     fn changed_envs(&self) -> usize {
         self.environments
             .iter()

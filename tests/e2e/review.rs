@@ -597,3 +597,104 @@ fn a_signed_pull_request_webhook_posts_the_plan_of_its_head_and_an_unsigned_one_
     assert!(!log.contains(token) && !log.contains(secret), "{log}");
     assert!(log.contains("plan posted"), "{log}");
 }
+
+/// Finding: a one-field definition change across 200 apps gave 307 KB of Markdown, which
+/// GitHub refuses (over 65 536 characters). The comment stays under 60 000 characters, names
+/// every changed app in its counts, and says how many resources it left out and how to see
+/// them; `--detailed-exitcode` tells no change (0) from changes (2) and errors (1).
+#[test]
+fn a_200_app_plan_comment_fits_and_names_every_app_and_detailed_exitcode_tells_changes() {
+    let sb = Sandbox::template();
+    let shop: Vec<(String, String)> = ["backend.yaml", "frontend.yaml"]
+        .iter()
+        .map(|f| (f.to_string(), sb.read(&format!("workloads/shop/{f}"))))
+        .collect();
+    sb.remove("workloads/shop");
+    for n in 0..200 {
+        for (file, text) in &shop {
+            sb.write(&format!("workloads/app-{n:03}/{file}"), text);
+        }
+    }
+    sb.commit("200 apps");
+    sb.gitplane(&["apply"]).ok();
+
+    // Nothing to change: 0, with or without the flag, in every format.
+    for format in ["table", "markdown", "json", "text"] {
+        let run = sb.gitplane(&["plan", "--detailed-exitcode", "--format", format]);
+        assert_eq!(run.code, Some(0), "{run}");
+    }
+
+    sb.git(&["checkout", "--quiet", "-b", "ha-db"]);
+    sb.edit(
+        "definitions/base-env.yaml",
+        "pghost: pg.dev.internal",
+        "pghost: pg-ha.dev.internal",
+    );
+    sb.git(&["commit", "--quiet", "-am", "HA database host"]);
+    sb.git(&["push", "--quiet", "origin", "ha-db"]);
+
+    let md = sb
+        .gitplane(&["plan", "--ref", "ha-db", "--format", "markdown"])
+        .ok()
+        .stdout;
+    let chars = md.chars().count();
+    assert!(chars < 60_000, "{chars} characters");
+    md.lines()
+        .next()
+        .filter(|l| l.ends_with("200 to update, 0 to delete, 1000 may update in 1 environment"))
+        .unwrap_or_else(|| panic!("{}", &md[..500]));
+    assert!(
+        md.contains("| development | 200 | 0 | 200 (+1000 may) | 0 |"),
+        "{}",
+        &md[..1500]
+    );
+    for n in 0..200 {
+        assert!(
+            md.contains(&format!("\n| app-{n:03} | 0 | 1 (+5 may) | 0 |")),
+            "app-{n:03} is not named"
+        );
+    }
+    let shown = md.matches("\n**app `").count();
+    assert!(shown > 0 && shown < 200, "{shown}");
+    let left = 200 - shown;
+    let line = format!(
+        "**{} more resources in {left} apps not shown here**: run `gitplane plan --ref ha-db \
+         --env development --format text` to see every change.",
+        left * 6
+    );
+    assert!(md.contains(&line), "{}", &md[md.len() - 1000..]);
+    // That command shows them all.
+    let text = sb
+        .gitplane(&[
+            "plan", "--ref", "ha-db", "--env", "development", "--format", "text",
+        ])
+        .ok()
+        .stdout;
+    for n in 0..200 {
+        assert!(
+            text.contains(&format!("  app app-{n:03}\n")),
+            "app-{n:03} not in the text"
+        );
+    }
+
+    // Changes: 2 with the flag (0 without), in every format.
+    for format in ["table", "markdown", "json", "text"] {
+        let run = sb.gitplane(&["plan", "--ref", "ha-db", "--detailed-exitcode", "-o", format]);
+        assert_eq!(run.code, Some(2), "{format}: {}", run.stderr);
+        assert!(!run.stdout.is_empty(), "{format}");
+    }
+    assert_eq!(
+        sb.gitplane(&["plan", "--ref", "ha-db", "-o", "text"]).code,
+        Some(0)
+    );
+    // An error: 1, whatever changes.
+    sb.write("workloads/app-000/backend.yaml", "containers: [\n");
+    sb.git(&["commit", "--quiet", "-am", "Broken"]);
+    sb.git(&["push", "--quiet", "origin", "ha-db"]);
+    for format in ["table", "markdown"] {
+        let run = sb.gitplane(&["plan", "--ref", "ha-db", "--detailed-exitcode", "-o", format]);
+        assert_eq!(run.code, Some(1), "{run}");
+    }
+    let run = sb.gitplane(&["plan", "--ref", "nothing-here", "--detailed-exitcode"]);
+    assert_eq!(run.code, Some(1), "{run}");
+}

@@ -1276,7 +1276,12 @@ mod tests {
     fn a_known_change_is_listed_beside_what_is_known_after_apply() {
         let mut files = template_files();
         let (records, edges) = applied(&graph(&files));
-        edit(&mut files, "definitions/redis.yaml", "port: 6379", "port: 6380");
+        edit(
+            &mut files,
+            "definitions/redis.yaml",
+            "port: 6379",
+            "port: 6380",
+        );
         edit(
             &mut files,
             "workloads/shop/backend.yaml",

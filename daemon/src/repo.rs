@@ -620,7 +620,11 @@ impl ConfigRepo {
     /// The merge is git's three-way merge at the level of files: a path only one side changed
     /// since the merge base takes that side's version; a path both changed differently is a
     /// conflict, listed and left as `ours` has it.
-    pub fn merge_into(mut self, ours: &str, theirs: &str) -> Result<(Self, Option<Merge>), RepoError> {
+    pub fn merge_into(
+        mut self,
+        ours: &str,
+        theirs: &str,
+    ) -> Result<(Self, Option<Merge>), RepoError> {
         let Some(base) = self.merge_base(ours, theirs)? else {
             return Ok((self, None));
         };
@@ -632,9 +636,8 @@ impl ConfigRepo {
             commit: c.to_owned(),
             message,
         };
-        let id = |c: &str| {
-            gix::ObjectId::from_hex(c.as_bytes()).map_err(|e| read_err(c, e.to_string()))
-        };
+        let id =
+            |c: &str| gix::ObjectId::from_hex(c.as_bytes()).map_err(|e| read_err(c, e.to_string()));
         let (ours_id, theirs_id) = (id(ours)?, id(theirs)?);
         let behind = self
             .repo
@@ -696,7 +699,10 @@ impl ConfigRepo {
         type Side = Option<(gix::objs::tree::EntryMode, gix::ObjectId)>;
         let objects = self.objects();
         let mut buf = Vec::new();
-        let mut entries_of = |tree: Option<gix::ObjectId>| -> Result<BTreeMap<String, (gix::objs::tree::EntryMode, gix::ObjectId)>, String> {
+        let mut entries_of = |tree: Option<gix::ObjectId>| -> Result<
+            BTreeMap<String, (gix::objs::tree::EntryMode, gix::ObjectId)>,
+            String,
+        > {
             Ok(match tree {
                 Some(t) => tree_entries(&objects, &t, &mut buf)?
                     .into_iter()
@@ -709,8 +715,11 @@ impl ConfigRepo {
         let names: BTreeSet<&String> = b.keys().chain(o.keys()).chain(t.keys()).collect();
         let mut merged = gix::objs::Tree::empty();
         for name in names {
-            let (eb, eo, et): (Side, Side, Side) =
-                (b.get(name).copied(), o.get(name).copied(), t.get(name).copied());
+            let (eb, eo, et): (Side, Side, Side) = (
+                b.get(name).copied(),
+                o.get(name).copied(),
+                t.get(name).copied(),
+            );
             let path = if dir.is_empty() {
                 name.clone()
             } else {
@@ -724,7 +733,12 @@ impl ConfigRepo {
             } else if tree_or_none(eb) && tree_or_none(eo) && tree_or_none(et) {
                 let oid = |e: Side| e.map(|(_, o)| o);
                 self.merge_trees(&path, [oid(eb), oid(eo), oid(et)], conflicts)?
-                    .map(|id| (gix::objs::tree::EntryMode::from(gix::objs::tree::EntryKind::Tree), id))
+                    .map(|id| {
+                        (
+                            gix::objs::tree::EntryMode::from(gix::objs::tree::EntryKind::Tree),
+                            id,
+                        )
+                    })
             } else {
                 conflicts.push(path);
                 eo
@@ -1094,9 +1108,18 @@ mod tests {
         assert_eq!(merge.behind, 1);
         assert!(merge.conflicts.is_empty(), "{merge:?}");
         let files = repo.snapshot(&merge.commit).unwrap().files;
-        assert_eq!(files["definitions/db.yaml"], b"db v2\n", "main's newer file");
-        assert_eq!(files["workloads/shop/web.yaml"], b"web v2\n", "the branch's");
-        assert_eq!(files["definitions/nested/tf.yaml"], b"local-exec\n", "the branch's");
+        assert_eq!(
+            files["definitions/db.yaml"], b"db v2\n",
+            "main's newer file"
+        );
+        assert_eq!(
+            files["workloads/shop/web.yaml"], b"web v2\n",
+            "the branch's"
+        );
+        assert_eq!(
+            files["definitions/nested/tf.yaml"], b"local-exec\n",
+            "the branch's"
+        );
         assert_eq!(objects(), before, "nothing written to the repository");
         // The merged layout: main's definitions folder changed by the branch, its app folder.
         let layout = repo.layout(&merge.commit).unwrap();
@@ -1138,7 +1161,10 @@ mod tests {
         let merge = merge.unwrap();
         assert_eq!(merge.conflicts, ["definitions/db.yaml"]);
         let files = repo.snapshot(&merge.commit).unwrap().files;
-        assert_eq!(files["definitions/db.yaml"], b"db v2\n", "left as main has it");
+        assert_eq!(
+            files["definitions/db.yaml"], b"db v2\n",
+            "left as main has it"
+        );
     }
 
     /// A daemon out of file descriptors (EMFILE) once reported "not a git repository": the

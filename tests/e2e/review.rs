@@ -234,7 +234,11 @@ fn a_branch_behind_main_plans_its_merge_and_never_reverts_main() {
     sb.git(&["commit", "--quiet", "-am", "Frontend 2.1.0"]);
     sb.git(&["push", "--quiet", "origin", "feature"]);
     sb.git(&["checkout", "--quiet", "main"]);
-    sb.edit("workloads/shop/backend.yaml", "backend:1.4.2", "backend:1.5.0");
+    sb.edit(
+        "workloads/shop/backend.yaml",
+        "backend:1.4.2",
+        "backend:1.5.0",
+    );
     sb.commit("Backend 1.5.0");
     sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
     let main = sb.commit("Redis on 6380");
@@ -254,7 +258,10 @@ fn a_branch_behind_main_plans_its_merge_and_never_reverts_main() {
     assert_eq!(j["merge"]["conflicts"], serde_json::json!([]));
     // Only the branch's own change: the frontend's image, in each environment. Main's backend
     // image and redis port are not undone.
-    assert!(!run.stdout.contains("1.4.2") && !run.stdout.contains("6379"), "{run}");
+    assert!(
+        !run.stdout.contains("1.4.2") && !run.stdout.contains("6379"),
+        "{run}"
+    );
     assert_eq!(j["summary"]["update"], 2, "{j}");
     for key in ["create", "delete", "maybe_update", "forget"] {
         assert_eq!(j["summary"][key], 0, "{key}: {j}");
@@ -298,7 +305,11 @@ fn a_branch_behind_main_plans_its_merge_and_never_reverts_main() {
 
     // Both sides changed the backend's file: refused, by name, nothing guessed.
     sb.git(&["checkout", "--quiet", "-b", "clash", &base]);
-    sb.edit("workloads/shop/backend.yaml", "backend:1.4.2", "backend:1.3.9");
+    sb.edit(
+        "workloads/shop/backend.yaml",
+        "backend:1.4.2",
+        "backend:1.3.9",
+    );
     sb.git(&["commit", "--quiet", "-am", "Backend 1.3.9"]);
     sb.git(&["push", "--quiet", "origin", "clash"]);
     let objects = objects_of(&sb);
@@ -666,7 +677,13 @@ fn a_200_app_plan_comment_fits_and_names_every_app_and_detailed_exitcode_tells_c
     // That command shows them all.
     let text = sb
         .gitplane(&[
-            "plan", "--ref", "ha-db", "--env", "development", "--format", "text",
+            "plan",
+            "--ref",
+            "ha-db",
+            "--env",
+            "development",
+            "--format",
+            "text",
         ])
         .ok()
         .stdout;
@@ -679,7 +696,14 @@ fn a_200_app_plan_comment_fits_and_names_every_app_and_detailed_exitcode_tells_c
 
     // Changes: 2 with the flag (0 without), in every format.
     for format in ["table", "markdown", "json", "text"] {
-        let run = sb.gitplane(&["plan", "--ref", "ha-db", "--detailed-exitcode", "-o", format]);
+        let run = sb.gitplane(&[
+            "plan",
+            "--ref",
+            "ha-db",
+            "--detailed-exitcode",
+            "-o",
+            format,
+        ]);
         assert_eq!(run.code, Some(2), "{format}: {}", run.stderr);
         assert!(!run.stdout.is_empty(), "{format}");
     }
@@ -692,7 +716,14 @@ fn a_200_app_plan_comment_fits_and_names_every_app_and_detailed_exitcode_tells_c
     sb.git(&["commit", "--quiet", "-am", "Broken"]);
     sb.git(&["push", "--quiet", "origin", "ha-db"]);
     for format in ["table", "markdown"] {
-        let run = sb.gitplane(&["plan", "--ref", "ha-db", "--detailed-exitcode", "-o", format]);
+        let run = sb.gitplane(&[
+            "plan",
+            "--ref",
+            "ha-db",
+            "--detailed-exitcode",
+            "-o",
+            format,
+        ]);
         assert_eq!(run.code, Some(1), "{run}");
     }
     let run = sb.gitplane(&["plan", "--ref", "nothing-here", "--detailed-exitcode"]);

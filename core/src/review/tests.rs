@@ -353,7 +353,11 @@ fn a_200_app_plan_fits_a_comment_and_still_names_every_changed_app() {
 
     let md = r.to_markdown();
     assert!(md.len() <= MARKDOWN_LIMIT, "{} bytes", md.len());
-    assert_eq!(md.lines().next(), whole.lines().next(), "the same summary line");
+    assert_eq!(
+        md.lines().next(),
+        whole.lines().next(),
+        "the same summary line"
+    );
     // The counts first: the environment's, then one row per app, every one of them.
     assert!(
         md.contains("| development | 200 | 0 | 200 (+1000 may) | 0 |"),
@@ -384,6 +388,12 @@ fn a_200_app_plan_fits_a_comment_and_still_names_every_changed_app() {
     // Even when the tables do not fit, the limit holds and each environment says how to see it.
     let tiny = r.to_markdown_within(2_000);
     assert!(tiny.len() <= 2_000, "{tiny}");
-    assert!(tiny.contains("### development: 0 to create, 200 to update"), "{tiny}");
-    assert!(tiny.contains("**1200 more resources in 200 apps not shown here**"), "{tiny}");
+    assert!(
+        tiny.contains("### development: 0 to create, 200 to update"),
+        "{tiny}"
+    );
+    assert!(
+        tiny.contains("**1200 more resources in 200 apps not shown here**"),
+        "{tiny}"
+    );
 }

@@ -1042,12 +1042,10 @@ fn show_plan(
             None => (Vec::new(), Vec::new()),
         };
         let p = plan::plan(&t.graph, &recorded, &links);
-        changes |= p.steps.iter().any(|s| {
-            !matches!(
-                s.action,
-                plan::Action::Unchanged | plan::Action::Pinned
-            )
-        });
+        changes |= p
+            .steps
+            .iter()
+            .any(|s| !matches!(s.action, plan::Action::Unchanged | plan::Action::Pinned));
         // The verdict apply would give: judged here as there.
         let held = match &store {
             Some(s) => reconcile::guard_verdict(s, t, &p, recorded.len())?,

@@ -65,8 +65,9 @@ pub struct Step {
     /// For [`Action::MaybeUpdate`]: each input that reads an output of a resource changing first,
     /// as `values.host <- app/type.class#id outputs.NAME`.
     pub known_after_apply: Vec<String>,
-    /// For an update whose inputs are known: each input that changes, as
-    /// `values.port: 5432 -> 6432` (secrets: `secrets.password: changed (secret)`).
+    /// Each input that changes, as `values.port: 5432 -> 6432` (secrets:
+    /// `secrets.password: changed (secret)`): for an update whose inputs are known, all of them;
+    /// for [`Action::MaybeUpdate`], those that change whatever the outputs it reads become.
     pub changes: Vec<String>,
 }
 
@@ -482,15 +483,29 @@ pub fn record_of(node: &ResourceNode, env: &str, commit: &str) -> ResourceRecord
 /// Compares `graph` with the recorded resources and links of its environment.
 pub fn plan(graph: &ResourceGraph, recorded: &[ResourceRecord], links: &[LinkRecord]) -> Plan {
     let mut known = Recorded::new(recorded);
+    // Every recorded output as it is now: what a resource's inputs resolve to when nothing it
+    // reads changes, which leaves only the changes of its own.
+    let mut as_recorded = Recorded::new(recorded);
+    as_recorded.stable = as_recorded.by_id.keys().copied().collect();
     let mut steps = Vec::with_capacity(graph.len());
     for node in graph.provisioning_order() {
         let rec = known.get(node.guresid.as_str());
-        let (action, reason, changes) = put_action(node, rec, &known);
+        let (action, mut reason, mut changes) = put_action(node, rec, &known);
         let known_after_apply = if action == Action::MaybeUpdate {
             pending_inputs(graph, node, &known)
         } else {
             Vec::new()
         };
+        if action == Action::MaybeUpdate
+            && let Some(rec) = rec
+        {
+            // What it reads may change, but its own inputs may change for sure too (an image
+            // bump): those are known now, and a review must not hide them behind the maybe.
+            changes = known_changes(node, rec, &as_recorded, &known_after_apply);
+            if !changes.is_empty() {
+                reason = "inputs changed; more known after apply:".into();
+            }
+        }
         if action == Action::Unchanged {
             known.stable(&node.guresid);
         }
@@ -603,6 +618,41 @@ fn put_action(
             Vec::new(),
         ),
     }
+}
+
+/// The inputs of `node` that change whatever the outputs it reads become: its inputs resolved
+/// against the recorded outputs, against what `rec` was last provisioned with, leaving out the
+/// inputs that read an output known only after apply (`pending`, as [`pending_inputs`] gives
+/// them). Empty when they do not resolve that way (a provider not recorded yet).
+fn known_changes(
+    node: &ResourceNode,
+    rec: &ResourceRecord,
+    as_recorded: &Recorded<'_>,
+    pending: &[String],
+) -> Vec<String> {
+    let Ok(inputs) = resolve_inputs(node, as_recorded) else {
+        return Vec::new();
+    };
+    let pending: Vec<&str> = pending
+        .iter()
+        .map(|p| p.split_once(" <- ").map_or(p.as_str(), |(path, _)| path))
+        .collect();
+    let overlaps = |change: &str| {
+        let path = change.split_once(": ").map_or(change, |(path, _)| path);
+        pending.iter().any(|p| {
+            let within = |inner: &str, outer: &str| {
+                inner == outer
+                    || inner
+                        .strip_prefix(outer)
+                        .is_some_and(|rest| rest.starts_with('.'))
+            };
+            within(path, p) || within(p, path)
+        })
+    };
+    input_changes(rec, &inputs)
+        .into_iter()
+        .filter(|c| !overlaps(c))
+        .collect()
 }
 
 /// The inputs that differ between what `rec` was last provisioned with and `inputs`. Only
@@ -1218,6 +1268,55 @@ mod tests {
                 .all(|(n, a)| n.starts_with("workload#") && *a == Action::MaybeUpdate)
         );
         assert_eq!(changed.len(), 3);
+    }
+
+    /// Finding: an image bump vanished from a plan when the same workload also read an output
+    /// that may change: only "may update (known after apply)" was shown.
+    #[test]
+    fn a_known_change_is_listed_beside_what_is_known_after_apply() {
+        let mut files = template_files();
+        let (records, edges) = applied(&graph(&files));
+        edit(
+            &mut files,
+            "definitions/redis.yaml",
+            "port: 6379",
+            "port: 6380",
+        );
+        edit(
+            &mut files,
+            "workloads/shop/backend.yaml",
+            "backend:1.4.2",
+            "backend:1.5.0",
+        );
+        let p = plan(&graph(&files), &records, &edges);
+        let step = |res_id: &str| {
+            p.steps
+                .iter()
+                .find(|s| s.res_type == "workload" && s.res_id == res_id)
+                .unwrap_or_else(|| panic!("no workload {res_id}"))
+        };
+        let backend = step("modules.backend");
+        assert_eq!(backend.action, Action::MaybeUpdate);
+        assert_eq!(backend.changes.len(), 1, "{backend:?}");
+        assert!(
+            backend.changes[0].starts_with("resource.containers.api.image: "),
+            "{backend:?}"
+        );
+        assert_eq!(
+            backend.known_after_apply,
+            [
+                "resource.containers.api.variables.CACHE_URL <- shop/redis.default#shared.cache \
+                 outputs.host",
+                "resource.containers.api.variables.CACHE_URL <- shop/redis.default#shared.cache \
+                 outputs.port"
+            ],
+        );
+        assert_eq!(backend.reason, "inputs changed; more known after apply:");
+        // The frontend reads the same port and changes nothing of its own: a maybe, no change.
+        let frontend = step("modules.frontend");
+        assert_eq!(frontend.action, Action::MaybeUpdate);
+        assert_eq!(frontend.changes, Vec::<String>::new());
+        assert_eq!(frontend.reason, "inputs known after apply:");
     }
 
     #[test]

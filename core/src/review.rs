@@ -55,11 +55,14 @@ impl Resource {
 pub struct Updated {
     pub resource: Resource,
     /// Whether it changes is known only after apply: it reads outputs of resources that change
-    /// first.
+    /// first, and none of its own inputs changes.
     pub maybe: bool,
     pub reason: String,
-    /// Each input that changes, secrets as `secrets.NAME: changed (secret)`.
+    /// Each input that changes for sure, secrets as `secrets.NAME: changed (secret)`; listed
+    /// beside `known_after_apply` when the resource also reads outputs that may change.
     pub changes: Vec<String>,
+    /// Each input that reads an output of a resource changing first, as
+    /// `values.host <- LABEL outputs.host`.
     pub known_after_apply: Vec<String>,
 }
 
@@ -170,7 +173,45 @@ pub struct Review {
     pub environments: Vec<EnvReview>,
     /// Why the commit does not load or build (it would change nothing); empty when it does.
     pub rejected: Vec<String>,
+    /// When the commit lacks commits of the watched ref: the plan is of its merge into it.
+    pub merge: Option<MergeNote>,
 }
+
+/// A branch behind the watched ref, planned as its merge into it: the watched ref's newer
+/// commits are kept, never shown as reverted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergeNote {
+    /// The watched ref, as the host config names it (`main`).
+    pub into: String,
+    /// The watched ref's commit the branch is merged into.
+    pub into_commit: String,
+    /// The newest commit both have.
+    pub base: String,
+    /// How many commits the watched ref has that the branch lacks.
+    pub behind: usize,
+    /// Files both changed since `base`, differently: the review is then rejected.
+    pub conflicts: Vec<String>,
+}
+
+impl MergeNote {
+    /// `the branch is 2 commits behind main (0123456789ab): this plan shows the result of
+    /// merging it into main`.
+    fn sentence(&self, quote: impl Fn(&str) -> String) -> String {
+        format!(
+            "the branch is {} commit{} behind {} ({}): this plan shows the result of merging \
+             it into {}",
+            self.behind,
+            if self.behind == 1 { "" } else { "s" },
+            quote(&self.into),
+            quote(self.into_commit.get(..12).unwrap_or(&self.into_commit)),
+            quote(&self.into),
+        )
+    }
+}
+
+/// The longest Markdown [`Review::to_markdown`] gives, in bytes: under the 65 536 characters
+/// GitHub takes in a comment, with room for a bot's own words.
+pub const MARKDOWN_LIMIT: usize = 60_000;
 
 /// An environment's graph, plan and recorded state: what [`compare`] needs.
 pub struct EnvState<'a> {
@@ -240,7 +281,7 @@ pub fn compare(state: &EnvState<'_>) -> EnvReview {
             Action::Create => entry.created.push(resource),
             Action::Update | Action::MaybeUpdate => entry.updated.push(Updated {
                 resource,
-                maybe: step.action == Action::MaybeUpdate,
+                maybe: step.action == Action::MaybeUpdate && step.changes.is_empty(),
                 reason: step.reason.clone(),
                 changes: step.changes.clone(),
                 known_after_apply: step.known_after_apply.clone(),
@@ -401,6 +442,29 @@ impl Counts {
         c
     }
 
+    /// The table cells after the name: create, update, delete, links, bindings.
+    fn cells(&self) -> String {
+        let update = if self.maybe_update > 0 {
+            format!("{} (+{} may)", self.update, self.maybe_update)
+        } else {
+            self.update.to_string()
+        };
+        let delete = if self.forget > 0 {
+            format!("{} (+{} forget)", self.delete, self.forget)
+        } else {
+            self.delete.to_string()
+        };
+        format!(
+            "{} | {update} | {delete} | +{} −{} | +{} −{} ~{}",
+            self.create,
+            self.links_added,
+            self.links_removed,
+            self.bindings_added,
+            self.bindings_removed,
+            self.bindings_changed
+        )
+    }
+
     fn links(&self) -> usize {
         self.links_added + self.links_removed
     }
@@ -449,6 +513,12 @@ impl Review {
             }
         }
         c
+    }
+
+    /// Whether applying would change anything in any environment (a rejected commit changes
+    /// nothing).
+    pub fn changes_anything(&self) -> bool {
+        self.changed_envs() > 0
     }
 
     fn changed_envs(&self) -> usize {
@@ -516,11 +586,129 @@ impl Review {
                 "environments_held": self.environments.iter().filter(|e| e.held.is_some()).count(),
             },
             "environments": self.environments.iter().map(env_json).collect::<Vec<_>>(),
+            "merge": self.merge.as_ref().map(|m| json!({
+                "into": m.into,
+                "into_commit": m.into_commit,
+                "base": m.base,
+                "behind": m.behind,
+                "conflicts": m.conflicts,
+            })),
         })
     }
 
-    /// The Markdown form, for a pull-request comment.
+    /// The Markdown form, for a pull-request comment: at most [`MARKDOWN_LIMIT`] bytes (see
+    /// [`Review::to_markdown_within`]).
     pub fn to_markdown(&self) -> String {
+        self.to_markdown_within(MARKDOWN_LIMIT)
+    }
+
+    /// The Markdown form in at most `limit` bytes (so as many characters at most). When the
+    /// whole of it is longer, a summary: the counts per environment, then each environment's
+    /// table of counts per app (every app with a change), then the details of as many apps as
+    /// fit, each environment whose details are cut saying how many resources it left out and
+    /// which command shows them.
+    pub fn to_markdown_within(&self, limit: usize) -> String {
+        let mut out = self.markdown_header();
+        if !self.rejected.is_empty() {
+            out.push('\n');
+            for e in &self.rejected {
+                let _ = writeln!(out, "- {}", escape(e));
+            }
+            return out;
+        }
+        let changed: Vec<&EnvReview> = self
+            .environments
+            .iter()
+            .filter(|e| e.changes_anything())
+            .collect();
+        let mut full = out.clone();
+        for e in &changed {
+            markdown_env(&mut full, e);
+        }
+        if full.len() <= limit {
+            return full;
+        }
+
+        let _ = writeln!(
+            out,
+            "\nThis plan is too long for one comment: below are the counts of every \
+             environment and app, and the details of those that fit.\n"
+        );
+        out.push_str("| Environment | Apps | Create | Update | Delete | Links | Bindings |\n");
+        out.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
+        for e in &changed {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} |",
+                escape(&e.env),
+                e.apps.len(),
+                e.counts().cells()
+            );
+        }
+        let summaries: Vec<String> = changed.iter().map(|e| markdown_env_summary(e)).collect();
+        // What every environment prints besides its apps' details: its summary, the
+        // `<details>` block around them and the line saying what was left out.
+        let cut_lines: Vec<String> = changed.iter().map(|e| self.cut_line(e, 0, 0)).collect();
+        let frame = |e: &EnvReview| details_open(e).len() + "</details>\n".len();
+        let fixed: usize = out.len()
+            + summaries.iter().map(String::len).sum::<usize>()
+            + changed.iter().map(|e| frame(e)).sum::<usize>()
+            // A count in a cut line may have more digits than the 0 measured.
+            + cut_lines.iter().map(|l| l.len() + 40).sum::<usize>();
+        let mut budget = limit.saturating_sub(fixed);
+        if fixed > limit {
+            // Even the tables do not fit (thousands of apps): the per-environment counts stay,
+            // each environment says how to see it.
+            for e in &changed {
+                let _ = write!(
+                    out,
+                    "\n### {}: {}\n{}",
+                    escape(&e.env),
+                    e.counts().phrase(),
+                    self.cut_line(e, e.apps.iter().map(resources_of).sum(), e.apps.len())
+                );
+            }
+            return out;
+        }
+        for (e, summary) in changed.iter().zip(&summaries) {
+            out.push_str(summary);
+            out.push_str(&details_open(e));
+            let mut shown = 0;
+            for a in &e.apps {
+                let block = markdown_app_details(a);
+                if block.len() > budget {
+                    break;
+                }
+                budget -= block.len();
+                out.push_str(&block);
+                shown += 1;
+            }
+            out.push_str("</details>\n");
+            let left: Vec<&AppReview> = e.apps[shown..].iter().collect();
+            if !left.is_empty() {
+                let resources = left.iter().map(|a| resources_of(a)).sum();
+                out.push_str(&self.cut_line(e, resources, left.len()));
+            }
+        }
+        out
+    }
+
+    /// The line an environment whose details were cut ends with.
+    fn cut_line(&self, e: &EnvReview, resources: usize, apps: usize) -> String {
+        let reference = self.reference.as_deref().unwrap_or(self.short());
+        format!(
+            "\n**{resources} more resource{} in {apps} app{} not shown here**: run \
+             {} to see every change.\n",
+            if resources == 1 { "" } else { "s" },
+            if apps == 1 { "" } else { "s" },
+            code(&format!(
+                "gitplane plan --ref {reference} --env {} --format text",
+                e.env
+            )),
+        )
+    }
+
+    fn markdown_header(&self) -> String {
         let mut out = String::new();
         let reference = match &self.reference {
             Some(r) => format!(" (ref {})", code(r)),
@@ -532,15 +720,8 @@ impl Review {
             code(self.short()),
             self.summary_phrase()
         );
-        if !self.rejected.is_empty() {
-            out.push('\n');
-            for e in &self.rejected {
-                let _ = writeln!(out, "- {}", escape(e));
-            }
-            return out;
-        }
-        for e in self.environments.iter().filter(|e| e.changes_anything()) {
-            markdown_env(&mut out, e);
+        if let Some(m) = &self.merge {
+            let _ = writeln!(out, "\n> {}.", capitalised(&m.sentence(code)));
         }
         out
     }
@@ -558,6 +739,9 @@ impl Review {
             self.short(),
             self.summary_phrase()
         );
+        if let Some(m) = &self.merge {
+            let _ = writeln!(out, "  {}", m.sentence(str::to_owned));
+        }
         for e in &self.rejected {
             let _ = writeln!(out, "  error: {e}");
         }
@@ -745,8 +929,12 @@ fn entries(a: &AppReview) -> Vec<Entry> {
             details: u
                 .changes
                 .iter()
-                .chain(&u.known_after_apply)
                 .cloned()
+                .chain(
+                    u.known_after_apply
+                        .iter()
+                        .map(|k| format!("{k} (known after apply)")),
+                )
                 .collect(),
         });
     }
@@ -808,7 +996,10 @@ fn entries(a: &AppReview) -> Vec<Entry> {
     out
 }
 
-fn markdown_env(out: &mut String, e: &EnvReview) {
+/// An environment's heading, the deletion guard's verdict and its table of counts per app (every
+/// app with a change, however many).
+fn markdown_env_summary(e: &EnvReview) -> String {
+    let mut out = String::new();
     let c = e.counts();
     let _ = writeln!(out, "\n### {}: {}\n", escape(&e.env), c.phrase());
     if let Some(held) = &e.held {
@@ -829,51 +1020,52 @@ fn markdown_env(out: &mut String, e: &EnvReview) {
     for a in &e.apps {
         let mut c = Counts::default();
         c.add_app(a);
-        let update = if c.maybe_update > 0 {
-            format!("{} (+{} may)", c.update, c.maybe_update)
-        } else {
-            c.update.to_string()
-        };
-        let delete = if c.forget > 0 {
-            format!("{} (+{} forget)", c.delete, c.forget)
-        } else {
-            c.delete.to_string()
-        };
         let app = match &a.app {
             Some(app) => escape(app),
             None => "*(global)*".to_owned(),
         };
-        let _ = writeln!(
-            out,
-            "| {app} | {} | {update} | {delete} | +{} −{} | +{} −{} ~{} |",
-            c.create,
-            c.links_added,
-            c.links_removed,
-            c.bindings_added,
-            c.bindings_removed,
-            c.bindings_changed
-        );
+        let _ = writeln!(out, "| {app} | {} |", c.cells());
     }
-    let _ = writeln!(
-        out,
-        "\n<details><summary>{}: changes by resource</summary>\n",
-        html(&e.env)
-    );
-    for a in &e.apps {
-        let title = match &a.app {
-            Some(app) => format!("app {}", code(app)),
-            None => "global resources".to_owned(),
-        };
-        let _ = writeln!(out, "**{title}**\n");
-        for entry in entries(a) {
-            let _ = writeln!(out, "- {}", entry.markdown());
-            for d in &entry.details {
-                let _ = writeln!(out, "  - {}", code(d));
-            }
+    out
+}
+
+/// One app's changes, resource by resource, for the `<details>` block.
+fn markdown_app_details(a: &AppReview) -> String {
+    let mut out = String::new();
+    let title = match &a.app {
+        Some(app) => format!("app {}", code(app)),
+        None => "global resources".to_owned(),
+    };
+    let _ = writeln!(out, "**{title}**\n");
+    for entry in entries(a) {
+        let _ = writeln!(out, "- {}", entry.markdown());
+        for d in &entry.details {
+            let _ = writeln!(out, "  - {}", code(d));
         }
-        out.push('\n');
+    }
+    out.push('\n');
+    out
+}
+
+fn markdown_env(out: &mut String, e: &EnvReview) {
+    out.push_str(&markdown_env_summary(e));
+    out.push_str(&details_open(e));
+    for a in &e.apps {
+        out.push_str(&markdown_app_details(a));
     }
     out.push_str("</details>\n");
+}
+
+fn details_open(e: &EnvReview) -> String {
+    format!(
+        "\n<details><summary>{}: changes by resource</summary>\n\n",
+        html(&e.env)
+    )
+}
+
+/// The resources an app's review lists (created, updated, deleted).
+fn resources_of(a: &AppReview) -> usize {
+    a.created.len() + a.updated.len() + a.deleted.len()
 }
 
 /// `text` as a Markdown code span, whatever it holds: the fence is one backtick longer than
@@ -911,6 +1103,14 @@ fn escape(text: &str) -> String {
         }
     }
     out
+}
+
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
 }
 
 /// `text` for HTML (inside `<summary>`).

@@ -34,6 +34,8 @@ fn main() -> ExitCode {
         Ok(CommandResult::Failure) => ExitCode::FAILURE,
         // `gitplane drift` found drift: apart from failures, for cron jobs and CI.
         Ok(CommandResult::Drifted) => ExitCode::from(2),
+        // `gitplane plan --detailed-exitcode` found something to change.
+        Ok(CommandResult::Changes) => ExitCode::from(2),
         // The reader went away (`gitplane history | head`): it has what it wanted.
         Err(CliError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {

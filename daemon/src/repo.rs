@@ -158,6 +158,19 @@ fn tree_entries(
         .map_err(|e| e.to_string())
 }
 
+/// A branch's merge into the watched ref, as [`ConfigRepo::merge_into`] made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Merge {
+    /// The commit of the merge result, in the handle's memory only.
+    pub commit: String,
+    /// The merge base: the newest commit both have.
+    pub base: String,
+    /// How many commits the watched ref has that the branch lacks.
+    pub behind: usize,
+    /// The paths both sides changed since the merge base, differently, by path.
+    pub conflicts: Vec<String>,
+}
+
 /// A config repository, bare or not, opened isolated from the user's git configuration.
 pub struct ConfigRepo {
     repo: gix::Repository,
@@ -598,6 +611,156 @@ impl ConfigRepo {
             .map_err(|e| self.read_err(a)(format!("merge base with {b}: {e}")))
     }
 
+    /// What merging `theirs` (a branch) into `ours` (the watched ref) would give, when `ours` has
+    /// commits `theirs` lacks: a commit of the merge result, made in this handle's memory only
+    /// (the repository is not written), that every read through this handle sees. `None` when
+    /// `theirs` already holds `ours` (or their histories never meet): `theirs` is its own merge
+    /// result.
+    ///
+    /// The merge is git's three-way merge at the level of files: a path only one side changed
+    /// since the merge base takes that side's version; a path both changed differently is a
+    /// conflict, listed and left as `ours` has it.
+    pub fn merge_into(
+        mut self,
+        ours: &str,
+        theirs: &str,
+    ) -> Result<(Self, Option<Merge>), RepoError> {
+        let Some(base) = self.merge_base(ours, theirs)? else {
+            return Ok((self, None));
+        };
+        if base == ours {
+            return Ok((self, None));
+        }
+        let read_err = |c: &str, message: String| RepoError::Read {
+            path: self.path.clone(),
+            commit: c.to_owned(),
+            message,
+        };
+        let id =
+            |c: &str| gix::ObjectId::from_hex(c.as_bytes()).map_err(|e| read_err(c, e.to_string()));
+        let (ours_id, theirs_id) = (id(ours)?, id(theirs)?);
+        let behind = self
+            .repo
+            .rev_walk([ours_id])
+            .with_hidden([theirs_id])
+            .all()
+            .map_err(|e| read_err(ours, format!("commits since {base}: {e}")))?
+            .count();
+        self.repo = self.repo.with_object_memory();
+        let trees = [
+            self.root_tree(&base)?,
+            self.root_tree(ours)?,
+            self.root_tree(theirs)?,
+        ];
+        let mut conflicts = Vec::new();
+        let tree = self
+            .merge_trees("", trees.map(Some), &mut conflicts)
+            .map_err(|e| read_err(theirs, format!("merging into {ours}: {e}")))?
+            .unwrap_or(trees[1]);
+        let signature = gix::actor::Signature {
+            name: "gitplane".into(),
+            email: "gitplane@localhost".into(),
+            time: gix::date::Time::default(),
+        };
+        let commit = gix::objs::Commit {
+            tree,
+            parents: [ours_id, theirs_id].into_iter().collect(),
+            author: signature.clone(),
+            committer: signature,
+            encoding: None,
+            message: format!("The merge of {theirs} into {ours}, planned\n").into(),
+            extra_headers: Vec::new(),
+        };
+        let commit = self
+            .repo
+            .write_object(&commit)
+            .map_err(|e| read_err(theirs, format!("merging into {ours}: {e}")))?
+            .to_string();
+        Ok((
+            self,
+            Some(Merge {
+                commit,
+                base,
+                behind,
+                conflicts,
+            }),
+        ))
+    }
+
+    /// The three-way merge of the trees `[base, ours, theirs]` (`None`: not there) at `dir`:
+    /// the merged tree, written to memory, or `None` when the path goes. A conflict's path is
+    /// pushed to `conflicts` and `ours` kept.
+    fn merge_trees(
+        &self,
+        dir: &str,
+        [base, ours, theirs]: [Option<gix::ObjectId>; 3],
+        conflicts: &mut Vec<String>,
+    ) -> Result<Option<gix::ObjectId>, String> {
+        type Side = Option<(gix::objs::tree::EntryMode, gix::ObjectId)>;
+        let objects = self.objects();
+        let mut buf = Vec::new();
+        let mut entries_of = |tree: Option<gix::ObjectId>| -> Result<
+            BTreeMap<String, (gix::objs::tree::EntryMode, gix::ObjectId)>,
+            String,
+        > {
+            Ok(match tree {
+                Some(t) => tree_entries(&objects, &t, &mut buf)?
+                    .into_iter()
+                    .map(|(n, m, o)| (n, (m, o)))
+                    .collect(),
+                None => BTreeMap::new(),
+            })
+        };
+        let (b, o, t) = (entries_of(base)?, entries_of(ours)?, entries_of(theirs)?);
+        let names: BTreeSet<&String> = b.keys().chain(o.keys()).chain(t.keys()).collect();
+        let mut merged = gix::objs::Tree::empty();
+        for name in names {
+            let (eb, eo, et): (Side, Side, Side) = (
+                b.get(name).copied(),
+                o.get(name).copied(),
+                t.get(name).copied(),
+            );
+            let path = if dir.is_empty() {
+                name.clone()
+            } else {
+                format!("{dir}/{name}")
+            };
+            let tree_or_none = |e: Side| e.is_none_or(|(m, _)| m.is_tree());
+            let chosen: Side = if et == eb || eo == et {
+                eo
+            } else if eo == eb {
+                et
+            } else if tree_or_none(eb) && tree_or_none(eo) && tree_or_none(et) {
+                let oid = |e: Side| e.map(|(_, o)| o);
+                self.merge_trees(&path, [oid(eb), oid(eo), oid(et)], conflicts)?
+                    .map(|id| {
+                        (
+                            gix::objs::tree::EntryMode::from(gix::objs::tree::EntryKind::Tree),
+                            id,
+                        )
+                    })
+            } else {
+                conflicts.push(path);
+                eo
+            };
+            if let Some((mode, oid)) = chosen {
+                merged.entries.push(gix::objs::tree::Entry {
+                    mode,
+                    filename: name.as_str().into(),
+                    oid,
+                });
+            }
+        }
+        if merged.entries.is_empty() {
+            return Ok(None);
+        }
+        merged.entries.sort();
+        self.repo
+            .write_object(&merged)
+            .map(|id| Some(id.detach()))
+            .map_err(|e| format!("{dir}/: {e}"))
+    }
+
     /// The paths outside `workloads/` whose contents differ between commits `from` and `to`
     /// (at most `limit`, files by their full path, in path order); empty when only
     /// `workloads/` changed. Only trees that differ are read.
@@ -919,6 +1082,89 @@ mod tests {
         let plain = repo.layout(&main).unwrap();
         assert_eq!(layout.shared, plain.shared);
         assert_eq!(layout.apps, repo.layout(&with_definition).unwrap().apps);
+    }
+
+    /// Finding: a branch behind main planned as reverting main's changes. Its merge into main
+    /// keeps main's newer definition and the branch's own files, writes nothing to the
+    /// repository, and names what both changed.
+    #[test]
+    fn a_branch_behind_is_read_as_its_merge_into_the_watched_ref() {
+        let (dir, [base, workloads_only, with_definition, main]) = branched_repo();
+        let objects = || {
+            std::process::Command::new("git")
+                .args(["count-objects", "-v"])
+                .current_dir(dir.path())
+                .output()
+                .unwrap()
+                .stdout
+        };
+        let before = objects();
+        let (repo, merge) = ConfigRepo::open(dir.path())
+            .unwrap()
+            .merge_into(&main, &with_definition)
+            .unwrap();
+        let merge = merge.expect("the branch is behind main");
+        assert_eq!(merge.base, base);
+        assert_eq!(merge.behind, 1);
+        assert!(merge.conflicts.is_empty(), "{merge:?}");
+        let files = repo.snapshot(&merge.commit).unwrap().files;
+        assert_eq!(
+            files["definitions/db.yaml"], b"db v2\n",
+            "main's newer file"
+        );
+        assert_eq!(
+            files["workloads/shop/web.yaml"], b"web v2\n",
+            "the branch's"
+        );
+        assert_eq!(
+            files["definitions/nested/tf.yaml"], b"local-exec\n",
+            "the branch's"
+        );
+        assert_eq!(objects(), before, "nothing written to the repository");
+        // The merged layout: main's definitions folder changed by the branch, its app folder.
+        let layout = repo.layout(&merge.commit).unwrap();
+        assert_eq!(
+            layout.apps,
+            ConfigRepo::open(dir.path())
+                .unwrap()
+                .layout(&workloads_only)
+                .unwrap()
+                .apps
+        );
+
+        // A branch that holds main is its own merge result.
+        let (_, none) = ConfigRepo::open(dir.path())
+            .unwrap()
+            .merge_into(&base, &with_definition)
+            .unwrap();
+        assert_eq!(none, None);
+
+        // Both sides changing the same file is a conflict, named.
+        let git = |args: &[&str]| {
+            let out = std::process::Command::new("git")
+                .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{args:?}");
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        };
+        git(&["checkout", "-q", "pr"]);
+        std::fs::write(dir.path().join("definitions/db.yaml"), "db v3\n").unwrap();
+        git(&["commit", "-qam", "db on the branch"]);
+        let conflicting = git(&["rev-parse", "HEAD"]);
+        let (repo, merge) = ConfigRepo::open(dir.path())
+            .unwrap()
+            .merge_into(&main, &conflicting)
+            .unwrap();
+        let merge = merge.unwrap();
+        assert_eq!(merge.conflicts, ["definitions/db.yaml"]);
+        let files = repo.snapshot(&merge.commit).unwrap().files;
+        assert_eq!(
+            files["definitions/db.yaml"], b"db v2\n",
+            "left as main has it"
+        );
     }
 
     /// A daemon out of file descriptors (EMFILE) once reported "not a git repository": the

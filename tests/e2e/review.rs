@@ -110,8 +110,18 @@ fn a_branch_plan_lists_exactly_what_it_changes_hides_secrets_and_changes_no_stat
         .filter(|u| u["maybe"] == false)
         .map(|u| u["resource"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(certain, set(&["shop/base-env.default#base-env"]));
-    let base = updated.iter().find(|u| u["maybe"] == false).unwrap();
+    // The backend's Score file asks for a queue: a change known now, beside what it reads.
+    assert_eq!(
+        certain,
+        set(&[
+            "shop/base-env.default#base-env",
+            "shop/workload.default#modules.backend"
+        ])
+    );
+    let base = updated
+        .iter()
+        .find(|u| u["resource"] == "shop/base-env.default#base-env")
+        .unwrap();
     assert_eq!(
         base["changes"],
         serde_json::json!(["secrets.pgpassword: changed (secret)"])
@@ -148,7 +158,7 @@ fn a_branch_plan_lists_exactly_what_it_changes_hides_secrets_and_changes_no_stat
     );
     assert_eq!(shop["bindings"]["removed"], serde_json::json!([]));
     assert_eq!(j["summary"]["create"], 1);
-    assert_eq!(j["summary"]["update"], 1);
+    assert_eq!(j["summary"]["update"], 2);
     assert_eq!(j["summary"]["delete"], 2);
 
     let md = sb
@@ -159,7 +169,7 @@ fn a_branch_plan_lists_exactly_what_it_changes_hides_secrets_and_changes_no_stat
     let short = &sb.rev_parse("feature")[..12];
     assert!(
         first.starts_with(&format!(
-            "**gitplane plan** for `{short}` (ref `feature`): 2 to create, 2 to update, 4 to \
+            "**gitplane plan** for `{short}` (ref `feature`): 2 to create, 3 to update, 4 to \
              delete"
         )) && first.ends_with("in 2 environments"),
         "{first}"
@@ -196,10 +206,127 @@ fn a_branch_plan_lists_exactly_what_it_changes_hides_secrets_and_changes_no_stat
         .gitplane(&["plan", "--ref", "feature", "--format", "text"])
         .ok();
     text.hides(&[NEW_SECRET]).hides(&OLD_SECRETS);
-    text.stdout_has("development: 1 to create, 1 to update, 2 to delete");
+    text.stdout_has("development: 1 to create, 2 to update, 2 to delete");
 
     // Nothing was recorded: no deployment, not a byte of the state file.
     assert_eq!(sb.count("SELECT COUNT(*) FROM deployment"), deployments);
+    assert_eq!(std::fs::read(&sb.state).unwrap(), state_before);
+}
+
+/// `git count-objects -v` of the bare repository: what planning must not change.
+fn objects_of(sb: &Sandbox) -> String {
+    sb.git_in(&sb.origin, &["count-objects", "-v"])
+}
+
+/// Finding: a branch two commits behind main planned as reverting main's changes (an image
+/// downgrade). It plans as its merge into main, says how far behind it is, and writes no git
+/// object; a file both changed is refused by name rather than guessed.
+#[test]
+fn a_branch_behind_main_plans_its_merge_and_never_reverts_main() {
+    let sb = Sandbox::applied();
+    let base = sb.head();
+    sb.git(&["checkout", "--quiet", "-b", "feature"]);
+    sb.edit(
+        "workloads/shop/frontend.yaml",
+        "frontend:2.0.0",
+        "frontend:2.1.0",
+    );
+    sb.git(&["commit", "--quiet", "-am", "Frontend 2.1.0"]);
+    sb.git(&["push", "--quiet", "origin", "feature"]);
+    sb.git(&["checkout", "--quiet", "main"]);
+    sb.edit(
+        "workloads/shop/backend.yaml",
+        "backend:1.4.2",
+        "backend:1.5.0",
+    );
+    sb.commit("Backend 1.5.0");
+    sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
+    let main = sb.commit("Redis on 6380");
+    sb.gitplane(&["apply"]).ok();
+    let objects = objects_of(&sb);
+    let state_before = std::fs::read(&sb.state).unwrap();
+
+    let run = sb
+        .gitplane(&["plan", "--ref", "feature", "--format", "json"])
+        .ok();
+    let j = run.json();
+    assert_eq!(j["commit"], sb.rev_parse("feature"));
+    assert_eq!(j["merge"]["into"], "main");
+    assert_eq!(j["merge"]["into_commit"], main.as_str());
+    assert_eq!(j["merge"]["base"], base.as_str());
+    assert_eq!(j["merge"]["behind"], 2);
+    assert_eq!(j["merge"]["conflicts"], serde_json::json!([]));
+    // Only the branch's own change: the frontend's image, in each environment. Main's backend
+    // image and redis port are not undone.
+    assert!(
+        !run.stdout.contains("1.4.2") && !run.stdout.contains("6379"),
+        "{run}"
+    );
+    assert_eq!(j["summary"]["update"], 2, "{j}");
+    for key in ["create", "delete", "maybe_update", "forget"] {
+        assert_eq!(j["summary"][key], 0, "{key}: {j}");
+    }
+    for env in j["environments"].as_array().unwrap() {
+        let updated = &env["apps"][0]["updated"];
+        assert_eq!(
+            field(updated, "resource"),
+            set(&["shop/workload.default#modules.frontend"]),
+            "{env}"
+        );
+        assert_eq!(
+            updated[0]["changes"],
+            serde_json::json!([
+                "resource.containers.web.image: \"registry.example.com/shop/frontend:2.0.0\" -> \
+                 \"registry.example.com/shop/frontend:2.1.0\""
+            ])
+        );
+    }
+    let md = sb
+        .gitplane(&["plan", "--ref", "feature", "--format", "markdown"])
+        .ok();
+    md.stdout_has(&format!(
+        "> The branch is 2 commits behind `main` (`{}`): this plan shows the result of merging \
+         it into `main`.",
+        &main[..12]
+    ));
+    sb.gitplane(&["plan", "--ref", "feature", "--format", "text"])
+        .ok()
+        .stdout_has("the branch is 2 commits behind main");
+
+    assert_eq!(objects_of(&sb), objects, "planning wrote a git object");
+
+    // The watched ref itself plans with no merge and, as deployed, no change.
+    let watched = sb
+        .gitplane(&["plan", "--ref", "main", "--format", "json"])
+        .ok()
+        .json();
+    assert_eq!(watched["merge"], Value::Null);
+    assert_eq!(watched["summary"]["environments_changed"], 0, "{watched}");
+
+    // Both sides changed the backend's file: refused, by name, nothing guessed.
+    sb.git(&["checkout", "--quiet", "-b", "clash", &base]);
+    sb.edit(
+        "workloads/shop/backend.yaml",
+        "backend:1.4.2",
+        "backend:1.3.9",
+    );
+    sb.git(&["commit", "--quiet", "-am", "Backend 1.3.9"]);
+    sb.git(&["push", "--quiet", "origin", "clash"]);
+    let objects = objects_of(&sb);
+    let clash = sb
+        .gitplane(&["plan", "--ref", "clash", "--format", "json"])
+        .fails();
+    clash.stderr_has("workloads/shop/backend.yaml: changed both by the branch and by main");
+    let j = clash.json();
+    assert_eq!(
+        j["merge"]["conflicts"],
+        serde_json::json!(["workloads/shop/backend.yaml"])
+    );
+    assert_eq!(j["environments"], serde_json::json!([]));
+    assert!(!clash.stdout.contains("1.3.9"), "{clash}");
+
+    // Nothing written: no git object, not a byte of the state.
+    assert_eq!(objects_of(&sb), objects);
     assert_eq!(std::fs::read(&sb.state).unwrap(), state_before);
 }
 
@@ -480,4 +607,125 @@ fn a_signed_pull_request_webhook_posts_the_plan_of_its_head_and_an_unsigned_one_
     let log = daemon.log();
     assert!(!log.contains(token) && !log.contains(secret), "{log}");
     assert!(log.contains("plan posted"), "{log}");
+}
+
+/// Finding: a one-field definition change across 200 apps gave 307 KB of Markdown, which
+/// GitHub refuses (over 65 536 characters). The comment stays under 60 000 characters, names
+/// every changed app in its counts, and says how many resources it left out and how to see
+/// them; `--detailed-exitcode` tells no change (0) from changes (2) and errors (1).
+#[test]
+fn a_200_app_plan_comment_fits_and_names_every_app_and_detailed_exitcode_tells_changes() {
+    let sb = Sandbox::template();
+    let shop: Vec<(String, String)> = ["backend.yaml", "frontend.yaml"]
+        .iter()
+        .map(|f| (f.to_string(), sb.read(&format!("workloads/shop/{f}"))))
+        .collect();
+    sb.remove("workloads/shop");
+    for n in 0..200 {
+        for (file, text) in &shop {
+            sb.write(&format!("workloads/app-{n:03}/{file}"), text);
+        }
+    }
+    sb.commit("200 apps");
+    sb.gitplane(&["apply"]).ok();
+
+    // Nothing to change: 0, with or without the flag, in every format.
+    for format in ["table", "markdown", "json", "text"] {
+        let run = sb.gitplane(&["plan", "--detailed-exitcode", "--format", format]);
+        assert_eq!(run.code, Some(0), "{run}");
+    }
+
+    sb.git(&["checkout", "--quiet", "-b", "ha-db"]);
+    sb.edit(
+        "definitions/base-env.yaml",
+        "pghost: pg.dev.internal",
+        "pghost: pg-ha.dev.internal",
+    );
+    sb.git(&["commit", "--quiet", "-am", "HA database host"]);
+    sb.git(&["push", "--quiet", "origin", "ha-db"]);
+
+    let md = sb
+        .gitplane(&["plan", "--ref", "ha-db", "--format", "markdown"])
+        .ok()
+        .stdout;
+    let chars = md.chars().count();
+    assert!(chars < 60_000, "{chars} characters");
+    md.lines()
+        .next()
+        .filter(|l| l.ends_with("200 to update, 0 to delete, 1000 may update in 1 environment"))
+        .unwrap_or_else(|| panic!("{}", &md[..500]));
+    assert!(
+        md.contains("| development | 200 | 0 | 200 (+1000 may) | 0 |"),
+        "{}",
+        &md[..1500]
+    );
+    for n in 0..200 {
+        assert!(
+            md.contains(&format!("\n| app-{n:03} | 0 | 1 (+5 may) | 0 |")),
+            "app-{n:03} is not named"
+        );
+    }
+    let shown = md.matches("\n**app `").count();
+    assert!(shown > 0 && shown < 200, "{shown}");
+    let left = 200 - shown;
+    let line = format!(
+        "**{} more resources in {left} apps not shown here**: run `gitplane plan --ref ha-db \
+         --env development --format text` to see every change.",
+        left * 6
+    );
+    assert!(md.contains(&line), "{}", &md[md.len() - 1000..]);
+    // That command shows them all.
+    let text = sb
+        .gitplane(&[
+            "plan",
+            "--ref",
+            "ha-db",
+            "--env",
+            "development",
+            "--format",
+            "text",
+        ])
+        .ok()
+        .stdout;
+    for n in 0..200 {
+        assert!(
+            text.contains(&format!("  app app-{n:03}\n")),
+            "app-{n:03} not in the text"
+        );
+    }
+
+    // Changes: 2 with the flag (0 without), in every format.
+    for format in ["table", "markdown", "json", "text"] {
+        let run = sb.gitplane(&[
+            "plan",
+            "--ref",
+            "ha-db",
+            "--detailed-exitcode",
+            "-o",
+            format,
+        ]);
+        assert_eq!(run.code, Some(2), "{format}: {}", run.stderr);
+        assert!(!run.stdout.is_empty(), "{format}");
+    }
+    assert_eq!(
+        sb.gitplane(&["plan", "--ref", "ha-db", "-o", "text"]).code,
+        Some(0)
+    );
+    // An error: 1, whatever changes.
+    sb.write("workloads/app-000/backend.yaml", "containers: [\n");
+    sb.git(&["commit", "--quiet", "-am", "Broken"]);
+    sb.git(&["push", "--quiet", "origin", "ha-db"]);
+    for format in ["table", "markdown"] {
+        let run = sb.gitplane(&[
+            "plan",
+            "--ref",
+            "ha-db",
+            "--detailed-exitcode",
+            "-o",
+            format,
+        ]);
+        assert_eq!(run.code, Some(1), "{run}");
+    }
+    let run = sb.gitplane(&["plan", "--ref", "nothing-here", "--detailed-exitcode"]);
+    assert_eq!(run.code, Some(1), "{run}");
 }

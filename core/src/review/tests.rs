@@ -36,6 +36,7 @@ fn review_after(env: &str, change: impl FnOnce(&mut BTreeMap<String, Vec<u8>>)) 
         reference: Some("feature".into()),
         environments: vec![e],
         rejected: Vec::new(),
+        merge: None,
     }
 }
 
@@ -99,8 +100,21 @@ fn creations_updates_deletions_links_and_bindings_are_listed_by_app() {
             ("shop/base-env.default#base-env", false),
             ("shop/postgres.default#modules.backend.externals.db", true),
             ("shop/redis.default#shared.cache", true),
-            ("shop/workload.default#modules.backend", true),
+            // Its Score file has a new resource: a change known now, beside what it reads.
+            ("shop/workload.default#modules.backend", false),
         ]
+    );
+    assert_eq!(
+        shop.updated[3].changes,
+        ["resource.resources.queue: changed (secret)"]
+    );
+    assert!(
+        shop.updated[3]
+            .known_after_apply
+            .iter()
+            .any(|k| k.starts_with("resource.containers.api.variables.DB_PORT <- ")),
+        "{:?}",
+        shop.updated[3]
     );
     assert_eq!(
         shop.updated[0].changes,
@@ -202,11 +216,11 @@ fn the_markdown_has_a_summary_a_table_and_details_and_is_stable() {
     let first = md.lines().next().unwrap();
     assert_eq!(
         first,
-        "**gitplane plan** for `0123456789ab` (ref `feature`): 1 to create, 1 to update, 2 to \
-         delete, 3 may update, 5 link change(s), 2 binding change(s) in 1 environment"
+        "**gitplane plan** for `0123456789ab` (ref `feature`): 1 to create, 2 to update, 2 to \
+         delete, 2 may update, 5 link change(s), 2 binding change(s) in 1 environment"
     );
     assert!(
-        md.contains("| shop | 1 | 1 (+3 may) | 2 | +2 −3 | +1 −0 ~1 |"),
+        md.contains("| shop | 1 | 2 (+2 may) | 2 | +2 −3 | +1 −0 ~1 |"),
         "{md}"
     );
     assert!(md.contains("<details><summary>production: changes by resource</summary>"));
@@ -247,4 +261,139 @@ fn user_text_cannot_break_out_of_the_markdown() {
     let md = r.to_markdown();
     assert!(md.contains("| sh\\|op\\<script\\>\\` |"), "{md}");
     assert!(md.contains("**app `` sh|op<script>` ``**"), "{md}");
+}
+
+/// Finding: an image bump vanished from a plan when the same workload also read a changing
+/// output; only "may update (known after apply)" was shown.
+#[test]
+fn an_image_bump_shows_beside_the_inputs_known_after_apply() {
+    let r = review_after("development", |files| {
+        edit(files, "definitions/redis.yaml", "port: 6379", "port: 6380");
+        edit(
+            files,
+            "workloads/shop/backend.yaml",
+            "backend:1.4.2",
+            "backend:1.5.0",
+        );
+    });
+    let text = r.to_text();
+    assert!(
+        text.contains(
+            "update shop/workload.default#modules.backend (inputs changed; more known after \
+             apply)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("        resource.containers.api.image: "),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "        resource.containers.api.variables.CACHE_URL <- \
+             shop/redis.default#shared.cache outputs.port (known after apply)"
+        ),
+        "{text}"
+    );
+    // The frontend changes nothing of its own: it stays a maybe.
+    assert!(
+        text.contains("may update shop/workload.default#modules.frontend"),
+        "{text}"
+    );
+    let md = r.to_markdown();
+    assert!(md.contains("  - `resource.containers.api.image: "), "{md}");
+}
+
+/// Finding: a one-field definition change across 200 apps gave 307 KB of Markdown, which
+/// GitHub refuses as a comment (over 65 536 characters).
+#[test]
+fn a_200_app_plan_fits_a_comment_and_still_names_every_changed_app() {
+    let mut files = template_files();
+    let apps = 200;
+    // The estate applied, then a one-field change of the definition every app reads.
+    let shop: Vec<(String, Vec<u8>)> = files
+        .iter()
+        .filter(|(p, _)| p.starts_with("workloads/shop/"))
+        .map(|(p, c)| (p.clone(), c.clone()))
+        .collect();
+    for (path, contents) in &shop {
+        files.remove(path);
+        for n in 0..apps {
+            let path = path.replace("workloads/shop/", &format!("workloads/app-{n:03}/"));
+            files.insert(path, contents.clone());
+        }
+    }
+    let before = applied(&graph(&files, "development"));
+    edit(
+        &mut files,
+        "definitions/base-env.yaml",
+        "pghost: pg.dev.internal",
+        "pghost: pg-ha.dev.internal",
+    );
+    let g = graph(&files, "development");
+    let p = plan(&g, &before.records, &before.links);
+    let e = compare(&EnvState {
+        graph: &g,
+        plan: &p,
+        recorded: &before.records,
+        links: &before.links,
+        bindings: &before.bindings,
+        held: None,
+    });
+    let r = Review {
+        commit: "0123456789abcdef0123456789abcdef01234567".into(),
+        reference: Some("feature".into()),
+        environments: vec![e],
+        rejected: Vec::new(),
+        merge: None,
+    };
+    assert_eq!(r.environments[0].apps.len(), apps);
+    let whole = r.to_markdown_within(usize::MAX);
+    assert!(whole.len() > MARKDOWN_LIMIT, "{}", whole.len());
+
+    let md = r.to_markdown();
+    assert!(md.len() <= MARKDOWN_LIMIT, "{} bytes", md.len());
+    assert_eq!(
+        md.lines().next(),
+        whole.lines().next(),
+        "the same summary line"
+    );
+    // The counts first: the environment's, then one row per app, every one of them.
+    assert!(
+        md.contains("| development | 200 | 0 | 200 (+1000 may) | 0 |"),
+        "{}",
+        &md[..2000]
+    );
+    for n in 0..apps {
+        assert!(
+            md.contains(&format!("\n| app-{n:03} | 0 | 1 (+5 may) | 0 |")),
+            "app-{n:03} is not in the table"
+        );
+    }
+    // Details while they fit, then a line saying how many were left out and how to see them.
+    let shown = md.matches("\n**app `").count();
+    assert!(shown > 0 && shown < apps, "{shown} apps shown");
+    let left = apps - shown;
+    let resources = left * 6;
+    assert!(
+        md.contains(&format!(
+            "**{resources} more resources in {left} apps not shown here**: run `gitplane plan \
+             --ref feature --env development --format text` to see every change."
+        )),
+        "{}",
+        &md[md.len().saturating_sub(1500)..]
+    );
+    assert_eq!(md, r.to_markdown(), "the same bytes each time");
+
+    // Even when the tables do not fit, the limit holds and each environment says how to see it.
+    let tiny = r.to_markdown_within(2_000);
+    assert!(tiny.len() <= 2_000, "{tiny}");
+    assert!(
+        tiny.contains("### development: 0 to create, 200 to update"),
+        "{tiny}"
+    );
+    assert!(
+        tiny.contains("**1200 more resources in 200 apps not shown here**"),
+        "{tiny}"
+    );
 }

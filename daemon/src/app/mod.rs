@@ -300,6 +300,17 @@ impl Commit {
             ctx.check_repository(&repo, store, false)?;
         }
         let id = repo.resolve(rev)?;
+        Commit::at(ctx, repo, &id, store)
+    }
+
+    /// Commit `id` of `repo` (checked against `store` already), as [`Commit::resolve`] gives it.
+    fn at(
+        ctx: &Context,
+        repo: ConfigRepo,
+        id: &str,
+        store: Option<&Store>,
+    ) -> Result<Commit, AppError> {
+        let id = id.to_owned();
         let layout = repo.layout(&id)?;
         let known = deploy::environments_to_deploy(&layout, store)?;
         if known.is_empty() {

@@ -269,6 +269,10 @@ pub enum Command {
         rev: Rev,
         #[arg(long, short = 'o', value_enum, default_value_t = PlanFormat::Table)]
         format: PlanFormat,
+        /// Exit 0 when nothing would change, 2 when something would, 1 on an error (a commit
+        /// that does not load or build, a ref that names nothing).
+        #[arg(long)]
+        detailed_exitcode: bool,
     },
     /// Reconcile once: provision, update and delete resources, and record it all.
     Apply {
@@ -550,6 +554,8 @@ pub enum CommandResult {
     Failure,
     /// `gitplane drift` found resources that differ from what was recorded (exit code 2).
     Drifted,
+    /// `gitplane plan --detailed-exitcode` found something to change (exit code 2).
+    Changes,
 }
 
 pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
@@ -592,9 +598,14 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
             common,
             rev,
             format,
+            detailed_exitcode,
         } => {
             let ctx = common.context()?;
-            show_plan(&ctx, ctx.rev(rev.rev.as_deref()), format, stdout)
+            let (result, changes) = show_plan(&ctx, ctx.rev(rev.rev.as_deref()), format, stdout)?;
+            Ok(match result {
+                CommandResult::Success if detailed_exitcode && changes => CommandResult::Changes,
+                result => result,
+            })
         }
         Command::Apply { common, rev, by } => {
             let ctx = common.context()?;
@@ -1040,7 +1051,7 @@ fn show_plan(
     rev: Option<&str>,
     format: PlanFormat,
     stdout: &mut impl Write,
-) -> Result<CommandResult, CliError> {
+) -> Result<(CommandResult, bool), CliError> {
     let format = match format {
         PlanFormat::Table => Format::Table,
         PlanFormat::StepsJson => Format::Json,
@@ -1060,9 +1071,9 @@ fn show_plan(
                 for e in &review.rejected {
                     eprintln!("error: {e}");
                 }
-                return Ok(CommandResult::Failure);
+                return Ok((CommandResult::Failure, false));
             }
-            return Ok(CommandResult::Success);
+            return Ok((CommandResult::Success, review.changes_anything()));
         }
     };
     // Planning never creates a state file.
@@ -1076,16 +1087,21 @@ fn show_plan(
         Ok(targets) => targets,
         Err(rejected) => {
             report_rejected(commit.id(), &rejected);
-            return Ok(CommandResult::Failure);
+            return Ok((CommandResult::Failure, false));
         }
     };
     let mut json = Vec::new();
+    let mut changes = false;
     for t in &targets {
         let (recorded, links) = match &store {
             Some(s) => crate::deploy::recorded_in_scope(s, t)?,
             None => (Vec::new(), Vec::new()),
         };
         let p = plan::plan(&t.graph, &recorded, &links);
+        changes |= p
+            .steps
+            .iter()
+            .any(|s| !matches!(s.action, plan::Action::Unchanged | plan::Action::Pinned));
         // The verdict apply would give: judged here as there.
         let held = match &store {
             Some(s) => reconcile::guard_verdict(s, t, &p, recorded.len())?,
@@ -1118,7 +1134,7 @@ fn show_plan(
     if format == Format::Json {
         print_json(stdout, json)?;
     }
-    Ok(CommandResult::Success)
+    Ok((CommandResult::Success, changes))
 }
 
 fn show_graph(

@@ -364,3 +364,62 @@ fn forget_fingerprints(tx: &Tx<'_>, env: &str, app: Option<&str>) -> DbResult<()
     };
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::tests::{each_backend, record, start};
+
+    use super::*;
+
+    #[test]
+    fn a_moved_resource_keeps_its_secrets_and_cookie_and_a_forgotten_one_leaves_nothing() {
+        each_backend(|mut store| {
+            let d = store.begin_deployment("development", "c1").unwrap();
+            let op = store.begin_operation(&start(d)).unwrap();
+            store
+                .record_call(op, 1, "g1", Some(Some("cookie-1")))
+                .unwrap();
+            store.finish_put(op, 1, d, &record("g1"), None).unwrap();
+
+            let taken = store.move_resource(
+                "g1",
+                &MoveTo {
+                    guresid: "g1",
+                    app: Some("shop"),
+                    res_id: "x",
+                },
+            );
+            assert!(matches!(taken, Err(StateError::Taken { .. })), "{taken:?}");
+            let to = MoveTo {
+                guresid: "g2",
+                app: Some("store"),
+                res_id: "renamed.db",
+            };
+            assert!(store.move_resource("g1", &to).unwrap());
+            assert!(
+                !store.move_resource("g1", &to).unwrap(),
+                "nothing left at g1"
+            );
+            let moved = store.resources("development").unwrap();
+            assert_eq!(moved.len(), 1);
+            assert_eq!(
+                (
+                    moved[0].guresid.as_str(),
+                    moved[0].app.as_deref(),
+                    moved[0].res_id.as_str()
+                ),
+                ("g2", Some("store"), "renamed.db")
+            );
+            // Sealed for the new place, and opened there.
+            assert_eq!(moved[0].secret_outputs["password"], "s3cret");
+            assert_eq!(moved[0].inputs_hash, "h1");
+            assert_eq!(store.cookie("g2").unwrap().as_deref(), Some("cookie-1"));
+            assert_eq!(store.cookie("g1").unwrap(), None);
+
+            assert!(store.forget_resource("g2").unwrap());
+            assert!(store.resources("development").unwrap().is_empty());
+            assert_eq!(store.cookie("g2").unwrap(), None);
+            assert!(!store.forget_resource("g2").unwrap());
+        });
+    }
+}

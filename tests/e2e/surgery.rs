@@ -509,3 +509,62 @@ fn rustix_hostname() -> String {
         .trim()
         .to_owned()
 }
+
+/// On PostgreSQL `state backup` refuses and names the way there, `pg_dump`; `state mv` works
+/// as on SQLite (the same SQL, the secrets sealed again by gitplane).
+#[test]
+fn on_postgresql_backup_names_pg_dump_and_mv_moves() {
+    let Some(server) = gitplane_testkit::shared_or_skip("state surgery on PostgreSQL") else {
+        return;
+    };
+    let url = server.database();
+    let sb = Sandbox::template();
+    let config = sb.root.join("pg.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_key: {{file: {}}}\n",
+            sb.root.join("pg.key").display()
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend([
+            "--repo",
+            sb.origin.to_str().unwrap(),
+            "--state",
+            &url,
+            "--config",
+            config.to_str().unwrap(),
+        ]);
+        sb.gitplane_raw(&all, &[])
+    };
+    run(&["apply"]).ok();
+    let out = sb.root.join("pg-backup.db");
+    run(&["state", "backup", out.to_str().unwrap()])
+        .fails()
+        .stderr_has("backed up with pg_dump");
+    assert!(!out.exists(), "nothing written");
+    sb.git(&["mv", "workloads/shop", "workloads/store"]);
+    sb.commit("Rename app shop to store");
+    run(&["state", "mv", "shop", "store", "--env", "development"])
+        .ok()
+        .stdout_has("development: moved shop/");
+    let status = run(&["status", "--env", "development"]).ok();
+    assert!(
+        status
+            .stdout
+            .lines()
+            .filter(|l| l.contains("modules."))
+            .all(|l| l.trim_start().starts_with("store ")),
+        "{status}"
+    );
+    let plan = run(&["plan", "--env", "development", "--format", "json"]).ok();
+    let summary = &plan.json()["summary"];
+    assert_eq!(
+        (&summary["create"], &summary["delete"]),
+        (&json!(0), &json!(0)),
+        "the renamed app is neither created nor deleted: {plan}"
+    );
+}

@@ -333,7 +333,7 @@ fn slow_daemon(sb: &Sandbox, server: &DriverServer) -> Daemon {
     server.behave(
         "postgres",
         Behavior {
-            delay: Duration::from_millis(1500),
+            delay: Duration::from_secs(4),
             ..Behavior::default()
         },
     );
@@ -383,9 +383,18 @@ fn state_backup_while_a_daemon_deploys_is_sound_and_restores_its_resources() {
     gp(&sb, &["state", "rm", &first[0]])
         .fails()
         .stderr_has("is applying to environment test");
+    gp(&sb, &["state", "mv", "a", "b"])
+        .fails()
+        .stderr_has("is applying to environment test");
     gp(&sb, &["state", "unlock", "test"])
         .fails()
         .stderr_has("renewed");
+    assert!(
+        sb.column("SELECT DISTINCT app FROM resource")
+            .iter()
+            .all(|a| a != "b"),
+        "nothing moved"
+    );
 
     let mid = sb.root.join("mid.db");
     let taken = gp(&sb, &["state", "backup", mid.to_str().unwrap()]).ok();

@@ -163,35 +163,45 @@ pub(super) fn mv(
         }
         .into());
     }
-    // (env, old GUResID, old label, new label)
-    let mut moves: Vec<(String, String, String, Label)> = Vec::new();
-    if !from.contains('/') && !to.contains('/') {
+    let moves = if !from.contains('/') && !to.contains('/') {
         let envs = if ctx.envs.is_empty() {
             store.environments()?
         } else {
             ctx.envs.clone()
         };
-        for env in &envs {
-            for r in store.resources_without_secrets(env)? {
-                if r.app.as_deref() == Some(from) {
-                    let old = crate::plan::record_label(&r);
-                    let new = Label {
-                        app: Some(to.to_owned()),
-                        res_type: r.res_type.clone(),
-                        class: r.class.clone(),
-                        res_id: r.res_id.clone(),
-                    };
-                    moves.push((env.clone(), r.guresid, old, new));
+        let app_moves = |envs: &[String]| -> Result<Vec<_>, CliError> {
+            let mut moves = Vec::new();
+            for env in envs {
+                for r in store.resources_without_secrets(env)? {
+                    if r.app.as_deref() == Some(from) {
+                        let old = crate::plan::record_label(&r);
+                        let new = Label {
+                            app: Some(to.to_owned()),
+                            res_type: r.res_type.clone(),
+                            class: r.class.clone(),
+                            res_id: r.res_id.clone(),
+                        };
+                        moves.push((env.clone(), r.guresid, old, new));
+                    }
                 }
             }
-        }
-        if moves.is_empty() {
+            Ok(moves)
+        };
+        // The environments that have the app, locked, then read again: a deployment that
+        // ended in between may have changed what they record.
+        let having: std::collections::BTreeSet<String> =
+            app_moves(&envs)?.into_iter().map(|m| m.0).collect();
+        if having.is_empty() {
             return Err(SurgeryError::NoApp {
                 app: from.to_owned(),
                 envs: ctx.envs.clone(),
             }
             .into());
         }
+        let locks = lock_all(ctx, &having)?;
+        let having: Vec<String> = having.into_iter().collect();
+        let moves = app_moves(&having)?;
+        return apply_moves(&mut store, moves, locks, actor, stdout);
     } else {
         let (guresid, env) = find_resource(&store, ctx, from)?;
         let new = Label::parse(to)?;
@@ -212,10 +222,20 @@ pub(super) fn mv(
             }
             .into());
         }
-        moves.push((env, guresid, old, new));
-    }
-    let envs: std::collections::BTreeSet<&String> = moves.iter().map(|m| &m.0).collect();
-    let _locks = lock_all(ctx, envs)?;
+        vec![(env, guresid, old, new)]
+    };
+    let locks = lock_all(ctx, [&moves[0].0])?;
+    apply_moves(&mut store, moves, locks, actor, stdout)
+}
+
+/// Moves each `(env, old GUResID, old label, new label)`, holding `_locks`.
+fn apply_moves(
+    store: &mut Store,
+    moves: Vec<(String, String, String, Label)>,
+    _locks: Vec<ApplyLock>,
+    actor: &Actor,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
     for (env, old_id, old, new) in &moves {
         let new_id = GuresId::new(
             env,
@@ -242,7 +262,7 @@ pub(super) fn mv(
             "moved {old} ({old_id}) to {} ({new_id}); no driver was called",
             new.text()
         );
-        actor.record(&store, "state mv", Some(env), None, &detail)?;
+        actor.record(store, "state mv", Some(env), None, &detail)?;
         writeln!(stdout, "{env}: {detail}")?;
     }
     Ok(CommandResult::Success)

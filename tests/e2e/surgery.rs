@@ -383,7 +383,8 @@ fn state_backup_while_a_daemon_deploys_is_sound_and_restores_its_resources() {
     gp(&sb, &["state", "rm", &first[0]])
         .fails()
         .stderr_has("is applying to environment test");
-    gp(&sb, &["state", "mv", "a", "b"])
+    let app = sb.column("SELECT app FROM resource WHERE app IS NOT NULL")[0].clone();
+    gp(&sb, &["state", "mv", &app, "b"])
         .fails()
         .stderr_has("is applying to environment test");
     gp(&sb, &["state", "unlock", "test"])

@@ -16,6 +16,7 @@ mod lease;
 mod lock;
 mod postgres;
 mod seal;
+mod surgery;
 mod trust;
 mod views;
 mod workflow;
@@ -34,9 +35,10 @@ pub use fingerprint::AppFingerprint;
 pub use history::{LinkChanges, Pruned, Retention};
 pub use journal::{Batch, Ended, JournalEntry, ManifestsRecord};
 pub use lease::{Beat, Fence, LeaseHold, LeaseRecord, Leases};
-pub use lock::{ApplyLock, LockHold};
+pub use lock::{ApplyLock, LockHold, Released, release_gone};
 pub use postgres::{PgTarget, is_postgres_url};
 pub use seal::{KeySource, SealError, StateKey, pending_key_path};
+pub use surgery::{Adopted, BackupReport, MoveTo};
 pub use trust::{Action, ActionRecord, KeyCheck, RepositoryIdentity};
 pub use views::{DeploymentSummary, FailedResource, NodeRow, ResourceView};
 pub use workflow::{EnvPin, PreviewPush, PreviewRecord};
@@ -114,6 +116,17 @@ pub enum StateError {
         #[source]
         source: SealError,
     },
+    #[error("state {path}: a resource is recorded under {guresid} already")]
+    Taken { path: PathBuf, guresid: String },
+    #[error("state {path}: environment {env} has no deployment yet: apply it once, then import")]
+    NoDeploymentYet { path: PathBuf, env: String },
+    #[error(
+        "state {path}: a PostgreSQL state is backed up with pg_dump (docs/postgres.md), not \
+         by gitplane"
+    )]
+    BackupPostgres { path: PathBuf },
+    #[error("state {path}: environment {env} is not locked")]
+    NotLocked { path: PathBuf, env: String },
     #[error("state {path}: column {column} of {guresid} holds invalid JSON: {source}")]
     Json {
         path: PathBuf,

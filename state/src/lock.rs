@@ -266,6 +266,71 @@ impl ApplyLock {
     }
 }
 
+/// Who held a lock that [`release_gone`] released.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Released {
+    /// `process PID on HOST`.
+    pub holder: String,
+    /// Seconds since it last renewed the lock.
+    pub silent_for: f64,
+}
+
+/// Releases the lock of `env` when its holder is gone: its process ended (on this host), or it
+/// has not renewed the lock for longer than a live holder ever would. A live holder's lock is
+/// refused as [`StateError::Busy`], naming it; an environment without a lock as
+/// [`StateError::NotLocked`]. The delete is a swap on the holder that was read, like a taking.
+pub fn release_gone(state: &Path, env: &str) -> Result<Released> {
+    let conn = crate::connect(state)?;
+    let e = |source| state_error(state, source);
+    let holder = conn
+        .query_row(
+            "SELECT holder, pid, host,
+                    (julianday('now') - julianday(renewed_at)) * 86400.0, generation
+             FROM env_lock WHERE env = ?1",
+            [env],
+            |r| {
+                Ok(Holder {
+                    token: r.get(0)?,
+                    pid: r.get(1)?,
+                    host: r.get(2)?,
+                    silent_for: r.get(3)?,
+                    generation: r.get(4)?,
+                })
+            },
+        )
+        .optional()
+        .map_err(e)?;
+    let not_locked = || StateError::NotLocked {
+        path: state.to_owned(),
+        env: env.to_owned(),
+    };
+    let Some(h) = holder else {
+        return Err(not_locked());
+    };
+    let named = format!("process {} on {}", h.pid, h.host);
+    if !h.is_gone(&host_name(), TIMING.stale_after) {
+        return Err(StateError::Busy {
+            path: state.to_owned(),
+            env: env.to_owned(),
+            holder: format!("{named}, renewed {:.0}s ago", h.silent_for),
+        });
+    }
+    let deleted = conn
+        .execute(
+            "DELETE FROM env_lock WHERE env = ?1 AND holder = ?2",
+            params![env, h.token],
+        )
+        .map_err(e)?;
+    if deleted == 0 {
+        // Taken over meanwhile by a live taker, or released: not the gone holder's any more.
+        return Err(not_locked());
+    }
+    Ok(Released {
+        holder: named,
+        silent_for: h.silent_for,
+    })
+}
+
 impl Drop for ApplyLock {
     fn drop(&mut self) {
         drop(self.release.take());

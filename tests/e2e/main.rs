@@ -44,6 +44,7 @@ mod service;
 mod soak;
 mod status_page;
 mod stop;
+mod surgery;
 mod systemd;
 mod terraform;
 mod trust_state;

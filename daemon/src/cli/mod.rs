@@ -8,6 +8,7 @@ mod manifests;
 mod output;
 mod progress;
 mod report;
+mod surgery;
 mod workflow;
 
 use std::io::{IsTerminal, Write};
@@ -447,6 +448,65 @@ pub enum StateCommand {
         #[command(flatten)]
         by: By,
     },
+    /// Forget one resource (RESOURCE: a GUResID, or `app/type.class#id` with --env when
+    /// several match): no driver is called; the next apply creates it if the repository still
+    /// has it. Refused while a deployment runs in its environment.
+    Rm {
+        #[command(flatten)]
+        common: Common,
+        resource: String,
+        #[command(flatten)]
+        by: By,
+    },
+    /// Adopt a resource that exists outside gitplane (one --env): record it with the outputs
+    /// of FILE (`{"values": {...}, "secrets": {...}}`) and the driver cookie of --cookie FILE,
+    /// so that the next apply updates it, never creates it.
+    Import {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        rev: Rev,
+        /// The resource as the commit's graph names it: `app/type.class#id` or its GUResID.
+        resource: String,
+        /// The resource's outputs: `{"values": {...}, "secrets": {...}}`.
+        #[arg(long, value_name = "FILE")]
+        outputs: PathBuf,
+        /// The driver cookie to send with the first update (the file's text).
+        #[arg(long, value_name = "FILE")]
+        cookie: Option<PathBuf>,
+        #[command(flatten)]
+        by: By,
+    },
+    /// Move a recorded resource to a new app or res_id (FROM: a GUResID or `app/type.class#id`;
+    /// TO: `app/type.class#id`), or every resource of app FROM to app TO (an app folder
+    /// renamed): the driver's instance is kept, nothing is deleted or created.
+    Mv {
+        #[command(flatten)]
+        common: Common,
+        from: String,
+        to: String,
+        #[command(flatten)]
+        by: By,
+    },
+    /// Release the apply lock of ENV when its holder is gone (its process ended on this host,
+    /// or it has not renewed the lock for 30 s); a live holder's lock is refused.
+    Unlock {
+        #[command(flatten)]
+        common: Common,
+        #[arg(value_name = "ENV")]
+        lock_env: String,
+        #[command(flatten)]
+        by: By,
+    },
+    /// Copy a SQLite state to FILE while gitplane runs (SQLite's online backup API), check the
+    /// copy with PRAGMA integrity_check and open it as a state. PostgreSQL: use pg_dump.
+    Backup {
+        #[command(flatten)]
+        common: Common,
+        file: PathBuf,
+        #[command(flatten)]
+        by: By,
+    },
     /// Copy a whole state, history included, into an empty one: from SQLite to PostgreSQL or
     /// back. Both are opened with the host config's state_key (else, for a SQLite source, its
     /// <file>.key), since sealed secrets are copied as they are. Stop the daemons first.
@@ -542,6 +602,8 @@ pub enum CliError {
     Runtime(std::io::Error),
     #[error("--keep {keep}: {message}")]
     Keep { keep: String, message: String },
+    #[error(transparent)]
+    Surgery(#[from] surgery::SurgeryError),
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -751,6 +813,74 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
         Command::State {
             action: StateCommand::Rekey { common, by },
         } => rekey(&common.context()?, &Actor::of(by.by.as_deref()), stdout),
+        Command::State {
+            action:
+                StateCommand::Rm {
+                    common,
+                    resource,
+                    by,
+                },
+        } => surgery::rm(
+            &common.context()?,
+            &resource,
+            &Actor::of(by.by.as_deref()),
+            stdout,
+        ),
+        Command::State {
+            action:
+                StateCommand::Import {
+                    common,
+                    rev,
+                    resource,
+                    outputs,
+                    cookie,
+                    by,
+                },
+        } => {
+            let ctx = common.context()?;
+            surgery::import(
+                &ctx,
+                (&resource, ctx.rev(rev.rev.as_deref())),
+                (&outputs, cookie.as_deref()),
+                &Actor::of(by.by.as_deref()),
+                stdout,
+            )
+        }
+        Command::State {
+            action:
+                StateCommand::Mv {
+                    common,
+                    from,
+                    to,
+                    by,
+                },
+        } => surgery::mv(
+            &common.context()?,
+            (&from, &to),
+            &Actor::of(by.by.as_deref()),
+            stdout,
+        ),
+        Command::State {
+            action:
+                StateCommand::Unlock {
+                    common,
+                    lock_env,
+                    by,
+                },
+        } => surgery::unlock(
+            &common.context()?,
+            &lock_env,
+            &Actor::of(by.by.as_deref()),
+            stdout,
+        ),
+        Command::State {
+            action: StateCommand::Backup { common, file, by },
+        } => surgery::backup(
+            &common.context()?,
+            &file,
+            &Actor::of(by.by.as_deref()),
+            stdout,
+        ),
         Command::State {
             action:
                 StateCommand::Copy {

@@ -367,6 +367,17 @@ pub enum Command {
         #[command(flatten)]
         by: By,
     },
+    /// Freeze one environment (--env) at the commit it runs, with no deployment: later
+    /// commits are planned, not applied, until `gitplane unpin`.
+    Pin {
+        #[command(flatten)]
+        common: Common,
+        /// Why, recorded with the pin and shown by `status` and `history`.
+        #[arg(long, short = 'm')]
+        reason: String,
+        #[command(flatten)]
+        by: By,
+    },
     /// Release the pin of one environment (--env) and apply the newest commit of the watched
     /// ref to it.
     Unpin {
@@ -549,6 +560,19 @@ pub enum CliError {
     NotPinned { env: String },
     #[error("rollback: --reason is empty: say why, it is recorded with the pin")]
     NoReason,
+    #[error("pin: --reason is empty: say why, it is recorded with the pin")]
+    NoPinReason,
+    #[error(
+        "environment '{env}' is pinned already (at {commit} by {by}): `gitplane unpin --env \
+         {env}` first"
+    )]
+    AlreadyPinned {
+        env: String,
+        commit: String,
+        by: String,
+    },
+    #[error("environment '{env}' has no successful deployment to pin: apply it first")]
+    NothingToPin { env: String },
     #[error(
         "rollback: commit {commit} is not in the history of {watched} and was never deployed \
          to {env}: it may be unreviewed. Pass --force to pin {env} there anyway (recorded with \
@@ -740,6 +764,12 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
                 reason: &reason,
                 force,
             },
+            &Actor::of(by.by.as_deref()),
+            stdout,
+        ),
+        Command::Pin { common, reason, by } => workflow::pin(
+            &common.context()?,
+            &reason,
             &Actor::of(by.by.as_deref()),
             stdout,
         ),

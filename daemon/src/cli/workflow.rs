@@ -119,6 +119,50 @@ pub(super) fn rollback(
     Ok(outcome)
 }
 
+/// `gitplane pin --env E --reason WHY`: freezes an environment at the commit it runs (its last
+/// good deployment), with no deployment: later commits are planned, not applied, until
+/// `unpin`. Refused while a deployment runs there, when nothing ran there yet, and when it is
+/// pinned already; a refused pin writes nothing.
+pub(super) fn pin(
+    ctx: &Context,
+    reason: &str,
+    actor: &Actor,
+    stdout: &mut impl Write,
+) -> Result<CommandResult, CliError> {
+    let env = one_env(ctx, "pin")?;
+    if reason.trim().is_empty() {
+        return Err(CliError::NoPinReason);
+    }
+    let store = existing_store(ctx)?;
+    // Held while the pin is written: a deployment running now would otherwise land after it.
+    let _lock = ApplyLock::acquire(&ctx.state, &env, false)?;
+    if let Some(pin) = store
+        .pins(Some(&env))?
+        .into_iter()
+        .find(|p| p.unpinned_at.is_none())
+    {
+        return Err(CliError::AlreadyPinned {
+            env,
+            commit: short(&pin.commit_id).to_owned(),
+            by: pin.pinned_by,
+        });
+    }
+    let Some(commit) = store.last_good_commit(&env)? else {
+        return Err(CliError::NothingToPin { env });
+    };
+    let who = &actor.name;
+    store.pin(&env, &commit, who, reason, false)?;
+    let detail = format!("pinned at {}: {reason}", short(&commit));
+    actor.record(&store, "pin", Some(&env), None, &detail)?;
+    writeln!(
+        stdout,
+        "{env}: pinned at {} by {who}: {reason}\n  Later commits are planned, not applied, until \
+         `gitplane unpin --env {env}`.",
+        short(&commit)
+    )?;
+    Ok(CommandResult::Success)
+}
+
 /// A rollback's commit that is outside the watched ref's history.
 struct Outside {
     commit: String,

@@ -22,6 +22,28 @@ const VALUE_TEMPLATES: [&str; 5] = ["init", "manifests", "outputs", "secrets", "
 /// The templates `secrets.templates` may hold.
 const SECRET_TEMPLATES: [&str; 1] = ["outputs"];
 
+/// A workload's `.resource` as Humanitec's templates read it: HPO hands a workload definition
+/// its deployment set's module, whose `spec` holds the containers and the service, so templates
+/// `range` over `.resource.spec.containers`. gitplane's workload input is the Score file, which
+/// holds the same sections at its top: they are offered under `spec` too (unless the Score file
+/// has a `spec` of its own).
+fn workload_with_spec<'r>(res_type: &str, resource: &'r Value) -> std::borrow::Cow<'r, Value> {
+    match resource {
+        Value::Object(score) if res_type == "workload" && !score.contains_key("spec") => {
+            let mut spec = Map::new();
+            for section in ["containers", "service"] {
+                if let Some(v) = score.get(section) {
+                    spec.insert(section.to_owned(), v.clone());
+                }
+            }
+            let mut with_spec = score.clone();
+            with_spec.insert("spec".to_owned(), Value::Object(spec));
+            std::borrow::Cow::Owned(Value::Object(with_spec))
+        }
+        _ => std::borrow::Cow::Borrowed(resource),
+    }
+}
+
 /// Renders Humanitec's `templates` with Go's text/template and the Sprig functions.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GoTemplateDriver;
@@ -55,10 +77,11 @@ impl Driver for GoTemplateDriver {
         let (secrets, secret_templates) =
             split_templates(request.secrets, "secrets", &SECRET_TEMPLATES)?;
         let cookie = previous_cookie(request.cookie);
+        let resource = workload_with_spec(request.res_type, request.resource);
         let mut data = json!({
             "id": request.guresid,
             "driver": { "values": values, "secrets": secrets },
-            "resource": request.resource,
+            "resource": resource,
             "cookie": cookie,
             "context": {
                 "app": { "id": request.app },
@@ -269,6 +292,39 @@ mod tests {
             manifests[1].data,
             json!({"name": "proxy", "image": "envoy:v1"})
         );
+    }
+
+    /// HPO's workload templates read `.resource.spec.containers`: a workload's Score file is
+    /// offered there too, so their `update` loops find the containers.
+    #[test]
+    fn a_workloads_score_file_is_also_its_spec() {
+        let score = json!({"containers": {"main": {"image": "x", "variables": {"A": "1"}}},
+                           "service": {"ports": {"www": {"port": 80}}}});
+        let inputs = Inputs {
+            resource: score,
+            values: json!({"templates": {"outputs": "update:\n\
+                {{- range $name, $c := .resource.spec.containers }}\n\
+                - op: add\n  path: /spec/containers/{{ $name }}/variables/B\n  value: two\n\
+                {{- end }}\nport: {{ .resource.spec.service.ports.www.port }}\n"}}),
+            secrets: json!({}),
+            account: None,
+        };
+        let mut req = request(&inputs, None);
+        req.res_type = "workload";
+        let PutOutcome::Done { outputs, .. } = GoTemplateDriver.put(&req).unwrap() else {
+            panic!("not done")
+        };
+        assert_eq!(
+            outputs,
+            json!({"update": [{"op": "add", "path": "/spec/containers/main/variables/B",
+                               "value": "two"}], "port": 80})
+        );
+        // Other resource types get their inputs as they are: no `spec` to range over.
+        let postgres = request(&inputs, None);
+        let PutOutcome::Done { outputs, .. } = GoTemplateDriver.put(&postgres).unwrap() else {
+            panic!("not done")
+        };
+        assert_eq!(outputs["update"], Value::Null, "{outputs}");
     }
 
     /// `data: |`, the object as YAML text, as Humanitec's example library writes manifests:

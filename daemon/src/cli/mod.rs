@@ -2124,3 +2124,58 @@ fn quickstart(dir: &Path, stdout: &mut impl Write) -> Result<CommandResult, CliE
     )?;
     Ok(CommandResult::Success)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// docs/cli.md has a section for every command, and names every flag in it: a command or
+    /// flag added without its documentation fails here.
+    #[test]
+    fn docs_cli_names_every_command_and_flag() {
+        let docs = include_str!("../../../docs/cli.md");
+        let mut missing = Vec::new();
+        let mut stack: Vec<(String, clap::Command)> = Cli::command()
+            .get_subcommands()
+            .map(|c| (c.get_name().to_owned(), c.clone()))
+            .collect();
+        while let Some((path, command)) = stack.pop() {
+            if path.ends_with("help") {
+                continue;
+            }
+            let subcommands: Vec<_> = command
+                .get_subcommands()
+                .filter(|c| c.get_name() != "help")
+                .collect();
+            if !subcommands.is_empty() {
+                stack.extend(
+                    subcommands
+                        .into_iter()
+                        .map(|c| (format!("{path} {}", c.get_name()), c.clone())),
+                );
+                continue;
+            }
+            let heading = format!("## `gitplane {path}`\n");
+            let Some(start) = docs.find(&heading) else {
+                missing.push(format!("no section {heading:?}"));
+                continue;
+            };
+            let section = &docs[start + heading.len()..];
+            let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+            for arg in command.get_arguments() {
+                if let Some(long) = arg.get_long()
+                    && !section.contains(&format!("--{long}"))
+                {
+                    missing.push(format!("gitplane {path}: --{long}"));
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "docs/cli.md lacks (regenerate the help blocks with `gitplane COMMAND --help`):\n{}",
+            missing.join("\n")
+        );
+    }
+}

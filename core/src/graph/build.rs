@@ -932,51 +932,15 @@ impl<'r> Builder<'r> {
         self.dag[n].secrets = secrets;
 
         for d in &def.depends_on {
-            let node = &self.dag[n];
-            let app = node.app.clone();
-            let class = d.class.clone().unwrap_or_else(|| node.class.clone());
-            let res_id = d.id.clone().unwrap_or_else(|| node.res_id.clone());
-            let by = node.guresid.clone();
-            if let Some(t) = self.ensure(
-                Request {
-                    app: app.as_deref(),
-                    res_type: &d.res_type,
-                    class: &class,
-                    res_id: &res_id,
-                    params: Value::Null,
-                    origin: Origin::Referenced {
-                        by,
-                        definition: def.id.clone(),
-                    },
-                    choice: BY_CRITERIA,
-                },
-                &def.locate(&d.key),
-            ) {
+            let at = def.locate(&d.key);
+            if let Some(t) = self.referenced(n, def, (&d.res_type, &d.class, &d.id), &at) {
                 self.edge(n, t, EdgeKind::Dependency);
             }
         }
 
         if let Some(DriverAccount::Of { desc, written }) = &def.driver_account {
-            let node = &self.dag[n];
-            let app = node.app.clone();
-            let class = desc.class.clone().unwrap_or_else(|| node.class.clone());
-            let res_id = desc.id.clone().unwrap_or_else(|| node.res_id.clone());
-            let by = node.guresid.clone();
-            if let Some(t) = self.ensure(
-                Request {
-                    app: app.as_deref(),
-                    res_type: &desc.res_type,
-                    class: &class,
-                    res_id: &res_id,
-                    params: Value::Null,
-                    origin: Origin::Referenced {
-                        by,
-                        definition: def.id.clone(),
-                    },
-                    choice: BY_CRITERIA,
-                },
-                &def.locate(written),
-            ) {
+            let at = def.locate(written);
+            if let Some(t) = self.referenced(n, def, (&desc.res_type, &desc.class, &desc.id), &at) {
                 self.edge(n, t, EdgeKind::Reference);
                 self.accounts_of.push((n, t));
             }
@@ -1014,6 +978,37 @@ impl<'r> Builder<'r> {
         }
     }
 
+    /// The resource `(type, class, id)` that definition `def` of node `n` names (class and id
+    /// default to `n`'s), added and matched if new; `None` when nothing matches it.
+    fn referenced(
+        &mut self,
+        n: NodeIndex,
+        def: &Definition,
+        (res_type, class, id): (&str, &Option<String>, &Option<String>),
+        at: &SourceLocation,
+    ) -> Option<NodeIndex> {
+        let node = &self.dag[n];
+        let app = node.app.clone();
+        let class = class.clone().unwrap_or_else(|| node.class.clone());
+        let res_id = id.clone().unwrap_or_else(|| node.res_id.clone());
+        let by = node.guresid.clone();
+        self.ensure(
+            Request {
+                app: app.as_deref(),
+                res_type,
+                class: &class,
+                res_id: &res_id,
+                params: Value::Null,
+                origin: Origin::Referenced {
+                    by,
+                    definition: def.id.clone(),
+                },
+                choice: BY_CRITERIA,
+            },
+            at,
+        )
+    }
+
     fn map_definition_template(
         &mut self,
         n: NodeIndex,
@@ -1044,25 +1039,8 @@ impl<'r> Builder<'r> {
                             targets: Vec::new(),
                         }));
                     }
-                    let app = node.app.clone();
-                    let class = desc.class.clone().unwrap_or_else(|| node.class.clone());
-                    let res_id = desc.id.clone().unwrap_or_else(|| node.res_id.clone());
-                    let by = node.guresid.clone();
-                    match self.ensure(
-                        Request {
-                            app: app.as_deref(),
-                            res_type: &desc.res_type,
-                            class: &class,
-                            res_id: &res_id,
-                            params: Value::Null,
-                            origin: Origin::Referenced {
-                                by,
-                                definition: def.id.clone(),
-                            },
-                            choice: BY_CRITERIA,
-                        },
-                        &def.locate(&desc.to_string()),
-                    ) {
+                    let at = def.locate(&desc.to_string());
+                    match self.referenced(n, def, (&desc.res_type, &desc.class, &desc.id), &at) {
                         Some(t) => {
                             self.edge(n, t, EdgeKind::Reference);
                             Mapped::Expr(Binding::Output {

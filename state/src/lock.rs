@@ -166,24 +166,7 @@ impl ApplyLock {
         let token = token();
         let host = host_name();
         let confirmed = loop {
-            let holder = conn
-                .query_row(
-                    "SELECT holder, pid, host,
-                            (julianday('now') - julianday(renewed_at)) * 86400.0, generation
-                     FROM env_lock WHERE env = ?1",
-                    [env],
-                    |r| {
-                        Ok(Holder {
-                            token: r.get(0)?,
-                            pid: r.get(1)?,
-                            host: r.get(2)?,
-                            silent_for: r.get(3)?,
-                            generation: r.get(4)?,
-                        })
-                    },
-                )
-                .optional()
-                .map_err(e)?;
+            let holder = read_holder(&conn, env).map_err(e)?;
             if let Some(h) = &holder
                 && !h.is_gone(&host, timing.stale_after)
                 && !h.is_older(generation)
@@ -275,6 +258,26 @@ pub struct Released {
     pub silent_for: f64,
 }
 
+/// The holder of `env`'s lock, with how long it has not renewed it; `None` when unlocked.
+fn read_holder(conn: &Conn, env: &str) -> crate::db::DbResult<Option<Holder>> {
+    conn.query_row(
+        "SELECT holder, pid, host,
+                (julianday('now') - julianday(renewed_at)) * 86400.0, generation
+         FROM env_lock WHERE env = ?1",
+        [env],
+        |r| {
+            Ok(Holder {
+                token: r.get(0)?,
+                pid: r.get(1)?,
+                host: r.get(2)?,
+                silent_for: r.get(3)?,
+                generation: r.get(4)?,
+            })
+        },
+    )
+    .optional()
+}
+
 /// Releases the lock of `env` when its holder is gone: its process ended (on this host), or it
 /// has not renewed the lock for longer than a live holder ever would. A live holder's lock is
 /// refused as [`StateError::Busy`], naming it; an environment without a lock as
@@ -282,24 +285,7 @@ pub struct Released {
 pub fn release_gone(state: &Path, env: &str) -> Result<Released> {
     let conn = crate::connect(state)?;
     let e = |source| state_error(state, source);
-    let holder = conn
-        .query_row(
-            "SELECT holder, pid, host,
-                    (julianday('now') - julianday(renewed_at)) * 86400.0, generation
-             FROM env_lock WHERE env = ?1",
-            [env],
-            |r| {
-                Ok(Holder {
-                    token: r.get(0)?,
-                    pid: r.get(1)?,
-                    host: r.get(2)?,
-                    silent_for: r.get(3)?,
-                    generation: r.get(4)?,
-                })
-            },
-        )
-        .optional()
-        .map_err(e)?;
+    let holder = read_holder(&conn, env).map_err(e)?;
     let not_locked = || StateError::NotLocked {
         path: state.to_owned(),
         env: env.to_owned(),

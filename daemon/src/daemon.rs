@@ -599,12 +599,16 @@ impl Daemon {
             let info = commit_info(&repo, &commit);
             for env in &rejected.envs {
                 match store.failed_deployment(env, Some(&commit), &errors) {
-                    Ok(deployment) => events.finished(DeploymentEvent::not_built(
-                        (env, deployment),
-                        &commit,
-                        info.clone(),
-                        rejected.errors.clone(),
-                    )),
+                    Ok(deployment) => {
+                        let mut event = DeploymentEvent::not_built(
+                            (env, deployment),
+                            &commit,
+                            info.clone(),
+                            rejected.errors.clone(),
+                        );
+                        event.previous = previous_condition(store, env, deployment);
+                        events.finished(event);
+                    }
                     Err(e) => {
                         error!(error = %e, "cannot record the rejected commit");
                         return;
@@ -1434,12 +1438,14 @@ fn built(
     warn!(env, commit = %job.commit, "the commit does not build now: {errors}");
     match store.failed_deployment(env, Some(&job.commit), &rejected.errors.join("\n")) {
         Ok(deployment) => {
-            shared.events.finished(DeploymentEvent::not_built(
+            let mut event = DeploymentEvent::not_built(
                 (env, deployment),
                 &job.commit,
                 commit_info(&shared.repo, &job.commit),
                 rejected.errors,
-            ));
+            );
+            event.previous = previous_condition(store, env, deployment);
+            shared.events.finished(event);
             Err(Ended::Done)
         }
         Err(e) => {
@@ -1518,6 +1524,7 @@ fn ran(
         duration_seconds: took.as_secs_f64(),
         failures: r.failures.clone(),
         drifted,
+        previous: previous_condition(store, env, r.deployment),
     });
     let c = r.counts;
     match r.status {
@@ -1623,7 +1630,23 @@ fn detected(env: &str, job: &Job, shared: &Shared, r: &crate::drift::DetectRepor
         duration_seconds: took.as_secs_f64(),
         failures: r.failures.clone(),
         drifted,
+        previous: None,
     });
+}
+
+/// The condition `env` was in before `deployment` (see [`DeploymentEvent::previous`]). A state
+/// that cannot tell is logged and taken as none: the deployment is announced rather than lost.
+fn previous_condition(
+    store: &Store,
+    env: &str,
+    deployment: i64,
+) -> Option<(DeploymentStatus, Option<String>)> {
+    store
+        .condition_before(env, deployment)
+        .unwrap_or_else(|e| {
+            warn!(env, error = %e, "cannot read the previous deployment: the notification is sent as if there were none");
+            None
+        })
 }
 
 fn lease_ttl(host: &HostConfig) -> Duration {

@@ -44,6 +44,10 @@ pub struct DeploymentEvent {
     pub failures: Vec<String>,
     /// For a drift run: the resources whose outputs had changed outside gitplane.
     pub drifted: Vec<String>,
+    /// The environment's condition before: the status of its previous deployment of a commit
+    /// that finished applying, with that deployment's error; `None` before any. It decides
+    /// which deployments are news ([`DeploymentEvent::kinds`]).
+    pub previous: Option<(DeploymentStatus, Option<String>)>,
 }
 
 impl DeploymentEvent {
@@ -66,17 +70,41 @@ impl DeploymentEvent {
             duration_seconds: 0.0,
             failures: errors,
             drifted: Vec::new(),
+            previous: None,
         }
     }
 
-    /// Which notifications it is: one for its status, and `drift` when a drift run found some.
-    /// A drift run that succeeded is not announced as a deployment: it runs every few minutes,
-    /// and only what it found is news.
+    /// Which notifications it is: one per change of the environment's condition, and `drift`
+    /// when a drift run found some.
+    ///
+    /// - a success after a failure is `recovered`, whatever it changed;
+    /// - a success that created, updated and deleted nothing (a restart, a reload, a commit
+    ///   that touched nothing here) is not news; one that changed something is `succeeded`;
+    /// - a failure after a failure with the same error (a retry, the next commit failing the
+    ///   same way) is not news; a first failure, or one with a different error, is `failed`;
+    /// - a held deployment is always `held`: it waits for someone.
+    ///
+    /// A drift run is not a deployment of a commit: it never counts as the condition before,
+    /// one that succeeded is not announced (it runs every few minutes, and only what it found
+    /// is news), and one that failed is.
     pub fn kinds(&self) -> Vec<NotifyEvent> {
         let mut kinds = Vec::new();
+        let previous_failure = match &self.previous {
+            Some((DeploymentStatus::Failed, error)) => Some(error.as_deref().unwrap_or_default()),
+            _ => None,
+        };
+        let c = &self.counts;
+        let changed = c.created + c.updated + c.deleted > 0;
         match self.status {
             DeploymentStatus::Succeeded if self.kind == "drift" => {}
-            DeploymentStatus::Succeeded => kinds.push(NotifyEvent::Succeeded),
+            DeploymentStatus::Succeeded if previous_failure.is_some() => {
+                kinds.push(NotifyEvent::Recovered)
+            }
+            DeploymentStatus::Succeeded if changed => kinds.push(NotifyEvent::Succeeded),
+            DeploymentStatus::Succeeded => {}
+            DeploymentStatus::Failed
+                if self.kind != "drift"
+                    && previous_failure == Some(self.failures.join("\n").as_str()) => {}
             DeploymentStatus::Failed => kinds.push(NotifyEvent::Failed),
             DeploymentStatus::Held => kinds.push(NotifyEvent::Held),
             DeploymentStatus::Running | DeploymentStatus::Superseded => {}
@@ -494,6 +522,9 @@ fn slack_body(kind: NotifyEvent, event: &DeploymentEvent) -> Value {
     let headline = match kind {
         NotifyEvent::Succeeded => format!(":white_check_mark: {what} to *{env}* succeeded"),
         NotifyEvent::Failed => format!(":x: {what} to *{env}* failed"),
+        NotifyEvent::Recovered => format!(
+            ":white_check_mark: {what} to *{env}* succeeded: *{env}* recovered from its failure"
+        ),
         NotifyEvent::Held => format!(
             ":warning: {what} to *{env}* is held by the deletion guard: approve it with \
              `gitplane approve {}`",
@@ -504,6 +535,11 @@ fn slack_body(kind: NotifyEvent, event: &DeploymentEvent) -> Value {
              ({what})",
             event.drifted.len()
         ),
+        // Sent by the CLI, never for a deployment's end.
+        NotifyEvent::Rollback
+        | NotifyEvent::Approved
+        | NotifyEvent::Pinned
+        | NotifyEvent::Unpinned => format!("{what} to *{env}*: {}", kind.name()),
     };
     let mut lines = vec![headline];
     if let Some(info) = &event.commit_info {
@@ -565,6 +601,7 @@ mod tests {
             duration_seconds: 1.23456,
             failures: vec!["modules.app.externals.db: quota exceeded".to_owned()],
             drifted: Vec::new(),
+            previous: None,
         }
     }
 

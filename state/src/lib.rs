@@ -1149,6 +1149,31 @@ impl Store {
         }
     }
 
+    /// The condition `env` was in before deployment `before`: the status of its newest
+    /// deployment of a commit before that one that finished applying (`succeeded` or
+    /// `failed`; held, superseded and running ones and drift runs say nothing about it), with
+    /// its error. `None` before any.
+    pub fn condition_before(
+        &self,
+        env: &str,
+        before: i64,
+    ) -> Result<Option<(DeploymentStatus, Option<String>)>> {
+        let found: Option<(String, Option<String>)> = self
+            .conn
+            .prepare_cached(
+                "SELECT status, error FROM deployment
+                 WHERE env = ?1 AND id < ?2 AND status IN ('succeeded', 'failed')
+                   AND kind = 'commit'
+                 ORDER BY id DESC LIMIT 1",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![env, before], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
+            .map_err(self.err())?;
+        Ok(found.and_then(|(status, error)| Some((DeploymentStatus::parse(&status)?, error))))
+    }
+
     /// Records that deployment `id` was attempt `attempt` at its commit (a retry by the daemon
     /// of one that did not finish).
     pub fn mark_attempt(&self, id: i64, attempt: i64) -> Result<()> {

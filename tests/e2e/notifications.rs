@@ -436,3 +436,114 @@ fn a_drift_run_that_changes_outputs_is_announced() {
     );
     assert!(events_of(&got, "deployment.succeeded").is_empty());
 }
+
+/// How many finished deployments of a commit the state has (every environment's).
+fn finished_deployments(sb: &Sandbox) -> usize {
+    sb.column("SELECT id FROM deployment WHERE kind = 'commit' AND status != 'running'")
+        .len()
+}
+
+/// Waits until the state has at least `n` finished deployments of a commit.
+#[track_caller]
+fn wait_finished(sb: &Sandbox, daemon: &Daemon, n: usize) {
+    eventually_or(
+        format_args!("{n} finished deployments"),
+        Duration::from_secs(20),
+        || (finished_deployments(sb) >= n).then_some(()),
+        || daemon.log(),
+    );
+}
+
+#[test]
+fn a_restart_that_changes_nothing_sends_nothing() {
+    let sb = Sandbox::template();
+    let json = Receiver::start();
+    let args = sb.host_config(&format!("notify:\n  - url: \"{}\"\n", json.url));
+    let mut daemon = start(&sb, &args, &[]);
+    let got = json.wait_until(&daemon, |g| g.len() >= 2);
+    assert_eq!(events_of(&got, "deployment.succeeded").len(), 2);
+    wait_finished(&sb, &daemon, 2);
+    let (code, _) = daemon.terminate();
+    assert_eq!(code, Some(0), "{}", daemon.log());
+
+    // The restart looks at the same commit again and records what it found: nothing to do.
+    let daemon = start(&sb, &args, &[]);
+    wait_finished(&sb, &daemon, 4);
+    assert_eq!(
+        sb.column(
+            "SELECT created + updated + deleted FROM deployment WHERE kind = 'commit' \
+             ORDER BY id DESC LIMIT 2"
+        ),
+        ["0", "0"],
+        "the restart's deployments changed nothing"
+    );
+    settle();
+    let got = json.got();
+    assert_eq!(got.len(), 2, "nothing sent for the restart: {got:#?}");
+}
+
+#[test]
+fn a_broken_environment_says_failed_once_and_recovered_when_fixed() {
+    let sb = Sandbox::new();
+    let script = sb.root.join("failing-driver");
+    std::fs::write(&script, FAILING_DRIVER).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    sb.write("environments/test.yaml", "type: test\n");
+    let platform = |db_driver: &str| {
+        definitions(&[
+            Definition::new("base-env", "humanitec/echo").value("zone: test"),
+            Definition::new("workload", "humanitec/echo").value("namespace: app"),
+            Definition::new("postgres", db_driver)
+                .value("size: small")
+                .secret(&format!("password: {DRIVER_SECRET}")),
+        ])
+    };
+    sb.write("definitions/platform.yaml", &platform("test/failing"));
+    sb.write(
+        "workloads/app/web.yaml",
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: web\ncontainers:\n  main:\n    image: x\n\
+         resources:\n  db:\n    type: postgres\n",
+    );
+    let broken = sb.commit("A database the driver refuses");
+    let json = Receiver::start();
+    let args = sb.host_config(&format!(
+        "drivers:\n  test/failing:\n    exec: {{command: [\"{}\"], timeout: 10s}}\n\
+         retry:\n  deployments: {{interval: 200ms, max_interval: 1s}}\n\
+         notify:\n  - url: \"{}\"\n",
+        script.display(),
+        json.url
+    ));
+    let daemon = start(&sb, &args, &[]);
+    let got = json.wait_until(&daemon, |g| !g.is_empty());
+    assert_eq!(got[0].body["event"], "deployment.failed", "{}", got[0].body);
+    assert_eq!(got[0].body["commit"], broken.as_str());
+
+    // Another commit that fails the same way: the environment is still broken, nothing new.
+    sb.edit("workloads/app/web.yaml", "image: x", "image: y");
+    let still = sb.commit("Another image, the same broken database");
+    wait_deployed(&sb, &still, &["test"], Duration::from_secs(20));
+    let failures = sb.column("SELECT id FROM deployment WHERE status = 'failed'");
+    assert!(failures.len() >= 2, "{failures:?}\n{}", daemon.log());
+    settle();
+    let got = json.got();
+    assert_eq!(
+        got.len(),
+        1,
+        "one `failed` for the broken environment, not one per failing deployment: {:#?}",
+        got.iter().map(|g| g.body.clone()).collect::<Vec<_>>()
+    );
+
+    // The fix: the next deployment that succeeds says the environment recovered.
+    sb.write("definitions/platform.yaml", &platform("humanitec/echo"));
+    let fixed = sb.commit("A driver that works");
+    let got = json.wait_until(&daemon, |g| g.len() >= 2);
+    let b = &got[1].body;
+    assert_eq!(b["event"], "deployment.recovered", "{b}");
+    assert_eq!(b["status"], "succeeded", "{b}");
+    assert_eq!(b["commit"], fixed.as_str(), "{b}");
+    settle();
+    assert_eq!(json.got().len(), 2, "{:#?}", json.got().iter().map(|g| g.body.clone()).collect::<Vec<_>>());
+}

@@ -120,7 +120,11 @@ mod tests {
         ] {
             event.previous = previous.clone();
             event.counts.updated = updated;
-            assert_eq!(event.kinds(), kinds, "after {previous:?}, {updated} updated");
+            assert_eq!(
+                event.kinds(),
+                kinds,
+                "after {previous:?}, {updated} updated"
+            );
         }
         // Held waits for someone, whatever came before.
         event.status = DeploymentStatus::Held;

@@ -545,5 +545,178 @@ fn a_broken_environment_says_failed_once_and_recovered_when_fixed() {
     assert_eq!(b["status"], "succeeded", "{b}");
     assert_eq!(b["commit"], fixed.as_str(), "{b}");
     settle();
-    assert_eq!(json.got().len(), 2, "{:#?}", json.got().iter().map(|g| g.body.clone()).collect::<Vec<_>>());
+    assert_eq!(
+        json.got().len(),
+        2,
+        "{:#?}",
+        json.got()
+            .iter()
+            .map(|g| g.body.clone())
+            .collect::<Vec<_>>()
+    );
+}
+
+/// `gitplane ARGS` with the host config's repository, state and `--config`.
+#[track_caller]
+fn cli(sb: &Sandbox, host: &[String], args: &[&str]) -> crate::util::Run {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(host.iter().map(String::as_str));
+    sb.gitplane_raw(&all, &[])
+}
+
+#[test]
+fn rollback_approve_and_unpin_from_the_cli_are_announced_with_their_actor() {
+    let sb = Sandbox::template();
+    let json = Receiver::start();
+    let slack = Receiver::start();
+    let host = sb.host_config(&format!(
+        "notify:\n  - url: \"{}\"\n  - url: \"{}\"\n    format: slack\n    events: [rollback]\n",
+        json.url, slack.url
+    ));
+    let v1 = sb.head();
+    cli(&sb, &host, &["apply"]).ok();
+    sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
+    sb.commit("Move redis");
+    cli(&sb, &host, &["apply"]).ok();
+    assert!(
+        json.got().is_empty(),
+        "a CLI apply is no rollback: {:#?}",
+        json.got().len()
+    );
+
+    cli(
+        &sb,
+        &host,
+        &[
+            "rollback",
+            "--env",
+            "development",
+            "--to",
+            &v1,
+            "--reason",
+            "redis moved too early",
+            "--by",
+            "alice",
+        ],
+    )
+    .ok();
+    let got = json.got();
+    assert_eq!(got.len(), 1, "sent before the command returned: {got:#?}");
+    let b = &got[0].body;
+    assert_eq!(b["event"], "env.rollback", "{b}");
+    assert_eq!(b["env"], "development", "{b}");
+    assert_eq!(b["actor"], "alice", "{b}");
+    assert_eq!(b["commit"], v1.as_str(), "{b}");
+    assert_eq!(b["reason"], "redis moved too early", "{b}");
+    assert_eq!(
+        b["deployment"].as_i64().map(|d| d.to_string()),
+        Some(sb.last_deployment("development").id.to_string()),
+        "the rollback's deployment: {b}"
+    );
+    let text = slack.got()[0].body["text"].as_str().unwrap().to_owned();
+    assert!(
+        text.contains("*development* rolled back to") && text.contains("alice"),
+        "{text}"
+    );
+
+    cli(
+        &sb,
+        &host,
+        &["unpin", "--env", "development", "--no-apply", "--by", "bob"],
+    )
+    .ok();
+    let got = json.got();
+    assert_eq!(got.len(), 2, "{got:#?}");
+    let b = &got[1].body;
+    assert_eq!(b["event"], "env.unpinned", "{b}");
+    assert_eq!(b["actor"], "bob", "{b}");
+    assert_eq!(b["commit"], v1.as_str(), "the commit it was pinned at: {b}");
+
+    sb.remove("workloads/shop");
+    sb.commit("Retire the shop");
+    cli(&sb, &host, &["apply", "--env", "production"]).fails();
+    let held = sb.last_deployment("production");
+    assert_eq!(held.status, "held");
+    cli(
+        &sb,
+        &host,
+        &["approve", "--yes", &held.id.to_string(), "--by", "carol"],
+    )
+    .ok();
+    let got = json.got();
+    assert_eq!(got.len(), 3, "{got:#?}");
+    let b = &got[2].body;
+    assert_eq!(b["event"], "deployment.approved", "{b}");
+    assert_eq!(b["env"], "production", "{b}");
+    assert_eq!(b["actor"], "carol", "{b}");
+    assert_eq!(b["deployment"], held.id, "{b}");
+    assert_eq!(
+        slack.got().len(),
+        1,
+        "events: [rollback] hears only rollbacks"
+    );
+}
+
+/// A target that refuses, and one that never answers: the command still does what it was
+/// asked, in bounded time, says so on stderr, and exits 0.
+#[test]
+fn a_target_that_fails_or_hangs_does_not_fail_the_command() {
+    let sb = Sandbox::template();
+    let refusing = Receiver::answering(&[], Some(404));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    let host = sb.host_config(&format!(
+        "notify:\n  - url: \"{}\"\n  - url: \"http://127.0.0.1:{port}/{URL_SECRET}\"\n    timeout: 60s\n",
+        refusing.url
+    ));
+    let v1 = sb.head();
+    cli(&sb, &host, &["apply"]).ok();
+    sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
+    sb.commit("Move redis");
+    cli(&sb, &host, &["apply"]).ok();
+    let started = Instant::now();
+    let run = cli(
+        &sb,
+        &host,
+        &[
+            "rollback",
+            "--env",
+            "development",
+            "--to",
+            &v1,
+            "--reason",
+            "r",
+            "--by",
+            "alice",
+        ],
+    )
+    .ok();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "the hung target held the command up: {took:?}"
+    );
+    run.stderr_has(
+        "warning: notification notify[0]: env.rollback not sent: the target answered 404",
+    );
+    run.stderr_has("warning: notification notify[1]: env.rollback not sent: no answer within 5s");
+    assert!(!run.stderr.contains(URL_SECRET), "{run}");
+    assert_eq!(
+        sb.column(
+            "SELECT commit_id FROM env_pin WHERE env = 'development' AND unpinned_at IS NULL"
+        ),
+        [v1.as_str()],
+        "the rollback is done whatever the targets said"
+    );
+    assert_eq!(
+        refusing.got().len(),
+        1,
+        "one POST, no retries from a command"
+    );
 }

@@ -530,7 +530,9 @@ impl Daemon {
     }
 
     /// SIGHUP: re-reads the host config; drivers, accounts, limits and retries take effect for
-    /// the next reconcile. The repository and state paths need a restart.
+    /// the next reconcile. The repository and state paths need a restart. The current commit is
+    /// deployed again only when what a deployment does changed ([`deploys_differently`]): a
+    /// reload that changed a limit, a token or the notification targets starts no deployment.
     fn reload(&mut self) {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Reloading]);
         match HostConfig::load(self.options.config_path.as_deref()) {
@@ -552,11 +554,20 @@ impl Daemon {
                 if let Some(served) = &self.served {
                     self.reload_listener(served, &host);
                 }
+                let redeploy = deploys_differently(&self.options.host, &host);
                 self.options.host = host;
-                // The current commit is looked at again with the new drivers: one rejected
-                // for a driver that is now registered goes through.
-                self.last_commit = None;
-                info!("host config reloaded");
+                if redeploy {
+                    // The current commit is looked at again with the new drivers: one rejected
+                    // for a driver that is now registered goes through.
+                    self.last_commit = None;
+                    info!(
+                        "host config reloaded: drivers, accounts or secret stores changed; the current commit is deployed again"
+                    );
+                } else {
+                    info!(
+                        "host config reloaded: no driver, account or secret store changed; no deployment started"
+                    );
+                }
             }
             Err(errors) => {
                 for e in errors {
@@ -1851,6 +1862,18 @@ enum Loaded {
     Rejected(deploy::Rejected),
     /// It builds, but a secret store cannot give its secrets now.
     Waiting(deploy::Rejected),
+}
+
+/// Whether a deployment under `new` may do something else than under `old`: the drivers,
+/// their accounts, the secret stores or Terraform's settings differ. The rest (limits, retries,
+/// history, the listener, the notification targets) applies to what runs next, with nothing to
+/// deploy again for it.
+fn deploys_differently(old: &HostConfig, new: &HostConfig) -> bool {
+    old.drivers != new.drivers
+        || old.accounts != new.accounts
+        || old.secret_stores != new.secret_stores
+        || old.primary_secret_store != new.primary_secret_store
+        || old.terraform != new.terraform
 }
 
 /// What a host config gives the daemon; replaced whole on SIGHUP.

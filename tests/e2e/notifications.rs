@@ -720,3 +720,80 @@ fn a_target_that_fails_or_hangs_does_not_fail_the_command() {
         "one POST, no retries from a command"
     );
 }
+
+/// SIGHUP applies the new settings; it deploys again only when what a deployment does changed.
+#[test]
+fn sighup_deploys_again_only_when_a_driver_changed() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    write_http_platform(&sb);
+    let commit = sb.commit("A platform on the HTTP driver");
+    let json = Receiver::start();
+    let host = |concurrency: u32, timeout: &str| {
+        format!(
+            "concurrency: {concurrency}\n{}notify:\n  - url: \"{}\"\n",
+            http_driver_config(&server.url, &format!("timeout: {timeout}")),
+            json.url
+        )
+    };
+    let args = sb.host_config(&host(4, "10s"));
+    let daemon = start(&sb, &args, &[]);
+    wait_deployed(&sb, &commit, &["test"], Duration::from_secs(20));
+    json.wait_until(&daemon, |g| !g.is_empty());
+    let rows = || {
+        sb.column("SELECT id FROM deployment WHERE env = 'test'")
+            .len()
+    };
+    assert_eq!(rows(), 1);
+    let hup = || {
+        let status = std::process::Command::new("kill")
+            .args(["-HUP", &daemon.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+
+    // A limit changed: applied, nothing deployed.
+    sb.host_config(&host(2, "10s"));
+    hup();
+    daemon.wait_for_log("host config reloaded", Duration::from_secs(10));
+    // Not a wait for an event: time passes to show that no deployment starts.
+    settle();
+    assert_eq!(
+        rows(),
+        1,
+        "no deployment for a reload that changed no driver:\n{}",
+        daemon.log()
+    );
+
+    // The driver changed: the current commit is deployed again with it.
+    sb.host_config(&host(2, "20s"));
+    hup();
+    daemon.wait_for_log(
+        "the current commit is deployed again",
+        Duration::from_secs(10),
+    );
+    eventually_or(
+        "a deployment after the driver changed",
+        Duration::from_secs(20),
+        || {
+            (sb.column("SELECT id FROM deployment WHERE env = 'test' AND status = 'succeeded'")
+                .len()
+                == 2)
+                .then_some(())
+        },
+        || daemon.log(),
+    );
+    assert_eq!(
+        sb.column("SELECT commit_id FROM deployment WHERE env = 'test' ORDER BY id DESC LIMIT 1"),
+        [commit.as_str()]
+    );
+    settle();
+    let got = json.got();
+    assert_eq!(
+        got.len(),
+        1,
+        "only the first deployment changed something: {:#?}",
+        got.iter().map(|g| g.body.clone()).collect::<Vec<_>>()
+    );
+}

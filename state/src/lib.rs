@@ -2026,6 +2026,50 @@ pub(crate) mod tests {
             assert!(d.finished_at.is_some());
         });
     }
+
+    #[test]
+    fn the_condition_before_is_the_previous_finished_deployment_of_a_commit() {
+        crate::tests::each_backend(|store| {
+            let first = store.begin_deployment("development", "c1").unwrap();
+            assert_eq!(store.condition_before("development", first).unwrap(), None);
+            store
+                .finish_deployment(first, DeploymentStatus::Succeeded, &Counts::default(), None)
+                .unwrap();
+            let broken = store
+                .failed_deployment("development", Some("c2"), "quota exceeded")
+                .unwrap();
+            assert_eq!(
+                store.condition_before("development", broken).unwrap(),
+                Some((DeploymentStatus::Succeeded, None))
+            );
+            // Held, running, drift runs and other environments are not the condition.
+            store
+                .held_deployment("development", "c3", &["g1".to_owned()], "guard", 0.5)
+                .unwrap();
+            store.begin_deployment("production", "c3").unwrap();
+            let drift = store.begin_deployment("development", "c1").unwrap();
+            store
+                .conn
+                .execute(
+                    "UPDATE deployment SET kind = 'drift' WHERE id = ?1",
+                    params![drift],
+                )
+                .unwrap();
+            store
+                .finish_deployment(drift, DeploymentStatus::Succeeded, &Counts::default(), None)
+                .unwrap();
+            let next = store.begin_deployment("development", "c4").unwrap();
+            assert_eq!(
+                store.condition_before("development", next).unwrap(),
+                Some((DeploymentStatus::Failed, Some("quota exceeded".to_owned())))
+            );
+            assert_eq!(
+                store.condition_before("development", first).unwrap(),
+                None,
+                "only deployments before the one asked about"
+            );
+        });
+    }
 }
 
 #[cfg(test)]

@@ -530,7 +530,9 @@ impl Daemon {
     }
 
     /// SIGHUP: re-reads the host config; drivers, accounts, limits and retries take effect for
-    /// the next reconcile. The repository and state paths need a restart.
+    /// the next reconcile. The repository and state paths need a restart. The current commit is
+    /// deployed again only when what a deployment does changed ([`deploys_differently`]): a
+    /// reload that changed a limit, a token or the notification targets starts no deployment.
     fn reload(&mut self) {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Reloading]);
         match HostConfig::load(self.options.config_path.as_deref()) {
@@ -552,11 +554,20 @@ impl Daemon {
                 if let Some(served) = &self.served {
                     self.reload_listener(served, &host);
                 }
+                let redeploy = deploys_differently(&self.options.host, &host);
                 self.options.host = host;
-                // The current commit is looked at again with the new drivers: one rejected
-                // for a driver that is now registered goes through.
-                self.last_commit = None;
-                info!("host config reloaded");
+                if redeploy {
+                    // The current commit is looked at again with the new drivers: one rejected
+                    // for a driver that is now registered goes through.
+                    self.last_commit = None;
+                    info!(
+                        "host config reloaded: drivers, accounts or secret stores changed; the current commit is deployed again"
+                    );
+                } else {
+                    info!(
+                        "host config reloaded: no driver, account or secret store changed; no deployment started"
+                    );
+                }
             }
             Err(errors) => {
                 for e in errors {
@@ -599,12 +610,16 @@ impl Daemon {
             let info = commit_info(&repo, &commit);
             for env in &rejected.envs {
                 match store.failed_deployment(env, Some(&commit), &errors) {
-                    Ok(deployment) => events.finished(DeploymentEvent::not_built(
-                        (env, deployment),
-                        &commit,
-                        info.clone(),
-                        rejected.errors.clone(),
-                    )),
+                    Ok(deployment) => {
+                        let mut event = DeploymentEvent::not_built(
+                            (env, deployment),
+                            &commit,
+                            info.clone(),
+                            rejected.errors.clone(),
+                        );
+                        event.previous = previous_condition(store, env, deployment);
+                        events.finished(event);
+                    }
                     Err(e) => {
                         error!(error = %e, "cannot record the rejected commit");
                         return;
@@ -1434,12 +1449,14 @@ fn built(
     warn!(env, commit = %job.commit, "the commit does not build now: {errors}");
     match store.failed_deployment(env, Some(&job.commit), &rejected.errors.join("\n")) {
         Ok(deployment) => {
-            shared.events.finished(DeploymentEvent::not_built(
+            let mut event = DeploymentEvent::not_built(
                 (env, deployment),
                 &job.commit,
                 commit_info(&shared.repo, &job.commit),
                 rejected.errors,
-            ));
+            );
+            event.previous = previous_condition(store, env, deployment);
+            shared.events.finished(event);
             Err(Ended::Done)
         }
         Err(e) => {
@@ -1518,6 +1535,7 @@ fn ran(
         duration_seconds: took.as_secs_f64(),
         failures: r.failures.clone(),
         drifted,
+        previous: previous_condition(store, env, r.deployment),
     });
     let c = r.counts;
     match r.status {
@@ -1623,7 +1641,23 @@ fn detected(env: &str, job: &Job, shared: &Shared, r: &crate::drift::DetectRepor
         duration_seconds: took.as_secs_f64(),
         failures: r.failures.clone(),
         drifted,
+        previous: None,
     });
+}
+
+/// The condition `env` was in before `deployment` (see [`DeploymentEvent::previous`]). A state
+/// that cannot tell is logged and taken as none: the deployment is announced rather than lost.
+fn previous_condition(
+    store: &Store,
+    env: &str,
+    deployment: i64,
+) -> Option<(DeploymentStatus, Option<String>)> {
+    store
+        .condition_before(env, deployment)
+        .unwrap_or_else(|e| {
+            warn!(env, error = %e, "cannot read the previous deployment: the notification is sent as if there were none");
+            None
+        })
 }
 
 fn lease_ttl(host: &HostConfig) -> Duration {
@@ -1828,6 +1862,18 @@ enum Loaded {
     Rejected(deploy::Rejected),
     /// It builds, but a secret store cannot give its secrets now.
     Waiting(deploy::Rejected),
+}
+
+/// Whether a deployment under `new` may do something else than under `old`: the drivers,
+/// their accounts, the secret stores or Terraform's settings differ. The rest (limits, retries,
+/// history, the listener, the notification targets) applies to what runs next, with nothing to
+/// deploy again for it.
+fn deploys_differently(old: &HostConfig, new: &HostConfig) -> bool {
+    old.drivers != new.drivers
+        || old.accounts != new.accounts
+        || old.secret_stores != new.secret_stores
+        || old.primary_secret_store != new.primary_secret_store
+        || old.terraform != new.terraform
 }
 
 /// What a host config gives the daemon; replaced whole on SIGHUP.

@@ -81,6 +81,7 @@ mod tests {
         let mut event = DeploymentEvent::not_built(("dev", 1), "abc", None, vec!["x".into()]);
         assert_eq!(event.kinds(), [NotifyEvent::Failed]);
         event.status = DeploymentStatus::Succeeded;
+        event.counts.updated = 1;
         assert_eq!(event.kinds(), [NotifyEvent::Succeeded]);
         event.kind = "drift";
         assert_eq!(event.kinds(), []);
@@ -90,5 +91,44 @@ mod tests {
         assert_eq!(event.kinds(), [NotifyEvent::Failed, NotifyEvent::Drift]);
         event.status = DeploymentStatus::Held;
         assert_eq!(event.kinds(), [NotifyEvent::Held, NotifyEvent::Drift]);
+    }
+
+    #[test]
+    fn only_a_change_of_condition_is_news() {
+        let failed = |error: &str| Some((DeploymentStatus::Failed, Some(error.to_owned())));
+        let ok = Some((DeploymentStatus::Succeeded, None));
+        let mut event = DeploymentEvent::not_built(("dev", 2), "abc", None, vec!["x".into()]);
+        // A failure: news the first time, not again with the same error, news with another.
+        for (previous, kinds) in [
+            (None, vec![NotifyEvent::Failed]),
+            (ok.clone(), vec![NotifyEvent::Failed]),
+            (failed("x"), vec![]),
+            (failed("y"), vec![NotifyEvent::Failed]),
+        ] {
+            event.previous = previous.clone();
+            assert_eq!(event.kinds(), kinds, "after {previous:?}");
+        }
+        // A success: news when it changed something, or ends a failure.
+        event.status = DeploymentStatus::Succeeded;
+        event.failures.clear();
+        for (previous, updated, kinds) in [
+            (None, 0, vec![]),
+            (ok.clone(), 0, vec![]),
+            (ok.clone(), 1, vec![NotifyEvent::Succeeded]),
+            (failed("x"), 0, vec![NotifyEvent::Recovered]),
+            (failed("x"), 1, vec![NotifyEvent::Recovered]),
+        ] {
+            event.previous = previous.clone();
+            event.counts.updated = updated;
+            assert_eq!(
+                event.kinds(),
+                kinds,
+                "after {previous:?}, {updated} updated"
+            );
+        }
+        // Held waits for someone, whatever came before.
+        event.status = DeploymentStatus::Held;
+        event.previous = ok;
+        assert_eq!(event.kinds(), [NotifyEvent::Held]);
     }
 }

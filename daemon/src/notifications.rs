@@ -44,6 +44,10 @@ pub struct DeploymentEvent {
     pub failures: Vec<String>,
     /// For a drift run: the resources whose outputs had changed outside gitplane.
     pub drifted: Vec<String>,
+    /// The environment's condition before: the status of its previous deployment of a commit
+    /// that finished applying, with that deployment's error; `None` before any. It decides
+    /// which deployments are news ([`DeploymentEvent::kinds`]).
+    pub previous: Option<(DeploymentStatus, Option<String>)>,
 }
 
 impl DeploymentEvent {
@@ -66,17 +70,41 @@ impl DeploymentEvent {
             duration_seconds: 0.0,
             failures: errors,
             drifted: Vec::new(),
+            previous: None,
         }
     }
 
-    /// Which notifications it is: one for its status, and `drift` when a drift run found some.
-    /// A drift run that succeeded is not announced as a deployment: it runs every few minutes,
-    /// and only what it found is news.
+    /// Which notifications it is: one per change of the environment's condition, and `drift`
+    /// when a drift run found some.
+    ///
+    /// - a success after a failure is `recovered`, whatever it changed;
+    /// - a success that created, updated and deleted nothing (a restart, a reload, a commit
+    ///   that touched nothing here) is not news; one that changed something is `succeeded`;
+    /// - a failure after a failure with the same error (a retry, the next commit failing the
+    ///   same way) is not news; a first failure, or one with a different error, is `failed`;
+    /// - a held deployment is always `held`: it waits for someone.
+    ///
+    /// A drift run is not a deployment of a commit: it never counts as the condition before,
+    /// one that succeeded is not announced (it runs every few minutes, and only what it found
+    /// is news), and one that failed is.
     pub fn kinds(&self) -> Vec<NotifyEvent> {
         let mut kinds = Vec::new();
+        let previous_failure = match &self.previous {
+            Some((DeploymentStatus::Failed, error)) => Some(error.as_deref().unwrap_or_default()),
+            _ => None,
+        };
+        let c = &self.counts;
+        let changed = c.created + c.updated + c.deleted > 0;
         match self.status {
             DeploymentStatus::Succeeded if self.kind == "drift" => {}
-            DeploymentStatus::Succeeded => kinds.push(NotifyEvent::Succeeded),
+            DeploymentStatus::Succeeded if previous_failure.is_some() => {
+                kinds.push(NotifyEvent::Recovered)
+            }
+            DeploymentStatus::Succeeded if changed => kinds.push(NotifyEvent::Succeeded),
+            DeploymentStatus::Succeeded => {}
+            DeploymentStatus::Failed
+                if self.kind != "drift"
+                    && previous_failure == Some(self.failures.join("\n").as_str()) => {}
             DeploymentStatus::Failed => kinds.push(NotifyEvent::Failed),
             DeploymentStatus::Held => kinds.push(NotifyEvent::Held),
             DeploymentStatus::Running | DeploymentStatus::Superseded => {}
@@ -429,6 +457,140 @@ fn backoff(base: Duration, attempt: u32) -> Duration {
     base.saturating_mul(factor).min(MAX_BACKOFF)
 }
 
+/// Something a person did with the CLI that changes what an environment runs: a rollback, an
+/// approval, a pin or an unpin.
+#[derive(Debug, Clone)]
+pub struct CliEvent {
+    /// [`NotifyEvent::Rollback`], [`NotifyEvent::Approved`], [`NotifyEvent::Pinned`] or
+    /// [`NotifyEvent::Unpinned`].
+    pub event: NotifyEvent,
+    pub env: String,
+    /// Who did it (`--by`, else the user the command ran as) and on which host.
+    pub actor: String,
+    pub host: String,
+    /// The commit the environment is pinned at, rolled back to, or approved.
+    pub commit: Option<String>,
+    /// The deployment approved, or the one the command's apply recorded.
+    pub deployment: Option<i64>,
+    /// The reason given (`--reason`), or what the command did.
+    pub reason: Option<String>,
+}
+
+/// The longest the CLI waits for its notifications, every target together: a target that is
+/// down must not hold up the command.
+pub const CLI_WAIT: Duration = Duration::from_secs(5);
+
+/// Sends `event` to each of `targets` that wants it, in parallel, one `POST` each (a command
+/// does not wait through retries), waiting at most [`CLI_WAIT`] in all. Returns a line for
+/// each target the event did not reach, naming the target (`notify[0]`), never its URL.
+pub fn notify_cli(targets: &[NotifyConfig], event: &CliEvent) -> Vec<String> {
+    let wanted: Vec<&NotifyConfig> = targets
+        .iter()
+        .filter(|t| t.events.contains(&event.event))
+        .collect();
+    let deadline = std::time::Instant::now() + CLI_WAIT;
+    let (done_tx, done) = std::sync::mpsc::channel::<(String, Outcome)>();
+    let mut waiting = BTreeSet::new();
+    let mut problems = Vec::new();
+    for config in wanted {
+        let body = match config.format {
+            NotifyFormat::Json => cli_json_body(event),
+            NotifyFormat::Slack => cli_slack_body(event),
+        };
+        let body = match serde_json::to_vec(&body) {
+            Ok(body) => body,
+            Err(e) => {
+                problems.push(format!(
+                    "{}: cannot encode the notification: {e}",
+                    config.name
+                ));
+                continue;
+            }
+        };
+        let mut config = config.clone();
+        config.timeout = config.timeout.min(CLI_WAIT);
+        let delivery = Delivery::new(config.clone(), BASE_BACKOFF);
+        let done_tx = done_tx.clone();
+        let name = config.name.clone();
+        // A thread still waiting at the deadline is left behind: the command exits without it.
+        let spawned = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                let _ = done_tx.send((config.name.clone(), delivery.post(&body)));
+            });
+        match spawned {
+            Ok(_) => {
+                waiting.insert(name);
+            }
+            Err(e) => problems.push(format!("{name}: cannot start sending: {e}")),
+        }
+    }
+    drop(done_tx);
+    while !waiting.is_empty() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok((name, outcome)) = done.recv_timeout(left) else {
+            break;
+        };
+        waiting.remove(&name);
+        match outcome {
+            Outcome::Delivered(_) => {}
+            Outcome::Retry(why) | Outcome::Final(why) => {
+                problems.push(format!("{name}: {} not sent: {why}", event.event.name()))
+            }
+        }
+    }
+    for name in waiting {
+        problems.push(format!(
+            "{name}: {} not sent: no answer within {}s",
+            event.event.name(),
+            CLI_WAIT.as_secs()
+        ));
+    }
+    problems
+}
+
+/// The JSON body of a [`CliEvent`]; docs/notifications.md describes every field.
+fn cli_json_body(event: &CliEvent) -> Value {
+    json!({
+        "event": event.event.name(),
+        "env": event.env,
+        "actor": truncate(&event.actor, MAX_ENTRY_CHARS),
+        "host": truncate(&event.host, MAX_ENTRY_CHARS),
+        "commit": event.commit,
+        "deployment": event.deployment,
+        "reason": event.reason.as_deref().map(|r| truncate(r, MAX_ENTRY_CHARS)),
+        "gitplane_version": env!("CARGO_PKG_VERSION"),
+    })
+}
+
+/// The Slack form of a [`CliEvent`].
+fn cli_slack_body(event: &CliEvent) -> Value {
+    let env = escape(&event.env);
+    let actor = escape(&truncate(&event.actor, 100));
+    let commit = event
+        .commit
+        .as_deref()
+        .map(|c| format!("`{}`", escape(&c.chars().take(12).collect::<String>())))
+        .unwrap_or_else(|| "its commit".to_owned());
+    let deployment = event
+        .deployment
+        .map(|d| format!("deployment {d}"))
+        .unwrap_or_else(|| "a held deployment".to_owned());
+    let mut text = match event.event {
+        NotifyEvent::Rollback => format!(":rewind: *{env}* rolled back to {commit} by {actor}"),
+        NotifyEvent::Approved => {
+            format!(":heavy_check_mark: {deployment} to *{env}* approved by {actor}")
+        }
+        NotifyEvent::Pinned => format!(":pushpin: *{env}* pinned at {commit} by {actor}"),
+        NotifyEvent::Unpinned => format!(":arrow_forward: *{env}* unpinned by {actor}"),
+        other => format!("*{env}*: {} by {actor}", other.name()),
+    };
+    if let Some(reason) = &event.reason {
+        text.push_str(&format!("\n> {}", escape(&truncate(reason, 300))));
+    }
+    json!({"text": truncate(&text, SLACK_MAX_CHARS)})
+}
+
 /// The body of `format: json`; docs/notifications.md describes every field.
 fn json_body(kind: NotifyEvent, event: &DeploymentEvent) -> Value {
     let info = event.commit_info.as_ref();
@@ -494,6 +656,9 @@ fn slack_body(kind: NotifyEvent, event: &DeploymentEvent) -> Value {
     let headline = match kind {
         NotifyEvent::Succeeded => format!(":white_check_mark: {what} to *{env}* succeeded"),
         NotifyEvent::Failed => format!(":x: {what} to *{env}* failed"),
+        NotifyEvent::Recovered => format!(
+            ":white_check_mark: {what} to *{env}* succeeded: *{env}* recovered from its failure"
+        ),
         NotifyEvent::Held => format!(
             ":warning: {what} to *{env}* is held by the deletion guard: approve it with \
              `gitplane approve {}`",
@@ -504,6 +669,11 @@ fn slack_body(kind: NotifyEvent, event: &DeploymentEvent) -> Value {
              ({what})",
             event.drifted.len()
         ),
+        // Sent by the CLI, never for a deployment's end.
+        NotifyEvent::Rollback
+        | NotifyEvent::Approved
+        | NotifyEvent::Pinned
+        | NotifyEvent::Unpinned => format!("{what} to *{env}*: {}", kind.name()),
     };
     let mut lines = vec![headline];
     if let Some(info) = &event.commit_info {
@@ -565,6 +735,7 @@ mod tests {
             duration_seconds: 1.23456,
             failures: vec!["modules.app.externals.db: quota exceeded".to_owned()],
             drifted: Vec::new(),
+            previous: None,
         }
     }
 

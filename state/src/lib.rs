@@ -1149,6 +1149,31 @@ impl Store {
         }
     }
 
+    /// The condition `env` was in before deployment `before`: the status of its newest
+    /// deployment of a commit before that one that finished applying (`succeeded` or
+    /// `failed`; held, superseded and running ones and drift runs say nothing about it), with
+    /// its error. `None` before any.
+    pub fn condition_before(
+        &self,
+        env: &str,
+        before: i64,
+    ) -> Result<Option<(DeploymentStatus, Option<String>)>> {
+        let found: Option<(String, Option<String>)> = self
+            .conn
+            .prepare_cached(
+                "SELECT status, error FROM deployment
+                 WHERE env = ?1 AND id < ?2 AND status IN ('succeeded', 'failed')
+                   AND kind = 'commit'
+                 ORDER BY id DESC LIMIT 1",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![env, before], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
+            .map_err(self.err())?;
+        Ok(found.and_then(|(status, error)| Some((DeploymentStatus::parse(&status)?, error))))
+    }
+
     /// Records that deployment `id` was attempt `attempt` at its commit (a retry by the daemon
     /// of one that did not finish).
     pub fn mark_attempt(&self, id: i64, attempt: i64) -> Result<()> {
@@ -1999,6 +2024,50 @@ pub(crate) mod tests {
             assert_eq!(d.status, DeploymentStatus::Succeeded);
             assert_eq!(d.counts.created, 1);
             assert!(d.finished_at.is_some());
+        });
+    }
+
+    #[test]
+    fn the_condition_before_is_the_previous_finished_deployment_of_a_commit() {
+        crate::tests::each_backend(|store| {
+            let first = store.begin_deployment("development", "c1").unwrap();
+            assert_eq!(store.condition_before("development", first).unwrap(), None);
+            store
+                .finish_deployment(first, DeploymentStatus::Succeeded, &Counts::default(), None)
+                .unwrap();
+            let broken = store
+                .failed_deployment("development", Some("c2"), "quota exceeded")
+                .unwrap();
+            assert_eq!(
+                store.condition_before("development", broken).unwrap(),
+                Some((DeploymentStatus::Succeeded, None))
+            );
+            // Held, running, drift runs and other environments are not the condition.
+            store
+                .held_deployment("development", "c3", &["g1".to_owned()], "guard", 0.5)
+                .unwrap();
+            store.begin_deployment("production", "c3").unwrap();
+            let drift = store.begin_deployment("development", "c1").unwrap();
+            store
+                .conn
+                .execute(
+                    "UPDATE deployment SET kind = 'drift' WHERE id = ?1",
+                    params![drift],
+                )
+                .unwrap();
+            store
+                .finish_deployment(drift, DeploymentStatus::Succeeded, &Counts::default(), None)
+                .unwrap();
+            let next = store.begin_deployment("development", "c4").unwrap();
+            assert_eq!(
+                store.condition_before("development", next).unwrap(),
+                Some((DeploymentStatus::Failed, Some("quota exceeded".to_owned())))
+            );
+            assert_eq!(
+                store.condition_before("development", first).unwrap(),
+                None,
+                "only deployments before the one asked about"
+            );
         });
     }
 }

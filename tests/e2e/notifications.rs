@@ -436,3 +436,364 @@ fn a_drift_run_that_changes_outputs_is_announced() {
     );
     assert!(events_of(&got, "deployment.succeeded").is_empty());
 }
+
+/// How many finished deployments of a commit the state has (every environment's).
+fn finished_deployments(sb: &Sandbox) -> usize {
+    sb.column("SELECT id FROM deployment WHERE kind = 'commit' AND status != 'running'")
+        .len()
+}
+
+/// Waits until the state has at least `n` finished deployments of a commit.
+#[track_caller]
+fn wait_finished(sb: &Sandbox, daemon: &Daemon, n: usize) {
+    eventually_or(
+        format_args!("{n} finished deployments"),
+        Duration::from_secs(20),
+        || (finished_deployments(sb) >= n).then_some(()),
+        || daemon.log(),
+    );
+}
+
+#[test]
+fn a_restart_that_changes_nothing_sends_nothing() {
+    let sb = Sandbox::template();
+    let json = Receiver::start();
+    let args = sb.host_config(&format!("notify:\n  - url: \"{}\"\n", json.url));
+    let mut daemon = start(&sb, &args, &[]);
+    let got = json.wait_until(&daemon, |g| g.len() >= 2);
+    assert_eq!(events_of(&got, "deployment.succeeded").len(), 2);
+    wait_finished(&sb, &daemon, 2);
+    let (code, _) = daemon.terminate();
+    assert_eq!(code, Some(0), "{}", daemon.log());
+
+    // The restart looks at the same commit again and records what it found: nothing to do.
+    let daemon = start(&sb, &args, &[]);
+    wait_finished(&sb, &daemon, 4);
+    assert_eq!(
+        sb.column(
+            "SELECT created + updated + deleted FROM deployment WHERE kind = 'commit' \
+             ORDER BY id DESC LIMIT 2"
+        ),
+        ["0", "0"],
+        "the restart's deployments changed nothing"
+    );
+    settle();
+    let got = json.got();
+    assert_eq!(got.len(), 2, "nothing sent for the restart: {got:#?}");
+}
+
+#[test]
+fn a_broken_environment_says_failed_once_and_recovered_when_fixed() {
+    let sb = Sandbox::new();
+    let script = sb.root.join("failing-driver");
+    std::fs::write(&script, FAILING_DRIVER).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    sb.write("environments/test.yaml", "type: test\n");
+    let platform = |db_driver: &str| {
+        definitions(&[
+            Definition::new("base-env", "humanitec/echo").value("zone: test"),
+            Definition::new("workload", "humanitec/echo").value("namespace: app"),
+            Definition::new("postgres", db_driver)
+                .value("size: small")
+                .secret(&format!("password: {DRIVER_SECRET}")),
+        ])
+    };
+    sb.write("definitions/platform.yaml", &platform("test/failing"));
+    sb.write(
+        "workloads/app/web.yaml",
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: web\ncontainers:\n  main:\n    image: x\n\
+         resources:\n  db:\n    type: postgres\n",
+    );
+    let broken = sb.commit("A database the driver refuses");
+    let json = Receiver::start();
+    let args = sb.host_config(&format!(
+        "drivers:\n  test/failing:\n    exec: {{command: [\"{}\"], timeout: 10s}}\n\
+         retry:\n  deployments: {{interval: 200ms, max_interval: 1s}}\n\
+         notify:\n  - url: \"{}\"\n",
+        script.display(),
+        json.url
+    ));
+    let daemon = start(&sb, &args, &[]);
+    let got = json.wait_until(&daemon, |g| !g.is_empty());
+    assert_eq!(got[0].body["event"], "deployment.failed", "{}", got[0].body);
+    assert_eq!(got[0].body["commit"], broken.as_str());
+
+    // Another commit that fails the same way: the environment is still broken, nothing new.
+    sb.edit("workloads/app/web.yaml", "image: x", "image: y");
+    let still = sb.commit("Another image, the same broken database");
+    wait_deployed(&sb, &still, &["test"], Duration::from_secs(20));
+    let failures = sb.column("SELECT id FROM deployment WHERE status = 'failed'");
+    assert!(failures.len() >= 2, "{failures:?}\n{}", daemon.log());
+    settle();
+    let got = json.got();
+    assert_eq!(
+        got.len(),
+        1,
+        "one `failed` for the broken environment, not one per failing deployment: {:#?}",
+        got.iter().map(|g| g.body.clone()).collect::<Vec<_>>()
+    );
+
+    // The fix: the next deployment that succeeds says the environment recovered.
+    sb.write("definitions/platform.yaml", &platform("humanitec/echo"));
+    let fixed = sb.commit("A driver that works");
+    let got = json.wait_until(&daemon, |g| g.len() >= 2);
+    let b = &got[1].body;
+    assert_eq!(b["event"], "deployment.recovered", "{b}");
+    assert_eq!(b["status"], "succeeded", "{b}");
+    assert_eq!(b["commit"], fixed.as_str(), "{b}");
+    settle();
+    assert_eq!(
+        json.got().len(),
+        2,
+        "{:#?}",
+        json.got()
+            .iter()
+            .map(|g| g.body.clone())
+            .collect::<Vec<_>>()
+    );
+}
+
+/// `gitplane ARGS` with the host config's repository, state and `--config`.
+#[track_caller]
+fn cli(sb: &Sandbox, host: &[String], args: &[&str]) -> crate::util::Run {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(host.iter().map(String::as_str));
+    sb.gitplane_raw(&all, &[])
+}
+
+#[test]
+fn rollback_approve_and_unpin_from_the_cli_are_announced_with_their_actor() {
+    let sb = Sandbox::template();
+    let json = Receiver::start();
+    let slack = Receiver::start();
+    let host = sb.host_config(&format!(
+        "notify:\n  - url: \"{}\"\n  - url: \"{}\"\n    format: slack\n    events: [rollback]\n",
+        json.url, slack.url
+    ));
+    let v1 = sb.head();
+    cli(&sb, &host, &["apply"]).ok();
+    sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
+    sb.commit("Move redis");
+    cli(&sb, &host, &["apply"]).ok();
+    assert!(
+        json.got().is_empty(),
+        "a CLI apply is no rollback: {:#?}",
+        json.got().len()
+    );
+
+    cli(
+        &sb,
+        &host,
+        &[
+            "rollback",
+            "--env",
+            "development",
+            "--to",
+            &v1,
+            "--reason",
+            "redis moved too early",
+            "--by",
+            "alice",
+        ],
+    )
+    .ok();
+    let got = json.got();
+    assert_eq!(got.len(), 1, "sent before the command returned: {got:#?}");
+    let b = &got[0].body;
+    assert_eq!(b["event"], "env.rollback", "{b}");
+    assert_eq!(b["env"], "development", "{b}");
+    assert_eq!(b["actor"], "alice", "{b}");
+    assert_eq!(b["commit"], v1.as_str(), "{b}");
+    assert_eq!(b["reason"], "redis moved too early", "{b}");
+    assert_eq!(
+        b["deployment"].as_i64().map(|d| d.to_string()),
+        Some(sb.last_deployment("development").id.to_string()),
+        "the rollback's deployment: {b}"
+    );
+    let text = slack.got()[0].body["text"].as_str().unwrap().to_owned();
+    assert!(
+        text.contains("*development* rolled back to") && text.contains("alice"),
+        "{text}"
+    );
+
+    cli(
+        &sb,
+        &host,
+        &["unpin", "--env", "development", "--no-apply", "--by", "bob"],
+    )
+    .ok();
+    let got = json.got();
+    assert_eq!(got.len(), 2, "{got:#?}");
+    let b = &got[1].body;
+    assert_eq!(b["event"], "env.unpinned", "{b}");
+    assert_eq!(b["actor"], "bob", "{b}");
+    assert_eq!(b["commit"], v1.as_str(), "the commit it was pinned at: {b}");
+
+    sb.remove("workloads/shop");
+    sb.commit("Retire the shop");
+    cli(&sb, &host, &["apply", "--env", "production"]).fails();
+    let held = sb.last_deployment("production");
+    assert_eq!(held.status, "held");
+    cli(
+        &sb,
+        &host,
+        &["approve", "--yes", &held.id.to_string(), "--by", "carol"],
+    )
+    .ok();
+    let got = json.got();
+    assert_eq!(got.len(), 3, "{got:#?}");
+    let b = &got[2].body;
+    assert_eq!(b["event"], "deployment.approved", "{b}");
+    assert_eq!(b["env"], "production", "{b}");
+    assert_eq!(b["actor"], "carol", "{b}");
+    assert_eq!(b["deployment"], held.id, "{b}");
+    assert_eq!(
+        slack.got().len(),
+        1,
+        "events: [rollback] hears only rollbacks"
+    );
+}
+
+/// A target that refuses, and one that never answers: the command still does what it was
+/// asked, in bounded time, says so on stderr, and exits 0.
+#[test]
+fn a_target_that_fails_or_hangs_does_not_fail_the_command() {
+    let sb = Sandbox::template();
+    let refusing = Receiver::answering(&[], Some(404));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    let host = sb.host_config(&format!(
+        "notify:\n  - url: \"{}\"\n  - url: \"http://127.0.0.1:{port}/{URL_SECRET}\"\n    timeout: 60s\n",
+        refusing.url
+    ));
+    let v1 = sb.head();
+    cli(&sb, &host, &["apply"]).ok();
+    sb.edit("definitions/redis.yaml", "port: 6379", "port: 6380");
+    sb.commit("Move redis");
+    cli(&sb, &host, &["apply"]).ok();
+    let started = Instant::now();
+    let run = cli(
+        &sb,
+        &host,
+        &[
+            "rollback",
+            "--env",
+            "development",
+            "--to",
+            &v1,
+            "--reason",
+            "r",
+            "--by",
+            "alice",
+        ],
+    )
+    .ok();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "the hung target held the command up: {took:?}"
+    );
+    run.stderr_has(
+        "warning: notification notify[0]: env.rollback not sent: the target answered 404",
+    );
+    run.stderr_has("warning: notification notify[1]: env.rollback not sent: no answer within 5s");
+    assert!(!run.stderr.contains(URL_SECRET), "{run}");
+    assert_eq!(
+        sb.column(
+            "SELECT commit_id FROM env_pin WHERE env = 'development' AND unpinned_at IS NULL"
+        ),
+        [v1.as_str()],
+        "the rollback is done whatever the targets said"
+    );
+    assert_eq!(
+        refusing.got().len(),
+        1,
+        "one POST, no retries from a command"
+    );
+}
+
+/// SIGHUP applies the new settings; it deploys again only when what a deployment does changed.
+#[test]
+fn sighup_deploys_again_only_when_a_driver_changed() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    write_http_platform(&sb);
+    let commit = sb.commit("A platform on the HTTP driver");
+    let json = Receiver::start();
+    let host = |concurrency: u32, timeout: &str| {
+        format!(
+            "concurrency: {concurrency}\n{}notify:\n  - url: \"{}\"\n",
+            http_driver_config(&server.url, &format!("timeout: {timeout}")),
+            json.url
+        )
+    };
+    let args = sb.host_config(&host(4, "10s"));
+    let daemon = start(&sb, &args, &[]);
+    wait_deployed(&sb, &commit, &["test"], Duration::from_secs(20));
+    json.wait_until(&daemon, |g| !g.is_empty());
+    let rows = || {
+        sb.column("SELECT id FROM deployment WHERE env = 'test'")
+            .len()
+    };
+    assert_eq!(rows(), 1);
+    let hup = || {
+        let status = std::process::Command::new("kill")
+            .args(["-HUP", &daemon.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+
+    // A limit changed: applied, nothing deployed.
+    sb.host_config(&host(2, "10s"));
+    hup();
+    daemon.wait_for_log("host config reloaded", Duration::from_secs(10));
+    // Not a wait for an event: time passes to show that no deployment starts.
+    settle();
+    assert_eq!(
+        rows(),
+        1,
+        "no deployment for a reload that changed no driver:\n{}",
+        daemon.log()
+    );
+
+    // The driver changed: the current commit is deployed again with it.
+    sb.host_config(&host(2, "20s"));
+    hup();
+    daemon.wait_for_log(
+        "the current commit is deployed again",
+        Duration::from_secs(10),
+    );
+    eventually_or(
+        "a deployment after the driver changed",
+        Duration::from_secs(20),
+        || {
+            (sb.column("SELECT id FROM deployment WHERE env = 'test' AND status = 'succeeded'")
+                .len()
+                == 2)
+                .then_some(())
+        },
+        || daemon.log(),
+    );
+    assert_eq!(
+        sb.column("SELECT commit_id FROM deployment WHERE env = 'test' ORDER BY id DESC LIMIT 1"),
+        [commit.as_str()]
+    );
+    settle();
+    let got = json.got();
+    assert_eq!(
+        got.len(),
+        1,
+        "only the first deployment changed something: {:#?}",
+        got.iter().map(|g| g.body.clone()).collect::<Vec<_>>()
+    );
+}

@@ -1644,6 +1644,17 @@ fn approve(
     let Some((env, commit)) = store.release_held(deployment)? else {
         return Err(CliError::NotHeld { deployment });
     };
+    workflow::announce(
+        ctx,
+        actor,
+        workflow::Announce {
+            event: crate::config::NotifyEvent::Approved,
+            env: &env,
+            commit: Some(&commit),
+            deployment: Some(deployment),
+            reason: Some(&format!("approved {} deletion(s)", deletions.len())),
+        },
+    );
     let held = Context {
         envs: vec![env],
         ..ctx.clone()

@@ -1,5 +1,5 @@
-//! `gitplane rollback` and `gitplane unpin`, and the pin, preview and action lines of `status`
-//! and `history`.
+//! `gitplane rollback` and `gitplane unpin`, the notifications of commands that change what an
+//! environment runs, and the pin, preview and action lines of `status` and `history`.
 
 use std::io::Write;
 
@@ -12,8 +12,41 @@ use super::{
     Attribution, CliError, CommandResult, Commit, Context, apply_targets, existing_store,
     report_rejected, targets,
 };
+use crate::config::NotifyEvent;
 use crate::deploy::Reach;
+use crate::notifications::{CliEvent, notify_cli};
 use crate::reconcile::ApplyOptions;
+
+/// What a command did, for [`announce`].
+pub(super) struct Announce<'a> {
+    /// `Rollback`, `Approved`, `Pinned` or `Unpinned`.
+    pub event: NotifyEvent,
+    pub env: &'a str,
+    pub commit: Option<&'a str>,
+    pub deployment: Option<i64>,
+    pub reason: Option<&'a str>,
+}
+
+/// Tells the host config's `notify:` targets what `actor` did. Bounded in time
+/// ([`crate::notifications::CLI_WAIT`]); a target it does not reach is a warning on stderr,
+/// never the command's failure: what the command did is done and recorded either way.
+pub(super) fn announce(ctx: &Context, actor: &Actor, what: Announce<'_>) {
+    if ctx.host.notify.is_empty() {
+        return;
+    }
+    let event = CliEvent {
+        event: what.event,
+        env: what.env.to_owned(),
+        actor: actor.name.clone(),
+        host: actor.host.clone(),
+        commit: what.commit.map(str::to_owned),
+        deployment: what.deployment,
+        reason: what.reason.map(str::to_owned),
+    };
+    for problem in notify_cli(&ctx.host.notify, &event) {
+        eprintln!("warning: notification {problem}");
+    }
+}
 
 /// The one environment a command works on (`--env`).
 fn one_env(ctx: &Context, command: &str) -> Result<String, CliError> {
@@ -103,11 +136,12 @@ pub(super) fn rollback(
         &attribution,
         stdout,
     )?;
-    if let Some(d) = store
+    let deployment = store
         .latest_deployment(&env)?
         .filter(|d| Some(d.id) != before)
-    {
-        store.set_pin_deployment(&env, d.id)?;
+        .map(|d| d.id);
+    if let Some(d) = deployment {
+        store.set_pin_deployment(&env, d)?;
     }
     let forced = forced.map(|f| format!(" ({f})")).unwrap_or_default();
     writeln!(
@@ -116,6 +150,18 @@ pub(super) fn rollback(
          applied, until `gitplane unpin --env {env}`.",
         short(commit.id())
     )?;
+    stdout.flush()?;
+    announce(
+        ctx,
+        actor,
+        Announce {
+            event: NotifyEvent::Rollback,
+            env: &env,
+            commit: Some(commit.id()),
+            deployment,
+            reason: Some(reason),
+        },
+    );
     Ok(outcome)
 }
 
@@ -227,6 +273,18 @@ pub(super) fn unpin(
         short(&pin.commit_id),
         pin.reason,
         pin.pinned_by
+    );
+    stdout.flush()?;
+    announce(
+        ctx,
+        actor,
+        Announce {
+            event: NotifyEvent::Unpinned,
+            env: &env,
+            commit: Some(&pin.commit_id),
+            deployment: None,
+            reason: Some(&released),
+        },
     );
     let Some(commit) = commit else {
         actor.record(&store, "unpin", Some(&env), None, &released)?;

@@ -136,14 +136,29 @@ pub enum NotifyEvent {
     Held,
     /// A drift run found resources changed outside gitplane.
     Drift,
+    /// A deployment succeeded after the environment's previous one failed.
+    Recovered,
+    /// `gitplane rollback` put an environment back at an earlier commit.
+    Rollback,
+    /// `gitplane approve` let a held deployment through.
+    Approved,
+    /// `gitplane pin` froze an environment at what it runs.
+    Pinned,
+    /// `gitplane unpin` released an environment.
+    Unpinned,
 }
 
 impl NotifyEvent {
-    pub const ALL: [NotifyEvent; 4] = [
+    pub const ALL: [NotifyEvent; 9] = [
         NotifyEvent::Succeeded,
         NotifyEvent::Failed,
         NotifyEvent::Held,
         NotifyEvent::Drift,
+        NotifyEvent::Recovered,
+        NotifyEvent::Rollback,
+        NotifyEvent::Approved,
+        NotifyEvent::Pinned,
+        NotifyEvent::Unpinned,
     ];
 
     /// The event's name in the JSON body: `deployment.succeeded`, `drift.found`...
@@ -153,6 +168,11 @@ impl NotifyEvent {
             NotifyEvent::Failed => "deployment.failed",
             NotifyEvent::Held => "deployment.held",
             NotifyEvent::Drift => "drift.found",
+            NotifyEvent::Recovered => "deployment.recovered",
+            NotifyEvent::Rollback => "env.rollback",
+            NotifyEvent::Approved => "deployment.approved",
+            NotifyEvent::Pinned => "env.pinned",
+            NotifyEvent::Unpinned => "env.unpinned",
         }
     }
 }
@@ -497,7 +517,7 @@ pub(super) fn notify(raw: Vec<NotifyFile>, problems: &mut Vec<Problem>) -> Vec<N
                     "events:".to_owned(),
                     format!(
                         "{name}: events is empty: list some of succeeded, failed, held, drift, \
-                         or leave it out for all"
+                         recovered, rollback, approved, pinned, unpinned, or leave it out for all"
                     ),
                 ));
                 continue;
@@ -664,7 +684,7 @@ mod tests {
             "notify:\n  - url: http://x\n    format: slack\n",
         )
         .unwrap();
-        assert_eq!(config.notify[0].events.len(), 4);
+        assert_eq!(config.notify[0].events.len(), super::NotifyEvent::ALL.len());
         assert_eq!(config.notify[0].format, super::NotifyFormat::Slack);
     }
 }

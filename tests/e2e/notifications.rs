@@ -650,6 +650,27 @@ fn rollback_approve_and_unpin_from_the_cli_are_announced_with_their_actor() {
     assert_eq!(b["env"], "production", "{b}");
     assert_eq!(b["actor"], "carol", "{b}");
     assert_eq!(b["deployment"], held.id, "{b}");
+    cli(
+        &sb,
+        &host,
+        &[
+            "pin",
+            "--env",
+            "development",
+            "--reason",
+            "audit freeze",
+            "--by",
+            "dave",
+        ],
+    )
+    .ok();
+    let got = json.got();
+    assert_eq!(got.len(), 4, "{got:#?}");
+    let b = &got[3].body;
+    assert_eq!(b["event"], "env.pinned", "{b}");
+    assert_eq!(b["env"], "development", "{b}");
+    assert_eq!(b["actor"], "dave", "{b}");
+    assert_eq!(b["reason"], "audit freeze", "{b}");
     assert_eq!(
         slack.got().len(),
         1,

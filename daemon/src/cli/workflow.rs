@@ -200,6 +200,17 @@ pub(super) fn pin(
     store.pin(&env, &commit, who, reason, false)?;
     let detail = format!("pinned at {}: {reason}", short(&commit));
     actor.record(&store, "pin", Some(&env), None, &detail)?;
+    announce(
+        ctx,
+        actor,
+        Announce {
+            event: NotifyEvent::Pinned,
+            env: &env,
+            commit: Some(&commit),
+            deployment: None,
+            reason: Some(reason),
+        },
+    );
     writeln!(
         stdout,
         "{env}: pinned at {} by {who}: {reason}\n  Later commits are planned, not applied, until \

@@ -128,6 +128,14 @@ impl Metrics {
         registry
             .register(Box::new(last_success.clone()))
             .expect("registered once");
+        // Which build answers, for dashboards and for alerts that a fleet runs mixed versions.
+        gauge(
+            "gitplane_build_info",
+            "Always 1: the version of the running gitplane and the commit it was built from.",
+            &["version", "commit"],
+        )
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), env!("GITPLANE_COMMIT")])
+        .set(1);
         Metrics {
             registry,
             deployments,

@@ -153,6 +153,24 @@ fn metrics_move_by_what_each_deployment_did_and_pass_promtool() {
     let (_, after_text) = get(&url, &[]);
     let after = samples(&after_text);
     let moved = |name: &str| value(&after, name) - value(&before, name);
+    // The build that answers: the version and commit `gitplane --version` names.
+    let version = sb.gitplane_raw(&["--version"], &[]).ok().stdout;
+    let commit = version
+        .split("(commit ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_else(|| panic!("no commit in {version:?}"));
+    assert_eq!(
+        value(
+            &after,
+            &format!(
+                "gitplane_build_info{{commit=\"{commit}\",version=\"{}\"}}",
+                env!("CARGO_PKG_VERSION")
+            )
+        ),
+        1.0,
+        "{after_text}"
+    );
 
     for env in ENVS {
         let succeeded = format!(

@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-use crate::util::Sandbox;
+use crate::util::{Definition, Sandbox, definitions};
 
 /// A driver script that records each request's JSON and answers with its values as outputs.
 const RECORDING_DRIVER: &str = r#"#!/bin/sh
@@ -166,11 +166,7 @@ fn an_account_placeholder_runs_each_environment_with_its_config_resources_accoun
     );
     sb.write(
         "definitions/workload.yaml",
-        &definition(
-            "workload",
-            "workload",
-            "  driver_type: humanitec/echo\n  criteria:\n    - {}\n",
-        ),
+        &definitions(&[Definition::new("workload", "humanitec/echo")]),
     );
     sb.write(
         "definitions/s3.yaml",
@@ -262,11 +258,7 @@ fn manifest_data_written_as_yaml_text_is_the_kubernetes_object() {
     );
     sb.write(
         "definitions/workload.yaml",
-        &definition(
-            "workload",
-            "workload",
-            "  driver_type: humanitec/echo\n  criteria:\n    - {}\n",
-        ),
+        &definitions(&[Definition::new("workload", "humanitec/echo")]),
     );
     let config = |data: &str| {
         definition(
@@ -346,11 +338,7 @@ fn app_values_and_shared_resources_reach_a_score_humanitec_workload() {
     );
     sb.write(
         "definitions/workload.yaml",
-        &definition(
-            "workload",
-            "workload",
-            "  driver_type: humanitec/echo\n  criteria:\n    - {}\n",
-        ),
+        &definitions(&[Definition::new("workload", "humanitec/echo")]),
     );
     sb.write(
         "definitions/dns.yaml",
@@ -455,11 +443,7 @@ fn template_shapes_and_output_names_are_checked_before_any_call() {
     );
     sb.write(
         "definitions/workload.yaml",
-        &definition(
-            "workload",
-            "workload",
-            "  driver_type: humanitec/echo\n  criteria:\n    - {}\n",
-        ),
+        &definitions(&[Definition::new("workload", "humanitec/echo")]),
     );
     sb.write(
         "definitions/postgres.yaml",

@@ -666,15 +666,21 @@ impl Definition {
             let body: String = lines.iter().map(|l| format!("      {l}\n")).collect();
             format!("    {name}:\n{body}")
         };
-        format!(
-            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {}\n\
-             entity:\n  type: {}\n  driver_type: {}\n  driver_inputs:\n{}{}  criteria:\n    - {}\n",
-            self.id,
-            self.res_type,
-            self.driver,
+        let inputs = [
             block("values", &self.values),
             block("secrets", &self.secrets),
-            self.criteria
+        ]
+        .concat();
+        // A definition without inputs has no `driver_inputs` key: an empty one is an error.
+        let inputs = if inputs.is_empty() {
+            inputs
+        } else {
+            format!("  driver_inputs:\n{inputs}")
+        };
+        format!(
+            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: {}\n\
+             entity:\n  type: {}\n  driver_type: {}\n{inputs}  criteria:\n    - {}\n",
+            self.id, self.res_type, self.driver, self.criteria
         )
     }
 }

@@ -342,85 +342,6 @@ pub struct InputProblem {
     pub reason: String,
 }
 
-/// The keys a YAML template renders at its top level, when the text says: every line at
-/// column 0 is a `key:` (a plain name), a comment, a blank, or a control action that emits no
-/// text of its own (`{{- if ...}}`, `{% for ... %}`, `{{ end }}`). `None` when a line at column
-/// 0 could render a key no one can read off the text (`{{ $k }}: v`, `{{ include ... }}`), so
-/// the outputs are known only after a call. Keys inside an `if` count: they may be given.
-pub fn template_keys(text: &str) -> Option<BTreeSet<String>> {
-    let mut keys = BTreeSet::new();
-    // Inside a block scalar (`key: |`), more-indented lines are its text.
-    for line in text.lines() {
-        if line.is_empty() || line.starts_with([' ', '\t']) {
-            continue;
-        }
-        let trimmed = line.trim_end();
-        if trimmed.starts_with('#') || trimmed.starts_with("---") {
-            continue;
-        }
-        if trimmed.starts_with("{{") || trimmed.starts_with("{%") {
-            if emits_nothing(trimmed) {
-                continue;
-            }
-            return None;
-        }
-        let key = trimmed.split_once(':').map(|(k, _)| k.trim())?;
-        let key = key.trim_matches(|c| c == '"' || c == '\'');
-        let plain = !key.is_empty()
-            && key
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-        if !plain {
-            return None;
-        }
-        keys.insert(key.to_owned());
-    }
-    Some(keys)
-}
-
-/// Whether a line is only control actions (Go's `{{- if }}`/`{{ end }}`/`{{ range }}`... or
-/// minijinja's `{% ... %}`, or a comment), which render no text of their own.
-fn emits_nothing(line: &str) -> bool {
-    const CONTROL: [&str; 9] = [
-        "if ", "else", "end", "range ", "with ", "define ", "block ", "break", "continue",
-    ];
-    let mut rest = line;
-    while !rest.is_empty() {
-        let (open, close) = if rest.starts_with("{{") {
-            ("{{", "}}")
-        } else if rest.starts_with("{%") {
-            ("{%", "%}")
-        } else if rest.starts_with("{#") {
-            ("{#", "#}")
-        } else {
-            return false;
-        };
-        let Some(end) = rest.find(close) else {
-            return false;
-        };
-        let inner = rest[open.len()..end].trim_matches(['-', ' ']);
-        let control = match open {
-            "{%" => !["include", "call", "filter"]
-                .iter()
-                .any(|emits| inner.starts_with(emits)),
-            "{#" => true,
-            _ => {
-                inner.starts_with("/*")
-                    // `$x := ...` sets a variable, printing nothing.
-                    || (inner.starts_with('$') && (inner.contains(":=") || inner.contains(" = ")))
-                    || CONTROL
-                        .iter()
-                        .any(|c| inner.starts_with(c) || inner == c.trim_end())
-            }
-        };
-        if !control {
-            return false;
-        }
-        rest = rest[end + close.len()..].trim_start();
-    }
-    true
-}
-
 /// User-provided resources (an on-premise database registered in an environment file): their
 /// outputs are what was registered; gitplane never provisions nor deletes them.
 #[derive(Debug, Clone, Copy, Default)]
@@ -593,6 +514,7 @@ mod known_before_a_call {
 
     use serde_json::{Value, json};
 
+    use super::template::template_keys;
     use super::*;
 
     fn set(names: &[&str]) -> Option<BTreeSet<String>> {

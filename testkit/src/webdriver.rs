@@ -171,12 +171,6 @@ impl Browser {
         string(self.command("GET", "/url", None)?)
     }
 
-    /// Back (`true`) or forward in the session's history.
-    pub fn history(&self, back: bool) -> Result<(), WebDriverError> {
-        let path = if back { "/back" } else { "/forward" };
-        self.command("POST", path, Some(json!({}))).map(drop)
-    }
-
     /// The first element matching a CSS selector.
     pub fn find(&self, css: &str) -> Result<Element<'_>, WebDriverError> {
         let found = self.command("POST", "/element", Some(locator(css)))?;

@@ -258,8 +258,9 @@ fn a_branch_behind_main_plans_its_merge_and_never_reverts_main() {
     assert_eq!(j["merge"]["conflicts"], serde_json::json!([]));
     // Only the branch's own change: the frontend's image, in each environment. Main's backend
     // image and redis port are not undone.
+    // (Needles that a commit id, in the output too, cannot hold by chance.)
     assert!(
-        !run.stdout.contains("1.4.2") && !run.stdout.contains("6379"),
+        !run.stdout.contains("backend:1.4.2") && !run.stdout.contains("-> 6379"),
         "{run}"
     );
     assert_eq!(j["summary"]["update"], 2, "{j}");

@@ -787,3 +787,26 @@ ALTER TABLE preview ADD COLUMN refused_why TEXT;
 -- short) with a backoff, until it succeeds or a newer commit arrives (`retry.deployments`):
 -- which attempt at its commit each deployment was. 1: the first; 2: the first retry.
 ALTER TABLE deployment ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
+
+-- migration 11
+
+-- `gitplane reconcile`: a person asks the running daemons to look now (fetch the remote, read
+-- the watched ref) and to deploy an environment's current commit if it is not deployed (a
+-- failed deployment waiting for its retry runs at once), rather than at their next look. The
+-- daemon that deploys the environment answers once: what it did, at which commit, and the
+-- environment's newest deployment at that moment, so that `--wait` knows the deployment to wait
+-- for is a later one. Rows older than a day are deleted by the daemons.
+CREATE TABLE reconcile_request (
+    id               TEXT PRIMARY KEY,     -- made by the command
+    env              TEXT,                 -- NULL: look at the repository only
+    requested_by     TEXT NOT NULL,
+    requested_at     TEXT NOT NULL,
+    answered_by      TEXT,                 -- the daemon that answered (`daemon.id`)
+    answered_at      TEXT,
+    commit_id        TEXT,                 -- the watched ref's commit the daemon looked at
+    action           TEXT,                 -- 'deploying', 'up to date', 'pinned', 'held',
+                                           -- 'waiting', 'preview', 'unknown', 'looked'
+    after_deployment INTEGER,              -- 'deploying': the environment's newest deployment then
+    detail           TEXT                  -- why, in words
+);
+CREATE INDEX reconcile_request_open ON reconcile_request (answered_at, requested_at);

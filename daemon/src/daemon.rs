@@ -23,6 +23,7 @@ use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
 use crate::app;
+use crate::asked;
 use crate::config::{HostConfig, PreviewTrust, RepoSource};
 use crate::deploy::{self, Reach, Target};
 use crate::drivers::Registry;
@@ -214,6 +215,11 @@ struct Daemon {
     preview_due: Option<Instant>,
     /// Branches that match `previews.branches` but get no preview, as last reported.
     preview_skipped: Vec<String>,
+    /// `host:pid`: this daemon in the `daemon` table and in its answers.
+    id: String,
+    /// `gitplane reconcile` requests taken and not yet answered: answered once the repository
+    /// was looked at (after a fetch, for a remote).
+    asked: Vec<gitplane_state::ReconcileRequest>,
 }
 
 impl Daemon {
@@ -267,6 +273,12 @@ impl Daemon {
             } else {
                 (None, None, None)
             };
+        let id = format!("{}:{}", gitplane_state::this_host(), std::process::id());
+        if shard.is_none() {
+            // Daemons sharing a state report themselves with each heartbeat; this one says it
+            // runs once, so that `gitplane reconcile` on this host finds it.
+            store.register_daemon(&id)?;
+        }
         let shared = Arc::new(Shared {
             state: options.state.clone(),
             state_key: options.host.state_key.clone(),
@@ -298,6 +310,8 @@ impl Daemon {
             preview_removals: HashMap::new(),
             preview_due: None,
             preview_skipped: Vec::new(),
+            id,
+            asked: Vec::new(),
         })
     }
 
@@ -317,6 +331,8 @@ impl Daemon {
             let _ = stopped_tx.send(true);
         });
         let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
+        // `gitplane reconcile` on this host: look at its requests now.
+        let mut usr1 = signal(SignalKind::user_defined1()).map_err(DaemonError::Signals)?;
         let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
         // Verified push webhooks, with when each arrived.
         let (hook_tx, mut hook_rx) = mpsc::channel::<Instant>(1);
@@ -391,7 +407,19 @@ impl Daemon {
                     self.check(Instant::now()).await;
                 }
                 Some(()) = wake_rx.recv() => self.check(Instant::now()).await,
-                _ = poll_timer.tick() => self.check(Instant::now()).await,
+                _ = poll_timer.tick() => {
+                    self.check(Instant::now()).await;
+                    // Requests from another host (or a user who cannot signal this daemon)
+                    // are taken at the next look.
+                    if self.take_requests().await {
+                        self.look_for_requests(&fetch, &mut fetching, &fetched_tx).await;
+                    }
+                }
+                _ = usr1.recv() => {
+                    if self.take_requests().await {
+                        self.look_for_requests(&fetch, &mut fetching, &fetched_tx).await;
+                    }
+                }
                 Some(arrived) = hook_rx.recv() => match &fetch {
                     Some((url, _)) if !fetching => {
                         fetching = true;
@@ -415,6 +443,9 @@ impl Daemon {
                     if let (Some(arrived), Some((url, _))) = (self.fetch_again.take(), &fetch) {
                         fetching = true;
                         self.start_fetch(url, arrived, &fetched_tx);
+                    } else if !self.asked.is_empty() {
+                        // The fetch that ended began after the requests came.
+                        self.answer_requests().await;
                     }
                 }
                 _ = tokio::time::sleep(drift_at.as_ref().map_or(Duration::from_secs(3600), |(d, _)| *d)), if drift_at.is_some() => {
@@ -457,6 +488,94 @@ impl Daemon {
             let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
         }
         Ok(())
+    }
+
+    /// Takes the `gitplane reconcile` requests no daemon answered yet, adding those not taken
+    /// before to [`Daemon::asked`]; whether any wait for an answer.
+    async fn take_requests(&mut self) -> bool {
+        match self
+            .with_store(|store| store.open_reconcile_requests())
+            .await
+        {
+            Some(Ok(open)) => {
+                for request in open {
+                    if !self.asked.iter().any(|a| a.id == request.id) {
+                        self.asked.push(request);
+                    }
+                }
+            }
+            Some(Err(e)) => warn!(error = %e, "cannot read the reconcile requests"),
+            None => {}
+        }
+        !self.asked.is_empty()
+    }
+
+    /// Looks at the repository for the requests taken, then answers them: a remote is fetched
+    /// first (again, when a fetch began before they came), a local repository read now.
+    async fn look_for_requests(
+        &mut self,
+        fetch: &Option<(String, Duration)>,
+        fetching: &mut bool,
+        fetched_tx: &mpsc::Sender<(Result<(), watch::WatchError>, Instant)>,
+    ) {
+        match fetch {
+            Some((url, _)) if !*fetching => {
+                *fetching = true;
+                self.start_fetch(url, Instant::now(), fetched_tx);
+            }
+            Some(_) => self.fetch_again = Some(self.fetch_again.unwrap_or_else(Instant::now)),
+            None => {
+                self.check(Instant::now()).await;
+                self.answer_requests().await;
+            }
+        }
+    }
+
+    /// Answers the requests taken (see [`asked::answer`]) and queues the deployments they ask
+    /// for, of the commit last dispatched.
+    async fn answer_requests(&mut self) {
+        let requests = std::mem::take(&mut self.asked);
+        let repo = self.repo_path.clone();
+        let id = self.id.clone();
+        let commit = self.last_commit.clone();
+        let waiting = self.waiting.as_ref().map(|(c, _)| c.clone());
+        let only = self.options.envs.clone();
+        let held = self.shared.shard.as_ref().map(|s| s.held());
+        let answered = self
+            .with_store(move |store| {
+                let looked = asked::Looked {
+                    daemon: &id,
+                    commit: commit.as_deref(),
+                    waiting: waiting.as_deref(),
+                    only: &only,
+                    held: held.as_ref(),
+                };
+                asked::answer(store, &repo, &looked, &requests)
+            })
+            .await;
+        let deploy = match answered {
+            Some(Ok(deploy)) => deploy,
+            Some(Err(e)) => {
+                warn!(error = %e, "cannot answer the reconcile requests: they are taken again at the next look");
+                return;
+            }
+            None => return,
+        };
+        let Some(commit) = self.last_commit.clone() else {
+            return;
+        };
+        for env in deploy {
+            self.dispatch(
+                env,
+                Job {
+                    commit: commit.clone(),
+                    drift: false,
+                    noticed: None,
+                    prebuilt: Arc::default(),
+                    preview: None,
+                },
+            );
+        }
     }
 
     /// Fetches the remote into the mirror on a thread of its own; the result comes back on
@@ -515,6 +634,12 @@ impl Daemon {
                     error!(error = %e, "cannot record the interrupted driver calls; the next start finds them")
                 }
                 Err(e) => error!(error = %e, "the task recording the interrupted calls failed"),
+            }
+        }
+        if self.shared.shard.is_none() {
+            let id = self.id.clone();
+            if let Some(Err(e)) = self.with_store(move |store| store.forget_daemon(&id)).await {
+                warn!(error = %e, "cannot remove this daemon from the state's daemon table");
             }
         }
         if let Some((thread, quit)) = self.lease_thread.take() {

@@ -12,6 +12,7 @@ pub use gitplane_core::{graph, model, plan, repo_template, review};
 pub use gitplane_drivers as drivers;
 
 pub mod app;
+pub mod asked;
 pub mod calls;
 pub mod cli;
 pub mod config;

@@ -41,9 +41,9 @@ const COPIED: [&str; 17] = [
     "action",
 ];
 
-/// The tables that stay behind: who holds which environment right now, which means nothing to
-/// the processes of another database.
-const NOT_COPIED: [&str; 3] = ["env_lock", "env_lease", "daemon"];
+/// The tables that stay behind: who holds which environment right now, and what was asked of
+/// the daemons running now, which mean nothing to the processes of another database.
+const NOT_COPIED: [&str; 4] = ["env_lock", "env_lease", "daemon", "reconcile_request"];
 
 /// Rows read from the source at a time: a page of resources with whole Score files as inputs
 /// stays within tens of megabytes, whatever the size of the state.

@@ -15,6 +15,7 @@ mod journal;
 mod lease;
 mod lock;
 mod postgres;
+mod requests;
 mod seal;
 mod surgery;
 mod trust;
@@ -37,6 +38,7 @@ pub use journal::{Batch, Ended, JournalEntry, ManifestsRecord};
 pub use lease::{Beat, Fence, LeaseHold, LeaseRecord, Leases};
 pub use lock::{ApplyLock, LockHold, Released, release_gone};
 pub use postgres::{PgTarget, is_postgres_url};
+pub use requests::{DaemonRecord, ReconcileAction, ReconcileAnswer, ReconcileRequest, this_host};
 pub use seal::{KeySource, SealError, StateKey, pending_key_path};
 pub use surgery::{Adopted, BackupReport, MoveTo};
 pub use trust::{Action, ActionRecord, KeyCheck, RepositoryIdentity};
@@ -1752,13 +1754,14 @@ pub(crate) mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 10);
+        assert_eq!(m.len(), 11);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
         assert!(m[1].contains("CREATE TABLE resource_version"));
         assert!(m[3].contains("CREATE TABLE env_lock"));
         assert!(m[4].contains("gp_seal"));
         assert!(m[5].contains("CREATE TABLE resource_manifest"));
+        assert!(m[10].contains("CREATE TABLE reconcile_request"));
     }
 
     #[test]

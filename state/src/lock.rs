@@ -387,7 +387,7 @@ fn renew_until_released(
 }
 
 /// A token no other lock, in this process or another, carries.
-fn token() -> String {
+pub(crate) fn token() -> String {
     static TAKEN: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -33,6 +33,7 @@ mod pin;
 mod postgres;
 mod previews;
 mod reconcile;
+mod reconcile_now;
 mod remote_host;
 mod reports;
 mod review;

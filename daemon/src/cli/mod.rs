@@ -1,6 +1,7 @@
 //! The `gitplane` command line: arguments, the commands, and what each prints.
 
 mod actor;
+mod ask;
 mod explain;
 mod hook;
 mod init;
@@ -389,6 +390,25 @@ pub enum Command {
         #[arg(long)]
         no_apply: bool,
     },
+    /// Ask the running daemon to look now: fetch the remote, read the watched ref, and deploy
+    /// each environment (--env; default: every one the watched ref declares) that is not at
+    /// its commit; a failed deployment waiting for its retry runs at once. A daemon on this
+    /// host is told at once (SIGUSR1), one on another host at its next look.
+    Reconcile {
+        #[command(flatten)]
+        common: Common,
+        /// Wait until each environment's deployment ends (or the daemon says why it deploys
+        /// nothing); exit 1 when one failed, is held, or did not end in time.
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits (humantime: 90s, 10m, 1h30m).
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Table)]
+        format: Format,
+        #[command(flatten)]
+        by: By,
+    },
     /// Watch the repository and reconcile every new commit until stopped.
     Daemon {
         #[command(flatten)]
@@ -628,6 +648,12 @@ pub enum CliError {
     Keep { keep: String, message: String },
     #[error(transparent)]
     Surgery(#[from] surgery::SurgeryError),
+    #[error(
+        "no gitplane daemon runs on {state}: none on this host has a live process, and none on \
+         another host reported itself in the last 2 minutes. Start it (`systemctl start \
+         gitplane`), or use `gitplane apply`; nothing was asked"
+    )]
+    NoDaemon { state: String },
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -763,6 +789,22 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
                 to: &to,
                 reason: &reason,
                 force,
+            },
+            &Actor::of(by.by.as_deref()),
+            stdout,
+        ),
+        Command::Reconcile {
+            common,
+            wait,
+            timeout,
+            format,
+            by,
+        } => ask::reconcile(
+            &common.context()?,
+            &ask::Ask {
+                wait,
+                timeout,
+                format,
             },
             &Actor::of(by.by.as_deref()),
             stdout,

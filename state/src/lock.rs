@@ -409,7 +409,7 @@ pub(crate) fn host_name() -> String {
 
 /// Whether process `pid` exists (signal 0 delivers nothing; EPERM means it exists but is
 /// another user's).
-fn process_alive(pid: i64) -> bool {
+pub(crate) fn process_alive(pid: i64) -> bool {
     let Some(pid) = i32::try_from(pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw)

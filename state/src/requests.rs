@@ -269,12 +269,23 @@ impl Store {
     }
 
     /// Records this process as a running daemon (`id`: `host:pid`), for commands on its host
-    /// to find. Daemons sharing a PostgreSQL state report themselves with every heartbeat;
-    /// this is for one that does not.
+    /// to find, and forgets the daemons of this host whose process is gone (killed: no clean
+    /// stop removed them). Daemons sharing a PostgreSQL state report themselves with every
+    /// heartbeat; this is for one that does not.
     pub fn register_daemon(&self, id: &str) -> Result<()> {
         let host = crate::lock::host_name();
         let pid = i64::from(std::process::id());
+        let gone: Vec<String> = self
+            .daemons()?
+            .into_iter()
+            .filter(|d| d.host == host && d.id != id && !crate::lock::process_alive(d.pid))
+            .map(|d| d.id)
+            .collect();
         self.write(|tx| {
+            let mut forget = tx.prepare_cached("DELETE FROM daemon WHERE id = ?1")?;
+            for id in &gone {
+                forget.execute(params![id])?;
+            }
             tx.prepare_cached(&format!(
                 "INSERT INTO daemon (id, host, pid, started_at, seen_at)
                  VALUES (?1, ?2, ?3, {NOW}, {NOW})

@@ -182,6 +182,22 @@ fn with_no_daemon_running_nothing_is_asked() {
     // SIGKILL: no clean stop to remove the row.
     drop(daemon);
     no_daemon(&sb);
+    // The next daemon on this host forgets it; a clean stop removes its own row.
+    let mut daemon = Daemon::start(
+        &sb,
+        &[
+            "--repo",
+            sb.origin.to_str().unwrap(),
+            "--state",
+            sb.state.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(
+        sb.column("SELECT pid FROM daemon"),
+        [daemon.pid().to_string()]
+    );
+    daemon.terminate();
+    assert_eq!(sb.count("SELECT COUNT(*) FROM daemon"), 0);
 }
 
 #[test]

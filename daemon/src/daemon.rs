@@ -1660,7 +1660,16 @@ fn ran(
         duration_seconds: took.as_secs_f64(),
         failures: r.failures.clone(),
         drifted,
-        previous: previous_condition(store, env, r.deployment),
+        previous: if job.drift {
+            store
+                .drift_condition_before(env, r.deployment)
+                .unwrap_or_else(|e| {
+                    warn!(env, error = %e, "cannot read the previous drift run: the notification is sent as if there were none");
+                    None
+                })
+        } else {
+            previous_condition(store, env, r.deployment)
+        },
     });
     let c = r.counts;
     match r.status {

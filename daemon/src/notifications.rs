@@ -84,9 +84,11 @@ impl DeploymentEvent {
     ///   same way) is not news; a first failure, or one with a different error, is `failed`;
     /// - a held deployment is always `held`: it waits for someone.
     ///
-    /// A drift run is not a deployment of a commit: it never counts as the condition before,
-    /// one that succeeded is not announced (it runs every few minutes, and only what it found
-    /// is news), and one that failed is.
+    /// A drift run is not a deployment of a commit: it never counts as a commit's condition
+    /// before. Its own condition before is the drift run before it: one that succeeded is not
+    /// announced (it runs every few minutes, and only what it found is news) unless the one
+    /// before failed (`recovered`); one that failed is, unless the one before failed the same
+    /// way.
     pub fn kinds(&self) -> Vec<NotifyEvent> {
         let mut kinds = Vec::new();
         let previous_failure = match &self.previous {
@@ -96,15 +98,14 @@ impl DeploymentEvent {
         let c = &self.counts;
         let changed = c.created + c.updated + c.deleted > 0;
         match self.status {
-            DeploymentStatus::Succeeded if self.kind == "drift" => {}
             DeploymentStatus::Succeeded if previous_failure.is_some() => {
                 kinds.push(NotifyEvent::Recovered)
             }
+            DeploymentStatus::Succeeded if self.kind == "drift" => {}
             DeploymentStatus::Succeeded if changed => kinds.push(NotifyEvent::Succeeded),
             DeploymentStatus::Succeeded => {}
             DeploymentStatus::Failed
-                if self.kind != "drift"
-                    && previous_failure == Some(self.failures.join("\n").as_str()) => {}
+                if previous_failure == Some(self.failures.join("\n").as_str()) => {}
             DeploymentStatus::Failed => kinds.push(NotifyEvent::Failed),
             DeploymentStatus::Held => kinds.push(NotifyEvent::Held),
             DeploymentStatus::Running | DeploymentStatus::Superseded => {}
@@ -737,6 +738,30 @@ mod tests {
             drifted: Vec::new(),
             previous: None,
         }
+    }
+
+    #[test]
+    fn a_drift_run_failing_as_the_one_before_is_not_news_and_one_that_succeeds_after_is() {
+        let failure = Some("modules.app.externals.db: quota exceeded".to_owned());
+        let mut e = event(DeploymentStatus::Failed);
+        e.kind = "drift";
+        assert_eq!(
+            e.kinds(),
+            [NotifyEvent::Failed],
+            "the first failing drift run"
+        );
+        e.previous = Some((DeploymentStatus::Failed, failure.clone()));
+        assert!(e.kinds().is_empty(), "failing the same way again");
+        e.previous = Some((DeploymentStatus::Failed, Some("another error".to_owned())));
+        assert_eq!(e.kinds(), [NotifyEvent::Failed], "failing another way");
+        let mut ok = event(DeploymentStatus::Succeeded);
+        ok.kind = "drift";
+        assert!(
+            ok.kinds().is_empty(),
+            "a drift run that succeeds is not news"
+        );
+        ok.previous = Some((DeploymentStatus::Failed, failure));
+        assert_eq!(ok.kinds(), [NotifyEvent::Recovered]);
     }
 
     #[test]

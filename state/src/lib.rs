@@ -1160,16 +1160,36 @@ impl Store {
         env: &str,
         before: i64,
     ) -> Result<Option<(DeploymentStatus, Option<String>)>> {
+        self.finished_before(env, before, "commit")
+    }
+
+    /// Like [`Store::condition_before`] for drift run `before`: how the drift run before it
+    /// that corrected (not a detect-only one) ended, so that a drift run failing the same way
+    /// every few minutes is news once.
+    pub fn drift_condition_before(
+        &self,
+        env: &str,
+        before: i64,
+    ) -> Result<Option<(DeploymentStatus, Option<String>)>> {
+        self.finished_before(env, before, "drift")
+    }
+
+    fn finished_before(
+        &self,
+        env: &str,
+        before: i64,
+        kind: &str,
+    ) -> Result<Option<(DeploymentStatus, Option<String>)>> {
         let found: Option<(String, Option<String>)> = self
             .conn
             .prepare_cached(
                 "SELECT status, error FROM deployment
                  WHERE env = ?1 AND id < ?2 AND status IN ('succeeded', 'failed')
-                   AND kind = 'commit'
+                   AND kind = ?3 AND drift_mode IS NULL
                  ORDER BY id DESC LIMIT 1",
             )
             .and_then(|mut s| {
-                s.query_row(params![env, before], |r| Ok((r.get(0)?, r.get(1)?)))
+                s.query_row(params![env, before, kind], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()
             })
             .map_err(self.err())?;
@@ -2070,6 +2090,15 @@ pub(crate) mod tests {
                 store.condition_before("development", first).unwrap(),
                 None,
                 "only deployments before the one asked about"
+            );
+            // A drift run's condition is the drift run's before it.
+            assert_eq!(
+                store.drift_condition_before("development", next).unwrap(),
+                Some((DeploymentStatus::Succeeded, None))
+            );
+            assert_eq!(
+                store.drift_condition_before("development", drift).unwrap(),
+                None
             );
         });
     }

@@ -437,6 +437,71 @@ fn a_drift_run_that_changes_outputs_is_announced() {
     assert!(events_of(&got, "deployment.succeeded").is_empty());
 }
 
+#[test]
+fn drift_runs_failing_the_same_way_say_failed_once_and_recovered_when_the_driver_answers() {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    write_http_platform(&sb);
+    sb.write(
+        "environments/test.yaml",
+        "type: test\nschedule: \"* * * * * *\"\n",
+    );
+    sb.commit("A platform with a drift run every second");
+    let json = Receiver::start();
+    let args = sb.host_config(&format!(
+        "{}notify:\n  - url: \"{}\"\n",
+        http_driver_config(&server.url, "timeout: 10s"),
+        json.url
+    ));
+    let daemon = start(&sb, &args, &[]);
+    json.wait_until(&daemon, |g| {
+        !events_of(g, "deployment.succeeded").is_empty()
+    });
+    // The database's driver refuses every call from now on: each drift run fails alike.
+    server.behave(
+        "postgres",
+        Behavior {
+            fail: Some((400, 100_000)),
+            ..Behavior::default()
+        },
+    );
+    let failed_drift_runs =
+        || sb.count("SELECT COUNT(*) FROM deployment WHERE kind = 'drift' AND status = 'failed'");
+    eventually_or(
+        "three failed drift runs",
+        Duration::from_secs(30),
+        || (failed_drift_runs() >= 3).then_some(()),
+        || daemon.log(),
+    );
+    let failed = events_of(&json.got(), "deployment.failed");
+    assert_eq!(
+        failed.len(),
+        1,
+        "one `failed` for {} drift runs failing the same way: {failed:#?}",
+        failed_drift_runs()
+    );
+    assert_eq!(failed[0]["kind"], "drift", "{}", failed[0]);
+    // The driver answers again: the next drift run says the environment recovered, once.
+    server.behave("postgres", Behavior::default());
+    let got = json.wait_until(&daemon, |g| {
+        !events_of(g, "deployment.recovered").is_empty()
+    });
+    let recovered = events_of(&got, "deployment.recovered");
+    assert_eq!(recovered[0]["kind"], "drift", "{}", recovered[0]);
+    let succeeded_after = sb.max_id("deployment");
+    eventually_or(
+        "two more drift runs",
+        Duration::from_secs(20),
+        || {
+            (sb.count(&format!("SELECT COUNT(*) FROM deployment WHERE kind = 'drift' AND status = 'succeeded' AND id > {succeeded_after}")) >= 2).then_some(())
+        },
+        || daemon.log(),
+    );
+    let got = json.got();
+    assert_eq!(events_of(&got, "deployment.recovered").len(), 1);
+    assert_eq!(events_of(&got, "deployment.failed").len(), 1);
+}
+
 /// How many finished deployments of a commit the state has (every environment's).
 fn finished_deployments(sb: &Sandbox) -> usize {
     sb.column("SELECT id FROM deployment WHERE kind = 'commit' AND status != 'running'")

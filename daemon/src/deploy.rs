@@ -461,6 +461,39 @@ pub fn read_target_secrets(targets: &mut [Target], stores: &SecretStores) -> Res
     read_stored_secrets(&mut graphs, stores)
 }
 
+/// `env`'s graph at `commit` of the apps `apps` and the global resources they reach, with the
+/// snapshot it was built from (only the files those apps need), for commands about part of an
+/// environment (`explain`, `graph --app`): they cost in proportion to the part. The whole
+/// environment is read instead when a global resource selects its dependents, which any app
+/// may be (as deployments do, see [`target`]).
+pub fn build_apps(
+    repo: &ConfigRepo,
+    commit: &str,
+    env: &str,
+    apps: &BTreeSet<String>,
+    host: Host<'_>,
+) -> Result<(Snapshot, Result<ResourceGraph, Rejected>), DeployError> {
+    let mut cache = LoadCache::default();
+    let snapshot = repo.snapshot_of(commit, Some(apps))?;
+    let graph = build_one(&snapshot, env, Some(apps), host, &mut cache);
+    let selector = graph.as_ref().ok().and_then(|g| {
+        g.nodes()
+            .find(|n| n.app.is_none() && n.selects_dependents())
+            .map(|n| n.label())
+    });
+    if let Some(selector) = selector {
+        tracing::info!(
+            env,
+            "reading the whole environment: global resource {selector} selects its dependents, \
+             which any app may be"
+        );
+        let snapshot = repo.snapshot(commit)?;
+        let graph = build_one(&snapshot, env, None, host, &mut cache);
+        return Ok((snapshot, graph));
+    }
+    Ok((snapshot, graph))
+}
+
 /// Loads `snapshot` and builds `env`'s graph of `apps` (every app when `None`).
 fn build_one(
     snapshot: &Snapshot,

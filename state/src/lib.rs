@@ -475,6 +475,54 @@ impl Store {
         self.resources_where("r.env = ?1", params![env], false)
     }
 
+    /// The recorded resources among `guresids`, ordered by GUResID; secret outputs included
+    /// when `secrets`.
+    pub fn resources_by_guresid(
+        &self,
+        guresids: &[String],
+        secrets: bool,
+    ) -> Result<Vec<ResourceRecord>> {
+        let ids = serde_json::to_string(guresids).expect("strings serialise");
+        self.resources_where(
+            "r.guresid IN (SELECT value FROM json_each(?1))",
+            params![ids],
+            secrets,
+        )
+    }
+
+    /// The recorded resources `wanted` names, as (GUResID, environment): its GUResID, or its
+    /// label `app/type.class#id` (`-/type.class#id` for a global one), in `envs` (every
+    /// environment when empty). Read through the indexes, not by listing environments.
+    pub fn find_resources(&self, envs: &[String], wanted: &str) -> Result<Vec<(String, String)>> {
+        let envs_json = serde_json::to_string(envs).expect("strings serialise");
+        let in_envs = "(?2 = '[]' OR env IN (SELECT value FROM json_each(?2)))";
+        let mut found: Vec<(String, String)> = self.query(
+            &format!("SELECT guresid, env FROM resource WHERE guresid = ?1 AND {in_envs}"),
+            params![wanted, envs_json],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let label = wanted.split_once('/').and_then(|(app, rest)| {
+            let (type_class, id) = rest.split_once('#')?;
+            let (res_type, class) = type_class.split_once('.')?;
+            Some(((app != "-").then_some(app), res_type, class, id))
+        });
+        if let Some((app, res_type, class, id)) = label {
+            found.extend(self.query(
+                &format!(
+                    "SELECT guresid, env FROM resource
+                     WHERE type = ?3 AND class = ?4 AND res_id = ?5
+                       AND ((CAST(?1 AS TEXT) IS NULL AND app IS NULL) OR app = ?1)
+                       AND {in_envs}"
+                ),
+                params![app, envs_json, res_type, class, id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?);
+        }
+        found.sort_by(|a, b| (&a.1, &a.0).cmp(&(&b.1, &b.0)));
+        found.dedup();
+        Ok(found)
+    }
+
     /// The resources recorded for the apps `apps` of `env`, and its global ones (no app) when
     /// `globals`, ordered by GUResID.
     pub fn resources_of_apps(

@@ -8,7 +8,7 @@
 
 use gitplane_state::{BindingRecord, LinkRecord, ResourceOperation, ResourceRecord, Store};
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::text::{Table, short};
 use super::{AppError, Context};
@@ -81,25 +81,57 @@ fn explain_recorded(
     (store, (guresid, env)): (&Store, (String, String)),
     format: Format,
 ) -> Result<Explained, AppError> {
-    let records: HashMap<String, ResourceRecord> = store
-        .resources(&env)?
-        .into_iter()
-        .map(|r| (r.guresid.clone(), r))
-        .collect();
-    let Some(rec) = records.get(&guresid) else {
+    let Some(found) = store.resources_by_guresid(std::slice::from_ref(&guresid), true)?.pop()
+    else {
         return Err(AppError::NoResource {
             resource: resource.to_owned(),
         });
     };
-
-    let scoped = Context {
-        envs: vec![env.clone()],
-        ..ctx.clone()
+    // Only its app and the global resources it reaches are read and built (all of them for a
+    // global resource), and only their records: the cost is the app's, not the environment's.
+    let apps = found.app.as_ref().map(|app| BTreeSet::from([app.clone()]));
+    let bindings = store.current_bindings(&guresid)?;
+    let links = match store.resource_links(&env, &guresid)? {
+        Some((deployment, links)) => Links {
+            deployment: Some(deployment),
+            links,
+        },
+        // Its environment has no links recorded.
+        None => Links {
+            deployment: None,
+            links: Vec::new(),
+        },
     };
+    let mut records: HashMap<String, ResourceRecord> = match &apps {
+        Some(apps) => store.resources_of_apps(&env, apps, true)?,
+        None => store.resources(&env)?,
+    }
+    .into_iter()
+    .map(|r| (r.guresid.clone(), r))
+    .collect();
+    let others: Vec<String> = links
+        .links
+        .iter()
+        .flat_map(|l| [&l.consumer, &l.provider])
+        .chain(bindings.iter().map(|b| &b.provided))
+        .filter(|g| !records.contains_key(g.as_str()))
+        .cloned()
+        .collect();
+    if !others.is_empty() {
+        records.extend(
+            store
+                .resources_by_guresid(&others, true)?
+                .into_iter()
+                .map(|r| (r.guresid.clone(), r)),
+        );
+    }
+    records.insert(guresid.clone(), found);
+    let rec = &records[&guresid];
+
     let mut commit = None;
     let mut explained = Explained::default();
     let mut loaded: Option<(Repository, ResourceGraph)> = None;
-    let graph_note = match super::load_and_build(&scoped, rev, super::Need::Graphs) {
+    let graph_note = match super::load_and_build_part(ctx, rev, &env, apps.as_ref()) {
         Ok((snapshot, Ok(mut built))) => {
             commit = Some(snapshot.commit.clone());
             let graph = built.graphs.pop();
@@ -144,18 +176,6 @@ fn explain_recorded(
         Err(e) => return Err(e),
     };
 
-    let bindings = store.current_bindings(&guresid)?;
-    let links = match store.resource_links(&env, &guresid)? {
-        Some((deployment, links)) => Links {
-            deployment: Some(deployment),
-            links,
-        },
-        // Its environment has no links recorded.
-        None => Links {
-            deployment: None,
-            links: Vec::new(),
-        },
-    };
     let operations = store.resource_operations(&guresid)?;
 
     let explainer = loaded.as_ref().and_then(|(repo, graph)| {

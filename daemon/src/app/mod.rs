@@ -249,6 +249,30 @@ pub fn load_and_build(
     Ok((snapshot, result))
 }
 
+/// Like [`load_and_build`] for environment `env` alone, reading and building only the apps
+/// `apps` and the global resources they reach (see [`deploy::build_apps`]); every app when
+/// `None`. Commands about part of an environment cost in proportion to that part.
+pub fn load_and_build_part(
+    ctx: &Context,
+    rev: Option<&str>,
+    env: &str,
+    apps: Option<&BTreeSet<String>>,
+) -> Result<(Snapshot, Result<Built, Rejected>), AppError> {
+    let Some(apps) = apps else {
+        return load_and_build(&ctx.only(env), rev, Need::Graphs);
+    };
+    let repo = ctx.open_repo()?;
+    let commit = repo.resolve(rev)?;
+    let layout = repo.layout(&commit)?;
+    select_envs(
+        &deploy::environments_in(&layout),
+        &commit,
+        &[env.to_owned()],
+    )?;
+    let (snapshot, graph) = deploy::build_apps(&repo, &commit, env, apps, ctx.host())?;
+    Ok((snapshot, graph.map(|g| Built { graphs: vec![g] })))
+}
+
 /// Environments named by the commit's `environments/` files, or the ones asked for.
 pub fn target_envs(snapshot: &Snapshot, asked: &[String]) -> Result<Vec<String>, AppError> {
     select_envs(&deploy::environments_of(snapshot), &snapshot.commit, asked)
@@ -390,19 +414,7 @@ pub fn find_resource(
     ctx: &Context,
     wanted: &str,
 ) -> Result<(String, String), AppError> {
-    let envs = if ctx.envs.is_empty() {
-        store.environments()?
-    } else {
-        ctx.envs.clone()
-    };
-    let mut found = Vec::new();
-    for env in &envs {
-        for r in store.resources_without_secrets(env)? {
-            if r.guresid == wanted || crate::plan::record_label(&r) == wanted {
-                found.push((r.guresid.clone(), env.clone()));
-            }
-        }
-    }
+    let mut found = store.find_resources(&ctx.envs, wanted)?;
     match found.len() {
         1 => Ok(found.remove(0)),
         0 => Err(AppError::NoResource {

@@ -602,8 +602,48 @@ fn detected_drift_and_a_pin_show_in_the_daemons_metrics() {
         "{head}: {text}"
     );
 
+    // A commit an hour later (by its committer time) is held back by the pin: the
+    // environment's commit is an hour behind the watched ref's.
+    sb.edit("workloads/shop/api.yaml", "image: x", "image: y");
+    sb.git(&["add", "-A"]);
+    let later = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    sb.git(&[
+        "commit",
+        "--quiet",
+        "-m",
+        "an hour later",
+        &format!("--date=@{later}"),
+    ]);
+    sb.git(&[
+        "rebase",
+        "--quiet",
+        "--committer-date-is-author-date",
+        "HEAD~1",
+    ]);
+    sb.git(&["push", "--quiet", "origin", "main"]);
+    let behind = |text: &str| {
+        samples(text)
+            .get("gitplane_environment_commit_behind_seconds{env=\"test\"}")
+            .copied()
+    };
+    let text = scrape(port).expect("the listener answers");
+    let seconds = behind(&text).unwrap_or_default();
+    assert!((3500.0..=3700.0).contains(&seconds), "{seconds}:\n{text}");
+    assert_eq!(
+        conditions_on(&text, "test"),
+        ["ready", "drifted", "pinned"],
+        "{text}"
+    );
+
+    // Unpinned, the newest commit is applied: nothing behind.
     sb.gitplane(&["unpin", "--config", &c, "--env", "test", "--by", "alice"])
         .ok();
+    let text = scrape(port).expect("the listener answers");
+    assert_eq!(behind(&text), Some(0.0), "{text}");
     // Put back as recorded, the next detect run finds nothing: no longer drifted.
     driver.untamper();
     sb.gitplane(&["drift", "--config", &c, "--env", "test"])

@@ -259,6 +259,10 @@ impl Daemon {
         )?;
         store.check_key().map_err(DaemonError::Key)?;
         let events = Arc::new(Events::new(&options.host.notify));
+        if remote.is_some() {
+            // The daemon starts only once its first fetch succeeded.
+            events.metrics.fetched(true);
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let (shard, lease_events, lease_thread) =
             if store.backend() == gitplane_state::db::Backend::Postgres {
@@ -436,6 +440,7 @@ impl Daemon {
                 }
                 Some((result, noticed)) = fetched_rx.recv() => {
                     fetching = false;
+                    self.shared.events.metrics.fetched(result.is_ok());
                     if let Err(e) = result {
                         warn!(error = %e, "fetch failed; the last fetched commit stays in force");
                     }
@@ -1143,7 +1148,7 @@ impl Daemon {
         if let Some(queue) = self.workers.get(&env) {
             return queue.clone();
         }
-        let queue = Arc::new(EnvQueue::default());
+        let queue = Arc::new(EnvQueue::new(&env, self.shared.events.metrics.clone()));
         self.workers.insert(env.clone(), queue.clone());
         let task = self
             .tasks
@@ -1245,27 +1250,51 @@ impl Daemon {
 
 /// One environment's queue, shared by the main loop (which adds requests) and the
 /// environment's worker (which takes them).
-#[derive(Default)]
 struct EnvQueue {
+    env: String,
     requests: Mutex<RequestQueue<Job>>,
     /// Told when a request arrives or the queue closes.
     wake: tokio::sync::Notify,
+    /// Told how many requests wait after each change (`gitplane_queue_jobs`).
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl EnvQueue {
+    fn new(env: &str, metrics: Arc<crate::metrics::Metrics>) -> EnvQueue {
+        metrics.queued(env, 0);
+        EnvQueue {
+            env: env.to_owned(),
+            requests: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+            metrics,
+        }
+    }
+
     fn requests(&self) -> std::sync::MutexGuard<'_, RequestQueue<Job>> {
         self.requests.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Changes the requests with `change` and reports how many wait now; its result back.
+    fn update<T>(&self, change: impl FnOnce(&mut RequestQueue<Job>) -> T) -> T {
+        let mut requests = self.requests();
+        let out = change(&mut requests);
+        // A closed queue's series is gone: a worker winding down must not bring it back.
+        if !requests.is_closed() {
+            self.metrics.queued(&self.env, requests.pending());
+        }
+        out
+    }
+
     /// Adds a request (under the queue's merge rules) and wakes the worker.
     fn push(&self, add: impl FnOnce(&mut RequestQueue<Job>)) {
-        add(&mut self.requests());
+        self.update(add);
         self.wake.notify_one();
     }
 
     /// No more requests: the worker ends once its run ends.
     fn close(&self) {
         self.requests().close();
+        self.metrics.unqueued(&self.env);
         self.wake.notify_one();
     }
 }
@@ -1281,12 +1310,10 @@ async fn worker(env: String, queue: Arc<EnvQueue>, shared: Arc<Shared>) {
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
-        let (work, due) = {
-            let mut requests = queue.requests();
-            if requests.is_closed() {
-                return;
-            }
-            (requests.next(Instant::now()), requests.due())
+        let Some((work, due)) = queue.update(|requests| {
+            (!requests.is_closed()).then(|| (requests.next(Instant::now()), requests.due()))
+        }) else {
+            return;
         };
         let Some(work) = work else {
             tokio::select! {
@@ -1318,9 +1345,8 @@ async fn worker(env: String, queue: Arc<EnvQueue>, shared: Arc<Shared>) {
         }
         let policy = shared.current().deployment_retry;
         let salt = std::collections::hash_map::RandomState::new().hash_one(&env);
-        let retry = queue
-            .requests()
-            .ended(&work, ended, &policy, (Instant::now(), salt));
+        let retry =
+            queue.update(|requests| requests.ended(&work, ended, &policy, (Instant::now(), salt)));
         if let (
             Some(delay),
             Work::Deploy {

@@ -899,6 +899,20 @@ impl ConfigRepo {
         })
     }
 
+    /// When `commit` was committed, in seconds since the epoch: its place in the watched ref's
+    /// history, which a rebase keeps in order where author times may not be.
+    pub fn commit_time(&self, commit: &str) -> Result<i64, RepoError> {
+        let read_err = self.read_err(commit);
+        let id = gix::ObjectId::from_hex(commit.as_bytes()).map_err(|e| read_err(e.to_string()))?;
+        let mut buf = Vec::new();
+        let parsed = self
+            .objects()
+            .find_commit(&id, &mut buf)
+            .map_err(|e| read_err(e.to_string()))?;
+        let committer = parsed.committer().map_err(|e| read_err(e.to_string()))?;
+        Ok(committer.time().map_or(0, |t| t.seconds))
+    }
+
     /// Resolves `rev` and reads its files.
     pub fn load(&self, rev: Option<&str>) -> Result<Snapshot, RepoError> {
         let commit = self.resolve(rev)?;

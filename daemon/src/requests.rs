@@ -102,6 +102,16 @@ impl<J: Clone> RequestQueue<J> {
         self.closed
     }
 
+    /// How many requests wait for the worker: a deployment, a retry (due or not), a drift run.
+    pub fn pending(&self) -> usize {
+        if self.closed {
+            return 0;
+        }
+        usize::from(self.waiting.is_some())
+            + usize::from(self.retry.is_some())
+            + usize::from(self.drift)
+    }
+
     /// The next work to run at `now`: a waiting deployment, else a retry that is due, else a
     /// drift run.
     pub fn next(&mut self, now: Instant) -> Option<Work<J>> {
@@ -211,6 +221,27 @@ mod tests {
         q.deploy("b".into(), "job");
         assert_eq!(q.next(now), Some(deploy("b", 1)));
         assert_eq!(q.next(now), None);
+    }
+
+    #[test]
+    fn pending_counts_what_waits_for_the_worker() {
+        let mut q = RequestQueue::default();
+        let now = Instant::now();
+        assert_eq!(q.pending(), 0);
+        q.deploy("a".into(), "job");
+        q.deploy("b".into(), "job");
+        q.drift();
+        assert_eq!(
+            q.pending(),
+            2,
+            "one deployment (the newest) and a drift run"
+        );
+        let work = q.next(now).unwrap();
+        assert_eq!(q.pending(), 1, "the running deployment no longer waits");
+        q.ended(&work, Ended::Unfinished, &POLICY, (now, 1));
+        assert_eq!(q.pending(), 2, "its retry waits, not yet due");
+        q.close();
+        assert_eq!(q.pending(), 0);
     }
 
     #[test]

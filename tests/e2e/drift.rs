@@ -111,6 +111,15 @@ impl ReadingDriver {
         }
     }
 
+    /// Someone puts the resource back as gitplane provisioned it.
+    fn untamper(&self) {
+        let mut r = self.lock();
+        for (guresid, (values, secrets)) in r.live.iter_mut() {
+            values["host"] = json!(format!("db-{}", &guresid[..8]));
+            secrets["password"] = json!(PASSWORD);
+        }
+    }
+
     fn host(&self) -> Value {
         let r = self.lock();
         r.live
@@ -532,4 +541,113 @@ fn a_read_that_fails_transiently_is_retried_and_finds_the_drift() {
         error[0].contains("(gave up after 3 attempts)"),
         "{error:?}:{run}"
     );
+}
+
+/// What a detect run found and a pin show in the daemon's metrics, read from the state the CLI
+/// wrote while the daemon runs: `drifted` and the findings, then `pinned`; a detect run that
+/// finds nothing clears `drifted`.
+#[test]
+fn detected_drift_and_a_pin_show_in_the_daemons_metrics() {
+    use crate::metrics::{conditions_on, scrape, scrape_when_up};
+    use crate::service::{free_port, samples, value};
+
+    let sb = Sandbox::new();
+    let driver = ReadingDriver::start(true);
+    let head = platform(
+        &sb,
+        &driver,
+        "type: test\nimplicit_resources: []\ndrift: detect\n",
+    );
+    let c = config(&sb);
+    sb.gitplane(&["apply", "--config", &c]).ok();
+    let port = free_port();
+    let args = sb.host_config(&format!(
+        "{}http: {{listen: 127.0.0.1:{port}}}\n",
+        sb.read("host.yaml")
+    ));
+    let daemon = Daemon::start(&sb, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let text = scrape_when_up(port, &daemon);
+    assert_eq!(conditions_on(&text, "test"), ["ready"], "{text}");
+    assert_eq!(
+        samples(&text).get("gitplane_drift_findings{env=\"test\"}"),
+        Some(&0.0),
+        "{text}"
+    );
+
+    driver.tamper();
+    let run = sb.gitplane(&["drift", "--config", &c, "--env", "test"]);
+    assert_eq!(run.code, Some(2), "drift found:{run}");
+    let text = scrape(port).expect("the listener answers");
+    assert_eq!(conditions_on(&text, "test"), ["ready", "drifted"], "{text}");
+    assert_eq!(
+        value(&samples(&text), "gitplane_drift_findings{env=\"test\"}"),
+        2.0,
+        "outputs and secret outputs differ:\n{text}"
+    );
+
+    sb.gitplane(&[
+        "pin", "--config", &c, "--env", "test", "--reason", "audit", "--by", "alice",
+    ])
+    .ok();
+    let text = scrape(port).expect("the listener answers");
+    assert_eq!(
+        conditions_on(&text, "test"),
+        ["ready", "drifted", "pinned"],
+        "{text}"
+    );
+    // At the ref: nothing behind.
+    assert_eq!(
+        samples(&text).get("gitplane_environment_commit_behind_seconds{env=\"test\"}"),
+        Some(&0.0),
+        "{head}: {text}"
+    );
+
+    // A commit an hour later (by its committer time) is held back by the pin: the
+    // environment's commit is an hour behind the watched ref's.
+    sb.edit("workloads/shop/api.yaml", "image: x", "image: y");
+    sb.git(&["add", "-A"]);
+    let later = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    sb.git(&[
+        "commit",
+        "--quiet",
+        "-m",
+        "an hour later",
+        &format!("--date=@{later}"),
+    ]);
+    sb.git(&[
+        "rebase",
+        "--quiet",
+        "--committer-date-is-author-date",
+        "HEAD~1",
+    ]);
+    sb.git(&["push", "--quiet", "origin", "main"]);
+    let behind = |text: &str| {
+        samples(text)
+            .get("gitplane_environment_commit_behind_seconds{env=\"test\"}")
+            .copied()
+    };
+    let text = scrape(port).expect("the listener answers");
+    let seconds = behind(&text).unwrap_or_default();
+    assert!((3500.0..=3700.0).contains(&seconds), "{seconds}:\n{text}");
+    assert_eq!(
+        conditions_on(&text, "test"),
+        ["ready", "drifted", "pinned"],
+        "{text}"
+    );
+
+    // Unpinned, the newest commit is applied: nothing behind.
+    sb.gitplane(&["unpin", "--config", &c, "--env", "test", "--by", "alice"])
+        .ok();
+    let text = scrape(port).expect("the listener answers");
+    assert_eq!(behind(&text), Some(0.0), "{text}");
+    // Put back as recorded, the next detect run finds nothing: no longer drifted.
+    driver.untamper();
+    sb.gitplane(&["drift", "--config", &c, "--env", "test"])
+        .ok();
+    let text = scrape(port).expect("the listener answers");
+    assert_eq!(conditions_on(&text, "test"), ["ready"], "{text}");
 }

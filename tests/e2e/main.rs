@@ -28,6 +28,7 @@ mod links;
 mod listener;
 mod lock;
 mod manifests;
+mod metrics;
 mod notifications;
 mod pin;
 mod postgres;

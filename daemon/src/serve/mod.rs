@@ -297,7 +297,20 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn metrics_text(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
     let figures = shared.read(|s| s.figures()).await?;
-    let text = shared.events.metrics.render(&figures);
+    // Git is read on a blocking thread too: a few commit objects, whatever the estate's size.
+    let (repo, commits) = (shared.repo.clone(), figures.commits.clone());
+    let git_ref = shared
+        .host
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .git_ref
+        .clone();
+    let behind = tokio::task::spawn_blocking(move || {
+        crate::metrics::commits_behind(&repo, git_ref.as_deref(), &commits)
+    })
+    .await
+    .unwrap_or_default();
+    let text = shared.events.metrics.render(&figures, &behind);
     Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
 }
 

@@ -333,3 +333,56 @@ fn watches_the_host_configs_ref_in_the_current_repository() {
     );
     assert_eq!(origin_rev(&sb, "prod"), good);
 }
+
+/// A second app beside the template's `shop`: the same workloads under `workloads/blog/`.
+fn add_blog(sb: &Sandbox) {
+    for file in ["backend.yaml", "frontend.yaml"] {
+        sb.write(
+            &format!("workloads/blog/{file}"),
+            &sb.read(&format!("workloads/shop/{file}")),
+        );
+    }
+}
+
+#[test]
+fn a_push_that_changes_one_app_is_validated_by_reading_that_app_alone() {
+    let sb = Sandbox::new();
+    install_default_hook(&sb);
+    let first = push_template(&sb);
+    add_blog(&sb);
+    let added = commit_only(&sb, "A second app");
+    let run = push(&sb, "main").ok();
+    let said = format!(
+        "ok: commit {} for refs/heads/main is valid: 1 changed app(s) read (blog), the rest as at {}; development (",
+        &added[..12],
+        &first[..12]
+    );
+    assert!(
+        remote_lines(&run).iter().any(|l| l.starts_with(&said)),
+        "no {said:?} line:{run}"
+    );
+    // A broken workload of that app is rejected with the errors `validate` gives the commit.
+    sb.edit(
+        "workloads/blog/backend.yaml",
+        "      port: 8080\n",
+        "      port: 8080: x\n",
+    );
+    assert_push_rejected(&sb, &added, &["error: workloads/blog/backend.yaml:18:17:"]);
+    // A shared file changed: every app is read again.
+    sb.git(&["reset", "--quiet", "--hard", &added]);
+    sb.edit(
+        "definitions/redis.yaml",
+        "      port: 6379\n",
+        "      port: 6380\n",
+    );
+    let shared = commit_only(&sb, "A definition changed");
+    let run = push(&sb, "main").ok();
+    let said = format!(
+        "ok: commit {} for refs/heads/main is valid: development (",
+        &shared[..12]
+    );
+    assert!(
+        remote_lines(&run).iter().any(|l| l.starts_with(&said)),
+        "no {said:?} line:{run}"
+    );
+}

@@ -33,6 +33,7 @@ mod notifications;
 mod pin;
 mod postgres;
 mod previews;
+mod proportional;
 mod reconcile;
 mod reconcile_now;
 mod remote_host;

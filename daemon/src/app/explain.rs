@@ -81,7 +81,9 @@ fn explain_recorded(
     (store, (guresid, env)): (&Store, (String, String)),
     format: Format,
 ) -> Result<Explained, AppError> {
-    let Some(found) = store.resources_by_guresid(std::slice::from_ref(&guresid), true)?.pop()
+    let Some(found) = store
+        .resources_by_guresid(std::slice::from_ref(&guresid), true)?
+        .pop()
     else {
         return Err(AppError::NoResource {
             resource: resource.to_owned(),

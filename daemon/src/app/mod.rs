@@ -164,6 +164,12 @@ pub enum AppError {
     StatePassword(SecretSourceError),
     #[error("{path}: no state file: run `gitplane apply` first, or pass --state")]
     NoState { path: PathBuf },
+    #[error("no app '{app}' in commit {commit} (apps: {known})")]
+    UnknownApp {
+        app: String,
+        commit: String,
+        known: String,
+    },
     #[error("no environment '{env}' in commit {commit} (environments: {known})")]
     UnknownEnv {
         env: String,
@@ -273,13 +279,42 @@ pub fn load_and_build_part(
     Ok((snapshot, graph.map(|g| Built { graphs: vec![g] })))
 }
 
+/// The graphs of the apps `apps` (and the global resources they reach) in each environment
+/// asked for, at `rev`, for `graph --app`: only those apps' folders are read. The commit's id
+/// with them; an app the commit does not have is an error naming those it has.
+pub fn load_and_build_apps(
+    ctx: &Context,
+    rev: Option<&str>,
+    apps: &BTreeSet<String>,
+) -> Result<(String, Result<Built, Rejected>), AppError> {
+    let repo = ctx.open_repo()?;
+    let commit = repo.resolve(rev)?;
+    let layout = repo.layout(&commit)?;
+    if let Some(app) = apps.iter().find(|a| !layout.apps.contains_key(*a)) {
+        return Err(AppError::UnknownApp {
+            app: app.clone(),
+            commit: short(&commit).to_owned(),
+            known: layout.apps.keys().cloned().collect::<Vec<_>>().join(", "),
+        });
+    }
+    let envs = select_envs(&deploy::environments_in(&layout), &commit, &ctx.envs)?;
+    let mut graphs = Vec::new();
+    for env in &envs {
+        match deploy::build_apps(&repo, &commit, env, apps, ctx.host())?.1 {
+            Ok(graph) => graphs.push(graph),
+            Err(rejected) => return Ok((commit, Err(rejected))),
+        }
+    }
+    Ok((commit, Ok(Built { graphs })))
+}
+
 /// Environments named by the commit's `environments/` files, or the ones asked for.
 pub fn target_envs(snapshot: &Snapshot, asked: &[String]) -> Result<Vec<String>, AppError> {
     select_envs(&deploy::environments_of(snapshot), &snapshot.commit, asked)
 }
 
 /// `asked` (every one of `known` when empty), each checked against `known`.
-fn select_envs(
+pub fn select_envs(
     known: &BTreeSet<String>,
     commit: &str,
     asked: &[String],

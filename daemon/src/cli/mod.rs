@@ -451,6 +451,10 @@ pub enum Command {
         common: Common,
         #[command(flatten)]
         rev: Rev,
+        /// Only this app's resources and the global ones they reach (repeat for several); only
+        /// its folder is read, whatever the size of the environment.
+        #[arg(long = "app", value_name = "APP")]
+        apps: Vec<String>,
         #[arg(long, short = 'o', value_enum, default_value_t = GraphFormat::Table)]
         format: GraphFormat,
     },
@@ -857,10 +861,11 @@ pub fn run(cli: Cli) -> Result<CommandResult, CliError> {
         Command::Graph {
             common,
             rev,
+            apps,
             format,
         } => {
             let ctx = common.context()?;
-            show_graph(&ctx, ctx.rev(rev.rev.as_deref()), format, stdout)
+            show_graph(&ctx, ctx.rev(rev.rev.as_deref()), &apps, format, stdout)
         }
         Command::Manifests {
             common,
@@ -1342,13 +1347,26 @@ fn show_plan(
 fn show_graph(
     ctx: &Context,
     rev: Option<&str>,
+    apps: &[String],
     format: GraphFormat,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
-    let Some((snapshot, built)) = built_or_report(ctx, rev, Need::Graphs)? else {
-        return Ok(CommandResult::Failure);
+    let (commit, built) = if apps.is_empty() {
+        match built_or_report(ctx, rev, Need::Graphs)? {
+            Some((snapshot, built)) => (snapshot.commit, built),
+            None => return Ok(CommandResult::Failure),
+        }
+    } else {
+        let apps = apps.iter().cloned().collect();
+        match app::load_and_build_apps(ctx, rev, &apps)? {
+            (commit, Ok(built)) => (commit, built),
+            (commit, Err(rejected)) => {
+                report_rejected(&commit, &rejected);
+                return Ok(CommandResult::Failure);
+            }
+        }
     };
-    let commit = &snapshot.commit;
+    let commit = &commit;
     match format {
         GraphFormat::Json => {
             print_json(

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -170,6 +170,10 @@ struct Shared {
     /// The environments this daemon holds, when daemons share a PostgreSQL state; `None`:
     /// every environment is this daemon's.
     shard: Option<Arc<Shard>>,
+    /// Deployment slots: `parallel_environments` runs at once, across environments.
+    slots: Arc<tokio::sync::Semaphore>,
+    /// How many slots there are now (SIGHUP may change it).
+    slot_count: AtomicUsize,
 }
 
 struct Daemon {
@@ -293,6 +297,10 @@ impl Daemon {
             stop,
             events,
             shard,
+            slots: Arc::new(tokio::sync::Semaphore::new(
+                options.host.parallel_environments,
+            )),
+            slot_count: AtomicUsize::new(options.host.parallel_environments),
         });
         Ok(Daemon {
             options,
@@ -495,6 +503,22 @@ impl Daemon {
         Ok(())
     }
 
+    /// Makes `wanted` deployment slots (`parallel_environments` reloaded): more are added at
+    /// once; fewer are taken away as running deployments give theirs back.
+    fn resize_slots(&self, wanted: usize) {
+        let had = self.shared.slot_count.swap(wanted, Ordering::SeqCst);
+        if wanted > had {
+            self.shared.slots.add_permits(wanted - had);
+        } else if wanted < had {
+            let slots = self.shared.slots.clone();
+            tokio::spawn(async move {
+                if let Ok(taken) = slots.acquire_many_owned((had - wanted) as u32).await {
+                    taken.forget();
+                }
+            });
+        }
+    }
+
     /// Takes the `gitplane reconcile` requests no daemon answered yet, adding those not taken
     /// before to [`Daemon::asked`]; whether any wait for an answer.
     async fn take_requests(&mut self) -> bool {
@@ -609,6 +633,8 @@ impl Daemon {
             sd_notify::NotifyState::Status("stopping: finishing driver calls in flight"),
         ]);
         self.shared.stop.store(true, Ordering::SeqCst);
+        // Workers waiting for a slot end too.
+        self.shared.slots.close();
         // Closing the queues lets idle workers end.
         for queue in self.workers.values() {
             queue.close();
@@ -684,6 +710,7 @@ impl Daemon {
                 if let Some(served) = &self.served {
                     self.reload_listener(served, &host);
                 }
+                self.resize_slots(host.parallel_environments);
                 let redeploy = deploys_differently(&self.options.host, &host);
                 self.options.host = host;
                 if redeploy {
@@ -1310,22 +1337,32 @@ async fn worker(env: String, queue: Arc<EnvQueue>, shared: Arc<Shared>) {
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
-        let Some((work, due)) = queue.update(|requests| {
-            (!requests.is_closed()).then(|| (requests.next(Instant::now()), requests.due()))
+        let Some((has_work, due)) = queue.update(|requests| {
+            (!requests.is_closed()).then(|| (requests.has_work(Instant::now()), requests.due()))
         }) else {
             return;
         };
-        let Some(work) = work else {
+        if !has_work {
             tokio::select! {
                 _ = queue.wake.notified() => {}
                 _ = sleep_until(due) => {}
             }
+            continue;
+        }
+        // A deployment slot (`parallel_environments`) before the work is taken: requests that
+        // arrive while it waits merge into what it then takes. Closed when the daemon stops.
+        let Ok(slot) = shared.slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(work) = queue.update(|requests| requests.next(Instant::now())) else {
             continue;
         };
         let (this_env, this_work, this_shared) = (env.clone(), work.clone(), shared.clone());
         let handle = tokio::runtime::Handle::current();
         let ran = tokio::task::spawn_blocking(move || {
             let ended = run_work(&this_env, &this_work, &mut store, &this_shared, &handle);
+            // Given back when the run ends, even if this task is no longer awaited.
+            drop(slot);
             (store, ended)
         })
         .await;

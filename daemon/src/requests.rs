@@ -140,6 +140,16 @@ impl<J: Clone> RequestQueue<J> {
         None
     }
 
+    /// Whether [`RequestQueue::next`] would give work at `now`, without taking it: a worker
+    /// waits for a deployment slot first, and takes the work once it holds one, so that
+    /// requests arriving meanwhile merge into it.
+    pub fn has_work(&self, now: Instant) -> bool {
+        !self.closed
+            && (self.waiting.is_some()
+                || self.retry.as_ref().is_some_and(|r| r.due <= now)
+                || self.drift)
+    }
+
     /// When the retry waiting is due, if one is.
     pub fn due(&self) -> Option<Instant> {
         self.retry.as_ref().filter(|_| !self.closed).map(|r| r.due)
@@ -221,6 +231,28 @@ mod tests {
         q.deploy("b".into(), "job");
         assert_eq!(q.next(now), Some(deploy("b", 1)));
         assert_eq!(q.next(now), None);
+    }
+
+    #[test]
+    fn has_work_says_what_next_would_give_without_taking_it() {
+        let mut q = RequestQueue::default();
+        let now = Instant::now();
+        assert!(!q.has_work(now));
+        q.deploy("a".into(), "job");
+        assert!(q.has_work(now));
+        // A commit that arrives while the worker waits for a slot is the one it then takes.
+        q.deploy("b".into(), "job");
+        assert!(q.has_work(now));
+        let work = q.next(now).unwrap();
+        assert_eq!(work, deploy("b", 1));
+        assert!(!q.has_work(now));
+        q.ended(&work, Ended::Unfinished, &POLICY, (now, 1));
+        assert!(!q.has_work(now), "a retry is work once it is due");
+        assert!(q.has_work(now + Duration::from_secs(3600)));
+        q.drift();
+        assert!(q.has_work(now));
+        q.close();
+        assert!(!q.has_work(now));
     }
 
     #[test]

@@ -437,3 +437,60 @@ fn past_stop_timeout_the_lease_goes_only_after_the_running_call_is_killed_and_jo
         daemon.log()
     );
 }
+
+/// Each environment's deployments as (started, finished) times, in the state's clock.
+fn deployment_spans(sb: &Sandbox) -> Vec<(String, String)> {
+    sb.rows(
+        "SELECT started_at, finished_at FROM deployment WHERE kind = 'commit' ORDER BY started_at",
+    )
+    .into_iter()
+    .map(|r| (r[0].clone(), r[1].clone()))
+    .collect()
+}
+
+/// Three environments on a driver that takes 600 ms a call, deployed by a daemon with
+/// `parallel_environments: slots`; the deployments' spans.
+fn three_environments_with_slots(slots: usize) -> Vec<(String, String)> {
+    let sb = Sandbox::new();
+    let server = DriverServer::start();
+    server.behave(
+        "postgres",
+        Behavior {
+            delay: Duration::from_millis(600),
+            ..Behavior::default()
+        },
+    );
+    write_platform(&sb, "1");
+    for env in ["blue", "green", "red"] {
+        sb.write(&format!("environments/{env}.yaml"), "type: test\n");
+    }
+    sb.remove("environments/test.yaml");
+    sb.commit("three environments");
+    let args = host_config(&sb, &server, &format!("parallel_environments: {slots}\n"));
+    let daemon = Daemon::start(&sb, &strs(&args));
+    wait_until(
+        "the three deployed",
+        &daemon,
+        Duration::from_secs(30),
+        || sb.count("SELECT COUNT(*) FROM deployment WHERE status = 'succeeded'") == 3,
+    );
+    deployment_spans(&sb)
+}
+
+#[test]
+fn parallel_environments_bounds_the_deployments_running_at_once() {
+    // One slot: each deployment starts after the one before finished.
+    let one = three_environments_with_slots(1);
+    for pair in one.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].1,
+            "a deployment started before the one before it finished: {one:?}"
+        );
+    }
+    // Three slots: they overlap.
+    let three = three_environments_with_slots(3);
+    assert!(
+        three.windows(2).any(|pair| pair[1].0 < pair[0].1),
+        "the deployments ran one after the other: {three:?}"
+    );
+}

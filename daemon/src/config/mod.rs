@@ -30,6 +30,8 @@ pub const DEFAULT_PATH: &str = "/etc/gitplane/gitplane.yaml";
 
 /// How many driver calls may run at once when the config does not say.
 pub const DEFAULT_CONCURRENCY: usize = 16;
+/// Deployments the daemon runs at once, across its environments (`parallel_environments`).
+pub const DEFAULT_PARALLEL_ENVIRONMENTS: usize = 8;
 
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{location}: {message}")]
@@ -141,6 +143,9 @@ pub struct HostConfig {
     /// daemons share a PostgreSQL state.
     pub lease_ttl: Duration,
     pub concurrency: usize,
+    /// `parallel_environments`: deployments (and drift runs) the daemon runs at once; the
+    /// others wait their turn in their environment's queue.
+    pub parallel_environments: usize,
     pub retry: RetryPolicy,
     /// How the daemon retries deployments that did not finish (`retry.deployments`).
     pub deployment_retry: DeploymentRetry,
@@ -319,6 +324,7 @@ impl Default for HostConfig {
             state_password: None,
             lease_ttl: DEFAULT_LEASE_TTL,
             concurrency: DEFAULT_CONCURRENCY,
+            parallel_environments: DEFAULT_PARALLEL_ENVIRONMENTS,
             retry: RetryPolicy::default(),
             deployment_retry: DeploymentRetry::default(),
             watch_interval: None,
@@ -347,6 +353,7 @@ struct HostConfigFile {
     state_password: Option<StatePasswordFile>,
     leases: Option<LeasesFile>,
     concurrency: Option<usize>,
+    parallel_environments: Option<usize>,
     retry: Option<RetryFile>,
     watch_interval: Option<String>,
     stop_timeout: Option<String>,
@@ -992,7 +999,7 @@ accounts:
 
     #[test]
     fn every_problem_is_reported_with_its_line_in_the_order_of_the_file() {
-        let text = "concurrency: 0\ndrivers:\n  a/b:\n    exec: {command: [relative/prog]}\n  c/d:\n    http: {url: ftp://x}\n  e/f: {}\naccounts:\n  acct: {}\n";
+        let text = "concurrency: 0\nparallel_environments: 0\ndrivers:\n  a/b:\n    exec: {command: [relative/prog]}\n  c/d:\n    http: {url: ftp://x}\n  e/f: {}\naccounts:\n  acct: {}\n";
         let errors: Vec<String> = HostConfig::parse("host.yaml", text)
             .unwrap_err()
             .iter()
@@ -1002,10 +1009,11 @@ accounts:
             errors,
             [
                 "host.yaml:1: concurrency must be at least 1",
-                "host.yaml:3: driver 'a/b': the program 'relative/prog' must be an absolute path (no shell, no PATH lookup)",
-                "host.yaml:5: driver 'c/d': url 'ftp://x' must start with http:// or https://",
-                "host.yaml:7: driver 'e/f' needs exactly one of http or exec",
-                "host.yaml:9: account 'acct' needs exactly one of file or env",
+                "host.yaml:2: parallel_environments must be at least 1",
+                "host.yaml:4: driver 'a/b': the program 'relative/prog' must be an absolute path (no shell, no PATH lookup)",
+                "host.yaml:6: driver 'c/d': url 'ftp://x' must start with http:// or https://",
+                "host.yaml:8: driver 'e/f' needs exactly one of http or exec",
+                "host.yaml:10: account 'acct' needs exactly one of file or env",
             ]
         );
     }

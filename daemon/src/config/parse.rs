@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use super::{
     AccountFile, AccountSource, ConfigError, DEFAULT_CONCURRENCY, DEFAULT_LEASE_TTL,
-    DEFAULT_STOP_TIMEOUT, DeploymentRetry, DriverConfig, DriverFile, HistoryFile, HostConfig,
-    HostConfigFile, KeepFile, LeasesFile, MAX_LEASE_TTL, MIN_LEASE_TTL, PreviewConfig,
-    PreviewTrust, PreviewsFile, RepoFile, RepoSource, RetryFile, RetryPolicy, SecretSource,
-    SecretStoreFile, StateKeyFile, StateKind, StatePasswordFile, TerraformFile, nonzero,
-    parse_duration, parse_retention, service, state_kind,
+    DEFAULT_PARALLEL_ENVIRONMENTS, DEFAULT_STOP_TIMEOUT, DeploymentRetry, DriverConfig, DriverFile,
+    HistoryFile, HostConfig, HostConfigFile, KeepFile, LeasesFile, MAX_LEASE_TTL, MIN_LEASE_TTL,
+    PreviewConfig, PreviewTrust, PreviewsFile, RepoFile, RepoSource, RetryFile, RetryPolicy,
+    SecretSource, SecretStoreFile, StateKeyFile, StateKind, StatePasswordFile, TerraformFile,
+    nonzero, parse_duration, parse_retention, service, state_kind,
 };
 use crate::drivers::TerraformConfig;
 use crate::model::yaml::{self, Doc, Limits};
@@ -94,6 +94,15 @@ pub(super) fn host_config(file: &str, text: &str) -> Result<HostConfig, Vec<Conf
     if concurrency == 0 {
         e.at("concurrency", "concurrency must be at least 1".into());
     }
+    let parallel_environments = raw
+        .parallel_environments
+        .unwrap_or(DEFAULT_PARALLEL_ENVIRONMENTS);
+    if parallel_environments == 0 {
+        e.at(
+            "parallel_environments",
+            "parallel_environments must be at least 1".into(),
+        );
+    }
     let history = raw.history.and_then(|h| history(e, h));
     let (state_key, state_password) = state(
         e,
@@ -133,6 +142,7 @@ pub(super) fn host_config(file: &str, text: &str) -> Result<HostConfig, Vec<Conf
         state_password,
         lease_ttl,
         concurrency,
+        parallel_environments,
         retry,
         deployment_retry,
         watch_interval,

@@ -507,16 +507,46 @@ impl Store {
             Some(((app != "-").then_some(app), res_type, class, id))
         });
         if let Some((app, res_type, class, id)) = label {
-            found.extend(self.query(
-                &format!(
+            // One index seek per environment (`resource_env` is (env, app, type)): a search
+            // across environments would scan every row.
+            let envs = if envs.is_empty() {
+                // The distinct environments by skipping through the index, one seek each,
+                // rather than reading every entry of it.
+                self.query(
+                    "WITH RECURSIVE e(env) AS (
+                         SELECT MIN(env) FROM resource
+                         UNION ALL
+                         SELECT (SELECT MIN(r.env) FROM resource r WHERE r.env > e.env)
+                         FROM e WHERE e.env IS NOT NULL
+                     )
+                     SELECT env FROM e WHERE env IS NOT NULL",
+                    params![],
+                    |r| r.get::<_, String>(0),
+                )?
+            } else {
+                envs.to_vec()
+            };
+            // `app IS ?` would not use the index: one statement for an app, one for globals.
+            let (sql, app) = match app {
+                Some(app) => (
                     "SELECT guresid, env FROM resource
-                     WHERE type = ?3 AND class = ?4 AND res_id = ?5
-                       AND ((CAST(?1 AS TEXT) IS NULL AND app IS NULL) OR app = ?1)
-                       AND {in_envs}"
+                     WHERE env = ?1 AND app = ?2 AND type = ?3 AND class = ?4 AND res_id = ?5",
+                    app,
                 ),
-                params![app, envs_json, res_type, class, id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )?);
+                None => (
+                    "SELECT guresid, env FROM resource
+                     WHERE env = ?1 AND app IS NULL AND ?2 = '' AND type = ?3 AND class = ?4
+                       AND res_id = ?5",
+                    "",
+                ),
+            };
+            for env in &envs {
+                found.extend(self.query(
+                    sql,
+                    params![env, app, res_type, class, id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )?);
+            }
         }
         found.sort_by(|a, b| (&a.1, &a.0).cmp(&(&b.1, &b.0)));
         found.dedup();
@@ -2046,6 +2076,65 @@ pub(crate) mod tests {
             Store::open(&path),
             Err(StateError::TooNew { found: 99, .. })
         ));
+    }
+
+    #[test]
+    fn a_resource_is_found_by_guresid_or_label_in_the_environments_asked() {
+        crate::tests::each_backend(|mut store| {
+            let put = |store: &mut Store, rec: ResourceRecord| {
+                let dep = store.begin_deployment(&rec.env, "c1").unwrap();
+                let op = store
+                    .begin_operation(&OperationStart {
+                        guresid: &rec.guresid,
+                        app: rec.app.as_deref(),
+                        res_type: &rec.res_type,
+                        res_id: &rec.res_id,
+                        ..start(dep)
+                    })
+                    .unwrap();
+                store.finish_put(op, 1, dep, &rec, Some(true)).unwrap();
+            };
+            put(&mut store, record("find-dev"));
+            put(
+                &mut store,
+                ResourceRecord {
+                    env: "find-prod".into(),
+                    ..record("find-prod")
+                },
+            );
+            put(
+                &mut store,
+                ResourceRecord {
+                    app: None,
+                    res_type: "dns".into(),
+                    res_id: "base".into(),
+                    ..record("find-global")
+                },
+            );
+            let label = "shop/postgres.default#shared.db";
+            let pair = |g: &str, e: &str| (g.to_owned(), e.to_owned());
+            assert_eq!(
+                store.find_resources(&[], "find-prod").unwrap(),
+                [pair("find-prod", "find-prod")]
+            );
+            let mut both = store.find_resources(&[], label).unwrap();
+            both.retain(|(g, _)| g.starts_with("find-"));
+            assert_eq!(
+                both,
+                [pair("find-dev", "development"), pair("find-prod", "find-prod")]
+            );
+            assert_eq!(
+                store
+                    .find_resources(&["find-prod".to_owned()], label)
+                    .unwrap(),
+                [pair("find-prod", "find-prod")]
+            );
+            let global = store
+                .find_resources(&["development".to_owned()], "-/dns.default#base")
+                .unwrap();
+            assert_eq!(global, [pair("find-global", "development")]);
+            assert!(store.find_resources(&[], "shop/postgres.default").unwrap().is_empty());
+        });
     }
 
     #[test]

@@ -506,21 +506,25 @@ fn build_one(
         envs: vec![env.to_owned()],
         errors,
     };
-    let repo: Repository = model::load_cached(&snapshot.files, cache)
+    let repo: Repository = tracing::debug_span!("parse files")
+        .in_scope(|| model::load_cached(&snapshot.files, cache))
         .map_err(|errors| reject(errors.iter().map(ToString::to_string).collect()))?;
     let Some(environment) = repo.environments.iter().find(|e| e.id == env) else {
         return Err(reject(vec![format!(
             "environments/{env}.yaml: the commit has no environment '{env}'"
         )]));
     };
-    let graph = graph::build_apps(&repo, environment, apps).map_err(|errs| {
+    let graph = tracing::debug_span!("build graph")
+        .in_scope(|| graph::build_apps(&repo, environment, apps));
+    let graph = graph.map_err(|errs| {
         reject(
             errs.iter()
                 .map(|e| format!("environment {env}: {e}"))
                 .collect(),
         )
     })?;
-    let mut errors = host_errors(&repo, &graph, host);
+    let mut errors =
+        tracing::debug_span!("check drivers").in_scope(|| host_errors(&repo, &graph, host));
     if errors.is_empty() {
         Ok(graph)
     } else {

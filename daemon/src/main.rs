@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use gitplane::cli::{Cli, CliError, Command, CommandResult, run};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::FmtSpan;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -19,6 +20,8 @@ fn main() -> ExitCode {
     let json = std::env::var("GITPLANE_LOG_FORMAT").is_ok_and(|f| f == "json");
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // `GITPLANE_LOG=gitplane=debug` times the phases of a command (`trace`: each batch).
+        .with_span_events(FmtSpan::CLOSE)
         .with_writer(std::io::stderr);
     if json {
         // One JSON object a line, for journald or a log shipper.

@@ -27,9 +27,11 @@ use gitplane_state::{
     BindingRecord, Counts, DeploymentStatus, Ended, JournalEntry, LinkChanges, LinkRecord,
     ManifestsRecord, OperationStart, ResourceRecord, ResourceStatus, StateError, Store,
 };
+use rayon::prelude::*;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use crate::calls::{Call, Caller, Failure, Halt, Halted, Held, Limits, Permits, call_until_done};
 use crate::config::{HostConfig, RetryPolicy};
@@ -207,8 +209,10 @@ pub async fn apply(
     on_event: &mut (dyn FnMut(&Event<'_>) + Send),
 ) -> Result<ApplyReport, StateError> {
     let graph = &target.graph;
+    let planning = tracing::debug_span!("plan").entered();
     let (recorded, links) = crate::deploy::recorded_in_scope(store, target)?;
     let plan = plan(graph, &recorded, &links);
+    drop(planning);
     let (deployment, resumed) = match options.approved {
         Some(id) => (id, false),
         None if options.removing_env => {
@@ -294,10 +298,15 @@ pub async fn apply(
         limits: Limits::new(settings.concurrency),
         halt: options.halt(),
     };
-    run.puts(&plan).await?;
-    run.deletes(&plan, &links).await?;
+    let span = tracing::debug_span!("puts");
+    run.puts(&plan).instrument(span).await?;
+    let span = tracing::debug_span!("deletes");
+    run.deletes(&plan, &links).instrument(span).await?;
+    let recording = tracing::debug_span!("record graph").entered();
     let orphans = run.record_graph(&plan, &links)?;
     run.record_fingerprints(&target.scope, &recorded, &orphans)?;
+    drop(recording);
+    let _finishing = tracing::debug_span!("finish").entered();
     let Run {
         store,
         unchanged,
@@ -429,6 +438,20 @@ struct Run<'a, 'e> {
 /// How many operations start together: journalled in one transaction, and, for drivers that
 /// answer in process, answered and recorded in the next.
 const BATCH: usize = 512;
+
+/// From how many independent items a step of a batch spreads over the cores (rayon's pool,
+/// `RAYON_NUM_THREADS`): below it, handing them to other threads costs more than it saves.
+const PARALLEL_FROM: usize = 32;
+
+/// `f` of each of `items`, in their order: on every core when there are many. Nothing that
+/// decides what is recorded depends on which thread ran what.
+fn in_order<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync + Send) -> Vec<R> {
+    if items.len() < PARALLEL_FROM {
+        items.iter().map(f).collect()
+    } else {
+        items.par_iter().map(f).collect()
+    }
+}
 
 /// Put or delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -906,6 +929,7 @@ impl<'a> Run<'a, '_> {
         let mut head: Option<Held> = None;
         loop {
             let mut starting: Vec<(usize, Box<Ready>)> = Vec::new();
+            let preparing = tracing::trace_span!("prepare batch").entered();
             // A batch at a time: resolved inputs wait in memory only until their calls start.
             while queued.len() + starting.len() < BATCH
                 && let Some(i) = ready.pop_front()
@@ -942,6 +966,7 @@ impl<'a> Run<'a, '_> {
                     Started::Settled => finished.push(i),
                 }
             }
+            drop(preparing);
             self.flush_ended()?;
             finished.extend(self.run_batch(steps, starting, &mut queued, operation)?);
             finished.extend(self.start_calls(
@@ -1015,20 +1040,19 @@ impl<'a> Run<'a, '_> {
         queued: &mut VecDeque<Queued>,
         operation: Operation,
     ) -> Result<Vec<usize>, StateError> {
-        let mut answered = Vec::new();
-        for (i, ready) in starting {
-            let answer = ready
-                .registered
-                .driver
+        let answering = tracing::trace_span!("answer in process").entered();
+        let observer = self.settings.calls.as_deref();
+        // In-process calls are independent of one another: they run on every core, their
+        // answers taken in the batch's order.
+        let answers = in_order(&starting, |(_, ready)| {
+            let driver = &*ready.registered.driver;
+            driver
                 .in_process()
-                .then(|| {
-                    answer_in_process(
-                        &*ready.registered.driver,
-                        &ready.job,
-                        (&ready.driver_type, self.settings.calls.as_deref()),
-                    )
-                })
-                .flatten();
+                .then(|| answer_in_process(driver, &ready.job, (&ready.driver_type, observer)))
+                .flatten()
+        });
+        let mut answered = Vec::new();
+        for ((i, ready), answer) in starting.into_iter().zip(answers) {
             match answer {
                 Some(outcome) => {
                     (self.on_event)(&Event::Started {
@@ -1049,6 +1073,7 @@ impl<'a> Run<'a, '_> {
                 }
             }
         }
+        drop(answering);
         self.record_answers(steps, answered, operation)
     }
 
@@ -1087,7 +1112,8 @@ impl<'a> Run<'a, '_> {
                 stopped: None,
             });
         }
-        let finished = self.finished(steps, results, operation);
+        let finished =
+            tracing::trace_span!("records").in_scope(|| self.finished(steps, results, operation));
         let starts: Vec<OperationStart<'_>> = started
             .iter()
             .map(|(i, action, reason)| self.start(steps[*i], action, reason))
@@ -1239,6 +1265,7 @@ impl<'a> Run<'a, '_> {
         calls: &[CallEnded],
         finished: Vec<Finished>,
     ) -> Result<Vec<usize>, StateError> {
+        let _span = tracing::trace_span!("commit batch").entered();
         let bindings = self.bindings_to_write()?;
         let (deployment, graph) = (self.deployment, self.graph);
         let mut batch = self.store.batch()?;
@@ -1259,40 +1286,25 @@ impl<'a> Run<'a, '_> {
         Ok(self.after_journal(steps, finished))
     }
 
-    /// What finished jobs record.
+    /// What finished jobs record, each independently of the others: on every core when there
+    /// are many, in the order of `results`.
     fn finished(
         &self,
         steps: &[&'a Step],
         results: Vec<JobResult>,
         operation: Operation,
     ) -> Vec<Finished> {
-        results
-            .into_iter()
-            .map(|result| match (operation, result.stopped) {
-                (_, Some(halted)) => Finished::Skipped {
-                    step: result.step,
-                    action: match operation {
-                        Operation::Delete => Action::Delete,
-                        Operation::Put
-                            if self
-                                .outputs
-                                .recorded
-                                .contains_key(steps[result.step].guresid.as_str()) =>
-                        {
-                            Action::Update
-                        }
-                        Operation::Put => Action::Create,
-                    },
-                    why: halted.skip_reason(),
-                    result,
-                },
-                (Operation::Put, None) => self.put_record(steps[result.step], result),
-                (Operation::Delete, None) => Finished::Delete {
-                    step: result.step,
-                    result,
-                },
-            })
-            .collect()
+        let recorder = Recorder {
+            graph: self.graph,
+            recorded: self.outputs.recorded,
+            commit: self.commit,
+        };
+        let finish = |result: JobResult| recorder.finished(steps, result, operation);
+        if results.len() < PARALLEL_FROM {
+            results.into_iter().map(finish).collect()
+        } else {
+            results.into_par_iter().map(finish).collect()
+        }
     }
 
     /// After finished jobs are journalled: their outputs serve what depends on them, and
@@ -1460,89 +1472,6 @@ impl<'a> Run<'a, '_> {
             hash,
             inputs: Some(inputs),
         })))
-    }
-
-    /// What a finished put records.
-    fn put_record(&self, step: &Step, mut result: JobResult) -> Finished {
-        let node = self
-            .graph
-            .get(&step.guresid)
-            .expect("only steps of graph nodes are put");
-        let previous = self.outputs.recorded.get(node.guresid.as_str()).copied();
-        // A workload's objects, its `update` output applied; one that cannot be applied fails
-        // the put, as a refusal of the driver's answer would.
-        let mut workload_manifests = None;
-        if let Ok(answer) = &result.outcome {
-            match workload_manifests_of(node, answer, result.inputs.as_ref()) {
-                Ok(m) => workload_manifests = Some(m),
-                Err(e) => result.outcome = Err(e),
-            }
-        }
-        match &result.outcome {
-            Ok(Answer {
-                outputs,
-                secret_outputs,
-                manifests: _,
-            }) => {
-                let inputs = result.inputs.clone().unwrap_or(ResolvedInputs {
-                    resource: Value::Null,
-                    resource_is_secret: false,
-                    values: Value::Null,
-                    secrets: Value::Null,
-                    resource_secrets: Vec::new(),
-                });
-                // What a delete will need again; anything a secret flowed into stays secret.
-                let (public, secret) = split_inputs(&inputs);
-                let record = ResourceRecord {
-                    status: ResourceStatus::Ready,
-                    inputs_hash: result.hash.clone(),
-                    outputs: outputs.clone(),
-                    secret_outputs: secret_outputs.clone(),
-                    inputs: public,
-                    secret_inputs: secret,
-                    error: None,
-                    ..self.record(node)
-                };
-                let changed = previous.is_none_or(|rec| {
-                    rec.outputs != record.outputs || rec.secret_outputs != record.secret_outputs
-                });
-                let manifests = workload_manifests.unwrap_or_default();
-                // Secret values reach manifests through the driver's secret inputs, its secret
-                // outputs, or (in a workload's Score file) the secret outputs it reads; and,
-                // encoded or not, through anything its call received, the account included.
-                let mut secrets = vec![&inputs.secrets, secret_outputs];
-                secrets.extend(&inputs.resource_secrets);
-                let needles = result.leaks.as_ref().map(|l| &l.needles);
-                let manifests = manifests::to_record(manifests, &secrets, needles);
-                Finished::Put {
-                    step: result.step,
-                    result,
-                    record: Box::new(record),
-                    outputs_changed: Some(changed),
-                    new: previous.is_none(),
-                    manifests: Some(manifests),
-                }
-            }
-            Err(error) => {
-                // A failed update keeps what was last provisioned: dependents may still use it.
-                let record = ResourceRecord {
-                    status: ResourceStatus::Failed,
-                    error: Some(error.clone()),
-                    definition: node.definition.clone(),
-                    driver: node.driver_type.clone(),
-                    commit_id: self.commit.to_owned(),
-                    ..previous.cloned().unwrap_or_else(|| self.record(node))
-                };
-                Finished::Put {
-                    step: result.step,
-                    result,
-                    record: Box::new(record),
-                    outputs_changed: None,
-                    new: previous.is_none(),
-                    manifests: None,
-                }
-            }
-        }
     }
 
     /// After a put's record is journalled: its outputs serve what depends on it.
@@ -1877,10 +1806,129 @@ impl<'a> Run<'a, '_> {
             reason,
         }
     }
+}
 
+/// What finished jobs record: all they need of the run, to be shared between threads.
+struct Recorder<'r> {
+    graph: &'r ResourceGraph,
+    recorded: &'r HashMap<&'r str, &'r ResourceRecord>,
+    commit: &'r str,
+}
+
+impl Recorder<'_> {
     /// A record of `node` as this run provisions it; outputs and inputs are filled by callers.
     fn record(&self, node: &ResourceNode) -> ResourceRecord {
         crate::plan::record_of(node, &self.graph.env, self.commit)
+    }
+
+    /// What the finished job `result` of `steps` records.
+    fn finished(&self, steps: &[&Step], result: JobResult, operation: Operation) -> Finished {
+        match (operation, result.stopped) {
+            (_, Some(halted)) => Finished::Skipped {
+                step: result.step,
+                action: match operation {
+                    Operation::Delete => Action::Delete,
+                    Operation::Put
+                        if self
+                            .recorded
+                            .contains_key(steps[result.step].guresid.as_str()) =>
+                    {
+                        Action::Update
+                    }
+                    Operation::Put => Action::Create,
+                },
+                why: halted.skip_reason(),
+                result,
+            },
+            (Operation::Put, None) => self.put_record(steps[result.step], result),
+            (Operation::Delete, None) => Finished::Delete {
+                step: result.step,
+                result,
+            },
+        }
+    }
+
+    /// What a finished put records.
+    fn put_record(&self, step: &Step, mut result: JobResult) -> Finished {
+        let node = self
+            .graph
+            .get(&step.guresid)
+            .expect("only steps of graph nodes are put");
+        let previous = self.recorded.get(node.guresid.as_str()).copied();
+        // A workload's objects, its `update` output applied; one that cannot be applied fails
+        // the put, as a refusal of the driver's answer would.
+        let mut workload_manifests = None;
+        if let Ok(answer) = &result.outcome {
+            match workload_manifests_of(node, answer, result.inputs.as_ref()) {
+                Ok(m) => workload_manifests = Some(m),
+                Err(e) => result.outcome = Err(e),
+            }
+        }
+        match &result.outcome {
+            Ok(Answer {
+                outputs,
+                secret_outputs,
+                manifests: _,
+            }) => {
+                let inputs = result.inputs.clone().unwrap_or(ResolvedInputs {
+                    resource: Value::Null,
+                    resource_is_secret: false,
+                    values: Value::Null,
+                    secrets: Value::Null,
+                    resource_secrets: Vec::new(),
+                });
+                // What a delete will need again; anything a secret flowed into stays secret.
+                let (public, secret) = split_inputs(&inputs);
+                let record = ResourceRecord {
+                    status: ResourceStatus::Ready,
+                    inputs_hash: result.hash.clone(),
+                    outputs: outputs.clone(),
+                    secret_outputs: secret_outputs.clone(),
+                    inputs: public,
+                    secret_inputs: secret,
+                    error: None,
+                    ..self.record(node)
+                };
+                let changed = previous.is_none_or(|rec| {
+                    rec.outputs != record.outputs || rec.secret_outputs != record.secret_outputs
+                });
+                let manifests = workload_manifests.unwrap_or_default();
+                // Secret values reach manifests through the driver's secret inputs, its secret
+                // outputs, or (in a workload's Score file) the secret outputs it reads; and,
+                // encoded or not, through anything its call received, the account included.
+                let mut secrets = vec![&inputs.secrets, secret_outputs];
+                secrets.extend(&inputs.resource_secrets);
+                let needles = result.leaks.as_ref().map(|l| &l.needles);
+                let manifests = manifests::to_record(manifests, &secrets, needles);
+                Finished::Put {
+                    step: result.step,
+                    result,
+                    record: Box::new(record),
+                    outputs_changed: Some(changed),
+                    new: previous.is_none(),
+                    manifests: Some(manifests),
+                }
+            }
+            Err(error) => {
+                // A failed update keeps what was last provisioned: dependents may still use it.
+                let record = ResourceRecord {
+                    status: ResourceStatus::Failed,
+                    error: Some(error.clone()),
+                    definition: node.definition.clone(),
+                    driver: node.driver_type.clone(),
+                    commit_id: self.commit.to_owned(),
+                    ..previous.cloned().unwrap_or_else(|| self.record(node))
+                };
+                Finished::Put {
+                    step: result.step,
+                    result,
+                    record: Box::new(record),
+                    outputs_changed: None,
+                    new: previous.is_none(),
+                    manifests: None,
+                }
+            }
+        }
     }
 }
 

@@ -437,6 +437,7 @@ impl ConfigRepo {
         commit: &str,
         apps: Option<&BTreeSet<String>>,
     ) -> Result<Snapshot, RepoError> {
+        let _span = tracing::debug_span!("read files").entered();
         let read_err = self.read_err(commit);
         let objects = self.objects();
         let mut buf = Vec::new();

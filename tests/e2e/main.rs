@@ -30,6 +30,7 @@ mod lock;
 mod manifests;
 mod metrics;
 mod notifications;
+mod parallel;
 mod pin;
 mod postgres;
 mod previews;

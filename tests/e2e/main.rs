@@ -29,6 +29,7 @@ mod listener;
 mod lock;
 mod manifests;
 mod notifications;
+mod package;
 mod pin;
 mod postgres;
 mod previews;

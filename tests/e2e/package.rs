@@ -27,7 +27,9 @@ fn the_example_host_config_loads_and_validates_a_repository() {
 
     // Read as shipped, it names the repository it watches, which this machine does not have:
     // the error is about that repository, not about the config.
-    let run = sb.gitplane_raw(&["validate", "--config", config], &[]).fails();
+    let run = sb
+        .gitplane_raw(&["validate", "--config", config], &[])
+        .fails();
     run.stderr_has("/srv/git/platform.git");
     assert!(!run.stderr.contains("host config"), "{run}");
 
@@ -57,14 +59,20 @@ fn the_example_host_config_keeps_to_the_units_directories() {
     // sandbox lets it write, owned by the gitplane user the package makes.
     let state = top_level(&text, "state");
     let state_dir = format!("/var/lib/{}/", unit_value("StateDirectory"));
-    assert!(state.starts_with(&state_dir), "state: {state} is not under {state_dir}");
+    assert!(
+        state.starts_with(&state_dir),
+        "state: {state} is not under {state_dir}"
+    );
 
     // The repository under the path the unit opens read-only; the config where ExecStart
     // reads it.
     let repo = top_level(&text, "repo");
     let read_only = unit_value("ReadOnlyPaths");
     let read_only = read_only.trim_start_matches('-');
-    assert!(repo.starts_with(&format!("{read_only}/")), "repo: {repo} is not under {read_only}");
+    assert!(
+        repo.starts_with(&format!("{read_only}/")),
+        "repo: {repo} is not under {read_only}"
+    );
     assert!(
         unit_value("ExecStart").ends_with(" --config /etc/gitplane/gitplane.yaml"),
         "the unit reads another config"

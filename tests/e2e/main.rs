@@ -30,6 +30,7 @@ mod lock;
 mod manifests;
 mod metrics;
 mod notifications;
+mod package;
 mod parallel;
 mod pin;
 mod postgres;

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-/// Where the unit says the binary is installed.
-const INSTALLED_BINARY: &str = "/usr/local/bin/gitplane";
+/// Where the unit says the binary is installed: where the Debian package puts it
+/// (`[package.metadata.deb]` in daemon/Cargo.toml; `.ci/run` checks the built package).
+const INSTALLED_BINARY: &str = "/usr/bin/gitplane";
 
 /// The highest `systemd-analyze security` exposure the unit may have (measured: 1.2 with
 /// systemd 252). Raising it needs a reason in systemd/README.md.

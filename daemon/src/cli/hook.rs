@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! #!/bin/sh
-//! exec /usr/local/bin/gitplane validate --pre-receive --config /etc/gitplane/gitplane.yaml
+//! exec /usr/bin/gitplane validate --pre-receive --config /etc/gitplane/gitplane.yaml
 //! ```
 //!
 //! git runs the hook in the bare repository, so `--repo .` (the default when the host config

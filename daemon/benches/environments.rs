@@ -76,19 +76,7 @@ fn main() {
 fn one_setting(envs: usize, apps: usize, slots: usize) -> Figures {
     let dir = tempfile::tempdir().expect("a temp dir");
     let root = dir.path();
-    git(
-        root,
-        &[
-            "init",
-            "--quiet",
-            "--bare",
-            "--initial-branch=main",
-            "origin.git",
-        ],
-    );
-    git(root, &["clone", "--quiet", "origin.git", "work"]);
-    let work = root.join("work");
-    git(&work, &["symbolic-ref", "HEAD", "refs/heads/main"]);
+    let work = cli::bare_and_clone(root);
     for e in 0..envs {
         write(
             &work,

@@ -248,19 +248,7 @@ fn run_size(apps: usize) -> Figures {
 
     // The repository, pushed to a bare origin like a person would.
     let t = Instant::now();
-    git(
-        root,
-        &[
-            "init",
-            "--quiet",
-            "--bare",
-            "--initial-branch=main",
-            "origin.git",
-        ],
-    );
-    git(root, &["clone", "--quiet", "origin.git", "work"]);
-    let work = root.join("work");
-    git(&work, &["symbolic-ref", "HEAD", "refs/heads/main"]);
+    let work = cli::bare_and_clone(root);
     for (path, text) in repository(apps) {
         write(&work, &path, &text);
     }

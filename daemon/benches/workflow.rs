@@ -107,19 +107,7 @@ fn one_size(resources: usize) -> Figures {
     let apps = resources / RESOURCES_PER_APP;
     let dir = tempfile::tempdir().expect("a temp dir");
     let root = dir.path();
-    git(
-        root,
-        &[
-            "init",
-            "--quiet",
-            "--bare",
-            "--initial-branch=main",
-            "origin.git",
-        ],
-    );
-    git(root, &["clone", "--quiet", "origin.git", "work"]);
-    let work = root.join("work");
-    git(&work, &["symbolic-ref", "HEAD", "refs/heads/main"]);
+    let work = cli::bare_and_clone(root);
     for (path, text) in repository(apps) {
         write(&work, &path, &text);
     }

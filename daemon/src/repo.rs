@@ -885,24 +885,31 @@ impl ConfigRepo {
 
     /// Who made `commit` and its message's first line, for the status page and notifications.
     pub fn commit_info(&self, commit: &str) -> Result<CommitInfo, RepoError> {
-        let read_err = self.read_err(commit);
-        let id = gix::ObjectId::from_hex(commit.as_bytes()).map_err(|e| read_err(e.to_string()))?;
-        let mut buf = Vec::new();
-        let parsed = self
-            .objects()
-            .find_commit(&id, &mut buf)
-            .map_err(|e| read_err(e.to_string()))?;
-        let author = parsed.author().map_err(|e| read_err(e.to_string()))?;
-        Ok(CommitInfo {
-            author: author.name.to_string(),
-            summary: parsed.message_summary().to_string(),
-            time: author.time().map_or(0, |t| t.seconds),
+        self.read_commit(commit, |parsed| {
+            let author = parsed.author().map_err(|e| e.to_string())?;
+            Ok(CommitInfo {
+                author: author.name.to_string(),
+                summary: parsed.message_summary().to_string(),
+                time: author.time().map_or(0, |t| t.seconds),
+            })
         })
     }
 
     /// When `commit` was committed, in seconds since the epoch: its place in the watched ref's
     /// history, which a rebase keeps in order where author times may not be.
     pub fn commit_time(&self, commit: &str) -> Result<i64, RepoError> {
+        self.read_commit(commit, |parsed| {
+            let committer = parsed.committer().map_err(|e| e.to_string())?;
+            Ok(committer.time().map_or(0, |t| t.seconds))
+        })
+    }
+
+    /// What `read` takes from commit `commit`'s object.
+    fn read_commit<T>(
+        &self,
+        commit: &str,
+        read: impl FnOnce(gix::objs::CommitRef<'_>) -> Result<T, String>,
+    ) -> Result<T, RepoError> {
         let read_err = self.read_err(commit);
         let id = gix::ObjectId::from_hex(commit.as_bytes()).map_err(|e| read_err(e.to_string()))?;
         let mut buf = Vec::new();
@@ -910,8 +917,7 @@ impl ConfigRepo {
             .objects()
             .find_commit(&id, &mut buf)
             .map_err(|e| read_err(e.to_string()))?;
-        let committer = parsed.committer().map_err(|e| read_err(e.to_string()))?;
-        Ok(committer.time().map_or(0, |t| t.seconds))
+        read(parsed).map_err(read_err)
     }
 
     /// Resolves `rev` and reads its files.

@@ -541,11 +541,11 @@ impl Store {
                 ),
             };
             for env in &envs {
-                found.extend(self.query(
-                    sql,
-                    params![env, app, res_type, class, id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )?);
+                found.extend(
+                    self.query(sql, params![env, app, res_type, class, id], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })?,
+                );
             }
         }
         found.sort_by(|a, b| (&a.1, &a.0).cmp(&(&b.1, &b.0)));
@@ -2121,7 +2121,10 @@ pub(crate) mod tests {
             both.retain(|(g, _)| g.starts_with("find-"));
             assert_eq!(
                 both,
-                [pair("find-dev", "development"), pair("find-prod", "find-prod")]
+                [
+                    pair("find-dev", "development"),
+                    pair("find-prod", "find-prod")
+                ]
             );
             assert_eq!(
                 store
@@ -2133,7 +2136,12 @@ pub(crate) mod tests {
                 .find_resources(&["development".to_owned()], "-/dns.default#base")
                 .unwrap();
             assert_eq!(global, [pair("find-global", "development")]);
-            assert!(store.find_resources(&[], "shop/postgres.default").unwrap().is_empty());
+            assert!(
+                store
+                    .find_resources(&[], "shop/postgres.default")
+                    .unwrap()
+                    .is_empty()
+            );
         });
     }
 

@@ -3,14 +3,14 @@
 //! daemon fetches hourly is fetched and deployed; each answer without a deployment says why;
 //! with no daemon running nothing is asked.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::daemon::Daemon;
-use crate::util::{Run, Sandbox, http_driver_config, open_db, rows, wait_until};
+use crate::remote_host::{daemon_of_remote, gitplane_in};
+use crate::util::{Sandbox, http_driver_config, wait_until};
 use crate::workflow::{strs, write_platform};
-use gitplane_testkit::{Behavior, DriverServer, eventually};
+use gitplane_testkit::{Behavior, DriverServer};
 
 fn short(commit: &str) -> &str {
     &commit[..12]
@@ -203,29 +203,7 @@ fn with_no_daemon_running_nothing_is_asked() {
 #[test]
 fn a_push_to_a_remote_fetched_hourly_is_fetched_and_deployed_when_asked() {
     let sb = Sandbox::template();
-    let state = sb.root.join("remote-state/state.db");
-    let config = sb.root.join("host.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "repo: {{url: \"file://{}\", interval: 1h}}\nstate: {}\nwatch_interval: 1h\n",
-            sb.origin.display(),
-            state.display()
-        ),
-    )
-    .unwrap();
-    let first = sb.head();
-    let daemon = Daemon::start(&sb, &["--config", config.to_str().unwrap()]);
-    eventually("the template deployed", Duration::from_secs(30), || {
-        let db = open_db(state.exists().then_some(&state)?);
-        let done = rows(
-            &db,
-            &format!(
-                "SELECT COUNT(*) FROM deployment WHERE commit_id = '{first}' AND status = 'succeeded'"
-            ),
-        );
-        (done[0][0] == "2").then_some(())
-    });
+    let (daemon, config, _) = daemon_of_remote(&sb, "1h", "watch_interval: 1h\n");
     sb.edit(
         "workloads/shop/frontend.yaml",
         "frontend:2.0.0",
@@ -238,8 +216,9 @@ fn a_push_to_a_remote_fetched_hourly_is_fetched_and_deployed_when_asked() {
         &elsewhere,
         &config,
         &["reconcile", "--wait", "--timeout", "60s"],
-    );
-    let run = run.ok();
+        &[],
+    )
+    .ok();
     // The fetch found the commit and deployed it; the answer came while the deployment was
     // queued (deploying, then its outcome) or once it had ended (up to date): either way, at
     // the pushed commit.
@@ -255,19 +234,6 @@ fn a_push_to_a_remote_fetched_hourly_is_fetched_and_deployed_when_asked() {
             daemon.log()
         );
     }
-}
-
-/// `gitplane ARGS --config CONFIG`, run in `cwd`: nothing else tells it where the repository
-/// or the state is.
-fn gitplane_in(cwd: &Path, config: &Path, args: &[&str]) -> Run {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gitplane"));
-    cmd.current_dir(cwd)
-        .args(args)
-        .args(["--config", config.to_str().unwrap()])
-        .env_remove("GITPLANE_REPO")
-        .env_remove("GITPLANE_STATE")
-        .env_remove("STATE_DIRECTORY");
-    Run::from_command(cmd)
 }
 
 fn hostname() -> String {

@@ -13,7 +13,7 @@ use crate::util::{Run, Sandbox, open_db, rows};
 
 /// `gitplane ARGS --config CONFIG`, run in `cwd` with `env`: nothing else tells it where the
 /// repository or the state is.
-fn gitplane_in(cwd: &Path, config: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
+pub(crate) fn gitplane_in(cwd: &Path, config: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gitplane"));
     cmd.current_dir(cwd)
         .args(args)
@@ -68,22 +68,27 @@ fn the_commands_work_from_elsewhere(
     gitplane_in(&elsewhere, config, &["plan"], env).ok();
 }
 
-#[test]
-fn with_a_remote_repo_the_commands_read_the_state_and_the_daemons_mirror() {
-    let sb = Sandbox::template();
+/// A daemon whose host config names the sandbox's bare repository as a remote (`repo: {url:
+/// file://..., interval}`, then `more`) and a state in `remote-state/`, started and waited for
+/// until it deployed the template's two environments; the daemon, the config and the state.
+pub(crate) fn daemon_of_remote(
+    sb: &Sandbox,
+    interval: &str,
+    more: &str,
+) -> (Daemon, PathBuf, PathBuf) {
     let state = sb.root.join("remote-state/state.db");
     let config = sb.root.join("host.yaml");
     std::fs::write(
         &config,
         format!(
-            "repo: {{url: \"file://{}\", interval: 300ms}}\nstate: {}\n",
+            "repo: {{url: \"file://{}\", interval: {interval}}}\nstate: {}\n{more}",
             sb.origin.display(),
             state.display()
         ),
     )
     .unwrap();
     let head = sb.head();
-    let daemon = Daemon::start(&sb, &["--config", config.to_str().unwrap()]);
+    let daemon = Daemon::start(sb, &["--config", config.to_str().unwrap()]);
     eventually("the template deployed", Duration::from_secs(30), || {
         let db = open_db(state.exists().then_some(&state)?);
         let done = rows(
@@ -94,6 +99,14 @@ fn with_a_remote_repo_the_commands_read_the_state_and_the_daemons_mirror() {
         );
         (done[0][0] == "2").then_some(())
     });
+    (daemon, config, state)
+}
+
+#[test]
+fn with_a_remote_repo_the_commands_read_the_state_and_the_daemons_mirror() {
+    let sb = Sandbox::template();
+    let head = sb.head();
+    let (daemon, config, _) = daemon_of_remote(&sb, "300ms", "");
     drop(daemon);
     the_commands_work_from_elsewhere(&sb, &config, &[], &head);
 

@@ -44,6 +44,25 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A bare repository `ROOT/origin.git` and its clone `ROOT/work` on `main`, as a person sets
+/// them up to push; the clone's path.
+pub fn bare_and_clone(root: &Path) -> PathBuf {
+    git(
+        root,
+        &[
+            "init",
+            "--quiet",
+            "--bare",
+            "--initial-branch=main",
+            "origin.git",
+        ],
+    );
+    git(root, &["clone", "--quiet", "origin.git", "work"]);
+    let work = root.join("work");
+    git(&work, &["symbolic-ref", "HEAD", "refs/heads/main"]);
+    work
+}
+
 pub fn head(work: &Path) -> String {
     git(work, &["rev-parse", "HEAD"]).trim().to_owned()
 }

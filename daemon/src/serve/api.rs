@@ -14,7 +14,8 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use futures_util::Stream;
 use gitplane_state::{
-    BindingRecord, DeploymentSummary, FailedResource, LinkRecord, NodeRow, ResourceView,
+    AppFilter, BindingRecord, DeploymentSummary, DriftFinding, EnvPin, FailedResource, LinkRecord,
+    NodeCount, NodeRow, PreviewRecord, ResourceView,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -127,6 +128,133 @@ struct EnvOverview {
     held: Vec<DeploymentJson>,
     failed: Vec<FailedJson>,
     failed_total: i64,
+    /// The pin a rollback or `gitplane pin` holds the environment at.
+    pin: Option<PinJson>,
+    /// What the newest detect-only drift run found, when it found something.
+    drift: Option<DriftJson>,
+    /// Its preview record, while it is a live preview environment.
+    preview: Option<PreviewJson>,
+    /// How far the deployment running now has got (one this daemon runs).
+    progress: Option<ProgressJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct PinJson {
+    commit: String,
+    by: String,
+    reason: String,
+    since: String,
+    forced: bool,
+    /// The newest commit held back while pinned, with its message when the repository has it.
+    waiting_commit: Option<String>,
+    waiting_summary: Option<String>,
+    waiting_author: Option<String>,
+}
+
+impl PinJson {
+    fn new(pin: EnvPin, commits: &CommitCache) -> PinJson {
+        let waiting = pin.waiting_commit.as_deref().and_then(|c| commits.get(c));
+        PinJson {
+            waiting_summary: waiting.map(|i| i.summary.clone()),
+            waiting_author: waiting.map(|i| i.author.clone()),
+            commit: pin.commit_id,
+            by: pin.pinned_by,
+            reason: pin.reason,
+            since: pin.pinned_at,
+            forced: pin.forced,
+            waiting_commit: pin.waiting_commit,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct DriftJson {
+    /// The detect run (a deployment of kind `drift`).
+    deployment: i64,
+    commit: Option<String>,
+    finished_at: Option<String>,
+    /// Resources with a finding, and findings in all.
+    resources: i64,
+    findings_total: i64,
+    /// At most [`FAILED_SHOWN`]: what differs, public values only.
+    findings: Vec<FindingJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct FindingJson {
+    guresid: String,
+    app: Option<String>,
+    #[serde(rename = "type")]
+    res_type: String,
+    class: String,
+    res_id: String,
+    /// `driver` or `recorded`.
+    source: String,
+    /// `outputs`, `secret outputs`, `missing` or `inputs`.
+    what: String,
+    /// Which paths differ; a secret's name, never its value.
+    detail: String,
+}
+
+impl From<DriftFinding> for FindingJson {
+    fn from(f: DriftFinding) -> Self {
+        FindingJson {
+            guresid: f.guresid,
+            app: f.app,
+            res_type: f.res_type,
+            class: f.class,
+            res_id: f.res_id,
+            source: f.source,
+            what: f.what,
+            detail: f.detail,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct PreviewJson {
+    branch: String,
+    commit: Option<String>,
+    created_at: String,
+    pushed_at: String,
+    /// `pushed_at` plus the host config's `previews.ttl`; null without a ttl.
+    expires_at: Option<String>,
+    /// The newest branch head not deployed, and why.
+    refused_commit: Option<String>,
+    refused_why: Option<String>,
+}
+
+impl PreviewJson {
+    fn new(p: PreviewRecord, ttl: Option<Duration>) -> PreviewJson {
+        let expires_at = ttl.and_then(|ttl| {
+            let pushed = chrono::DateTime::parse_from_rfc3339(&p.pushed_at).ok()?;
+            let ttl = chrono::Duration::from_std(ttl).ok()?;
+            Some(
+                (pushed + ttl)
+                    .with_timezone(&chrono::Utc)
+                    .format("%Y-%m-%dT%H:%M:%S%.3fZ")
+                    .to_string(),
+            )
+        });
+        PreviewJson {
+            branch: p.branch,
+            commit: p.commit_id,
+            created_at: p.created_at,
+            pushed_at: p.pushed_at,
+            expires_at,
+            refused_commit: p.refused_commit,
+            refused_why: p.refused_why,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct ProgressJson {
+    /// Resources done with, of `total` the plan may change.
+    done: usize,
+    total: usize,
+    /// The labels of the resources whose driver call is under way.
+    in_flight: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -211,43 +339,109 @@ async fn overview(
     Extension(api): Extension<Arc<ApiState>>,
 ) -> Result<Json<Overview>, ApiError> {
     let repo = shared.repo.clone();
+    let ttl = shared
+        .host
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .previews
+        .as_ref()
+        .and_then(|p| p.ttl);
+    let events = shared.events.clone();
     let overview = shared
         .read(move |store| {
             let mut counts: HashMap<String, BTreeMap<String, i64>> = HashMap::new();
             for (env, status, n) in store.resource_counts()? {
                 counts.entry(env).or_default().insert(status, n);
             }
+            let pins = store.pins(None)?;
+            let previews = store.previews()?;
             let mut read = Vec::new();
             for env in store.environments()? {
                 let deployments = store.recent_deployments(&env, RECENT_DEPLOYMENTS)?;
                 let held = store.held_deployments(&env)?;
                 let (failed, failed_total) = store.failed_resources(&env, FAILED_SHOWN)?;
                 let resources = counts.remove(&env).unwrap_or_default();
-                read.push((env, deployments, held, failed, failed_total, resources));
+                let pin = pins
+                    .iter()
+                    .find(|p| p.env == env && p.unpinned_at.is_none())
+                    .cloned();
+                let preview = previews.iter().find(|p| p.env == env && p.live()).cloned();
+                let drift = match store.last_detect_run(&env)? {
+                    Some(run) if run.findings > 0 => {
+                        let findings = store.drift_findings(run.deployment)?;
+                        Some(DriftJson {
+                            deployment: run.deployment,
+                            commit: run.commit_id,
+                            finished_at: run.finished_at,
+                            resources: run.resources,
+                            findings_total: run.findings,
+                            findings: findings
+                                .into_iter()
+                                .take(FAILED_SHOWN)
+                                .map(FindingJson::from)
+                                .collect(),
+                        })
+                    }
+                    _ => None,
+                };
+                let extra = Extra {
+                    pin,
+                    drift,
+                    preview,
+                };
+                read.push((
+                    env,
+                    deployments,
+                    held,
+                    failed,
+                    failed_total,
+                    resources,
+                    extra,
+                ));
             }
             let mut commits = api.commits.lock().unwrap_or_else(|e| e.into_inner());
             let ids: Vec<&str> = read
                 .iter()
                 .flat_map(|(_, d, h, ..)| d.iter().chain(h))
                 .filter_map(|d| d.record.commit_id.as_deref())
+                .chain(
+                    read.iter()
+                        .filter_map(|r| r.6.pin.as_ref()?.waiting_commit.as_deref()),
+                )
                 .collect();
             commits.fill(&repo, &ids);
             let environments = read
                 .into_iter()
                 .map(
-                    |(env, deployments, held, failed, failed_total, resources)| EnvOverview {
-                        env,
-                        resources,
-                        deployments: deployments
-                            .into_iter()
-                            .map(|d| DeploymentJson::new(d, &commits))
-                            .collect(),
-                        held: held
-                            .into_iter()
-                            .map(|d| DeploymentJson::new(d, &commits))
-                            .collect(),
-                        failed: failed.into_iter().map(FailedJson::from).collect(),
-                        failed_total,
+                    |(env, deployments, held, failed, failed_total, resources, extra)| {
+                        let running = deployments
+                            .first()
+                            .is_some_and(|d| d.record.status.as_str() == "running");
+                        let progress = running.then(|| events.progress(&env)).flatten().map(|p| {
+                            ProgressJson {
+                                done: p.done,
+                                total: p.total,
+                                in_flight: p.in_flight.into_iter().collect(),
+                            }
+                        });
+                        EnvOverview {
+                            resources,
+                            deployments: deployments
+                                .into_iter()
+                                .map(|d| DeploymentJson::new(d, &commits))
+                                .collect(),
+                            held: held
+                                .into_iter()
+                                .map(|d| DeploymentJson::new(d, &commits))
+                                .collect(),
+                            failed: failed.into_iter().map(FailedJson::from).collect(),
+                            failed_total,
+                            pin: extra.pin.map(|p| PinJson::new(p, &commits)),
+                            drift: extra.drift,
+                            preview: extra.preview.map(|p| PreviewJson::new(p, ttl)),
+                            progress,
+                            env,
+                        }
                     },
                 )
                 .collect();
@@ -255,6 +449,13 @@ async fn overview(
         })
         .await?;
     Ok(Json(overview))
+}
+
+/// What the overview reads of an environment besides its deployments and resources.
+struct Extra {
+    pin: Option<EnvPin>,
+    drift: Option<DriftJson>,
+    preview: Option<PreviewRecord>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -268,8 +469,11 @@ pub struct GraphQuery {
     /// One resource type.
     #[serde(rename = "type")]
     pub res_type: Option<String>,
-    /// Text the res_id or GUResID contains (case-insensitive).
+    /// Text the app, type, res_id or GUResID contains (case-insensitive).
     pub q: Option<String>,
+    /// `list`: the matching nodes without a layout (no edges, every `x`, `y` 0), up to
+    /// [`GRAPH_HARD_LIMIT`] whether an app is chosen or not.
+    pub view: Option<String>,
 }
 
 #[derive(Debug, Serialize, PartialEq)]
@@ -300,6 +504,39 @@ pub struct GraphView {
 pub struct Count {
     pub name: Option<String>,
     pub count: usize,
+    /// For an app: the worst status of its resources (see [`worst`]); `null` for a type.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<&'static str>,
+    /// For an app: how many of its resources are failed or blocked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed: Option<usize>,
+}
+
+/// Statuses from worst to best: an app shows the first its resources have.
+const WORST_FIRST: [&str; 5] = ["failed", "blocked", "orphaned", "in_progress", "ready"];
+
+/// The worse of two statuses, by [`WORST_FIRST`].
+fn worst(a: &'static str, b: &'static str) -> &'static str {
+    let rank = |s: &str| WORST_FIRST.iter().position(|w| *w == s).unwrap_or(0);
+    if rank(b) < rank(a) { b } else { a }
+}
+
+/// Per app: resources, failed or blocked ones, worst status.
+#[derive(Default)]
+struct AppTally {
+    count: usize,
+    failed: usize,
+    status: Option<&'static str>,
+}
+
+impl AppTally {
+    fn add(&mut self, status: &'static str, n: usize) {
+        self.count += n;
+        if matches!(status, "failed" | "blocked") {
+            self.failed += n;
+        }
+        self.status = Some(self.status.map_or(status, |s| worst(s, status)));
+    }
 }
 
 #[derive(Debug, Serialize, PartialEq)]
@@ -310,8 +547,12 @@ pub struct GraphNode {
     pub res_type: String,
     pub class: String,
     pub res_id: String,
-    /// `ready`, `failed`, `orphaned` or `in_progress`.
+    /// `ready`, `failed`, `orphaned`, `in_progress` or `blocked`.
     pub status: &'static str,
+    /// A ghost: wanted by the graph, not recorded (blocked, or failed before it was made).
+    pub ghost: bool,
+    /// Why a ghost is not there.
+    pub reason: Option<String>,
     /// The centre of its box, and its layer (0: depends on nothing shown).
     pub x: f64,
     pub y: f64,
@@ -344,14 +585,33 @@ async fn graph(
         )));
     }
     let read_env = env.clone();
-    let (known, nodes, links) = shared
+    let read_query = query.clone();
+    let (known, nodes, links, counts) = shared
         .read(move |store| {
             let known = store.environments()?.contains(&read_env);
-            Ok((
-                known,
-                store.graph_nodes(&read_env)?,
-                store.links(&read_env)?,
-            ))
+            let app = read_query.app.as_deref().filter(|a| !a.is_empty());
+            let searching = read_query.q.as_deref().is_some_and(|q| !q.is_empty());
+            match app {
+                // One app and no text: its nodes and links alone, and the others counted.
+                Some(app) if !searching => {
+                    let filter = if app == GLOBAL_APP {
+                        AppFilter::NoApp
+                    } else {
+                        AppFilter::App(app)
+                    };
+                    let nodes = store.graph_nodes_of(&read_env, filter)?;
+                    let ids: Vec<&str> = nodes.iter().map(|n| n.guresid.as_str()).collect();
+                    let links = store.links_touching(&read_env, &ids)?;
+                    let counts = store.node_counts(&read_env)?;
+                    Ok((known, nodes, links, Some(counts)))
+                }
+                _ => Ok((
+                    known,
+                    store.graph_nodes(&read_env)?,
+                    store.links(&read_env)?,
+                    None,
+                )),
+            }
         })
         .await?;
     if !known {
@@ -359,18 +619,24 @@ async fn graph(
             "no environment '{env}' in the state"
         )));
     }
-    let view = tokio::task::spawn_blocking(move || graph_view(env, nodes, &links, &query))
-        .await
-        .map_err(|e| ApiError::Internal(format!("the layout task failed: {e}")))?;
+    let view = tokio::task::spawn_blocking(move || {
+        graph_view(env, nodes, &links, &query, counts.as_deref())
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("the layout task failed: {e}")))?;
     Ok(Json(view))
 }
 
 /// The part of `env`'s graph `query` asks for, laid out. Pure.
+///
+/// `counts`, when given, counts the whole environment's nodes (by app, type and status) and
+/// `nodes` holds the chosen app's alone: the apps, types and total then come from it.
 pub fn graph_view(
     env: String,
     nodes: Vec<NodeRow>,
     links: &[LinkRecord],
     query: &GraphQuery,
+    counts: Option<&[NodeCount]>,
 ) -> GraphView {
     let needle = query
         .q
@@ -379,16 +645,35 @@ pub fn graph_view(
         .filter(|q| !q.is_empty());
     let app = query.app.as_deref().filter(|a| !a.is_empty());
     let res_type = query.res_type.as_deref().filter(|t| !t.is_empty());
-    let total = nodes.len();
     let mut types: BTreeMap<&str, usize> = BTreeMap::new();
-    for n in &nodes {
-        *types.entry(n.res_type.as_str()).or_default() += 1;
-    }
+    let mut tallies: BTreeMap<Option<String>, AppTally> = BTreeMap::new();
+    let total = match counts {
+        Some(counts) => {
+            for c in counts {
+                *types.entry(c.res_type.as_str()).or_default() += c.count;
+                if res_type.is_none_or(|t| c.res_type == t) {
+                    tallies
+                        .entry(c.app.clone())
+                        .or_default()
+                        .add(c.status, c.count);
+                }
+            }
+            counts.iter().map(|c| c.count).sum()
+        }
+        None => {
+            for n in &nodes {
+                *types.entry(n.res_type.as_str()).or_default() += 1;
+            }
+            nodes.len()
+        }
+    };
     let types = types
         .into_iter()
         .map(|(t, count)| Count {
             name: Some(t.to_owned()),
             count,
+            status: None,
+            failed: None,
         })
         .collect();
     let in_app = |n: &NodeRow| match app {
@@ -399,26 +684,35 @@ pub fn graph_view(
     let wanted = |n: &NodeRow| {
         res_type.is_none_or(|t| n.res_type == t)
             && needle.as_ref().is_none_or(|q| {
-                n.res_id.to_lowercase().contains(q.as_str()) || n.guresid.contains(q.as_str())
+                n.res_id.to_lowercase().contains(q.as_str())
+                    || n.guresid.contains(q.as_str())
+                    || n.res_type.to_lowercase().contains(q.as_str())
+                    || n.app
+                        .as_ref()
+                        .is_some_and(|a| a.to_lowercase().contains(q.as_str()))
             })
     };
     let found: Vec<NodeRow> = nodes.into_iter().filter(|n| wanted(n)).collect();
     // The apps to choose from: those of the resources the other filters found, whichever
     // app is chosen.
-    let mut apps: BTreeMap<Option<&str>, usize> = BTreeMap::new();
-    for n in &found {
-        *apps.entry(n.app.as_deref()).or_default() += 1;
+    if counts.is_none() {
+        for n in &found {
+            tallies.entry(n.app.clone()).or_default().add(n.status, 1);
+        }
     }
-    let apps = apps
+    let apps = tallies
         .into_iter()
-        .map(|(a, count)| Count {
-            name: a.map(str::to_owned),
-            count,
+        .map(|(a, t)| Count {
+            name: a,
+            count: t.count,
+            status: t.status,
+            failed: Some(t.failed),
         })
         .collect();
     let mut shown: Vec<NodeRow> = found.into_iter().filter(|n| in_app(n)).collect();
     let matched = shown.len();
-    let too_large = matched > GRAPH_HARD_LIMIT || (matched > GRAPH_LIMIT && app.is_none());
+    let list = query.view.as_deref() == Some("list");
+    let too_large = matched > GRAPH_HARD_LIMIT || (matched > GRAPH_LIMIT && app.is_none() && !list);
     let mut view = GraphView {
         env,
         too_large,
@@ -446,6 +740,26 @@ pub fn graph_view(
             &b.guresid,
         ))
     });
+    if list {
+        view.nodes = shown
+            .into_iter()
+            .map(|n| GraphNode {
+                ghost: !n.recorded && n.status != "in_progress",
+                guresid: n.guresid,
+                app: n.app,
+                res_type: n.res_type,
+                class: n.class,
+                res_id: n.res_id,
+                status: n.status,
+                reason: n.reason,
+                x: 0.0,
+                y: 0.0,
+                layer: 0,
+                hidden_links: 0,
+            })
+            .collect();
+        return view;
+    }
     let index: HashMap<&str, usize> = shown
         .iter()
         .enumerate()
@@ -490,6 +804,8 @@ pub fn graph_view(
             class: n.class,
             res_id: n.res_id,
             status: n.status,
+            ghost: !n.recorded && n.status != "in_progress",
+            reason: n.reason,
             x: p.x,
             y: p.y,
             layer: p.layer,
@@ -807,6 +1123,7 @@ mod tests {
             res_id: res_id.into(),
             status: "ready",
             recorded: true,
+            reason: None,
         }
     }
 
@@ -839,7 +1156,7 @@ mod tests {
     }
 
     fn view(nodes: Vec<NodeRow>, links: &[LinkRecord], query: GraphQuery) -> GraphView {
-        graph_view("dev".into(), nodes, links, &query)
+        graph_view("dev".into(), nodes, links, &query, None)
     }
 
     #[test]
@@ -868,14 +1185,18 @@ mod tests {
             v.apps[0],
             Count {
                 name: None,
-                count: 1
+                count: 1,
+                status: Some("ready"),
+                failed: Some(0),
             }
         );
         assert_eq!(
             v.apps[1],
             Count {
                 name: Some("app0".into()),
-                count: 100
+                count: 100,
+                status: Some("ready"),
+                failed: Some(0),
             }
         );
 
@@ -920,6 +1241,103 @@ mod tests {
         );
         assert_eq!(v.nodes.len(), 1);
         assert_eq!(v.nodes[0].hidden_links, 4);
+    }
+
+    fn preview(pushed_at: &str) -> PreviewRecord {
+        PreviewRecord {
+            env: "pr-7".into(),
+            branch: "pr-7".into(),
+            env_type: "development".into(),
+            commit_id: Some("abc".into()),
+            created_at: "2026-11-20T08:00:00.000Z".into(),
+            pushed_at: pushed_at.into(),
+            removing_at: None,
+            removed_at: None,
+            removed_why: None,
+            platform_commit: None,
+            refused_commit: None,
+            refused_why: None,
+        }
+    }
+
+    #[test]
+    fn a_preview_expires_its_ttl_after_its_last_push() {
+        let ttl = Some(Duration::from_secs(72 * 3600));
+        let p = PreviewJson::new(preview("2026-11-21T23:20:50.123Z"), ttl);
+        assert_eq!(p.branch, "pr-7");
+        assert_eq!(p.expires_at.as_deref(), Some("2026-11-24T23:20:50.123Z"));
+        // No ttl: kept until the branch goes; a time state did not write: no guess.
+        assert_eq!(
+            PreviewJson::new(preview("2026-11-21T23:20:50.123Z"), None).expires_at,
+            None
+        );
+        assert_eq!(PreviewJson::new(preview("t"), ttl).expires_at, None);
+    }
+
+    #[test]
+    fn an_app_shows_its_worst_status_and_search_finds_apps_and_types() {
+        let (mut nodes, links) = estate(3, 2);
+        nodes[2].status = "failed";
+        nodes.push(NodeRow {
+            status: "blocked",
+            recorded: false,
+            reason: Some("blocked: its queue failed".into()),
+            ..node("ghost", Some("app2"), "workload", "modules.worker")
+        });
+        let v = view(nodes.clone(), &links, GraphQuery::default());
+        let status: Vec<(Option<&str>, Option<&str>, Option<usize>)> = v
+            .apps
+            .iter()
+            .map(|a| (a.name.as_deref(), a.status, a.failed))
+            .collect();
+        assert_eq!(
+            status,
+            [
+                (None, Some("ready"), Some(0)),
+                (Some("app0"), Some("failed"), Some(1)),
+                (Some("app1"), Some("ready"), Some(0)),
+                (Some("app2"), Some("blocked"), Some(1)),
+            ]
+        );
+        let ghost = v.nodes.iter().find(|n| n.guresid == "ghost").unwrap();
+        assert!(ghost.ghost);
+        assert_eq!(ghost.reason.as_deref(), Some("blocked: its queue failed"));
+        assert_eq!(worst("blocked", "failed"), "failed");
+        assert_eq!(worst("ready", "orphaned"), "orphaned");
+
+        // The search text matches an app's name and a type too.
+        let by_app = view(
+            nodes.clone(),
+            &links,
+            GraphQuery {
+                q: Some("APP1".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(by_app.matched, 2);
+        let by_type = view(
+            nodes.clone(),
+            &links,
+            GraphQuery {
+                q: Some("dns".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(by_type.matched, 1);
+
+        // The list view: nodes without a layout, past the graph's limit.
+        let (many, many_links) = estate(5, 100);
+        let list = view(
+            many,
+            &many_links,
+            GraphQuery {
+                view: Some("list".into()),
+                ..Default::default()
+            },
+        );
+        assert!(!list.too_large);
+        assert_eq!(list.nodes.len(), 501);
+        assert!(list.edges.is_empty());
     }
 
     #[tokio::test]

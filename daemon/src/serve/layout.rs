@@ -6,10 +6,10 @@
 //! layer it crosses, which takes a place in that layer like a node, so long edges run between
 //! boxes instead of through them. Within a layer, nodes and waypoints are ordered by a few
 //! barycenter sweeps (each moves towards the mean height of its neighbours in the next layer),
-//! which removes most crossings. A layer wider than a screen is tall (200 workloads on one
-//! database) wraps into columns side by side, the next layer starting right of them. Edges of a cycle (state never records one, but a damaged file
-//! might) are dropped for the layering by petgraph's greedy feedback arc set, so the layout
-//! always places every node.
+//! which removes most crossings. A layer taller than a screen (200 workloads of one database)
+//! wraps into columns side by side, the next layer starting right of them. Edges of a cycle
+//! (state never records one, but a damaged file might) are dropped for the layering by
+//! petgraph's greedy feedback arc set, so the layout always places every node.
 
 use daggy::petgraph::algo::{greedy_feedback_arc_set, toposort};
 use daggy::petgraph::graph::{DiGraph, NodeIndex};

@@ -359,8 +359,15 @@ async fn overview(
             for env in store.environments()? {
                 let deployments = store.recent_deployments(&env, RECENT_DEPLOYMENTS)?;
                 let held = store.held_deployments(&env)?;
-                let (failed, failed_total) = store.failed_resources(&env, FAILED_SHOWN)?;
                 let resources = counts.remove(&env).unwrap_or_default();
+                // The counts say whether any resource can be failed (an orphan may be): with
+                // none, the environment's rows are not read twice more to find no failure.
+                let (failed, failed_total) =
+                    if resources.contains_key("failed") || resources.contains_key("orphaned") {
+                        store.failed_resources(&env, FAILED_SHOWN)?
+                    } else {
+                        (Vec::new(), 0)
+                    };
                 let pin = pins
                     .iter()
                     .find(|p| p.env == env && p.unpinned_at.is_none())
@@ -591,9 +598,20 @@ async fn graph(
             let known = store.environments()?.contains(&read_env);
             let app = read_query.app.as_deref().filter(|a| !a.is_empty());
             let searching = read_query.q.as_deref().is_some_and(|q| !q.is_empty());
+            if searching {
+                return Ok((
+                    known,
+                    store.graph_nodes(&read_env)?,
+                    store.links(&read_env)?,
+                    None,
+                ));
+            }
+            // No text: the environment counted (no row read one by one), then only the nodes
+            // that will be drawn or listed: one app's through its index, or the whole
+            // environment's when what matches is few enough to show.
+            let counts = store.node_counts(&read_env)?;
             match app {
-                // One app and no text: its nodes and links alone, and the others counted.
-                Some(app) if !searching => {
+                Some(app) => {
                     let filter = if app == GLOBAL_APP {
                         AppFilter::NoApp
                     } else {
@@ -602,15 +620,26 @@ async fn graph(
                     let nodes = store.graph_nodes_of(&read_env, filter)?;
                     let ids: Vec<&str> = nodes.iter().map(|n| n.guresid.as_str()).collect();
                     let links = store.links_touching(&read_env, &ids)?;
-                    let counts = store.node_counts(&read_env)?;
                     Ok((known, nodes, links, Some(counts)))
                 }
-                _ => Ok((
-                    known,
-                    store.graph_nodes(&read_env)?,
-                    store.links(&read_env)?,
-                    None,
-                )),
+                None => {
+                    let res_type = read_query.res_type.as_deref().filter(|t| !t.is_empty());
+                    let matched: usize = counts
+                        .iter()
+                        .filter(|c| res_type.is_none_or(|t| c.res_type == t))
+                        .map(|c| c.count)
+                        .sum();
+                    let list = read_query.view.as_deref() == Some("list");
+                    if too_large(matched, false, list) {
+                        return Ok((known, Vec::new(), Vec::new(), Some(counts)));
+                    }
+                    Ok((
+                        known,
+                        store.graph_nodes(&read_env)?,
+                        store.links(&read_env)?,
+                        Some(counts),
+                    ))
+                }
             }
         })
         .await?;
@@ -625,6 +654,12 @@ async fn graph(
     .await
     .map_err(|e| ApiError::Internal(format!("the layout task failed: {e}")))?;
     Ok(Json(view))
+}
+
+/// Whether `matched` nodes are too many to answer with: more than [`GRAPH_HARD_LIMIT`], or
+/// more than [`GRAPH_LIMIT`] to draw without an app chosen.
+fn too_large(matched: usize, app_chosen: bool, list: bool) -> bool {
+    matched > GRAPH_HARD_LIMIT || (matched > GRAPH_LIMIT && !app_chosen && !list)
 }
 
 /// The part of `env`'s graph `query` asks for, laid out. Pure.
@@ -710,9 +745,25 @@ pub fn graph_view(
         })
         .collect();
     let mut shown: Vec<NodeRow> = found.into_iter().filter(|n| in_app(n)).collect();
-    let matched = shown.len();
     let list = query.view.as_deref() == Some("list");
-    let too_large = matched > GRAPH_HARD_LIMIT || (matched > GRAPH_LIMIT && app.is_none() && !list);
+    // Without text to search, the counts say how many match: `nodes` may have been left
+    // unread, the answer being too large anyway.
+    let matched = match counts {
+        Some(counts) if needle.is_none() => counts
+            .iter()
+            .filter(|c| {
+                res_type.is_none_or(|t| c.res_type == t)
+                    && match app {
+                        None => true,
+                        Some(GLOBAL_APP) => c.app.is_none(),
+                        Some(a) => c.app.as_deref() == Some(a),
+                    }
+            })
+            .map(|c| c.count)
+            .sum(),
+        _ => shown.len(),
+    };
+    let too_large = too_large(matched, app.is_some(), list);
     let mut view = GraphView {
         env,
         too_large,
@@ -1338,6 +1389,66 @@ mod tests {
         assert!(!list.too_large);
         assert_eq!(list.nodes.len(), 501);
         assert!(list.edges.is_empty());
+    }
+
+    #[test]
+    fn counted_apps_answer_a_large_environment_without_its_nodes() {
+        let count = |app: Option<&str>, res_type: &str, status, count| NodeCount {
+            app: app.map(str::to_owned),
+            res_type: res_type.into(),
+            status,
+            count,
+        };
+        let counts = [
+            count(None, "dns", "ready", 1),
+            count(Some("a"), "workload", "ready", 300),
+            count(Some("a"), "workload", "failed", 2),
+            count(Some("b"), "workload", "ready", 200),
+            count(Some("b"), "redis", "blocked", 1),
+        ];
+        let v = graph_view(
+            "dev".into(),
+            Vec::new(),
+            &[],
+            &GraphQuery::default(),
+            Some(&counts),
+        );
+        assert!(v.too_large);
+        assert_eq!((v.total, v.matched), (504, 504));
+        let apps: Vec<(Option<&str>, usize, Option<&str>)> = v
+            .apps
+            .iter()
+            .map(|a| (a.name.as_deref(), a.count, a.status))
+            .collect();
+        assert_eq!(
+            apps,
+            [
+                (None, 1, Some("ready")),
+                (Some("a"), 302, Some("failed")),
+                (Some("b"), 201, Some("blocked")),
+            ]
+        );
+        // By type: the apps of that type alone, and few enough to draw.
+        let redis = graph_view(
+            "dev".into(),
+            vec![NodeRow {
+                status: "blocked",
+                recorded: false,
+                ..node("r", Some("b"), "redis", "modules.web.externals.cache")
+            }],
+            &[],
+            &GraphQuery {
+                res_type: Some("redis".into()),
+                ..Default::default()
+            },
+            Some(&counts),
+        );
+        assert!(!redis.too_large);
+        assert_eq!(
+            (redis.matched, redis.nodes.len(), redis.apps.len()),
+            (1, 1, 1)
+        );
+        assert_eq!(redis.types.len(), 3, "every type of the environment");
     }
 
     #[tokio::test]

@@ -308,7 +308,7 @@
     state.env = env;
     state.filters = { app: '', type: '', q: '' };
     $('filter-q').value = '';
-    closeDetails(false);
+    closeDetails(null);
     writeLocation(true);
     renderEnvs();
     renderOverview();
@@ -859,11 +859,13 @@
     }
   }
 
+  // `push`: the closing is a step of its own in the history; `null`: the caller writes the
+  // address (it changes more than this).
   function closeDetails(push = true) {
     detailsAsked++;
     const was = state.selected;
     state.selected = null;
-    if (was) writeLocation(push);
+    if (was && push !== null) writeLocation(push);
     $('details').hidden = true;
     $('details').dataset.loaded = '';
     document.body.classList.remove('with-details');

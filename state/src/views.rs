@@ -164,17 +164,26 @@ impl Store {
     /// running deployment is creating (in progress, not recorded yet), and the ghosts of the
     /// newest finished deployment (see [`Store::graph_nodes_of`]).
     pub fn graph_nodes(&self, env: &str) -> Result<Vec<NodeRow>> {
-        self.graph_nodes_of(env, AppFilter::All)
+        self.graph_nodes_of(env, AppFilter::All, None)
     }
 
-    /// The graph nodes of `env` that `app` keeps, by GUResID. Besides the recorded resources
+    /// The graph nodes of `env` that `app` (and `res_type`, when given) keeps, by GUResID. Besides the recorded resources
     /// (read through the `(env, app)` index when one app is asked for): those a running
     /// deployment is creating (`in_progress`), and ghosts: resources the newest finished
     /// deployment of a commit wanted but state does not record, because their operation was
     /// skipped (`blocked`: something they depend on failed, or the run stopped first) or
     /// failed before the resource existed (`failed`); `reason` says why.
-    pub fn graph_nodes_of(&self, env: &str, app: AppFilter<'_>) -> Result<Vec<NodeRow>> {
+    pub fn graph_nodes_of(
+        &self,
+        env: &str,
+        app: AppFilter<'_>,
+        res_type: Option<&str>,
+    ) -> Result<Vec<NodeRow>> {
         let (mut in_progress, mut ghosts) = self.unrecorded_nodes(env, app)?;
+        if let Some(t) = res_type {
+            in_progress.retain(|_, n| n.res_type == t);
+            ghosts.retain(|_, n| n.res_type == t);
+        }
         let node = |r: &Row<'_>| {
             let guresid: String = r.get(0)?;
             let status = match (r.get::<_, String>(5)?.as_str(), r.get::<_, bool>(6)?) {
@@ -202,20 +211,28 @@ impl Store {
         };
         const COLUMNS: &str =
             "SELECT guresid, app, type, class, res_id, status, orphan_since IS NOT NULL";
+        // The type is checked in the (env, app, type) index before a row is read.
+        const TYPE: &str = "(CAST(?2 AS TEXT) IS NULL OR type = ?2)";
         let mut nodes = match app {
             AppFilter::All => self.query(
-                &format!("{COLUMNS} FROM resource WHERE env = ?1 ORDER BY guresid"),
-                [env],
+                &format!("{COLUMNS} FROM resource WHERE env = ?1 AND {TYPE} ORDER BY guresid"),
+                params![env, res_type],
                 node,
             )?,
             AppFilter::NoApp => self.query(
-                &format!("{COLUMNS} FROM resource WHERE env = ?1 AND app IS NULL ORDER BY guresid"),
-                [env],
+                &format!(
+                    "{COLUMNS} FROM resource WHERE env = ?1 AND app IS NULL AND {TYPE}
+                     ORDER BY guresid"
+                ),
+                params![env, res_type],
                 node,
             )?,
             AppFilter::App(name) => self.query(
-                &format!("{COLUMNS} FROM resource WHERE env = ?1 AND app = ?2 ORDER BY guresid"),
-                params![env, name],
+                &format!(
+                    "{COLUMNS} FROM resource WHERE env = ?1 AND app = ?3 AND {TYPE}
+                     ORDER BY guresid"
+                ),
+                params![env, res_type, name],
                 node,
             )?,
         };
@@ -748,7 +765,7 @@ mod tests {
             );
             // One app alone, through the (env, app) index: its ghosts too.
             let billing = store
-                .graph_nodes_of("development", AppFilter::App("billing"))
+                .graph_nodes_of("development", AppFilter::App("billing"), None)
                 .unwrap();
             assert_eq!(
                 billing
@@ -758,13 +775,28 @@ mod tests {
                 ["q1", "w1"]
             );
             let global = store
-                .graph_nodes_of("development", AppFilter::NoApp)
+                .graph_nodes_of("development", AppFilter::NoApp, None)
                 .unwrap();
             assert_eq!(global.len(), 1);
             assert_eq!(global[0].guresid, "dns");
+            // By type, ghosts included.
+            let workloads = store
+                .graph_nodes_of("development", AppFilter::All, Some("workload"))
+                .unwrap();
+            assert_eq!(
+                workloads
+                    .iter()
+                    .map(|n| n.guresid.as_str())
+                    .collect::<Vec<_>>(),
+                ["w1"]
+            );
+            let shop_dns = store
+                .graph_nodes_of("development", AppFilter::App("shop"), Some("dns"))
+                .unwrap();
+            assert!(shop_dns.is_empty());
             // Its links, and those reaching out of it (to count them), without the rest.
             let shop = store
-                .graph_nodes_of("development", AppFilter::App("shop"))
+                .graph_nodes_of("development", AppFilter::App("shop"), None)
                 .unwrap();
             assert_eq!(shop.len(), 1);
             let links = store.links_touching("development", &["g1"]).unwrap();

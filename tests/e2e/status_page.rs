@@ -139,15 +139,29 @@ fn save_screenshot(browser: &Browser, css: Option<&str>, name: &str) {
     if !screenshots() {
         return;
     }
-    let png = match css {
-        Some(css) => browser.find(css).unwrap().screenshot().unwrap(),
-        None => browser.screenshot().unwrap(),
-    };
+    let png = eventually(
+        &format!("a screenshot for {name}"),
+        Duration::from_secs(10),
+        || match css {
+            Some(css) => browser.find(css).ok()?.screenshot().ok(),
+            None => browser.screenshot().ok(),
+        },
+    );
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../docs")
         .join(name);
     std::fs::write(&path, png).unwrap();
     println!("saved {}", path.display());
+}
+
+/// Clicks the first element matching `css`, finding it again when the page redrew it between
+/// the finding and the click (a refresh replaces the lists it draws).
+fn click(browser: &Browser, css: &str) {
+    eventually(
+        &format!("a click on {css}"),
+        Duration::from_secs(10),
+        || browser.find(css).ok()?.click().ok(),
+    );
 }
 
 /// The text of the first element matching `css`, or `None` while there is none.
@@ -599,11 +613,7 @@ fn the_page_shows_a_pin_a_failed_app_and_its_blocked_workload() {
     save_screenshot(&browser, Some("#side"), "status-page-pin.png");
 
     // Development: billing is failed in the app list, first, with the word; shop is ready.
-    browser
-        .find("#envs button[data-env=\"development\"]")
-        .unwrap()
-        .click()
-        .unwrap();
+    click(&browser, "#envs button[data-env=\"development\"]");
     let apps = eventually("the app list", Duration::from_secs(15), || {
         let buttons = browser.find_all("#apps [data-app]").ok()?;
         let mut apps = Vec::new();
@@ -626,26 +636,17 @@ fn the_page_shows_a_pin_a_failed_app_and_its_blocked_workload() {
     save_screenshot(&browser, Some("#apps-section"), "status-page-apps.png");
 
     // Its graph: the blocked worker is a ghost, with the reason.
-    browser
-        .find("#apps [data-app=\"billing\"]")
-        .unwrap()
-        .click()
-        .unwrap();
+    click(&browser, "#apps [data-app=\"billing\"]");
     let ghost = format!("#graph [data-guresid=\"{worker}\"]");
-    let reason = eventually("the ghost of the worker", Duration::from_secs(15), || {
+    let (reason, status) = eventually("the ghost of the worker", Duration::from_secs(15), || {
         let node = browser.find(&ghost).ok()?;
         (node.attr("data-ghost").ok()?? == "true").then_some(())?;
-        node.attr("data-reason").ok()?
+        Some((
+            node.attr("data-reason").ok()??,
+            node.attr("data-status").ok()??,
+        ))
     });
-    assert_eq!(
-        browser
-            .find(&ghost)
-            .unwrap()
-            .attr("data-status")
-            .unwrap()
-            .as_deref(),
-        Some("blocked")
-    );
+    assert_eq!(status, "blocked");
     let recorded_reason = sb.column(&format!(
         "SELECT error FROM operation WHERE guresid = '{worker}' AND status = 'skipped'"
     ));
@@ -668,24 +669,20 @@ fn the_page_shows_a_pin_a_failed_app_and_its_blocked_workload() {
         browser.count(&format!("#graph .edge[data-consumer=\"{worker}\"]")),
         1
     );
-    browser.find(&ghost).unwrap().click().unwrap();
+    click(&browser, &ghost);
     let details = eventually("the ghost's details", Duration::from_secs(10), || {
         text_of(&browser, "#details [data-error]")
     });
     assert_eq!(details, reason);
     save_screenshot(&browser, None, "status-page-ghost.png");
-    browser.find("#details-close").unwrap().click().unwrap();
+    click(&browser, "#details-close");
 
     // The list view of every app, sorted by status (worst first), then by app descending.
-    browser
-        .find("#apps [data-app=\"billing\"]")
-        .unwrap()
-        .click()
-        .unwrap();
+    click(&browser, "#apps [data-app=\"billing\"]");
     eventually("all apps again", Duration::from_secs(10), || {
         (!browser.current_url().ok()?.contains("app=")).then_some(())
     });
-    browser.find("#mode-list").unwrap().click().unwrap();
+    click(&browser, "#mode-list");
     let total = sb.count("SELECT COUNT(*) FROM resource WHERE env = 'development'") as usize + 2;
     let column = |n: usize| -> Vec<String> {
         eventually("the list's rows", Duration::from_secs(10), || {
@@ -704,11 +701,7 @@ fn the_page_shows_a_pin_a_failed_app_and_its_blocked_workload() {
     assert!(statuses[1].starts_with("blocked"), "{statuses:?}");
     assert!(statuses[2..].iter().all(|s| s == "ready"), "{statuses:?}");
     save_screenshot(&browser, None, "status-page-list.png");
-    browser
-        .find("#list th[data-sort=\"app\"]")
-        .unwrap()
-        .click()
-        .unwrap();
+    click(&browser, "#list th[data-sort=\"app\"]");
     let by_app = eventually("sorted by app", Duration::from_secs(10), || {
         let apps = column(1);
         (apps[0] == "billing").then_some(apps)
@@ -716,11 +709,7 @@ fn the_page_shows_a_pin_a_failed_app_and_its_blocked_workload() {
     let mut sorted = by_app.clone();
     sorted.sort();
     assert_eq!(by_app, sorted);
-    browser
-        .find("#list th[data-sort=\"app\"]")
-        .unwrap()
-        .click()
-        .unwrap();
+    click(&browser, "#list th[data-sort=\"app\"]");
     let descending = eventually("sorted by app, descending", Duration::from_secs(10), || {
         let apps = column(1);
         (apps[0] == "shop").then_some(apps)
@@ -781,7 +770,7 @@ fn the_login_page_names_the_token_file() {
         .unwrap()
         .send_keys("a-wrong-token")
         .unwrap();
-    browser.find("form button").unwrap().click().unwrap();
+    click(&browser, "form button");
     let problem = eventually("the wrong token said", Duration::from_secs(10), || {
         text_of(&browser, ".problem")
     });

@@ -592,55 +592,48 @@ async fn graph(
         )));
     }
     let read_env = env.clone();
-    let read_query = query.clone();
-    let (known, nodes, links, counts) = shared
+    let (known, selected, links) = shared
         .read(move |store| {
             let known = store.environments()?.contains(&read_env);
-            let app = read_query.app.as_deref().filter(|a| !a.is_empty());
-            let searching = read_query.q.as_deref().is_some_and(|q| !q.is_empty());
-            if searching {
-                return Ok((
-                    known,
-                    store.graph_nodes(&read_env)?,
-                    store.links(&read_env)?,
-                    None,
-                ));
-            }
-            // No text: the environment counted (no row read one by one), then only the nodes
-            // that will be drawn or listed: one app's through its index, or the whole
-            // environment's when what matches is few enough to show.
-            let counts = store.node_counts(&read_env)?;
-            match app {
-                Some(app) => {
-                    let filter = if app == GLOBAL_APP {
-                        AppFilter::NoApp
-                    } else {
-                        AppFilter::App(app)
-                    };
-                    let nodes = store.graph_nodes_of(&read_env, filter)?;
-                    let ids: Vec<&str> = nodes.iter().map(|n| n.guresid.as_str()).collect();
-                    let links = store.links_touching(&read_env, &ids)?;
-                    Ok((known, nodes, links, Some(counts)))
-                }
-                None => {
-                    let res_type = read_query.res_type.as_deref().filter(|t| !t.is_empty());
-                    let matched: usize = counts
-                        .iter()
-                        .filter(|c| res_type.is_none_or(|t| c.res_type == t))
-                        .map(|c| c.count)
-                        .sum();
-                    let list = read_query.view.as_deref() == Some("list");
-                    if too_large(matched, false, list) {
-                        return Ok((known, Vec::new(), Vec::new(), Some(counts)));
-                    }
-                    Ok((
-                        known,
-                        store.graph_nodes(&read_env)?,
-                        store.links(&read_env)?,
-                        Some(counts),
-                    ))
-                }
-            }
+            let app = query.app.as_deref().filter(|a| !a.is_empty());
+            let res_type = query.res_type.as_deref().filter(|t| !t.is_empty());
+            let searching = query.q.as_deref().is_some_and(|q| !q.is_empty());
+            let (nodes, counts) = if searching {
+                (store.graph_nodes(&read_env)?, None)
+            } else {
+                // No text: the environment counted (no row read one by one), then only the
+                // nodes that will be drawn or listed, through the (env, app, type) index,
+                // and none when they are too many anyway.
+                let counts = store.node_counts(&read_env)?;
+                let filter = match app {
+                    None => AppFilter::All,
+                    Some(GLOBAL_APP) => AppFilter::NoApp,
+                    Some(app) => AppFilter::App(app),
+                };
+                let matched: usize = counts
+                    .iter()
+                    .filter(|c| {
+                        res_type.is_none_or(|t| c.res_type == t)
+                            && match filter {
+                                AppFilter::All => true,
+                                AppFilter::NoApp => c.app.is_none(),
+                                AppFilter::App(a) => c.app.as_deref() == Some(a),
+                            }
+                    })
+                    .map(|c| c.count)
+                    .sum();
+                let list = query.view.as_deref() == Some("list");
+                let nodes = if too_large(matched, app.is_some(), list) {
+                    Vec::new()
+                } else {
+                    store.graph_nodes_of(&read_env, filter, res_type)?
+                };
+                (nodes, Some(counts))
+            };
+            let selected = select(read_env.clone(), nodes, &query, counts.as_deref());
+            // The links of what is drawn alone: none for a list or an answer too large.
+            let links = store.links_touching(&read_env, &selected.drawn())?;
+            Ok((known, selected, links))
         })
         .await?;
     if !known {
@@ -648,11 +641,9 @@ async fn graph(
             "no environment '{env}' in the state"
         )));
     }
-    let view = tokio::task::spawn_blocking(move || {
-        graph_view(env, nodes, &links, &query, counts.as_deref())
-    })
-    .await
-    .map_err(|e| ApiError::Internal(format!("the layout task failed: {e}")))?;
+    let view = tokio::task::spawn_blocking(move || lay_out(selected, &links))
+        .await
+        .map_err(|e| ApiError::Internal(format!("the layout task failed: {e}")))?;
     Ok(Json(view))
 }
 
@@ -666,6 +657,7 @@ fn too_large(matched: usize, app_chosen: bool, list: bool) -> bool {
 ///
 /// `counts`, when given, counts the whole environment's nodes (by app, type and status) and
 /// `nodes` holds the chosen app's alone: the apps, types and total then come from it.
+#[cfg(test)]
 pub fn graph_view(
     env: String,
     nodes: Vec<NodeRow>,
@@ -673,6 +665,35 @@ pub fn graph_view(
     query: &GraphQuery,
     counts: Option<&[NodeCount]>,
 ) -> GraphView {
+    lay_out(select(env, nodes, query, counts), links)
+}
+
+/// What a graph answer holds before its layout: the view (complete unless `draw`), and the
+/// nodes to draw.
+pub struct Selected {
+    view: GraphView,
+    shown: Vec<NodeRow>,
+    /// The nodes are to be laid out (with their links); else `view` is the answer.
+    draw: bool,
+}
+
+impl Selected {
+    /// The GUResIDs to draw, whose links the layout needs; none when nothing is drawn.
+    pub fn drawn(&self) -> Vec<&str> {
+        if !self.draw {
+            return Vec::new();
+        }
+        self.shown.iter().map(|n| n.guresid.as_str()).collect()
+    }
+}
+
+/// The part of `env`'s graph `query` asks for, filtered and counted, not laid out. Pure.
+pub fn select(
+    env: String,
+    nodes: Vec<NodeRow>,
+    query: &GraphQuery,
+    counts: Option<&[NodeCount]>,
+) -> Selected {
     let needle = query
         .q
         .as_deref()
@@ -780,7 +801,11 @@ pub fn graph_view(
         node_height: NODE_HEIGHT,
     };
     if too_large {
-        return view;
+        return Selected {
+            view,
+            shown: Vec::new(),
+            draw: false,
+        };
     }
     // Grouped by app and type, so the layout's starting order keeps them together.
     shown.sort_by(|a, b| {
@@ -809,6 +834,28 @@ pub fn graph_view(
                 hidden_links: 0,
             })
             .collect();
+        return Selected {
+            view,
+            shown: Vec::new(),
+            draw: false,
+        };
+    }
+    Selected {
+        view,
+        shown,
+        draw: true,
+    }
+}
+
+/// `selected`'s nodes laid out with those of `links` between them (the others counted as
+/// hidden). Pure.
+pub fn lay_out(selected: Selected, links: &[LinkRecord]) -> GraphView {
+    let Selected {
+        mut view,
+        shown,
+        draw,
+    } = selected;
+    if !draw {
         return view;
     }
     let index: HashMap<&str, usize> = shown

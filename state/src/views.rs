@@ -388,6 +388,37 @@ impl Store {
         Ok(counts)
     }
 
+    /// The recorded resources of `env` among `guresids`, as graph nodes (their status as
+    /// recorded), by GUResID: names for the other ends of one resource's links.
+    pub fn nodes_named(&self, env: &str, guresids: &[&str]) -> Result<Vec<NodeRow>> {
+        if guresids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = serde_json::to_string(guresids).expect("strings serialise");
+        self.query(
+            "SELECT guresid, app, type, class, res_id, status, orphan_since IS NOT NULL
+             FROM resource WHERE env = ?1 AND guresid IN (SELECT value FROM json_each(?2))
+             ORDER BY guresid",
+            params![env, ids],
+            |r| {
+                Ok(NodeRow {
+                    guresid: r.get(0)?,
+                    app: r.get(1)?,
+                    res_type: r.get(2)?,
+                    class: r.get(3)?,
+                    res_id: r.get(4)?,
+                    status: match (r.get::<_, String>(5)?.as_str(), r.get::<_, bool>(6)?) {
+                        (_, true) => "orphaned",
+                        ("failed", false) => "failed",
+                        _ => "ready",
+                    },
+                    recorded: true,
+                    reason: None,
+                })
+            },
+        )
+    }
+
     /// Which of `guresids` state records in `env`.
     fn recorded_of(&self, env: &str, guresids: &[&str]) -> Result<HashSet<String>> {
         if guresids.is_empty() {

@@ -488,6 +488,26 @@ fn the_graph_api_offers_apps_of_a_five_thousand_resource_environment() {
     assert_eq!(status, 200, "{resource}");
     assert_eq!(resource["links"].as_array().unwrap().len(), 1);
     assert!(resource["explain"].is_string(), "{resource}");
+    // The record without explain, at once; explain apart.
+    let (status, quick, took) = get(&format!(
+        "{base}/api/envs/development/resources/{workload}?explain=false"
+    ));
+    println!("one resource without explain: {} ms", took.as_millis());
+    assert_eq!(status, 200, "{quick}");
+    assert_eq!(
+        (&quick["explain"], &quick["explain_error"]),
+        (&Value::Null, &Value::Null)
+    );
+    assert_eq!(
+        quick["links"], resource["links"],
+        "the other ends named as before"
+    );
+    assert_eq!(quick["links"][0]["other"]["type"], "redis", "{quick}");
+    let (status, explained, _) = get(&format!(
+        "{base}/api/envs/development/resources/{workload}/explain"
+    ));
+    assert_eq!(status, 200, "{explained}");
+    assert_eq!(explained["explain"], resource["explain"]);
 
     let (status, missing, _) = get(&format!("{base}/api/envs/staging/graph"));
     assert_eq!(status, 404, "{missing}");

@@ -51,6 +51,10 @@ pub fn routes() -> Router<Arc<Shared>> {
         .route("/api/overview", get(overview))
         .route("/api/envs/{env}/graph", get(graph))
         .route("/api/envs/{env}/resources/{guresid}", get(resource))
+        .route(
+            "/api/envs/{env}/resources/{guresid}/explain",
+            get(resource_explain),
+        )
         .route("/api/events", get(events))
         .layer(Extension(Arc::new(ApiState::default())))
 }
@@ -994,10 +998,18 @@ type Read = (
     HashMap<String, NodeRow>,
 );
 
+/// `GET /api/envs/{env}/resources/{guresid}?explain=false`: without `explain`'s text, which
+/// builds the whole environment (seconds at 50 000 resources); the page asks for it apart.
+#[derive(Debug, Deserialize)]
+struct ResourceQuery {
+    explain: Option<bool>,
+}
+
 async fn resource(
     State(shared): State<Arc<Shared>>,
     Extension(api): Extension<Arc<ApiState>>,
     Path((env, guresid)): Path<(String, String)>,
+    Query(asked): Query<ResourceQuery>,
 ) -> Result<Json<ResourceJson>, ApiError> {
     let (read_env, read_guresid) = (env.clone(), guresid.clone());
     let (view, secret_names, links, bindings, labels): Read = shared
@@ -1020,16 +1032,12 @@ async fn resource(
                 .flat_map(|l| [l.consumer.as_str(), l.provider.as_str()])
                 .chain(bindings.iter().map(|b| b.provided.as_str()))
                 .collect();
-            let labels = if wanted.is_empty() {
-                HashMap::new()
-            } else {
-                store
-                    .graph_nodes(&read_env)?
-                    .into_iter()
-                    .filter(|n| wanted.contains(n.guresid.as_str()))
-                    .map(|n| (n.guresid.clone(), n))
-                    .collect()
-            };
+            let wanted: Vec<&str> = wanted.into_iter().collect();
+            let labels = store
+                .nodes_named(&read_env, &wanted)?
+                .into_iter()
+                .map(|n| (n.guresid.clone(), n))
+                .collect();
             Ok((Some(view), names, links, bindings, labels))
         })
         .await?;
@@ -1039,9 +1047,13 @@ async fn resource(
              once its driver answers)"
         )));
     };
-    let (explain, explain_error) = match explain(&shared, &api, &env, &guresid).await {
-        Ok(text) => (Some(text), None),
-        Err(e) => (None, Some(e)),
+    let (explain, explain_error) = if asked.explain == Some(false) {
+        (None, None)
+    } else {
+        match explain(&shared, &api, &env, &guresid).await {
+            Ok(text) => (Some(text), None),
+            Err(e) => (None, Some(e)),
+        }
     };
     let label = |g: &str| {
         let n = labels.get(g);
@@ -1114,6 +1126,30 @@ async fn resource(
         explain,
         explain_error,
     }))
+}
+
+#[derive(Debug, Serialize)]
+struct ExplainJson {
+    explain: Option<String>,
+    explain_error: Option<String>,
+}
+
+/// `GET /api/envs/{env}/resources/{guresid}/explain`: `gitplane explain`'s text alone.
+async fn resource_explain(
+    State(shared): State<Arc<Shared>>,
+    Extension(api): Extension<Arc<ApiState>>,
+    Path((env, guresid)): Path<(String, String)>,
+) -> Json<ExplainJson> {
+    Json(match explain(&shared, &api, &env, &guresid).await {
+        Ok(text) => ExplainJson {
+            explain: Some(text),
+            explain_error: None,
+        },
+        Err(e) => ExplainJson {
+            explain: None,
+            explain_error: Some(e),
+        },
+    })
 }
 
 /// `gitplane explain`'s text for `guresid`, against the host config in force.

@@ -848,10 +848,15 @@
       return;
     }
     try {
-      const r = await api(`/api/envs/${encodeURIComponent(state.env)}/resources/${encodeURIComponent(guresid)}`);
+      // The record first; explain (which builds the whole environment) after it.
+      const path = `/api/envs/${encodeURIComponent(state.env)}/resources/${encodeURIComponent(guresid)}`;
+      const r = await api(`${path}?explain=false`);
       if (asked !== detailsAsked) return;
       $('details-body').replaceChildren(...details(r));
       panel.dataset.loaded = guresid;
+      const e = await api(`${path}/explain`).catch((err) => ({ explain: null, explain_error: err.message }));
+      if (asked !== detailsAsked || !$('details-explain-wait')) return;
+      $('details-explain-wait').replaceWith(explainPart(e));
     } catch (e) {
       if (asked !== detailsAsked) return;
       $('details-body').replaceChildren(el('p', { class: 'error', text: e.message }));
@@ -970,10 +975,16 @@
     } else out.push(el('p', { class: 'quiet', text: 'none' }));
 
     out.push(el('h3', { text: 'Explain' }));
-    out.push(r.explain !== null
-      ? el('pre', { id: 'details-explain', text: r.explain })
-      : el('p', { class: 'error', text: r.explain_error || 'not available' }));
+    out.push(r.explain === null && r.explain_error === null
+      ? el('p', { id: 'details-explain-wait', class: 'quiet', text: 'Running explain…' })
+      : explainPart(r));
     return out;
+  }
+
+  function explainPart(e) {
+    return e.explain !== null
+      ? el('pre', { id: 'details-explain', text: e.explain })
+      : el('p', { class: 'error', text: e.explain_error || 'not available' });
   }
 
   // ---------------------------------------------------------------------------------------

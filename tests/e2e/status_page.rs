@@ -140,7 +140,7 @@ fn save_screenshot(browser: &Browser, css: Option<&str>, name: &str) {
         return;
     }
     let png = eventually(
-        &format!("a screenshot for {name}"),
+        format!("a screenshot for {name}"),
         Duration::from_secs(10),
         || match css {
             Some(css) => browser.find(css).ok()?.screenshot().ok(),
@@ -157,11 +157,9 @@ fn save_screenshot(browser: &Browser, css: Option<&str>, name: &str) {
 /// Clicks the first element matching `css`, finding it again when the page redrew it between
 /// the finding and the click (a refresh replaces the lists it draws).
 fn click(browser: &Browser, css: &str) {
-    eventually(
-        &format!("a click on {css}"),
-        Duration::from_secs(10),
-        || browser.find(css).ok()?.click().ok(),
-    );
+    eventually(format!("a click on {css}"), Duration::from_secs(10), || {
+        browser.find(css).ok()?.click().ok()
+    });
 }
 
 /// The text of the first element matching `css`, or `None` while there is none.
@@ -602,7 +600,7 @@ fn the_page_shows_a_pin_a_failed_app_and_its_blocked_workload() {
     );
     assert_eq!(
         sb.column("SELECT waiting_commit FROM env_pin WHERE env = 'production'"),
-        [held_back.clone()]
+        std::slice::from_ref(&held_back)
     );
     let worker = sb.column(
         "SELECT o.guresid FROM operation o WHERE o.app = 'billing' AND o.type = 'workload' \

@@ -1491,6 +1491,7 @@ fn reconcile_one(
     let lease = claimed.hold.as_ref().map(|(h, _)| h.clone());
     let lock = Some(claimed.lock.hold());
     let mut observer = Observed {
+        env,
         events: &shared.events,
         noticed: job.noticed,
     };
@@ -1512,6 +1513,7 @@ fn reconcile_one(
         );
         match drifted {
             Ok(app::DriftOutcome::Detected(report)) => {
+                drop(observer);
                 drop(claimed);
                 detected(env, job, shared, &report, started.elapsed());
                 return Ended::Done;
@@ -1537,6 +1539,8 @@ fn reconcile_one(
         )
     };
     let took = started.elapsed();
+    // Its progress ends before the page hears that the deployment did.
+    drop(observer);
     drop(target);
     let ended = ran(env, (job, attempt), store, shared, (outcome, took), claimed);
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status("watching")]);
@@ -1783,8 +1787,16 @@ fn hold_of(shard: &Shard, env: &str, stop: &AtomicBool) -> Option<Arc<gitplane_s
 /// What the daemon hears of a deployment as it runs: when it starts (a push's latency) and the
 /// steps that change what the status page shows.
 struct Observed<'e> {
+    env: &'e str,
     events: &'e Events,
     noticed: Option<Instant>,
+}
+
+impl Drop for Observed<'_> {
+    /// However the run ended, its progress is over.
+    fn drop(&mut self) {
+        self.events.run_over(self.env);
+    }
 }
 
 impl app::Observer for Observed<'_> {
@@ -1795,12 +1807,16 @@ impl app::Observer for Observed<'_> {
     }
 
     fn event(&mut self, event: &reconcile::Event<'_>) {
-        if matches!(
-            event,
-            reconcile::Event::Planned { .. } | reconcile::Event::Finished { .. }
-        ) {
-            self.events.changed();
+        match event {
+            reconcile::Event::Planned { total } => self.events.planned(self.env, *total),
+            reconcile::Event::Started { label, .. } => {
+                self.events.step_started(self.env, label);
+                return;
+            }
+            reconcile::Event::Finished { label, .. } => self.events.step_finished(self.env, label),
+            reconcile::Event::Waiting => return,
         }
+        self.events.changed();
     }
 }
 

@@ -1,7 +1,8 @@
 //! What the daemon tells the world about its deployments, from one place: the metrics, the
 //! status page's live updates and the notifications all hear the same events.
 
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -19,6 +20,20 @@ pub struct Events {
     changes: watch::Sender<u64>,
     /// Replaced when SIGHUP reloads the host config.
     notifier: RwLock<Option<Notifier>>,
+    /// The deployments running now, by environment: how far each has got.
+    progress: Mutex<BTreeMap<String, Progress>>,
+}
+
+/// How far a running deployment has got, as the daemon hears it: state records the operations
+/// that started, not how many the plan holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Resources the plan may change.
+    pub total: usize,
+    /// Those done with (succeeded, unchanged, failed or skipped).
+    pub done: usize,
+    /// The labels of those whose driver call is under way.
+    pub in_flight: BTreeSet<String>,
 }
 
 impl Events {
@@ -27,7 +42,60 @@ impl Events {
             metrics: Arc::new(Metrics::new()),
             changes: watch::channel(0).0,
             notifier: RwLock::new(Notifier::start(targets)),
+            progress: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// A deployment of `env` made its plan: `total` resources may change.
+    pub fn planned(&self, env: &str, total: usize) {
+        self.with_progress(|p| {
+            p.insert(
+                env.to_owned(),
+                Progress {
+                    total,
+                    ..Progress::default()
+                },
+            );
+        });
+    }
+
+    /// A driver call for `label` in `env` is about to start.
+    pub fn step_started(&self, env: &str, label: &str) {
+        self.with_progress(|p| {
+            p.entry(env.to_owned())
+                .or_default()
+                .in_flight
+                .insert(label.to_owned());
+        });
+    }
+
+    /// `label` in `env` is done with.
+    pub fn step_finished(&self, env: &str, label: &str) {
+        self.with_progress(|p| {
+            let progress = p.entry(env.to_owned()).or_default();
+            progress.in_flight.remove(label);
+            progress.done += 1;
+        });
+    }
+
+    /// The deployment of `env` is over, however it ended.
+    pub fn run_over(&self, env: &str) {
+        self.with_progress(|p| {
+            p.remove(env);
+        });
+    }
+
+    /// How far the deployment running in `env` has got, if one runs in this daemon.
+    pub fn progress(&self, env: &str) -> Option<Progress> {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(env)
+            .cloned()
+    }
+
+    fn with_progress(&self, change: impl FnOnce(&mut BTreeMap<String, Progress>)) {
+        change(&mut self.progress.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
     /// The host config was reloaded: notifications go to its targets from now on.
@@ -75,6 +143,22 @@ mod tests {
     use super::*;
     use crate::config::NotifyEvent;
     use gitplane_state::DeploymentStatus;
+
+    #[test]
+    fn progress_counts_steps_done_and_in_flight_until_the_run_is_over() {
+        let events = Events::new(&[]);
+        assert_eq!(events.progress("dev"), None);
+        events.planned("dev", 3);
+        events.step_started("dev", "redis#cache");
+        events.step_started("dev", "postgres#db");
+        events.step_finished("dev", "redis#cache");
+        let p = events.progress("dev").unwrap();
+        assert_eq!((p.done, p.total), (1, 3));
+        assert_eq!(p.in_flight.into_iter().collect::<Vec<_>>(), ["postgres#db"]);
+        assert_eq!(events.progress("prod"), None, "per environment");
+        events.run_over("dev");
+        assert_eq!(events.progress("dev"), None);
+    }
 
     #[test]
     fn a_drift_run_is_news_only_when_it_found_or_broke_something() {

@@ -42,7 +42,7 @@ pub use requests::{DaemonRecord, ReconcileAction, ReconcileAnswer, ReconcileRequ
 pub use seal::{KeySource, SealError, StateKey, pending_key_path};
 pub use surgery::{Adopted, BackupReport, MoveTo};
 pub use trust::{Action, ActionRecord, KeyCheck, RepositoryIdentity};
-pub use views::{DeploymentSummary, FailedResource, NodeRow, ResourceView};
+pub use views::{AppFilter, DeploymentSummary, FailedResource, NodeCount, NodeRow, ResourceView};
 pub use workflow::{EnvPin, PreviewPush, PreviewRecord};
 
 const SCHEMA: &str = include_str!("../../schema.sql");

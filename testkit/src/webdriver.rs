@@ -166,6 +166,11 @@ impl Browser {
             .map(drop)
     }
 
+    /// Goes back one entry in the browser's history, as its back button does.
+    pub fn back(&self) -> Result<(), WebDriverError> {
+        self.command("POST", "/back", Some(json!({}))).map(drop)
+    }
+
     /// The page's URL.
     pub fn current_url(&self) -> Result<String, WebDriverError> {
         string(self.command("GET", "/url", None)?)
@@ -250,6 +255,15 @@ impl Element<'_> {
 
     pub fn click(&self) -> Result<(), WebDriverError> {
         self.command("POST", "/click", Some(json!({}))).map(drop)
+    }
+
+    /// A PNG of the element alone (scrolled into view), cropped to its box.
+    pub fn screenshot(&self) -> Result<Vec<u8>, WebDriverError> {
+        use base64::Engine as _;
+        let encoded = string(self.command("GET", "/screenshot", None)?)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .map_err(|e| WebDriverError(format!("element screenshot: not base64: {e}")))
     }
 
     /// Types `text` into the element (an input).

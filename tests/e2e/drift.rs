@@ -651,3 +651,94 @@ fn detected_drift_and_a_pin_show_in_the_daemons_metrics() {
     let text = scrape(port).expect("the listener answers");
     assert_eq!(conditions_on(&text, "test"), ["ready"], "{text}");
 }
+
+/// The status page's overview carries what a detect run found, as `status` does: which
+/// resource, what differs (public values), a changed secret by name only.
+#[test]
+fn the_status_page_overview_shows_drift_found_without_secret_values() {
+    let sb = Sandbox::new();
+    let driver = ReadingDriver::start(true);
+    platform(
+        &sb,
+        &driver,
+        "type: test\nimplicit_resources: []\ndrift: detect\n",
+    );
+    let c = config(&sb);
+    sb.gitplane(&["apply", "--config", &c]).ok();
+    driver.tamper();
+    assert_eq!(
+        sb.gitplane(&["drift", "--config", &c, "--env", "test"])
+            .code,
+        Some(2)
+    );
+    let db = sb.column("SELECT guresid FROM resource WHERE type = 'postgres'")[0].clone();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let with_http = sb.root.join("host-http.yaml");
+    std::fs::write(
+        &with_http,
+        format!(
+            "{}http:\n  listen: 127.0.0.1:{port}\n",
+            std::fs::read_to_string(&c).unwrap()
+        ),
+    )
+    .unwrap();
+    let mut args = crate::daemon::repo_args(&sb);
+    args.extend(["--config".to_owned(), with_http.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _daemon = Daemon::start(&sb, &args);
+    let url = format!("http://127.0.0.1:{port}/api/overview");
+    let body = eventually_or(
+        "the overview",
+        Duration::from_secs(15),
+        || {
+            ureq::get(&url)
+                .call()
+                .ok()?
+                .body_mut()
+                .read_to_string()
+                .ok()
+        },
+        String::new,
+    );
+    assert!(
+        !body.contains(PASSWORD) && !body.contains(ROTATED),
+        "a secret value in the overview: {body}"
+    );
+    let overview: Value = serde_json::from_str(&body).unwrap();
+    let drift = &overview["environments"][0]["drift"];
+    assert_eq!(drift["resources"], 1, "{drift}");
+    assert_eq!(drift["findings_total"], 2, "{drift}");
+    let findings = drift["findings"].as_array().unwrap();
+    assert!(
+        findings.iter().all(|f| f["guresid"] == db.as_str()),
+        "{drift}"
+    );
+    let outputs = findings.iter().find(|f| f["what"] == "outputs").unwrap();
+    assert!(
+        outputs["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("host") && d.contains("db-moved-by-hand")),
+        "{outputs}"
+    );
+    let secret = findings
+        .iter()
+        .find(|f| f["what"] == "secret outputs")
+        .unwrap();
+    assert!(
+        secret["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("password")),
+        "{secret}"
+    );
+    // Nothing else is claimed: no pin, no preview, nothing running.
+    let env = &overview["environments"][0];
+    assert_eq!(
+        (&env["pin"], &env["preview"], &env["progress"]),
+        (&Value::Null, &Value::Null, &Value::Null),
+        "{env}"
+    );
+}

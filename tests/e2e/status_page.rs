@@ -15,7 +15,7 @@ use gitplane_testkit::webdriver::{Browser, Chromedriver};
 use serde_json::{Value, json};
 
 use crate::daemon::{Daemon, repo_args, wait_deployed};
-use crate::util::Sandbox;
+use crate::util::{Definition, Sandbox};
 
 /// A secret output of the redis definition below: it must never reach the page.
 const REDIS_SECRET: &str = "page-secret-7f3a9c";
@@ -127,6 +127,71 @@ fn script(browser: &Browser, js: &str) -> Value {
 
 fn screenshot_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/status-page.png")
+}
+
+/// Whether this run saves screenshots into docs/ (`scripts/status-page-screenshots.sh`).
+fn screenshots() -> bool {
+    std::env::var_os("GITPLANE_SCREENSHOT").is_some_and(|v| v == "1")
+}
+
+/// Saves the element `css` (or the window, for `None`) as docs/`name`, when [`screenshots`].
+fn save_screenshot(browser: &Browser, css: Option<&str>, name: &str) {
+    if !screenshots() {
+        return;
+    }
+    let png = eventually(
+        format!("a screenshot for {name}"),
+        Duration::from_secs(10),
+        || match css {
+            Some(css) => browser.find(css).ok()?.screenshot().ok(),
+            None => browser.screenshot().ok(),
+        },
+    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs")
+        .join(name);
+    std::fs::write(&path, png).unwrap();
+    println!("saved {}", path.display());
+}
+
+/// Clicks the first element matching `css`, finding it again when the page redrew it between
+/// the finding and the click (a refresh replaces the lists it draws).
+fn click(browser: &Browser, css: &str) {
+    eventually(format!("a click on {css}"), Duration::from_secs(10), || {
+        browser.find(css).ok()?.click().ok()
+    });
+}
+
+/// The text of the first element matching `css`, or `None` while there is none.
+fn text_of(browser: &Browser, css: &str) -> Option<String> {
+    browser.find(css).ok()?.text().ok()
+}
+
+/// Billing: a worker reading a queue whose values read a secret output, which is refused before
+/// any driver call: the queue fails before it is made, and the worker is blocked.
+fn add_failing_billing_app(sb: &Sandbox) -> String {
+    sb.write(
+        "definitions/queue.yaml",
+        &Definition::new("queue", "humanitec/echo")
+            .value("url: amqp://${resources.base-env#base-env.outputs.pgpassword}@queue")
+            .yaml(),
+    );
+    sb.write(
+        "workloads/billing/worker.yaml",
+        "apiVersion: score.dev/v1b1
+metadata:
+  name: worker
+containers:
+  main:
+    image: registry.example.com/billing/worker:1
+    variables:
+      QUEUE_URL: ${resources.jobs.url}
+resources:
+  jobs:
+    type: queue
+",
+    );
+    sb.commit("Billing: a worker and its job queue")
 }
 
 #[test]
@@ -421,6 +486,26 @@ fn the_graph_api_offers_apps_of_a_five_thousand_resource_environment() {
     assert_eq!(status, 200, "{resource}");
     assert_eq!(resource["links"].as_array().unwrap().len(), 1);
     assert!(resource["explain"].is_string(), "{resource}");
+    // The record without explain, at once; explain apart.
+    let (status, quick, took) = get(&format!(
+        "{base}/api/envs/development/resources/{workload}?explain=false"
+    ));
+    println!("one resource without explain: {} ms", took.as_millis());
+    assert_eq!(status, 200, "{quick}");
+    assert_eq!(
+        (&quick["explain"], &quick["explain_error"]),
+        (&Value::Null, &Value::Null)
+    );
+    assert_eq!(
+        quick["links"], resource["links"],
+        "the other ends named as before"
+    );
+    assert_eq!(quick["links"][0]["other"]["type"], "redis", "{quick}");
+    let (status, explained, _) = get(&format!(
+        "{base}/api/envs/development/resources/{workload}/explain"
+    ));
+    assert_eq!(status, 200, "{explained}");
+    assert_eq!(explained["explain"], resource["explain"]);
 
     let (status, missing, _) = get(&format!("{base}/api/envs/staging/graph"));
     assert_eq!(status, 404, "{missing}");
@@ -473,4 +558,239 @@ fn an_open_event_stream_ends_when_the_daemon_stops() {
     }
     // The last chunk of a chunked body: the response ended, not the connection alone.
     assert!(String::from_utf8_lossy(&seen).ends_with("0\r\n\r\n"));
+}
+
+/// What the CLI knows and the page used to hide: an environment pinned with a commit held back
+/// names that commit in a banner; an app whose new resources failed is marked failed in the app
+/// list (a colour and a word); its blocked workload, never recorded, is drawn as a ghost with
+/// the reason; the list view sorts; back returns to the view before.
+#[test]
+#[cfg_attr(not(chromium), ignore = "Chromium and chromedriver are not installed")]
+fn the_page_shows_a_pin_a_failed_app_and_its_blocked_workload() {
+    let driver = chromedriver();
+    let sb = Sandbox::applied();
+    sb.gitplane(&[
+        "pin",
+        "--env",
+        "production",
+        "--reason",
+        "audit freeze",
+        "--by",
+        "alice",
+    ])
+    .ok();
+    let pinned_at = sb.head();
+    let held_back = add_failing_billing_app(&sb);
+    sb.gitplane(&["apply"]).fails();
+    // What state says, which the page must show.
+    assert_eq!(
+        sb.rows(
+            "SELECT o.type, o.status FROM operation o JOIN deployment d ON d.id = o.deployment_id
+             WHERE d.env = 'development' AND o.app = 'billing' AND o.type != 'base-env'
+             ORDER BY o.type"
+        ),
+        [["queue", "failed"], ["workload", "skipped"]]
+    );
+    assert_eq!(
+        sb.count(
+            "SELECT COUNT(*) FROM resource WHERE app = 'billing' AND type IN ('queue', 'workload')"
+        ),
+        0,
+        "neither is recorded"
+    );
+    assert_eq!(
+        sb.column("SELECT waiting_commit FROM env_pin WHERE env = 'production'"),
+        std::slice::from_ref(&held_back)
+    );
+    let worker = sb.column(
+        "SELECT o.guresid FROM operation o WHERE o.app = 'billing' AND o.type = 'workload' \
+         AND o.status = 'skipped' LIMIT 1",
+    )[0]
+    .clone();
+
+    let (_daemon, base) = start_daemon(&sb);
+    let browser = driver.browser(1200, 760);
+
+    // The pin banner names who, why and the held-back commit.
+    browser.goto(&format!("{base}/#env=production")).unwrap();
+    let banner = eventually("the pin banner", Duration::from_secs(15), || {
+        text_of(&browser, "[data-banner=\"pin\"]")
+    });
+    assert!(banner.contains("Pinned"), "{banner}");
+    assert!(banner.contains(&pinned_at[..7]), "{banner}");
+    assert!(
+        banner.contains("alice") && banner.contains("audit freeze"),
+        "{banner}"
+    );
+    assert!(banner.contains(&held_back[..7]), "{banner}");
+    assert!(
+        banner.contains("Billing: a worker and its job queue"),
+        "the held-back commit's message: {banner}"
+    );
+    assert_eq!(browser.count(&format!("[data-waiting=\"{held_back}\"]")), 1);
+    save_screenshot(&browser, Some("#side"), "status-page-pin.png");
+
+    // Development: billing is failed in the app list, first, with the word; shop is ready.
+    click(&browser, "#envs button[data-env=\"development\"]");
+    let apps = eventually("the app list", Duration::from_secs(15), || {
+        let buttons = browser.find_all("#apps [data-app]").ok()?;
+        let mut apps = Vec::new();
+        for b in buttons {
+            apps.push((
+                b.attr("data-app").ok()??,
+                b.attr("data-status").ok()??,
+                b.text().ok()?,
+            ));
+        }
+        (apps.len() == 2).then_some(apps)
+    });
+    assert_eq!(apps[0].0, "billing", "failed first: {apps:?}");
+    assert_eq!(apps[0].1, "failed", "{apps:?}");
+    assert!(
+        apps[0].2.contains("failed"),
+        "a word, not colour alone: {apps:?}"
+    );
+    assert_eq!((apps[1].0.as_str(), apps[1].1.as_str()), ("shop", "ready"));
+    save_screenshot(&browser, Some("#apps-section"), "status-page-apps.png");
+
+    // Its graph: the blocked worker is a ghost, with the reason.
+    click(&browser, "#apps [data-app=\"billing\"]");
+    let ghost = format!("#graph [data-guresid=\"{worker}\"]");
+    let (reason, status) = eventually("the ghost of the worker", Duration::from_secs(15), || {
+        let node = browser.find(&ghost).ok()?;
+        (node.attr("data-ghost").ok()?? == "true").then_some(())?;
+        Some((
+            node.attr("data-reason").ok()??,
+            node.attr("data-status").ok()??,
+        ))
+    });
+    assert_eq!(status, "blocked");
+    let recorded_reason = sb.column(&format!(
+        "SELECT error FROM operation WHERE guresid = '{worker}' AND status = 'skipped'"
+    ));
+    assert_eq!(
+        Some(&reason),
+        recorded_reason.first(),
+        "the reason state records"
+    );
+    let said = script(
+        &browser,
+        &format!("return document.querySelector('{ghost} text.reason').textContent;"),
+    );
+    assert!(
+        said.as_str().is_some_and(|t| t.starts_with("blocked: ")),
+        "the box says it is blocked, and why: {said}"
+    );
+    // The failed queue is drawn too, and the link between them.
+    assert_eq!(browser.count("#graph .node.ghost"), 2);
+    assert_eq!(
+        browser.count(&format!("#graph .edge[data-consumer=\"{worker}\"]")),
+        1
+    );
+    click(&browser, &ghost);
+    let details = eventually("the ghost's details", Duration::from_secs(10), || {
+        text_of(&browser, "#details [data-error]")
+    });
+    assert_eq!(details, reason);
+    save_screenshot(&browser, None, "status-page-ghost.png");
+    click(&browser, "#details-close");
+
+    // The list view of every app, sorted by status (worst first), then by app descending.
+    click(&browser, "#apps [data-app=\"billing\"]");
+    eventually("all apps again", Duration::from_secs(10), || {
+        (!browser.current_url().ok()?.contains("app=")).then_some(())
+    });
+    click(&browser, "#mode-list");
+    let total = sb.count("SELECT COUNT(*) FROM resource WHERE env = 'development'") as usize + 2;
+    let column = |n: usize| -> Vec<String> {
+        eventually("the list's rows", Duration::from_secs(10), || {
+            let cells = browser
+                .find_all(&format!("#list tbody tr td:nth-child({n})"))
+                .ok()?;
+            let mut out = Vec::new();
+            for c in cells {
+                out.push(c.text().ok()?);
+            }
+            (out.len() == total).then_some(out)
+        })
+    };
+    let statuses = column(4);
+    assert!(statuses[0].starts_with("failed"), "{statuses:?}");
+    assert!(statuses[1].starts_with("blocked"), "{statuses:?}");
+    assert!(statuses[2..].iter().all(|s| s == "ready"), "{statuses:?}");
+    save_screenshot(&browser, None, "status-page-list.png");
+    click(&browser, "#list th[data-sort=\"app\"]");
+    let by_app = eventually("sorted by app", Duration::from_secs(10), || {
+        let apps = column(1);
+        (apps[0] == "billing").then_some(apps)
+    });
+    let mut sorted = by_app.clone();
+    sorted.sort();
+    assert_eq!(by_app, sorted);
+    click(&browser, "#list th[data-sort=\"app\"]");
+    let descending = eventually("sorted by app, descending", Duration::from_secs(10), || {
+        let apps = column(1);
+        (apps[0] == "shop").then_some(apps)
+    });
+    sorted.reverse();
+    assert_eq!(descending, sorted);
+
+    // Back: the list by app ascending, then by status, then the graph.
+    browser.back().unwrap();
+    eventually("back to the list by app", Duration::from_secs(10), || {
+        (browser.count("#list th[data-sort=\"app\"][aria-sort=\"ascending\"]") == 1).then_some(())
+    });
+    browser.back().unwrap();
+    browser.back().unwrap();
+    eventually("back to the graph", Duration::from_secs(10), || {
+        let graph_shown = browser
+            .find("#graph-box")
+            .ok()?
+            .attr("hidden")
+            .ok()?
+            .is_none();
+        (graph_shown && browser.count("#graph .node") == total).then_some(())
+    });
+    assert!(!browser.current_url().unwrap().contains("view=list"));
+    // And back once more: billing's graph, as it was.
+    browser.back().unwrap();
+    eventually("back to billing's graph", Duration::from_secs(10), || {
+        (browser.count("#graph .node") == 3 && browser.count(&ghost) == 1).then_some(())
+    });
+}
+
+/// The sign-in page is styled (its own stylesheet, served without the token) and says where
+/// the token comes from; a wrong token shows the page again, saying so.
+#[test]
+#[cfg_attr(not(chromium), ignore = "Chromium and chromedriver are not installed")]
+fn the_login_page_names_the_token_file() {
+    let driver = chromedriver();
+    let sb = Sandbox::template();
+    let token_file = sb.root.join("http.token");
+    std::fs::write(&token_file, "page-token-0c44e1\n").unwrap();
+    let (_daemon, base) =
+        start_daemon_with(&sb, &format!("  token_file: {}\n", token_file.display()));
+    let browser = driver.browser(900, 620);
+    browser.goto(&format!("{base}/")).unwrap();
+    let text = eventually("the login page", Duration::from_secs(10), || {
+        text_of(&browser, "main")
+    });
+    assert!(text.contains(&token_file.display().to_string()), "{text}");
+    assert!(text.contains("http.token_file"), "{text}");
+    let styled = script(
+        &browser,
+        "return getComputedStyle(document.querySelector('main')).borderRadius;",
+    );
+    assert_eq!(styled, json!("10px"), "the stylesheet applies");
+    save_screenshot(&browser, None, "status-page-login.png");
+    browser
+        .find("form [name=\"token\"]")
+        .unwrap()
+        .send_keys("a-wrong-token")
+        .unwrap();
+    click(&browser, "form button");
+    let problem = eventually("the wrong token said", Duration::from_secs(10), || {
+        text_of(&browser, ".problem")
+    });
+    assert_eq!(problem, "Wrong token.");
 }

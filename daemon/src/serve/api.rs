@@ -14,7 +14,8 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use futures_util::Stream;
 use gitplane_state::{
-    BindingRecord, DeploymentSummary, FailedResource, LinkRecord, NodeRow, ResourceView,
+    AppFilter, BindingRecord, DeploymentSummary, DriftFinding, EnvPin, FailedResource, LinkRecord,
+    NodeCount, NodeRow, PreviewRecord, ResourceView,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -50,6 +51,10 @@ pub fn routes() -> Router<Arc<Shared>> {
         .route("/api/overview", get(overview))
         .route("/api/envs/{env}/graph", get(graph))
         .route("/api/envs/{env}/resources/{guresid}", get(resource))
+        .route(
+            "/api/envs/{env}/resources/{guresid}/explain",
+            get(resource_explain),
+        )
         .route("/api/events", get(events))
         .layer(Extension(Arc::new(ApiState::default())))
 }
@@ -127,6 +132,133 @@ struct EnvOverview {
     held: Vec<DeploymentJson>,
     failed: Vec<FailedJson>,
     failed_total: i64,
+    /// The pin a rollback or `gitplane pin` holds the environment at.
+    pin: Option<PinJson>,
+    /// What the newest detect-only drift run found, when it found something.
+    drift: Option<DriftJson>,
+    /// Its preview record, while it is a live preview environment.
+    preview: Option<PreviewJson>,
+    /// How far the deployment running now has got (one this daemon runs).
+    progress: Option<ProgressJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct PinJson {
+    commit: String,
+    by: String,
+    reason: String,
+    since: String,
+    forced: bool,
+    /// The newest commit held back while pinned, with its message when the repository has it.
+    waiting_commit: Option<String>,
+    waiting_summary: Option<String>,
+    waiting_author: Option<String>,
+}
+
+impl PinJson {
+    fn new(pin: EnvPin, commits: &CommitCache) -> PinJson {
+        let waiting = pin.waiting_commit.as_deref().and_then(|c| commits.get(c));
+        PinJson {
+            waiting_summary: waiting.map(|i| i.summary.clone()),
+            waiting_author: waiting.map(|i| i.author.clone()),
+            commit: pin.commit_id,
+            by: pin.pinned_by,
+            reason: pin.reason,
+            since: pin.pinned_at,
+            forced: pin.forced,
+            waiting_commit: pin.waiting_commit,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct DriftJson {
+    /// The detect run (a deployment of kind `drift`).
+    deployment: i64,
+    commit: Option<String>,
+    finished_at: Option<String>,
+    /// Resources with a finding, and findings in all.
+    resources: i64,
+    findings_total: i64,
+    /// At most [`FAILED_SHOWN`]: what differs, public values only.
+    findings: Vec<FindingJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct FindingJson {
+    guresid: String,
+    app: Option<String>,
+    #[serde(rename = "type")]
+    res_type: String,
+    class: String,
+    res_id: String,
+    /// `driver` or `recorded`.
+    source: String,
+    /// `outputs`, `secret outputs`, `missing` or `inputs`.
+    what: String,
+    /// Which paths differ; a secret's name, never its value.
+    detail: String,
+}
+
+impl From<DriftFinding> for FindingJson {
+    fn from(f: DriftFinding) -> Self {
+        FindingJson {
+            guresid: f.guresid,
+            app: f.app,
+            res_type: f.res_type,
+            class: f.class,
+            res_id: f.res_id,
+            source: f.source,
+            what: f.what,
+            detail: f.detail,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct PreviewJson {
+    branch: String,
+    commit: Option<String>,
+    created_at: String,
+    pushed_at: String,
+    /// `pushed_at` plus the host config's `previews.ttl`; null without a ttl.
+    expires_at: Option<String>,
+    /// The newest branch head not deployed, and why.
+    refused_commit: Option<String>,
+    refused_why: Option<String>,
+}
+
+impl PreviewJson {
+    fn new(p: PreviewRecord, ttl: Option<Duration>) -> PreviewJson {
+        let expires_at = ttl.and_then(|ttl| {
+            let pushed = chrono::DateTime::parse_from_rfc3339(&p.pushed_at).ok()?;
+            let ttl = chrono::Duration::from_std(ttl).ok()?;
+            Some(
+                (pushed + ttl)
+                    .with_timezone(&chrono::Utc)
+                    .format("%Y-%m-%dT%H:%M:%S%.3fZ")
+                    .to_string(),
+            )
+        });
+        PreviewJson {
+            branch: p.branch,
+            commit: p.commit_id,
+            created_at: p.created_at,
+            pushed_at: p.pushed_at,
+            expires_at,
+            refused_commit: p.refused_commit,
+            refused_why: p.refused_why,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct ProgressJson {
+    /// Resources done with, of `total` the plan may change.
+    done: usize,
+    total: usize,
+    /// The labels of the resources whose driver call is under way.
+    in_flight: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -211,43 +343,116 @@ async fn overview(
     Extension(api): Extension<Arc<ApiState>>,
 ) -> Result<Json<Overview>, ApiError> {
     let repo = shared.repo.clone();
+    let ttl = shared
+        .host
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .previews
+        .as_ref()
+        .and_then(|p| p.ttl);
+    let events = shared.events.clone();
     let overview = shared
         .read(move |store| {
             let mut counts: HashMap<String, BTreeMap<String, i64>> = HashMap::new();
             for (env, status, n) in store.resource_counts()? {
                 counts.entry(env).or_default().insert(status, n);
             }
+            let pins = store.pins(None)?;
+            let previews = store.previews()?;
             let mut read = Vec::new();
             for env in store.environments()? {
                 let deployments = store.recent_deployments(&env, RECENT_DEPLOYMENTS)?;
                 let held = store.held_deployments(&env)?;
-                let (failed, failed_total) = store.failed_resources(&env, FAILED_SHOWN)?;
                 let resources = counts.remove(&env).unwrap_or_default();
-                read.push((env, deployments, held, failed, failed_total, resources));
+                // The counts say whether any resource can be failed (an orphan may be): with
+                // none, the environment's rows are not read twice more to find no failure.
+                let (failed, failed_total) =
+                    if resources.contains_key("failed") || resources.contains_key("orphaned") {
+                        store.failed_resources(&env, FAILED_SHOWN)?
+                    } else {
+                        (Vec::new(), 0)
+                    };
+                let pin = pins
+                    .iter()
+                    .find(|p| p.env == env && p.unpinned_at.is_none())
+                    .cloned();
+                let preview = previews.iter().find(|p| p.env == env && p.live()).cloned();
+                let drift = match store.last_detect_run(&env)? {
+                    Some(run) if run.findings > 0 => {
+                        let findings = store.drift_findings(run.deployment)?;
+                        Some(DriftJson {
+                            deployment: run.deployment,
+                            commit: run.commit_id,
+                            finished_at: run.finished_at,
+                            resources: run.resources,
+                            findings_total: run.findings,
+                            findings: findings
+                                .into_iter()
+                                .take(FAILED_SHOWN)
+                                .map(FindingJson::from)
+                                .collect(),
+                        })
+                    }
+                    _ => None,
+                };
+                let extra = Extra {
+                    pin,
+                    drift,
+                    preview,
+                };
+                read.push((
+                    env,
+                    deployments,
+                    held,
+                    failed,
+                    failed_total,
+                    resources,
+                    extra,
+                ));
             }
             let mut commits = api.commits.lock().unwrap_or_else(|e| e.into_inner());
             let ids: Vec<&str> = read
                 .iter()
                 .flat_map(|(_, d, h, ..)| d.iter().chain(h))
                 .filter_map(|d| d.record.commit_id.as_deref())
+                .chain(
+                    read.iter()
+                        .filter_map(|r| r.6.pin.as_ref()?.waiting_commit.as_deref()),
+                )
                 .collect();
             commits.fill(&repo, &ids);
             let environments = read
                 .into_iter()
                 .map(
-                    |(env, deployments, held, failed, failed_total, resources)| EnvOverview {
-                        env,
-                        resources,
-                        deployments: deployments
-                            .into_iter()
-                            .map(|d| DeploymentJson::new(d, &commits))
-                            .collect(),
-                        held: held
-                            .into_iter()
-                            .map(|d| DeploymentJson::new(d, &commits))
-                            .collect(),
-                        failed: failed.into_iter().map(FailedJson::from).collect(),
-                        failed_total,
+                    |(env, deployments, held, failed, failed_total, resources, extra)| {
+                        let running = deployments
+                            .first()
+                            .is_some_and(|d| d.record.status.as_str() == "running");
+                        let progress = running.then(|| events.progress(&env)).flatten().map(|p| {
+                            ProgressJson {
+                                done: p.done,
+                                total: p.total,
+                                in_flight: p.in_flight.into_iter().collect(),
+                            }
+                        });
+                        EnvOverview {
+                            resources,
+                            deployments: deployments
+                                .into_iter()
+                                .map(|d| DeploymentJson::new(d, &commits))
+                                .collect(),
+                            held: held
+                                .into_iter()
+                                .map(|d| DeploymentJson::new(d, &commits))
+                                .collect(),
+                            failed: failed.into_iter().map(FailedJson::from).collect(),
+                            failed_total,
+                            pin: extra.pin.map(|p| PinJson::new(p, &commits)),
+                            drift: extra.drift,
+                            preview: extra.preview.map(|p| PreviewJson::new(p, ttl)),
+                            progress,
+                            env,
+                        }
                     },
                 )
                 .collect();
@@ -255,6 +460,13 @@ async fn overview(
         })
         .await?;
     Ok(Json(overview))
+}
+
+/// What the overview reads of an environment besides its deployments and resources.
+struct Extra {
+    pin: Option<EnvPin>,
+    drift: Option<DriftJson>,
+    preview: Option<PreviewRecord>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -268,8 +480,11 @@ pub struct GraphQuery {
     /// One resource type.
     #[serde(rename = "type")]
     pub res_type: Option<String>,
-    /// Text the res_id or GUResID contains (case-insensitive).
+    /// Text the app, type, res_id or GUResID contains (case-insensitive).
     pub q: Option<String>,
+    /// `list`: the matching nodes without a layout (no edges, every `x`, `y` 0), up to
+    /// [`GRAPH_HARD_LIMIT`] whether an app is chosen or not.
+    pub view: Option<String>,
 }
 
 #[derive(Debug, Serialize, PartialEq)]
@@ -300,6 +515,39 @@ pub struct GraphView {
 pub struct Count {
     pub name: Option<String>,
     pub count: usize,
+    /// For an app: the worst status of its resources (see [`worst`]); `null` for a type.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<&'static str>,
+    /// For an app: how many of its resources are failed or blocked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed: Option<usize>,
+}
+
+/// Statuses from worst to best: an app shows the first its resources have.
+const WORST_FIRST: [&str; 5] = ["failed", "blocked", "orphaned", "in_progress", "ready"];
+
+/// The worse of two statuses, by [`WORST_FIRST`].
+fn worst(a: &'static str, b: &'static str) -> &'static str {
+    let rank = |s: &str| WORST_FIRST.iter().position(|w| *w == s).unwrap_or(0);
+    if rank(b) < rank(a) { b } else { a }
+}
+
+/// Per app: resources, failed or blocked ones, worst status.
+#[derive(Default)]
+struct AppTally {
+    count: usize,
+    failed: usize,
+    status: Option<&'static str>,
+}
+
+impl AppTally {
+    fn add(&mut self, status: &'static str, n: usize) {
+        self.count += n;
+        if matches!(status, "failed" | "blocked") {
+            self.failed += n;
+        }
+        self.status = Some(self.status.map_or(status, |s| worst(s, status)));
+    }
 }
 
 #[derive(Debug, Serialize, PartialEq)]
@@ -310,8 +558,12 @@ pub struct GraphNode {
     pub res_type: String,
     pub class: String,
     pub res_id: String,
-    /// `ready`, `failed`, `orphaned` or `in_progress`.
+    /// `ready`, `failed`, `orphaned`, `in_progress` or `blocked`.
     pub status: &'static str,
+    /// A ghost: wanted by the graph, not recorded (blocked, or failed before it was made).
+    pub ghost: bool,
+    /// Why a ghost is not there.
+    pub reason: Option<String>,
     /// The centre of its box, and its layer (0: depends on nothing shown).
     pub x: f64,
     pub y: f64,
@@ -344,14 +596,48 @@ async fn graph(
         )));
     }
     let read_env = env.clone();
-    let (known, nodes, links) = shared
+    let (known, selected, links) = shared
         .read(move |store| {
             let known = store.environments()?.contains(&read_env);
-            Ok((
-                known,
-                store.graph_nodes(&read_env)?,
-                store.links(&read_env)?,
-            ))
+            let app = query.app.as_deref().filter(|a| !a.is_empty());
+            let res_type = query.res_type.as_deref().filter(|t| !t.is_empty());
+            let searching = query.q.as_deref().is_some_and(|q| !q.is_empty());
+            let (nodes, counts) = if searching {
+                (store.graph_nodes(&read_env)?, None)
+            } else {
+                // No text: the environment counted (no row read one by one), then only the
+                // nodes that will be drawn or listed, through the (env, app, type) index,
+                // and none when they are too many anyway.
+                let counts = store.node_counts(&read_env)?;
+                let filter = match app {
+                    None => AppFilter::All,
+                    Some(GLOBAL_APP) => AppFilter::NoApp,
+                    Some(app) => AppFilter::App(app),
+                };
+                let matched: usize = counts
+                    .iter()
+                    .filter(|c| {
+                        res_type.is_none_or(|t| c.res_type == t)
+                            && match filter {
+                                AppFilter::All => true,
+                                AppFilter::NoApp => c.app.is_none(),
+                                AppFilter::App(a) => c.app.as_deref() == Some(a),
+                            }
+                    })
+                    .map(|c| c.count)
+                    .sum();
+                let list = query.view.as_deref() == Some("list");
+                let nodes = if too_large(matched, app.is_some(), list) {
+                    Vec::new()
+                } else {
+                    store.graph_nodes_of(&read_env, filter, res_type)?
+                };
+                (nodes, Some(counts))
+            };
+            let selected = select(read_env.clone(), nodes, &query, counts.as_deref());
+            // The links of what is drawn alone: none for a list or an answer too large.
+            let links = store.links_touching(&read_env, &selected.drawn())?;
+            Ok((known, selected, links))
         })
         .await?;
     if !known {
@@ -359,19 +645,59 @@ async fn graph(
             "no environment '{env}' in the state"
         )));
     }
-    let view = tokio::task::spawn_blocking(move || graph_view(env, nodes, &links, &query))
+    let view = tokio::task::spawn_blocking(move || lay_out(selected, &links))
         .await
         .map_err(|e| ApiError::Internal(format!("the layout task failed: {e}")))?;
     Ok(Json(view))
 }
 
+/// Whether `matched` nodes are too many to answer with: more than [`GRAPH_HARD_LIMIT`], or
+/// more than [`GRAPH_LIMIT`] to draw without an app chosen.
+fn too_large(matched: usize, app_chosen: bool, list: bool) -> bool {
+    matched > GRAPH_HARD_LIMIT || (matched > GRAPH_LIMIT && !app_chosen && !list)
+}
+
 /// The part of `env`'s graph `query` asks for, laid out. Pure.
+///
+/// `counts`, when given, counts the whole environment's nodes (by app, type and status) and
+/// `nodes` holds the chosen app's alone: the apps, types and total then come from it.
+#[cfg(test)]
 pub fn graph_view(
     env: String,
     nodes: Vec<NodeRow>,
     links: &[LinkRecord],
     query: &GraphQuery,
+    counts: Option<&[NodeCount]>,
 ) -> GraphView {
+    lay_out(select(env, nodes, query, counts), links)
+}
+
+/// What a graph answer holds before its layout: the view (complete unless `draw`), and the
+/// nodes to draw.
+pub struct Selected {
+    view: GraphView,
+    shown: Vec<NodeRow>,
+    /// The nodes are to be laid out (with their links); else `view` is the answer.
+    draw: bool,
+}
+
+impl Selected {
+    /// The GUResIDs to draw, whose links the layout needs; none when nothing is drawn.
+    pub fn drawn(&self) -> Vec<&str> {
+        if !self.draw {
+            return Vec::new();
+        }
+        self.shown.iter().map(|n| n.guresid.as_str()).collect()
+    }
+}
+
+/// The part of `env`'s graph `query` asks for, filtered and counted, not laid out. Pure.
+pub fn select(
+    env: String,
+    nodes: Vec<NodeRow>,
+    query: &GraphQuery,
+    counts: Option<&[NodeCount]>,
+) -> Selected {
     let needle = query
         .q
         .as_deref()
@@ -379,16 +705,35 @@ pub fn graph_view(
         .filter(|q| !q.is_empty());
     let app = query.app.as_deref().filter(|a| !a.is_empty());
     let res_type = query.res_type.as_deref().filter(|t| !t.is_empty());
-    let total = nodes.len();
     let mut types: BTreeMap<&str, usize> = BTreeMap::new();
-    for n in &nodes {
-        *types.entry(n.res_type.as_str()).or_default() += 1;
-    }
+    let mut tallies: BTreeMap<Option<String>, AppTally> = BTreeMap::new();
+    let total = match counts {
+        Some(counts) => {
+            for c in counts {
+                *types.entry(c.res_type.as_str()).or_default() += c.count;
+                if res_type.is_none_or(|t| c.res_type == t) {
+                    tallies
+                        .entry(c.app.clone())
+                        .or_default()
+                        .add(c.status, c.count);
+                }
+            }
+            counts.iter().map(|c| c.count).sum()
+        }
+        None => {
+            for n in &nodes {
+                *types.entry(n.res_type.as_str()).or_default() += 1;
+            }
+            nodes.len()
+        }
+    };
     let types = types
         .into_iter()
         .map(|(t, count)| Count {
             name: Some(t.to_owned()),
             count,
+            status: None,
+            failed: None,
         })
         .collect();
     let in_app = |n: &NodeRow| match app {
@@ -399,26 +744,51 @@ pub fn graph_view(
     let wanted = |n: &NodeRow| {
         res_type.is_none_or(|t| n.res_type == t)
             && needle.as_ref().is_none_or(|q| {
-                n.res_id.to_lowercase().contains(q.as_str()) || n.guresid.contains(q.as_str())
+                n.res_id.to_lowercase().contains(q.as_str())
+                    || n.guresid.contains(q.as_str())
+                    || n.res_type.to_lowercase().contains(q.as_str())
+                    || n.app
+                        .as_ref()
+                        .is_some_and(|a| a.to_lowercase().contains(q.as_str()))
             })
     };
     let found: Vec<NodeRow> = nodes.into_iter().filter(|n| wanted(n)).collect();
     // The apps to choose from: those of the resources the other filters found, whichever
     // app is chosen.
-    let mut apps: BTreeMap<Option<&str>, usize> = BTreeMap::new();
-    for n in &found {
-        *apps.entry(n.app.as_deref()).or_default() += 1;
+    if counts.is_none() {
+        for n in &found {
+            tallies.entry(n.app.clone()).or_default().add(n.status, 1);
+        }
     }
-    let apps = apps
+    let apps = tallies
         .into_iter()
-        .map(|(a, count)| Count {
-            name: a.map(str::to_owned),
-            count,
+        .map(|(a, t)| Count {
+            name: a,
+            count: t.count,
+            status: t.status,
+            failed: Some(t.failed),
         })
         .collect();
     let mut shown: Vec<NodeRow> = found.into_iter().filter(|n| in_app(n)).collect();
-    let matched = shown.len();
-    let too_large = matched > GRAPH_HARD_LIMIT || (matched > GRAPH_LIMIT && app.is_none());
+    let list = query.view.as_deref() == Some("list");
+    // Without text to search, the counts say how many match: `nodes` may have been left
+    // unread, the answer being too large anyway.
+    let matched = match counts {
+        Some(counts) if needle.is_none() => counts
+            .iter()
+            .filter(|c| {
+                res_type.is_none_or(|t| c.res_type == t)
+                    && match app {
+                        None => true,
+                        Some(GLOBAL_APP) => c.app.is_none(),
+                        Some(a) => c.app.as_deref() == Some(a),
+                    }
+            })
+            .map(|c| c.count)
+            .sum(),
+        _ => shown.len(),
+    };
+    let too_large = too_large(matched, app.is_some(), list);
     let mut view = GraphView {
         env,
         too_large,
@@ -435,7 +805,11 @@ pub fn graph_view(
         node_height: NODE_HEIGHT,
     };
     if too_large {
-        return view;
+        return Selected {
+            view,
+            shown: Vec::new(),
+            draw: false,
+        };
     }
     // Grouped by app and type, so the layout's starting order keeps them together.
     shown.sort_by(|a, b| {
@@ -446,6 +820,48 @@ pub fn graph_view(
             &b.guresid,
         ))
     });
+    if list {
+        view.nodes = shown
+            .into_iter()
+            .map(|n| GraphNode {
+                ghost: !n.recorded && n.status != "in_progress",
+                guresid: n.guresid,
+                app: n.app,
+                res_type: n.res_type,
+                class: n.class,
+                res_id: n.res_id,
+                status: n.status,
+                reason: n.reason,
+                x: 0.0,
+                y: 0.0,
+                layer: 0,
+                hidden_links: 0,
+            })
+            .collect();
+        return Selected {
+            view,
+            shown: Vec::new(),
+            draw: false,
+        };
+    }
+    Selected {
+        view,
+        shown,
+        draw: true,
+    }
+}
+
+/// `selected`'s nodes laid out with those of `links` between them (the others counted as
+/// hidden). Pure.
+pub fn lay_out(selected: Selected, links: &[LinkRecord]) -> GraphView {
+    let Selected {
+        mut view,
+        shown,
+        draw,
+    } = selected;
+    if !draw {
+        return view;
+    }
     let index: HashMap<&str, usize> = shown
         .iter()
         .enumerate()
@@ -490,6 +906,8 @@ pub fn graph_view(
             class: n.class,
             res_id: n.res_id,
             status: n.status,
+            ghost: !n.recorded && n.status != "in_progress",
+            reason: n.reason,
             x: p.x,
             y: p.y,
             layer: p.layer,
@@ -580,10 +998,18 @@ type Read = (
     HashMap<String, NodeRow>,
 );
 
+/// `GET /api/envs/{env}/resources/{guresid}?explain=false`: without `explain`'s text, which
+/// builds the whole environment (seconds at 50 000 resources); the page asks for it apart.
+#[derive(Debug, Deserialize)]
+struct ResourceQuery {
+    explain: Option<bool>,
+}
+
 async fn resource(
     State(shared): State<Arc<Shared>>,
     Extension(api): Extension<Arc<ApiState>>,
     Path((env, guresid)): Path<(String, String)>,
+    Query(asked): Query<ResourceQuery>,
 ) -> Result<Json<ResourceJson>, ApiError> {
     let (read_env, read_guresid) = (env.clone(), guresid.clone());
     let (view, secret_names, links, bindings, labels): Read = shared
@@ -606,16 +1032,12 @@ async fn resource(
                 .flat_map(|l| [l.consumer.as_str(), l.provider.as_str()])
                 .chain(bindings.iter().map(|b| b.provided.as_str()))
                 .collect();
-            let labels = if wanted.is_empty() {
-                HashMap::new()
-            } else {
-                store
-                    .graph_nodes(&read_env)?
-                    .into_iter()
-                    .filter(|n| wanted.contains(n.guresid.as_str()))
-                    .map(|n| (n.guresid.clone(), n))
-                    .collect()
-            };
+            let wanted: Vec<&str> = wanted.into_iter().collect();
+            let labels = store
+                .nodes_named(&read_env, &wanted)?
+                .into_iter()
+                .map(|n| (n.guresid.clone(), n))
+                .collect();
             Ok((Some(view), names, links, bindings, labels))
         })
         .await?;
@@ -625,9 +1047,13 @@ async fn resource(
              once its driver answers)"
         )));
     };
-    let (explain, explain_error) = match explain(&shared, &api, &env, &guresid).await {
-        Ok(text) => (Some(text), None),
-        Err(e) => (None, Some(e)),
+    let (explain, explain_error) = if asked.explain == Some(false) {
+        (None, None)
+    } else {
+        match explain(&shared, &api, &env, &guresid).await {
+            Ok(text) => (Some(text), None),
+            Err(e) => (None, Some(e)),
+        }
     };
     let label = |g: &str| {
         let n = labels.get(g);
@@ -700,6 +1126,30 @@ async fn resource(
         explain,
         explain_error,
     }))
+}
+
+#[derive(Debug, Serialize)]
+struct ExplainJson {
+    explain: Option<String>,
+    explain_error: Option<String>,
+}
+
+/// `GET /api/envs/{env}/resources/{guresid}/explain`: `gitplane explain`'s text alone.
+async fn resource_explain(
+    State(shared): State<Arc<Shared>>,
+    Extension(api): Extension<Arc<ApiState>>,
+    Path((env, guresid)): Path<(String, String)>,
+) -> Json<ExplainJson> {
+    Json(match explain(&shared, &api, &env, &guresid).await {
+        Ok(text) => ExplainJson {
+            explain: Some(text),
+            explain_error: None,
+        },
+        Err(e) => ExplainJson {
+            explain: None,
+            explain_error: Some(e),
+        },
+    })
 }
 
 /// `gitplane explain`'s text for `guresid`, against the host config in force.
@@ -807,6 +1257,7 @@ mod tests {
             res_id: res_id.into(),
             status: "ready",
             recorded: true,
+            reason: None,
         }
     }
 
@@ -839,7 +1290,7 @@ mod tests {
     }
 
     fn view(nodes: Vec<NodeRow>, links: &[LinkRecord], query: GraphQuery) -> GraphView {
-        graph_view("dev".into(), nodes, links, &query)
+        graph_view("dev".into(), nodes, links, &query, None)
     }
 
     #[test]
@@ -868,14 +1319,18 @@ mod tests {
             v.apps[0],
             Count {
                 name: None,
-                count: 1
+                count: 1,
+                status: Some("ready"),
+                failed: Some(0),
             }
         );
         assert_eq!(
             v.apps[1],
             Count {
                 name: Some("app0".into()),
-                count: 100
+                count: 100,
+                status: Some("ready"),
+                failed: Some(0),
             }
         );
 
@@ -920,6 +1375,163 @@ mod tests {
         );
         assert_eq!(v.nodes.len(), 1);
         assert_eq!(v.nodes[0].hidden_links, 4);
+    }
+
+    fn preview(pushed_at: &str) -> PreviewRecord {
+        PreviewRecord {
+            env: "pr-7".into(),
+            branch: "pr-7".into(),
+            env_type: "development".into(),
+            commit_id: Some("abc".into()),
+            created_at: "2026-11-20T08:00:00.000Z".into(),
+            pushed_at: pushed_at.into(),
+            removing_at: None,
+            removed_at: None,
+            removed_why: None,
+            platform_commit: None,
+            refused_commit: None,
+            refused_why: None,
+        }
+    }
+
+    #[test]
+    fn a_preview_expires_its_ttl_after_its_last_push() {
+        let ttl = Some(Duration::from_secs(72 * 3600));
+        let p = PreviewJson::new(preview("2026-11-21T23:20:50.123Z"), ttl);
+        assert_eq!(p.branch, "pr-7");
+        assert_eq!(p.expires_at.as_deref(), Some("2026-11-24T23:20:50.123Z"));
+        // No ttl: kept until the branch goes; a time state did not write: no guess.
+        assert_eq!(
+            PreviewJson::new(preview("2026-11-21T23:20:50.123Z"), None).expires_at,
+            None
+        );
+        assert_eq!(PreviewJson::new(preview("t"), ttl).expires_at, None);
+    }
+
+    #[test]
+    fn an_app_shows_its_worst_status_and_search_finds_apps_and_types() {
+        let (mut nodes, links) = estate(3, 2);
+        nodes[2].status = "failed";
+        nodes.push(NodeRow {
+            status: "blocked",
+            recorded: false,
+            reason: Some("blocked: its queue failed".into()),
+            ..node("ghost", Some("app2"), "workload", "modules.worker")
+        });
+        let v = view(nodes.clone(), &links, GraphQuery::default());
+        let status: Vec<(Option<&str>, Option<&str>, Option<usize>)> = v
+            .apps
+            .iter()
+            .map(|a| (a.name.as_deref(), a.status, a.failed))
+            .collect();
+        assert_eq!(
+            status,
+            [
+                (None, Some("ready"), Some(0)),
+                (Some("app0"), Some("failed"), Some(1)),
+                (Some("app1"), Some("ready"), Some(0)),
+                (Some("app2"), Some("blocked"), Some(1)),
+            ]
+        );
+        let ghost = v.nodes.iter().find(|n| n.guresid == "ghost").unwrap();
+        assert!(ghost.ghost);
+        assert_eq!(ghost.reason.as_deref(), Some("blocked: its queue failed"));
+        assert_eq!(worst("blocked", "failed"), "failed");
+        assert_eq!(worst("ready", "orphaned"), "orphaned");
+
+        // The search text matches an app's name and a type too.
+        let by_app = view(
+            nodes.clone(),
+            &links,
+            GraphQuery {
+                q: Some("APP1".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(by_app.matched, 2);
+        let by_type = view(
+            nodes.clone(),
+            &links,
+            GraphQuery {
+                q: Some("dns".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(by_type.matched, 1);
+
+        // The list view: nodes without a layout, past the graph's limit.
+        let (many, many_links) = estate(5, 100);
+        let list = view(
+            many,
+            &many_links,
+            GraphQuery {
+                view: Some("list".into()),
+                ..Default::default()
+            },
+        );
+        assert!(!list.too_large);
+        assert_eq!(list.nodes.len(), 501);
+        assert!(list.edges.is_empty());
+    }
+
+    #[test]
+    fn counted_apps_answer_a_large_environment_without_its_nodes() {
+        let count = |app: Option<&str>, res_type: &str, status, count| NodeCount {
+            app: app.map(str::to_owned),
+            res_type: res_type.into(),
+            status,
+            count,
+        };
+        let counts = [
+            count(None, "dns", "ready", 1),
+            count(Some("a"), "workload", "ready", 300),
+            count(Some("a"), "workload", "failed", 2),
+            count(Some("b"), "workload", "ready", 200),
+            count(Some("b"), "redis", "blocked", 1),
+        ];
+        let v = graph_view(
+            "dev".into(),
+            Vec::new(),
+            &[],
+            &GraphQuery::default(),
+            Some(&counts),
+        );
+        assert!(v.too_large);
+        assert_eq!((v.total, v.matched), (504, 504));
+        let apps: Vec<(Option<&str>, usize, Option<&str>)> = v
+            .apps
+            .iter()
+            .map(|a| (a.name.as_deref(), a.count, a.status))
+            .collect();
+        assert_eq!(
+            apps,
+            [
+                (None, 1, Some("ready")),
+                (Some("a"), 302, Some("failed")),
+                (Some("b"), 201, Some("blocked")),
+            ]
+        );
+        // By type: the apps of that type alone, and few enough to draw.
+        let redis = graph_view(
+            "dev".into(),
+            vec![NodeRow {
+                status: "blocked",
+                recorded: false,
+                ..node("r", Some("b"), "redis", "modules.web.externals.cache")
+            }],
+            &[],
+            &GraphQuery {
+                res_type: Some("redis".into()),
+                ..Default::default()
+            },
+            Some(&counts),
+        );
+        assert!(!redis.too_large);
+        assert_eq!(
+            (redis.matched, redis.nodes.len(), redis.apps.len()),
+            (1, 1, 1)
+        );
+        assert_eq!(redis.types.len(), 3, "every type of the environment");
     }
 
     #[tokio::test]

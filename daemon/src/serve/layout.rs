@@ -6,9 +6,10 @@
 //! layer it crosses, which takes a place in that layer like a node, so long edges run between
 //! boxes instead of through them. Within a layer, nodes and waypoints are ordered by a few
 //! barycenter sweeps (each moves towards the mean height of its neighbours in the next layer),
-//! which removes most crossings. Edges of a cycle (state never records one, but a damaged file
-//! might) are dropped for the layering by petgraph's greedy feedback arc set, so the layout
-//! always places every node.
+//! which removes most crossings. A layer taller than a screen (200 workloads of one database)
+//! wraps into columns side by side, the next layer starting right of them. Edges of a cycle
+//! (state never records one, but a damaged file might) are dropped for the layering by
+//! petgraph's greedy feedback arc set, so the layout always places every node.
 
 use daggy::petgraph::algo::{greedy_feedback_arc_set, toposort};
 use daggy::petgraph::graph::{DiGraph, NodeIndex};
@@ -21,6 +22,10 @@ pub const NODE_HEIGHT: f64 = 36.0;
 const LAYER_GAP: f64 = 250.0;
 /// From one node's centre to the next in a layer.
 const ROW_GAP: f64 = 48.0;
+/// The most slots one column of a layer holds; a layer with more wraps into more columns.
+const MAX_ROWS: usize = 24;
+/// Between the columns of a wrapped layer: room for the edges that pass between them.
+const COLUMN_GAP: f64 = 40.0;
 /// Down and up sweeps of the barycenter ordering: more give little once crossings settle.
 const SWEEPS: usize = 4;
 /// Waypoints are given up beyond this many (edges past it are drawn straight): a graph of a
@@ -109,8 +114,26 @@ pub fn layered(count: usize, edges: &[(usize, usize)]) -> Layout {
         }
     }
 
-    let tallest = rows.iter().map(Vec::len).max().unwrap_or(0);
+    // A layer of more than `MAX_ROWS` slots is wrapped into columns side by side, each as
+    // tall as the others, so 200 resources of one layer are a block, not a column 200 high.
+    let columns: Vec<usize> = rows
+        .iter()
+        .map(|r| r.len().div_ceil(MAX_ROWS).max(1))
+        .collect();
+    let per_column: Vec<usize> = rows
+        .iter()
+        .zip(&columns)
+        .map(|(r, &c)| r.len().div_ceil(c))
+        .collect();
+    let tallest = per_column.iter().copied().max().unwrap_or(0);
     let middle = (tallest as f64 - 1.0).max(0.0) / 2.0;
+    // Each layer's left edge: the layers left of it, their columns and the gaps between.
+    let mut left = Vec::with_capacity(depth);
+    let mut next_left = 0.0;
+    for &c in &columns {
+        left.push(next_left);
+        next_left += c as f64 * NODE_WIDTH + (c - 1) as f64 * COLUMN_GAP + (LAYER_GAP - NODE_WIDTH);
+    }
     let mut placed = vec![
         Placed {
             layer: 0,
@@ -121,13 +144,17 @@ pub fn layered(count: usize, edges: &[(usize, usize)]) -> Layout {
         slot_layer.len()
     ];
     for (layer, row) in rows.iter().enumerate() {
-        let offset = (row.len() as f64 - 1.0) / 2.0;
+        let high = per_column[layer];
         for (rank, &slot) in row.iter().enumerate() {
+            let (column, place) = (rank / high, rank % high);
+            // The last column may be shorter: centred like the others.
+            let here = high.min(row.len() - column * high);
+            let offset = (here as f64 - 1.0) / 2.0;
             placed[slot] = Placed {
                 layer,
                 rank,
-                x: NODE_WIDTH / 2.0 + layer as f64 * LAYER_GAP,
-                y: NODE_HEIGHT / 2.0 + (middle + rank as f64 - offset) * ROW_GAP,
+                x: left[layer] + NODE_WIDTH / 2.0 + column as f64 * (NODE_WIDTH + COLUMN_GAP),
+                y: NODE_HEIGHT / 2.0 + (middle + place as f64 - offset) * ROW_GAP,
             };
         }
     }
@@ -147,7 +174,7 @@ pub fn layered(count: usize, edges: &[(usize, usize)]) -> Layout {
         width: if depth == 0 {
             0.0
         } else {
-            NODE_WIDTH + (depth - 1) as f64 * LAYER_GAP
+            next_left - (LAYER_GAP - NODE_WIDTH)
         },
         height: if tallest == 0 {
             0.0
@@ -310,6 +337,33 @@ mod tests {
         let edges = [(2, 1), (3, 0), (4, 3), (5, 2), (5, 1)];
         let layout = layered(6, &edges);
         assert_eq!(crossings(&layout, &edges), 0, "{layout:?}");
+    }
+
+    #[test]
+    fn a_wide_layer_wraps_into_columns_left_of_the_next_layer() {
+        // 200 consumers of one provider, and one resource reading one of them.
+        let mut edges: Vec<(usize, usize)> = (1..=200).map(|i| (i, 0)).collect();
+        edges.push((201, 7));
+        let layout = layered(202, &edges);
+        let consumers = &layout.nodes[1..=200];
+        let columns: std::collections::BTreeSet<u64> =
+            consumers.iter().map(|p| p.x.to_bits()).collect();
+        assert_eq!(columns.len(), 200usize.div_ceil(MAX_ROWS), "{layout:?}");
+        assert!(layout.height <= NODE_HEIGHT + (MAX_ROWS - 1) as f64 * ROW_GAP);
+        let rightmost = consumers.iter().map(|p| p.x).fold(0.0, f64::max);
+        assert!(consumers.iter().all(|p| p.x > layout.nodes[0].x));
+        assert!(
+            layout.nodes[201].x > rightmost,
+            "the next layer starts after the block"
+        );
+        for (i, a) in layout.nodes.iter().enumerate() {
+            assert!(a.x + NODE_WIDTH / 2.0 <= layout.width);
+            assert!(a.y - NODE_HEIGHT / 2.0 >= 0.0 && a.y + NODE_HEIGHT / 2.0 <= layout.height);
+            for b in &layout.nodes[i + 1..] {
+                let apart = (a.x - b.x).abs() >= NODE_WIDTH || (a.y - b.y).abs() >= NODE_HEIGHT;
+                assert!(apart, "{a:?} overlaps {b:?}");
+            }
+        }
     }
 
     #[test]

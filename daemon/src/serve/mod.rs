@@ -215,6 +215,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/login", get(page::login).post(login))
+        .route("/assets/login.css", get(page::login_css))
         .merge(hooks::routes())
         .merge(guarded)
         // What extractors read of a body (the login form) at most; webhooks read theirs with
@@ -407,7 +408,11 @@ async fn login(State(shared): State<Arc<Shared>>, request: Request) -> Response 
         Err(_) => return BodyError::Slow(within).into_response(),
     };
     if !same(form.token.trim(), &token) {
-        return (StatusCode::UNAUTHORIZED, "wrong token\n").into_response();
+        return (
+            StatusCode::UNAUTHORIZED,
+            axum::response::Html(page::login_page(&shared, Some("Wrong token."))),
+        )
+            .into_response();
     }
     let id = match shared.sessions.open(&token) {
         Ok(id) => id,

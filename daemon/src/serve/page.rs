@@ -6,11 +6,13 @@
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::State;
 use axum::http::header;
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 
 use super::Shared;
+use crate::config::SecretSource;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
@@ -51,14 +53,66 @@ fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse {
     )
 }
 
-/// `GET /login`: where a browser gives the token, and where to find it.
-pub async fn login() -> Html<&'static str> {
-    Html(
-        "<!doctype html><meta charset=utf-8><title>gitplane: sign in</title>\
-         <form method=post action=/login><label>Token <input name=token type=password \
-         autofocus></label> <button>Sign in</button></form>\
-         <p>The token is the one the daemon's host config names in <code>http.token_file</code> \
-         (or <code>http.token_secret</code>). Signing in keeps a session for 12 hours; the \
-         browser's cookie holds the session, not the token.</p>",
+/// The login page's own style: served without a token, like the page itself.
+const LOGIN_CSS: &str = include_str!("assets/login.css");
+
+/// `GET /assets/login.css`.
+pub async fn login_css() -> impl IntoResponse {
+    asset("text/css; charset=utf-8", LOGIN_CSS)
+}
+
+/// Where the token of the host config in force comes from, in words (a path or a secret's
+/// name, never the token).
+fn token_source(shared: &Shared) -> String {
+    let host = shared.host.read().unwrap_or_else(|e| e.into_inner());
+    match host.http.as_ref().and_then(|h| h.token.as_ref()) {
+        Some(SecretSource::File(path)) => format!(
+            "the file <code>{}</code>, named by <code>http.token_file</code> in the daemon's \
+             host config",
+            escape(&path.display().to_string())
+        ),
+        Some(SecretSource::Store { store, reference }) => format!(
+            "the secret <code>{}</code> of the secret store <code>{}</code>, named by \
+             <code>http.token_secret</code> in the daemon's host config",
+            escape(reference),
+            escape(store)
+        ),
+        None => "the daemon's host config (<code>http.token_file</code> or \
+                 <code>http.token_secret</code>); this daemon has none set"
+            .to_owned(),
+    }
+}
+
+/// `text` safe inside HTML.
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The login page, with `problem` (a wrong token) above the form when given.
+pub fn login_page(shared: &Shared, problem: Option<&str>) -> String {
+    let problem = problem
+        .map(|p| format!("<p class=problem role=alert>{}</p>", escape(p)))
+        .unwrap_or_default();
+    format!(
+        "<!doctype html><html lang=en><head><meta charset=utf-8>\
+         <meta name=viewport content=\"width=device-width, initial-scale=1\">\
+         <title>gitplane: sign in</title><link rel=stylesheet href=/assets/login.css></head>\
+         <body><main><h1>gitplane</h1><p class=lead>Sign in to the status page.</p>{problem}\
+         <form method=post action=/login><label for=token>Token</label>\
+         <input id=token name=token type=password autocomplete=current-password autofocus \
+         required><button>Sign in</button></form>\
+         <p class=where>The token is the text of {source}.</p>\
+         <p class=note>Signing in keeps a session for 12 hours; the browser's cookie holds the \
+         session, not the token. Scripts send <code>Authorization: Bearer TOKEN</code> \
+         instead.</p></main></body></html>",
+        source = token_source(shared)
     )
+}
+
+/// `GET /login`: where a browser gives the token, and where to find it.
+pub async fn login(State(shared): State<Arc<Shared>>) -> Html<String> {
+    Html(login_page(&shared, None))
 }

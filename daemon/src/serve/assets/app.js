@@ -27,15 +27,25 @@
   const STATUSES = [
     ['ready', 'ready'],
     ['failed', 'failed'],
+    ['blocked', 'blocked (not made)'],
     ['orphaned', 'orphaned'],
     ['in_progress', 'in progress'],
   ];
+  // Worst first: an app is as bad as its worst resource.
+  const WORST_FIRST = ['failed', 'blocked', 'orphaned', 'in_progress', 'ready'];
+  // The list view draws at most this many rows; the filters narrow the rest.
+  const LIST_ROWS = 2000;
+  // Errors longer than this show their first line, cut, with "more".
+  const SHORT_ERROR = 140;
 
   const state = {
     env: null,
     overview: null,
     graph: null,
     filters: { app: '', type: '', q: '' },
+    // `graph` or `list`, and the list's order.
+    mode: 'graph',
+    sort: { key: 'status', desc: false },
     selected: null,
     // Pan and zoom of the graph; `moved` once the user has moved it since the last fit.
     view: { x: 0, y: 0, k: 1, moved: false },
@@ -97,6 +107,11 @@
     return text.length <= max ? text : '…' + text.slice(text.length - max + 1);
   }
 
+  // `text` cut at its end: for sentences, whose start says the most.
+  function clip(text, max) {
+    return text.length <= max ? text : text.slice(0, max - 1) + '…';
+  }
+
   function when(iso) {
     if (!iso) return '';
     const d = new Date(iso);
@@ -105,6 +120,30 @@
     return d.toDateString() === new Date().toDateString()
       ? time
       : `${d.toLocaleDateString([], { month: 'short', day: 'numeric' })} ${time}`;
+  }
+
+  const statusWord = (s) => (s || '').replace('_', ' ');
+  const rank = (s) => {
+    const i = WORST_FIRST.indexOf(s);
+    return i < 0 ? 0 : i;
+  };
+
+  // A long text as one line with a "more" button that shows it whole (and "less" again).
+  function longText(text, cls) {
+    const full = String(text || '');
+    const firstLine = full.split('\n')[0];
+    if (full.length <= SHORT_ERROR && firstLine === full) return el('span', { class: cls, text: full });
+    const cut = firstLine.length > SHORT_ERROR ? firstLine.slice(0, SHORT_ERROR) + '…' : firstLine + ' …';
+    const shown = el('span', { class: 'text', text: cut });
+    const more = el('button', { type: 'button', class: 'more', text: 'more' });
+    const box = el('span', { class: `${cls} long`, 'data-long': '', title: full.length > 2000 ? null : full }, shown, ' ', more);
+    more.addEventListener('click', (ev) => {
+      ev.stopPropagation();
+      const open = box.classList.toggle('open');
+      shown.textContent = open ? full : cut;
+      more.textContent = open ? 'less' : 'more';
+    });
+    return box;
   }
 
   function took(started, finished) {
@@ -126,13 +165,45 @@
     state.filters.app = p.get('app') || '';
     state.filters.type = p.get('type') || '';
     state.filters.q = p.get('q') || '';
+    state.mode = p.get('view') === 'list' ? 'list' : 'graph';
+    const sort = p.get('sort') || 'status';
+    state.sort = { key: sort.replace(/^-/, ''), desc: sort.startsWith('-') };
+    state.wantSelected = p.get('res') || null;
   }
 
-  function writeLocation() {
+  // Each view (environment, filters, graph or list, order, open resource) is an entry of the
+  // browser's history, so back and forward move between views; `push` false replaces the
+  // current entry (a correction, not a step).
+  function writeLocation(push) {
     const p = new URLSearchParams();
     if (state.env) p.set('env', state.env);
     for (const k of ['app', 'type', 'q']) if (state.filters[k]) p.set(k, state.filters[k]);
-    history.replaceState(null, '', '#' + p.toString());
+    if (state.mode === 'list') {
+      p.set('view', 'list');
+      if (state.sort.key !== 'status' || state.sort.desc) p.set('sort', (state.sort.desc ? '-' : '') + state.sort.key);
+    }
+    if (state.selected) p.set('res', state.selected);
+    const hash = '#' + p.toString();
+    if (hash === location.hash) return;
+    if (push) history.pushState(null, '', hash);
+    else history.replaceState(null, '', hash);
+  }
+
+  // Back or forward: show the view the address names.
+  function followLocation() {
+    const env = state.env;
+    readLocation();
+    if (state.env !== env) {
+      state.graphKey = '';
+    }
+    $('filter-q').value = state.filters.q;
+    renderEnvs();
+    renderOverview();
+    renderMode();
+    loadGraph().catch((e) => problem(e.message));
+    if (state.wantSelected) {
+      if (state.wantSelected !== state.selected) select(state.wantSelected, false);
+    } else if (state.selected) closeDetails(false);
   }
 
   // ---------------------------------------------------------------------------------------
@@ -162,6 +233,11 @@
     try {
       await loadOverview();
       await loadGraph();
+      if (state.wantSelected) {
+        const want = state.wantSelected;
+        state.wantSelected = null;
+        if (want !== state.selected) select(want, false);
+      }
       problem(null);
     } catch (e) {
       problem(e.message);
@@ -187,7 +263,7 @@
       const chosen = envs[0] || null;
       if (chosen !== state.env) {
         state.env = chosen;
-        writeLocation();
+        writeLocation(false);
       }
     }
     renderEnvs();
@@ -207,6 +283,8 @@
         if (e.held.length) health = 'held';
         else if (newest && newest.status === 'running') health = 'running';
         else if ((e.resources.failed || 0) > 0 || (newest && newest.status === 'failed')) health = 'failed';
+        else if (e.pin) health = 'pinned';
+        else if (e.drift) health = 'drifted';
         const button = el(
           'button',
           {
@@ -230,8 +308,8 @@
     state.env = env;
     state.filters = { app: '', type: '', q: '' };
     $('filter-q').value = '';
-    closeDetails();
-    writeLocation();
+    closeDetails(null);
+    writeLocation(true);
     renderEnvs();
     renderOverview();
     loadGraph().catch((e) => problem(e.message));
@@ -245,6 +323,7 @@
       $('deployments').tBodies[0].replaceChildren();
       $('held-section').hidden = true;
       $('failures-section').hidden = true;
+      $('banners').replaceChildren();
       return;
     }
     const r = env.resources;
@@ -255,9 +334,69 @@
       chip('failed', 'failed', r.failed || 0),
       chip('orphaned', 'orphaned', r.orphaned || 0),
     );
+    renderBanners(env);
     renderHeld(env);
     renderFailures(env);
     renderDeployments(env);
+  }
+
+  // What the CLI's `status` says of an environment beyond its resources: pin, drift found,
+  // preview, and a running deployment's progress.
+  function renderBanners(env) {
+    const out = [];
+    if (env.progress) {
+      const p = env.progress;
+      const flying = p.in_flight.slice(0, 8);
+      out.push(el('div', { class: 'banner running', 'data-banner': 'progress' },
+        el('b', { text: 'Deploying' }), ' ',
+        el('span', { class: 'progress-count', text: `${p.done} of ${p.total} done` }),
+        el('progress', { max: Math.max(p.total, 1), value: p.done }),
+        flying.length
+          ? el('p', { class: 'quiet' }, 'In flight: ', ...flying.map((l, i) => el('span', { class: 'mono', text: (i ? ', ' : '') + l })),
+            p.in_flight.length > flying.length ? ` and ${p.in_flight.length - flying.length} more` : '')
+          : null));
+    }
+    if (env.pin) {
+      const p = env.pin;
+      out.push(el('div', { class: 'banner pinned', 'data-banner': 'pin' },
+        el('p', {}, el('b', { text: 'Pinned' }), ' at ', el('span', { class: 'mono', title: p.commit, text: short(p.commit) }),
+          ` by ${p.by} since ${when(p.since)}${p.forced ? ' (forced)' : ''}: `, el('span', { class: 'reason', text: p.reason })),
+        p.waiting_commit
+          ? el('p', { 'data-waiting': p.waiting_commit }, 'Held back: ', el('span', { class: 'mono', title: p.waiting_commit, text: short(p.waiting_commit) }),
+            p.waiting_summary ? ` “${p.waiting_summary}”` : '', p.waiting_author ? ` by ${p.waiting_author}` : '', ' is planned, not applied.')
+          : el('p', { class: 'quiet', text: 'No newer commit held back yet.' }),
+        el('p', { class: 'quiet' }, 'Release with ', el('code', { text: `gitplane unpin --env ${env.env}` }))));
+    }
+    if (env.drift) {
+      const d = env.drift;
+      const byResource = new Map();
+      for (const f of d.findings) {
+        if (!byResource.has(f.guresid)) byResource.set(f.guresid, { f, what: [] });
+        byResource.get(f.guresid).what.push(f);
+      }
+      out.push(el('div', { class: 'banner drifted', 'data-banner': 'drift' },
+        el('p', {}, el('b', { text: 'Drift found' }), ` by the detect run of ${when(d.finished_at)}: ${d.resources} resource(s) differ from what was recorded.`),
+        el('ul', {}, ...[...byResource.values()].map(({ f, what }) => {
+          const li = el('li', { 'data-guresid': f.guresid },
+            el('a', { href: '#', text: label(f) }), f.app ? el('span', { class: 'quiet', text: ` · ${f.app}` }) : null,
+            ...what.map((w) => el('div', { class: 'finding' }, el('span', { class: 'what', text: `${w.what}: ` }), longText(w.detail, 'detail'))));
+          li.querySelector('a').addEventListener('click', (ev) => {
+            ev.preventDefault();
+            select(f.guresid);
+          });
+          return li;
+        })),
+        d.findings_total > d.findings.length ? el('p', { class: 'quiet', text: `${d.findings.length} of ${d.findings_total} findings shown.` }) : null));
+    }
+    if (env.preview) {
+      const p = env.preview;
+      out.push(el('div', { class: 'banner preview', 'data-banner': 'preview' },
+        el('p', {}, el('b', { text: 'Preview' }), ' of branch ', el('span', { class: 'mono', text: p.branch }),
+          p.commit ? el('span', {}, ' at ', el('span', { class: 'mono', title: p.commit, text: short(p.commit) })) : null,
+          p.expires_at ? ` · expires ${when(p.expires_at)} (last push ${when(p.pushed_at)})` : ' · kept until the branch is deleted'),
+        p.refused_commit ? el('p', { class: 'error' }, `Head ${short(p.refused_commit)} not deployed: `, longText(p.refused_why, 'why')) : null));
+    }
+    $('banners').replaceChildren(...out);
   }
 
   function chip(kind, name, n) {
@@ -279,7 +418,7 @@
             d.summary ? ` “${d.summary}”` : '',
             ` would delete ${(d.would_delete || []).length} resource(s).`,
           ),
-          d.error ? el('p', { text: d.error }) : null,
+          d.error ? el('p', {}, longText(d.error, 'why')) : null,
           el('ul', {}, ...(d.would_delete || []).map((g) => el('li', { class: 'mono', text: g }))),
           el('p', { class: 'quiet' }, 'Approve with ', el('code', { text: `gitplane approve ${d.id}` })),
         ),
@@ -299,7 +438,7 @@
           { 'data-guresid': f.guresid, title: f.guresid },
           el('b', { text: label(f) }),
           f.app ? el('span', { class: 'quiet', text: ` · ${f.app}` }) : null,
-          el('span', { class: 'msg', text: f.error || 'failed' }),
+          longText(f.error || 'failed', 'msg'),
         );
         li.addEventListener('click', () => select(f.guresid));
         return li;
@@ -322,7 +461,7 @@
         d.kind === 'drift' ? ' ' : null,
         d.summary || (d.commit ? '' : 'the revision could not be read'),
         el('span', { class: 'author', text: d.author || '' }),
-        d.status === 'failed' && d.error ? el('span', { class: 'why', text: d.error }) : null,
+        d.status === 'failed' && d.error ? longText(d.error, 'why') : null,
       );
       return el(
         'tr',
@@ -353,6 +492,7 @@
   function graphQuery() {
     const p = new URLSearchParams();
     for (const k of ['app', 'type', 'q']) if (state.filters[k]) p.set(k, state.filters[k]);
+    if (state.mode === 'list') p.set('view', 'list');
     return p.toString();
   }
 
@@ -371,9 +511,11 @@
     }
     state.graph = g;
     renderFilters(g);
+    renderApps(g);
     const refit = key !== state.graphKey;
     state.graphKey = key;
-    renderGraph(g, refit);
+    if (state.mode === 'list') renderList(g);
+    else renderGraph(g, refit);
     if (state.selected && changed.has(state.selected)) openDetails(state.selected);
   }
 
@@ -404,8 +546,109 @@
   function setFilter(name, value) {
     if (state.filters[name] === value) return;
     state.filters[name] = value;
-    writeLocation();
+    writeLocation(true);
     loadGraph().catch((e) => problem(e.message));
+  }
+
+  function setMode(mode) {
+    if (state.mode === mode) return;
+    state.mode = mode;
+    writeLocation(true);
+    renderMode();
+    loadGraph().catch((e) => problem(e.message));
+  }
+
+  function renderMode() {
+    const list = state.mode === 'list';
+    $('mode-graph').setAttribute('aria-pressed', list ? 'false' : 'true');
+    $('mode-list').setAttribute('aria-pressed', list ? 'true' : 'false');
+    $('graph-box').hidden = list;
+    $('list-box').hidden = !list;
+    $('fit').hidden = list;
+    $('legend').hidden = list;
+  }
+
+  // The apps of the environment, worst first (failed, blocked, orphaned, in progress, ready),
+  // each with a colour and a word: a click shows that app.
+  function appButtons(g) {
+    const apps = [...g.apps].sort((a, b) => rank(a.status) - rank(b.status) || (b.failed || 0) - (a.failed || 0)
+      || String(a.name).localeCompare(String(b.name)));
+    return apps.map((a) => {
+      const value = a.name === null ? GLOBAL_APP : a.name;
+      const b = el('button', {
+        type: 'button',
+        class: `app-status ${a.status}${value === state.filters.app ? ' chosen' : ''}`,
+        'data-app': value,
+        'data-status': a.status,
+        title: `${a.count} resource(s)${a.failed ? `, ${a.failed} failed or blocked` : ''}`,
+      },
+      el('span', { class: 'name', text: a.name === null ? '(no app)' : a.name }),
+      el('span', { class: `status ${a.status}`, text: statusWord(a.status) }),
+      el('span', { class: 'quiet', text: ` ${a.count}` }));
+      b.addEventListener('click', () => setFilter('app', value === state.filters.app ? '' : value));
+      return b;
+    });
+  }
+
+  function renderApps(g) {
+    const shown = g.apps.length > 1 || (g.apps.length === 1 && g.apps[0].status !== 'ready');
+    $('apps-section').hidden = !shown;
+    const bad = g.apps.filter((a) => a.status !== 'ready').length;
+    $('apps-total').textContent = `(${g.apps.length}${bad ? `, ${bad} not ready` : ''})`;
+    $('apps').replaceChildren(...appButtons(g));
+  }
+
+  const COLUMNS = [
+    ['app', 'App', (n) => n.app || ''],
+    ['type', 'Type', (n) => n.type],
+    ['res_id', 'Resource', (n) => n.res_id],
+    ['status', 'Status', (n) => rank(n.status)],
+  ];
+
+  // The matching resources as a table, sorted by a column (a click on its head; again for
+  // the reverse order).
+  function renderList(g) {
+    const info = $('graph-info');
+    const table = $('list');
+    $('too-large').hidden = true;
+    if (g.too_large) {
+      info.textContent = `${g.matched} of ${g.total} resources`;
+      table.tBodies[0].replaceChildren();
+      $('list-note').textContent = `${g.matched} resources match: more than the list shows. Choose an app, or narrow by type or search.`;
+      $('list-note').hidden = false;
+      return;
+    }
+    info.textContent = g.matched === g.total ? `${g.total} resources` : `${g.matched} of ${g.total} resources`;
+    const [, , keyOf] = COLUMNS.find(([k]) => k === state.sort.key) || COLUMNS[3];
+    const byName = (n) => `${n.app || ''}\u0000${n.type}\u0000${n.res_id}`;
+    const nodes = [...g.nodes].sort((a, b) => {
+      const ka = keyOf(a);
+      const kb = keyOf(b);
+      const c = typeof ka === 'number' ? ka - kb : String(ka).localeCompare(String(kb));
+      return (state.sort.desc ? -c : c) || byName(a).localeCompare(byName(b));
+    });
+    for (const th of table.tHead.rows[0].cells) {
+      const sorted = th.dataset.sort === state.sort.key;
+      th.setAttribute('aria-sort', sorted ? (state.sort.desc ? 'descending' : 'ascending') : 'none');
+    }
+    const rows = nodes.slice(0, LIST_ROWS).map((n) => {
+      const tr = el('tr', { 'data-guresid': n.guresid, 'data-status': n.status, class: n.ghost ? 'ghost' : null },
+        el('td', { text: n.app || '(no app)' }),
+        el('td', { text: n.type + (n.class !== 'default' ? '.' + n.class : '') }),
+        el('td', { class: 'mono', title: n.guresid, text: n.res_id }),
+        el('td', {}, el('span', { class: `status ${n.status}`, text: statusWord(n.status) }), n.reason ? longText(n.reason, 'why') : null));
+      tr.addEventListener('click', () => select(n.guresid));
+      return tr;
+    });
+    table.tBodies[0].replaceChildren(...rows);
+    $('list-note').hidden = nodes.length <= LIST_ROWS;
+    $('list-note').textContent = `The first ${LIST_ROWS} of ${nodes.length} are listed: narrow with the filters.`;
+  }
+
+  function setSort(key) {
+    state.sort = state.sort.key === key ? { key, desc: !state.sort.desc } : { key, desc: false };
+    writeLocation(true);
+    if (state.graph) renderList(state.graph);
   }
 
   function renderGraph(g, refit) {
@@ -417,14 +660,7 @@
       root.replaceChildren();
       info.textContent = `${g.matched} of ${g.total} resources`;
       $('too-large-text').textContent = `${g.matched} resources match: more than ${g.limit} are not drawn at once. Choose an app, or narrow by type or search.`;
-      $('too-large-apps').replaceChildren(
-        ...g.apps.map((a) => {
-          const value = a.name === null ? GLOBAL_APP : a.name;
-          const b = el('button', { type: 'button', 'data-app': value }, `${a.name === null ? '(no app)' : a.name} (${a.count})`);
-          b.addEventListener('click', () => setFilter('app', value));
-          return b;
-        }),
-      );
+      $('too-large-apps').replaceChildren(...appButtons(g));
       return;
     }
     info.textContent = g.matched === g.total
@@ -454,19 +690,22 @@
     }));
     const nodes = svg('g', { class: 'nodes' }, ...g.nodes.map((n) => {
       const node = svg('g', {
-        class: `node ${n.status}${n.guresid === state.selected ? ' selected' : ''}`,
+        class: `node ${n.status}${n.ghost ? ' ghost' : ''}${n.guresid === state.selected ? ' selected' : ''}`,
         transform: `translate(${n.x - w / 2} ${n.y - h / 2})`,
         'data-guresid': n.guresid,
         'data-type': n.type,
         'data-app': n.app === null ? GLOBAL_APP : n.app,
         'data-status': n.status,
+        'data-ghost': n.ghost ? 'true' : null,
+        'data-reason': n.reason || null,
         tabindex: '0',
       },
-      svg('title', { text: `${label(n)}\n${n.app ? 'app ' + n.app + ' · ' : ''}${n.status.replace('_', ' ')}\n${n.guresid}` }),
+      svg('title', { text: `${label(n)}\n${n.app ? 'app ' + n.app + ' · ' : ''}${statusWord(n.status)}${n.ghost ? ' (not recorded)' : ''}\n${n.reason ? n.reason + '\n' : ''}${n.guresid}` }),
       svg('rect', { width: w, height: h, rx: 6 }),
       svg('text', { class: 'kind', x: 9, y: 14, text: elide(n.type + (n.class !== 'default' ? '.' + n.class : '') + (n.app ? ` · ${n.app}` : ''), 30) }),
       svg('text', { class: 'name', x: 9, y: 29, text: elide(n.res_id, 26) }),
-      n.hidden_links ? svg('text', { class: 'hidden-links', x: w - 6, y: 14, 'text-anchor': 'end', text: `+${n.hidden_links}` }) : null);
+      n.hidden_links ? svg('text', { class: 'hidden-links', x: w - 6, y: 14, 'text-anchor': 'end', text: `+${n.hidden_links}` }) : null,
+      n.ghost ? svg('text', { class: 'reason', x: 0, y: h + 12, text: clip(`${statusWord(n.status)}: ${n.reason || 'not made'}`, 34) }) : null);
       node.addEventListener('click', () => select(n.guresid));
       node.addEventListener('keydown', (ev) => { if (ev.key === 'Enter') select(n.guresid); });
       return node;
@@ -579,8 +818,9 @@
   // ---------------------------------------------------------------------------------------
   // One resource: its record, outputs (secret ones by name only), links, bindings, explain.
 
-  function select(guresid) {
+  function select(guresid, push = true) {
     state.selected = guresid;
+    writeLocation(push);
     for (const n of document.querySelectorAll('#graph .node')) {
       n.classList.toggle('selected', n.dataset.guresid === guresid);
     }
@@ -601,11 +841,22 @@
     if (panel.dataset.loaded !== guresid) {
       $('details-body').replaceChildren(el('p', { class: 'quiet', text: 'Loading…' }));
     }
+    const ghost = (state.graph?.nodes || []).find((n) => n.guresid === guresid && n.ghost);
+    if (ghost) {
+      $('details-body').replaceChildren(...ghostDetails(ghost));
+      panel.dataset.loaded = guresid;
+      return;
+    }
     try {
-      const r = await api(`/api/envs/${encodeURIComponent(state.env)}/resources/${encodeURIComponent(guresid)}`);
+      // The record first; explain (which builds the whole environment) after it.
+      const path = `/api/envs/${encodeURIComponent(state.env)}/resources/${encodeURIComponent(guresid)}`;
+      const r = await api(`${path}?explain=false`);
       if (asked !== detailsAsked) return;
       $('details-body').replaceChildren(...details(r));
       panel.dataset.loaded = guresid;
+      const e = await api(`${path}/explain`).catch((err) => ({ explain: null, explain_error: err.message }));
+      if (asked !== detailsAsked || !$('details-explain-wait')) return;
+      $('details-explain-wait').replaceWith(explainPart(e));
     } catch (e) {
       if (asked !== detailsAsked) return;
       $('details-body').replaceChildren(el('p', { class: 'error', text: e.message }));
@@ -613,15 +864,29 @@
     }
   }
 
-  function closeDetails() {
+  // `push`: the closing is a step of its own in the history; `null`: the caller writes the
+  // address (it changes more than this).
+  function closeDetails(push = true) {
     detailsAsked++;
+    const was = state.selected;
     state.selected = null;
+    if (was && push !== null) writeLocation(push);
     $('details').hidden = true;
     $('details').dataset.loaded = '';
     document.body.classList.remove('with-details');
     for (const n of document.querySelectorAll('#graph .node.selected')) n.classList.remove('selected');
     lightEdges();
     if (!state.view.moved) fit();
+  }
+
+  // A resource the graph wants and state does not record: what it is and why it is missing.
+  function ghostDetails(n) {
+    return [
+      el('p', { class: 'title' }, label(n), ' ', el('span', { class: `status ${n.status}`, text: statusWord(n.status) })),
+      el('p', { class: 'sub mono', text: `${n.guresid} · ${n.app ? 'app ' + n.app : 'no app'} · ${state.env}` }),
+      el('p', { class: 'quiet', text: 'Not recorded: the newest deployment wanted it and did not make it.' }),
+      el('p', { class: 'error', 'data-error': '', text: n.reason || 'no reason recorded' }),
+    ];
   }
 
   function json(value) {
@@ -710,10 +975,16 @@
     } else out.push(el('p', { class: 'quiet', text: 'none' }));
 
     out.push(el('h3', { text: 'Explain' }));
-    out.push(r.explain !== null
-      ? el('pre', { id: 'details-explain', text: r.explain })
-      : el('p', { class: 'error', text: r.explain_error || 'not available' }));
+    out.push(r.explain === null && r.explain_error === null
+      ? el('p', { id: 'details-explain-wait', class: 'quiet', text: 'Running explain…' })
+      : explainPart(r));
     return out;
+  }
+
+  function explainPart(e) {
+    return e.explain !== null
+      ? el('pre', { id: 'details-explain', text: e.explain })
+      : el('p', { class: 'error', text: e.explain_error || 'not available' });
   }
 
   // ---------------------------------------------------------------------------------------
@@ -776,6 +1047,11 @@
     document.addEventListener('keydown', (ev) => {
       if (ev.key === 'Escape' && !$('details').hidden) closeDetails();
     });
+    $('mode-graph').addEventListener('click', () => setMode('graph'));
+    $('mode-list').addEventListener('click', () => setMode('list'));
+    for (const th of $('list').tHead.rows[0].cells) th.addEventListener('click', () => setSort(th.dataset.sort));
+    window.addEventListener('popstate', followLocation);
+    renderMode();
     $('filter-app').addEventListener('change', (ev) => setFilter('app', ev.target.value));
     $('filter-type').addEventListener('change', (ev) => setFilter('type', ev.target.value));
     let searchTimer = null;

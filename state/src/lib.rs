@@ -4,6 +4,7 @@
 //! interface that people query with `sqlite3`; this crate applies it by migrations keyed on
 //! `PRAGMA user_version`, in WAL mode with foreign keys on.
 
+mod bulk;
 mod copy;
 pub mod db;
 mod dialect;

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::db::params;
+use crate::db::{Backend, params};
 use crate::{Result, Store};
 
 /// An app's fingerprint as recorded.
@@ -49,6 +49,49 @@ impl Store {
             return Ok(());
         }
         self.in_transaction(|tx| {
+            if tx.backend() == Backend::Postgres {
+                // A statement for all the apps, not one each: a round of the whole environment
+                // records thousands. An app listed twice keeps its last, as one upsert after
+                // the other would.
+                let rows: Vec<serde_json::Value> = clean
+                    .iter()
+                    .map(|(app, f)| (*app, f))
+                    .collect::<HashMap<&str, _>>()
+                    .into_iter()
+                    .map(|(app, f)| {
+                        serde_json::json!({
+                            "env": env,
+                            "app": app,
+                            "fingerprint": f.fingerprint,
+                            "deployment_id": deployment,
+                            "resources": f.resources,
+                        })
+                    })
+                    .collect();
+                if !rows.is_empty() {
+                    tx.prepare_cached(
+                        "INSERT INTO app_fingerprint (env, app, fingerprint, deployment_id,
+                                                      resources)
+                         SELECT env, app, fingerprint, deployment_id, resources
+                         FROM json_populate_recordset(NULL::app_fingerprint, ?1::json)
+                         ON CONFLICT (env, app) DO UPDATE SET fingerprint = excluded.fingerprint,
+                             deployment_id = excluded.deployment_id,
+                             resources = excluded.resources",
+                    )?
+                    .run([serde_json::Value::Array(rows).to_string()])?;
+                }
+                if !cleared.is_empty() {
+                    tx.prepare_cached(
+                        "DELETE FROM app_fingerprint
+                         WHERE env = ?1 AND app IN (SELECT value FROM json_each(?2))",
+                    )?
+                    .run(params![
+                        env,
+                        serde_json::to_string(cleared).expect("strings serialise")
+                    ])?;
+                }
+                return Ok(());
+            }
             let mut upsert = tx.prepare_cached(
                 "INSERT INTO app_fingerprint (env, app, fingerprint, deployment_id, resources)
                  VALUES (?1, ?2, ?3, ?4, ?5)

@@ -142,3 +142,40 @@ impl Store {
             .map_err(self.err())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_are_recorded_replaced_and_forgotten_on_both_backends() {
+        crate::tests::each_backend(|mut store| {
+            let env = "development";
+            let d1 = store.begin_deployment(env, "c1").unwrap();
+            let fp = |fingerprint: &str, resources| AppFingerprint {
+                fingerprint: fingerprint.into(),
+                resources,
+            };
+            let (a1, b1, a2, c1) = (fp("a1", 5), fp("b1", 3), fp("a2", 6), fp("c1", 1));
+            store
+                .record_fingerprints(env, d1, &[("a", &a1), ("b", &b1)], &[])
+                .unwrap();
+            assert_eq!(
+                store.fingerprints(env).unwrap(),
+                HashMap::from([("a".into(), a1), ("b".into(), b1)])
+            );
+            // Replaced, forgotten (and one never recorded, forgotten all the same), added.
+            store
+                .record_fingerprints(env, d1, &[("a", &a2), ("c", &c1)], &["b", "gone"])
+                .unwrap();
+            assert_eq!(
+                store.fingerprints(env).unwrap(),
+                HashMap::from([("a".into(), a2), ("c".into(), c1)])
+            );
+            store
+                .record_fingerprints(env, d1, &[], &["a", "c"])
+                .unwrap();
+            assert!(store.fingerprints(env).unwrap().is_empty());
+        });
+    }
+}

@@ -113,6 +113,22 @@ impl Store {
             return Ok(());
         }
         self.in_transaction(|tx| {
+            if let Some(mut bulk) = Bulk::of(tx) {
+                let ids = Bulk::operation_ids(tx, ops.len())?;
+                for ((op, ended, why), id) in ops.iter().zip(ids) {
+                    bulk.start(id, op);
+                    bulk.end(
+                        id,
+                        &OperationEnd {
+                            status: ended.as_str(),
+                            error: Some(why),
+                            attempts: 0,
+                            outputs_changed: None,
+                        },
+                    );
+                }
+                return bulk.flush(tx);
+            }
             for (op, ended, why) in ops {
                 insert_operation(tx, op, ended.as_str(), Some(why))?;
             }
@@ -841,6 +857,7 @@ mod tests {
                 create("g4"),
                 create("g5"),
                 create("g6"),
+                create("g10"),
             ];
             let g2 = record("g2");
             let g3 = ResourceRecord {
@@ -879,6 +896,13 @@ mod tests {
             };
             batch
                 .journal(&[
+                    // Still going after its third call.
+                    JournalEntry::Call {
+                        operation: ids[6],
+                        attempts: 3,
+                        guresid: "g10",
+                        cookie: None,
+                    },
                     JournalEntry::Call {
                         operation: ids[0],
                         attempts: 1,
@@ -940,6 +964,14 @@ mod tests {
                 )
                 .unwrap();
 
+            // Operations that ended before any call, written at once.
+            store
+                .ended_operations(&[
+                    (create("g8"), Ended::Skipped, "blocked by app/g4"),
+                    (create("g9"), Ended::Failed, "its inputs do not resolve"),
+                ])
+                .unwrap();
+
             // A batch not committed leaves nothing.
             let before = dump(&store, env);
             let mut dropped = store.batch().unwrap();
@@ -967,6 +999,9 @@ mod tests {
             r#"[Text("g4"), Text("create"), Text("new"), Text("failed"), Int(2), Int(1), Text("quota"), Int(1), Int(1)]"#,
             r#"[Text("g5"), Text("create"), Text("new"), Text("failed"), Int(0), Null, Text("no driver 'x' is registered"), Int(1), Int(1)]"#,
             r#"[Text("g6"), Text("create"), Text("new"), Text("skipped"), Int(0), Null, Text("gitplane is stopping"), Int(1), Int(1)]"#,
+            r#"[Text("g10"), Text("create"), Text("new"), Text("started"), Int(3), Null, Null, Int(1), Int(0)]"#,
+            r#"[Text("g8"), Text("create"), Text("new"), Text("skipped"), Int(0), Null, Text("blocked by app/g4"), Int(1), Int(1)]"#,
+            r#"[Text("g9"), Text("create"), Text("new"), Text("failed"), Int(0), Null, Text("its inputs do not resolve"), Int(1), Int(1)]"#,
             r#"versions [[Text("g1"), Text("{\"host\":\"db\"}"), Int(1), Int(2)]]"#,
             r#"cookie Some("cookie-of-g2")"#,
             r#"kind: "dependency""#,

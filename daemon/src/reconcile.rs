@@ -295,6 +295,7 @@ pub async fn apply(
         template_hashes: Vec::new(),
         ended: Vec::new(),
         kept: HashMap::new(),
+        cookies: HashMap::new(),
         limits: Limits::new(settings.concurrency),
         halt: options.halt(),
     };
@@ -429,6 +430,9 @@ struct Run<'a, 'e> {
     ended: Vec<(&'a Step, &'static str, Ended, String)>,
     /// Why each orphan that was not deleted is kept.
     kept: HashMap<GuresId, String>,
+    /// The driver cookies of the steps about to start, read for the batch at once (`None`: it
+    /// has none); a step not listed reads its own.
+    cookies: HashMap<String, Option<String>>,
     /// Permits for driver calls: one global limit, and one per driver that sets its own.
     limits: Limits,
     /// What stops new driver calls.
@@ -930,6 +934,12 @@ impl<'a> Run<'a, '_> {
         loop {
             let mut starting: Vec<(usize, Box<Ready>)> = Vec::new();
             let preparing = tracing::trace_span!("prepare batch").entered();
+            self.read_cookies(
+                ready
+                    .iter()
+                    .take(BATCH.saturating_sub(queued.len()))
+                    .map(|&i| steps[i].guresid.as_str()),
+            )?;
             // A batch at a time: resolved inputs wait in memory only until their calls start.
             while queued.len() + starting.len() < BATCH
                 && let Some(i) = ready.pop_front()
@@ -966,6 +976,8 @@ impl<'a> Run<'a, '_> {
                     Started::Settled => finished.push(i),
                 }
             }
+            // Only this batch's starts may use them: its calls write cookies.
+            self.cookies.clear();
             drop(preparing);
             self.flush_ended()?;
             finished.extend(self.run_batch(steps, starting, &mut queued, operation)?);
@@ -1026,6 +1038,28 @@ impl<'a> Run<'a, '_> {
             }
         }
         Ok(())
+    }
+
+    /// Reads the driver cookies of the steps of `guresids` in one query, for [`Run::cookie`].
+    fn read_cookies<'g>(
+        &mut self,
+        guresids: impl Iterator<Item = &'g str>,
+    ) -> Result<(), StateError> {
+        let guresids: Vec<&str> = guresids.collect();
+        let mut found = self.store.cookies(&guresids)?;
+        self.cookies = guresids
+            .into_iter()
+            .map(|g| (g.to_owned(), found.remove(g)))
+            .collect();
+        Ok(())
+    }
+
+    /// The driver cookie of `guresid`: read with its batch's, or now.
+    fn cookie(&mut self, guresid: &str) -> Result<Option<String>, StateError> {
+        match self.cookies.remove(guresid) {
+            Some(cookie) => Ok(cookie),
+            None => self.store.cookie(guresid),
+        }
     }
 
     /// Runs a batch of operations. Drivers that answer in process are called first: their
@@ -1460,7 +1494,7 @@ impl<'a> Run<'a, '_> {
                 values: inputs.values.clone(),
                 secrets: inputs.secrets.clone(),
                 account,
-                cookie: self.store.cookie(node.guresid.as_str())?,
+                cookie: self.cookie(node.guresid.as_str())?,
             },
         };
         Ok(Started::Job(Box::new(Ready {
@@ -1553,7 +1587,7 @@ impl<'a> Run<'a, '_> {
                 values: inputs.get("values").cloned().unwrap_or(Value::Null),
                 secrets: secret_inputs.get("secrets").cloned().unwrap_or(Value::Null),
                 account,
-                cookie: self.store.cookie(&rec.guresid)?,
+                cookie: self.cookie(&rec.guresid)?,
             },
         };
         Ok(Started::Job(Box::new(Ready {

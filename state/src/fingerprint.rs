@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::db::params;
+use crate::db::{Backend, params};
 use crate::{Result, Store};
 
 /// An app's fingerprint as recorded.
@@ -49,6 +49,49 @@ impl Store {
             return Ok(());
         }
         self.in_transaction(|tx| {
+            if tx.backend() == Backend::Postgres {
+                // A statement for all the apps, not one each: a round of the whole environment
+                // records thousands. An app listed twice keeps its last, as one upsert after
+                // the other would.
+                let rows: Vec<serde_json::Value> = clean
+                    .iter()
+                    .map(|(app, f)| (*app, f))
+                    .collect::<HashMap<&str, _>>()
+                    .into_iter()
+                    .map(|(app, f)| {
+                        serde_json::json!({
+                            "env": env,
+                            "app": app,
+                            "fingerprint": f.fingerprint,
+                            "deployment_id": deployment,
+                            "resources": f.resources,
+                        })
+                    })
+                    .collect();
+                if !rows.is_empty() {
+                    tx.prepare_cached(
+                        "INSERT INTO app_fingerprint (env, app, fingerprint, deployment_id,
+                                                      resources)
+                         SELECT env, app, fingerprint, deployment_id, resources
+                         FROM json_populate_recordset(NULL::app_fingerprint, ?1::json)
+                         ON CONFLICT (env, app) DO UPDATE SET fingerprint = excluded.fingerprint,
+                             deployment_id = excluded.deployment_id,
+                             resources = excluded.resources",
+                    )?
+                    .run([serde_json::Value::Array(rows).to_string()])?;
+                }
+                if !cleared.is_empty() {
+                    tx.prepare_cached(
+                        "DELETE FROM app_fingerprint
+                         WHERE env = ?1 AND app IN (SELECT value FROM json_each(?2))",
+                    )?
+                    .run(params![
+                        env,
+                        serde_json::to_string(cleared).expect("strings serialise")
+                    ])?;
+                }
+                return Ok(());
+            }
             let mut upsert = tx.prepare_cached(
                 "INSERT INTO app_fingerprint (env, app, fingerprint, deployment_id, resources)
                  VALUES (?1, ?2, ?3, ?4, ?5)
@@ -97,5 +140,42 @@ impl Store {
             .prepare_cached("SELECT COUNT(*) FROM resource WHERE env = ?1")
             .and_then(|mut s| s.query_row([env], |r| r.get(0)))
             .map_err(self.err())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_are_recorded_replaced_and_forgotten_on_both_backends() {
+        crate::tests::each_backend(|mut store| {
+            let env = "development";
+            let d1 = store.begin_deployment(env, "c1").unwrap();
+            let fp = |fingerprint: &str, resources| AppFingerprint {
+                fingerprint: fingerprint.into(),
+                resources,
+            };
+            let (a1, b1, a2, c1) = (fp("a1", 5), fp("b1", 3), fp("a2", 6), fp("c1", 1));
+            store
+                .record_fingerprints(env, d1, &[("a", &a1), ("b", &b1)], &[])
+                .unwrap();
+            assert_eq!(
+                store.fingerprints(env).unwrap(),
+                HashMap::from([("a".into(), a1), ("b".into(), b1)])
+            );
+            // Replaced, forgotten (and one never recorded, forgotten all the same), added.
+            store
+                .record_fingerprints(env, d1, &[("a", &a2), ("c", &c1)], &["b", "gone"])
+                .unwrap();
+            assert_eq!(
+                store.fingerprints(env).unwrap(),
+                HashMap::from([("a".into(), a2), ("c".into(), c1)])
+            );
+            store
+                .record_fingerprints(env, d1, &[], &["a", "c"])
+                .unwrap();
+            assert!(store.fingerprints(env).unwrap().is_empty());
+        });
     }
 }

@@ -151,6 +151,30 @@ impl Store {
             }
             // One current row per pair, whatever the caller saw: a current row it did not know
             // of takes the new link's place (the insert looks the pair up anyway).
+            if tx.backend() == Backend::Postgres {
+                // One statement, in which a pair may appear once: the last of a pair wins, as
+                // it does one insert after the other.
+                let mut at: HashMap<(&str, &str), usize> = HashMap::new();
+                let mut rows: Vec<serde_json::Value> = Vec::new();
+                for l in &changes.added {
+                    let row = serde_json::json!({
+                        "env": env,
+                        "consumer": l.consumer,
+                        "provider": l.provider,
+                        "kind": l.kind,
+                        "update_type": l.update_type,
+                        "valid_from": deployment,
+                    });
+                    match at.entry((&l.consumer, &l.provider)) {
+                        std::collections::hash_map::Entry::Occupied(i) => rows[*i.get()] = row,
+                        std::collections::hash_map::Entry::Vacant(v) => {
+                            v.insert(rows.len());
+                            rows.push(row);
+                        }
+                    }
+                }
+                return crate::bulk::insert_links(tx, rows);
+            }
             let mut insert = tx.prepare_cached(
                 "INSERT INTO link (env, consumer, provider, kind, update_type, valid_from)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)
@@ -461,6 +485,10 @@ pub(crate) fn record_bindings(
                               interface, valid_from)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     )?;
+    // PostgreSQL: the new rows in one statement after the loop (none of them is a row the
+    // loop ends or drops).
+    let mut gathered: Option<Vec<serde_json::Value>> =
+        (tx.backend() == Backend::Postgres).then(Vec::new);
     for (guresid, bound, bindings) in resolved {
         let mut wanted: Vec<BindingKey> = bindings.iter().map(BindingKey::of).collect();
         let rows = if *bound {
@@ -506,6 +534,22 @@ pub(crate) fn record_bindings(
                 continue;
             };
             wanted.swap_remove(i);
+            if let Some(rows) = gathered.as_mut() {
+                rows.push(serde_json::json!({
+                    "env": env,
+                    "needed_guresid": guresid,
+                    "needed_path": key.needed_path,
+                    "provided_guresid": key.provided,
+                    "provided_path": key.provided_path,
+                    "data_type": key.data_type,
+                    "value": key.value,
+                    "secret": i64::from(key.secret),
+                    "inserted": i64::from(key.inserted),
+                    "interface": key.interface,
+                    "valid_from": deployment,
+                }));
+                continue;
+            }
             insert.run(params![
                 env,
                 guresid,
@@ -521,5 +565,8 @@ pub(crate) fn record_bindings(
             ])?;
         }
     }
-    Ok(())
+    match gathered {
+        Some(rows) => crate::bulk::insert_bindings(tx, rows),
+        None => Ok(()),
+    }
 }

@@ -5,6 +5,7 @@
 //! is journalled before its operation's result), not one transaction per row: a batch written as
 //! a whole keeps that order and costs one commit instead of hundreds.
 
+use crate::bulk::{Bulk, OperationEnd};
 use crate::db::{DbError, DbResult, OptionalExtension, Tx, params};
 use crate::seal::SharedKeyring;
 use crate::{
@@ -84,7 +85,12 @@ pub enum JournalEntry<'a> {
 impl Store {
     /// Journals driver calls about to start, in one transaction; their ids, in order.
     pub fn begin_operations(&mut self, ops: &[OperationStart<'_>]) -> Result<Vec<i64>> {
-        self.in_transaction(|tx| begin_operations(tx, ops))
+        self.in_transaction(|tx| {
+            let mut bulk = Bulk::of(tx);
+            let ids = begin_operations(tx, bulk.as_mut(), ops)?;
+            flush(tx, bulk.as_mut())?;
+            Ok(ids)
+        })
     }
 
     /// Starts writes that go together in one transaction (see [`Batch`]).
@@ -93,6 +99,7 @@ impl Store {
         let tx = self.conn.transaction().map_err(err)?;
         crate::lease::check_fences(&tx, &self.fences).map_err(err)?;
         Ok(Batch {
+            bulk: Bulk::of(&tx),
             tx,
             path: &self.path,
             ring: self.keyring.clone(),
@@ -106,6 +113,22 @@ impl Store {
             return Ok(());
         }
         self.in_transaction(|tx| {
+            if let Some(mut bulk) = Bulk::of(tx) {
+                let ids = Bulk::operation_ids(tx, ops.len())?;
+                for ((op, ended, why), id) in ops.iter().zip(ids) {
+                    bulk.start(id, op);
+                    bulk.end(
+                        id,
+                        &OperationEnd {
+                            status: ended.as_str(),
+                            error: Some(why),
+                            attempts: 0,
+                            outputs_changed: None,
+                        },
+                    );
+                }
+                return bulk.flush(tx);
+            }
             for (op, ended, why) in ops {
                 insert_operation(tx, op, ended.as_str(), Some(why))?;
             }
@@ -119,7 +142,11 @@ impl Store {
             return Ok(());
         }
         let ring = self.keyring.clone();
-        self.in_transaction(|tx| write_journal(tx, &ring, entries))
+        self.in_transaction(|tx| {
+            let mut bulk = Bulk::of(tx);
+            write_journal(tx, &ring, bulk.as_mut(), entries)?;
+            flush(tx, bulk.as_mut())
+        })
     }
 
     /// Forgets the operations of a finished drift run that found nothing to repair: the
@@ -180,15 +207,16 @@ fn insert_operation(
 }
 
 fn record_call(
-    tx: &Tx<'_>,
-    ring: &SharedKeyring,
+    (tx, ring, bulk): (&Tx<'_>, &SharedKeyring, Option<&mut Bulk>),
     operation: i64,
     attempts: i64,
     guresid: &str,
     cookie: Option<Option<&str>>,
 ) -> DbResult<()> {
-    tx.prepare_cached("UPDATE operation SET attempts = ?2 WHERE id = ?1")?
-        .run(params![operation, attempts])?;
+    if !bulk.is_some_and(|b| b.calls(operation, attempts)) {
+        tx.prepare_cached("UPDATE operation SET attempts = ?2 WHERE id = ?1")?
+            .run(params![operation, attempts])?;
+    }
     match cookie {
         None => {}
         Some(Some(c)) => {
@@ -210,7 +238,7 @@ fn record_call(
 }
 
 fn finish_put(
-    (tx, ring): (&Tx<'_>, &SharedKeyring),
+    (tx, ring, bulk): (&Tx<'_>, &SharedKeyring, Option<&mut Bulk>),
     new: bool,
     operation: i64,
     attempts: i64,
@@ -222,12 +250,21 @@ fn finish_put(
         ResourceStatus::Ready => ("succeeded", None),
         ResourceStatus::Failed => ("failed", record.error.as_deref()),
     };
-    tx.prepare_cached(&format!(
-        "UPDATE operation SET status = ?2, error = ?3, attempts = ?4, outputs_changed = ?5,
-                finished_at = {NOW}
-         WHERE id = ?1"
-    ))?
-    .run(params![operation, status, error, attempts, outputs_changed])?;
+    let end = OperationEnd {
+        status,
+        error,
+        attempts,
+        outputs_changed,
+    };
+    if let Some(bulk) = bulk {
+        if new {
+            return gather_new_put((tx, ring, bulk), operation, &end, deployment, record);
+        }
+        // The version of a recorded resource is read from its row: what is gathered goes
+        // first.
+        bulk.flush(tx)?;
+    }
+    end_operation(tx, operation, &end)?;
     let outputs = record.outputs.to_string();
     let version_from = if new {
         deployment
@@ -302,6 +339,77 @@ fn finish_put(
     Ok(())
 }
 
+/// Gathers a put of a resource that had no row: its operation's end, its row and its secrets,
+/// as [`finish_put`] writes them.
+fn gather_new_put(
+    (tx, ring, bulk): (&Tx<'_>, &SharedKeyring, &mut Bulk),
+    operation: i64,
+    end: &OperationEnd<'_>,
+    deployment: i64,
+    record: &ResourceRecord,
+) -> DbResult<()> {
+    if !bulk.end(operation, end) {
+        end_operation(tx, operation, end)?;
+    }
+    let guresid = &record.guresid;
+    bulk.resource(
+        tx,
+        guresid,
+        serde_json::json!({
+            "guresid": guresid,
+            "env": record.env,
+            "app": record.app,
+            "type": record.res_type,
+            "class": record.class,
+            "res_id": record.res_id,
+            "definition": record.definition,
+            "driver": record.driver,
+            "status": record.status.as_str(),
+            "inputs_hash": record.inputs_hash,
+            "outputs": record.outputs.to_string(),
+            "error": record.error,
+            "commit_id": record.commit_id,
+            "deployment_id": deployment,
+            "inputs": record.inputs.as_str(),
+            "account": record.account,
+            "deletion_policy": record.deletion_policy.as_str(),
+            "template_hash": record.template_hash,
+            "version_from": deployment,
+        }),
+    )?;
+    let secret_outputs = record.secret_outputs.to_string();
+    if secret_outputs != NO_SECRET_OUTPUTS || record.secret_inputs.as_str() != NO_SECRET_INPUTS {
+        let outputs = seal_with(
+            ring,
+            &secret_outputs,
+            &format!("resource_secret.outputs:{guresid}"),
+        )?;
+        let inputs = seal_with(
+            ring,
+            record.secret_inputs.as_str(),
+            &format!("resource_secret.inputs:{guresid}"),
+        )?;
+        bulk.secret(guresid, &outputs, &inputs);
+    }
+    Ok(())
+}
+
+/// Records how operation `operation` ended, in its row.
+fn end_operation(tx: &Tx<'_>, operation: i64, end: &OperationEnd<'_>) -> DbResult<()> {
+    tx.prepare_cached(&format!(
+        "UPDATE operation SET status = ?2, error = ?3, attempts = ?4,
+                outputs_changed = ?5, finished_at = {NOW}
+         WHERE id = ?1"
+    ))?
+    .run(params![
+        operation,
+        end.status,
+        end.error,
+        end.attempts,
+        end.outputs_changed
+    ])
+}
+
 /// The Kubernetes manifests a put produced, as `resource_manifest` keeps them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ManifestsRecord {
@@ -319,8 +427,7 @@ impl ManifestsRecord {
 }
 
 fn record_manifests(
-    tx: &Tx<'_>,
-    ring: &SharedKeyring,
+    (tx, ring, bulk): (&Tx<'_>, &SharedKeyring, Option<&mut Bulk>),
     new: bool,
     guresid: &str,
     manifests: &ManifestsRecord,
@@ -340,6 +447,10 @@ fn record_manifests(
         )?),
         None => None,
     };
+    if new && let Some(bulk) = bulk {
+        bulk.manifests(guresid, &manifests.shown, sealed.as_deref());
+        return Ok(());
+    }
     tx.prepare_cached(
         "INSERT INTO resource_manifest (guresid, manifests, sealed) VALUES (?1, ?2, ?3)
          ON CONFLICT (guresid) DO UPDATE SET manifests = excluded.manifests,
@@ -463,14 +574,44 @@ fn finish_delete(
 }
 
 /// Journals driver calls about to start; their ids, in order.
-fn begin_operations(tx: &Tx<'_>, ops: &[OperationStart<'_>]) -> DbResult<Vec<i64>> {
-    ops.iter()
-        .map(|op| insert_operation(tx, op, "started", None))
-        .collect()
+/// On PostgreSQL (`bulk`) the ids come in one round trip and the rows are gathered, so an
+/// operation that ends in the same transaction is written once, ended.
+fn begin_operations(
+    tx: &Tx<'_>,
+    bulk: Option<&mut Bulk>,
+    ops: &[OperationStart<'_>],
+) -> DbResult<Vec<i64>> {
+    let Some(bulk) = bulk else {
+        return ops
+            .iter()
+            .map(|op| insert_operation(tx, op, "started", None))
+            .collect();
+    };
+    if ops.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids = Bulk::operation_ids(tx, ops.len())?;
+    for (op, id) in ops.iter().zip(&ids) {
+        bulk.start(*id, op);
+    }
+    Ok(ids)
+}
+
+/// Writes what `bulk` gathered.
+fn flush(tx: &Tx<'_>, bulk: Option<&mut Bulk>) -> DbResult<()> {
+    match bulk {
+        Some(bulk) => bulk.flush(tx),
+        None => Ok(()),
+    }
 }
 
 /// Writes `entries` in order.
-fn write_journal(tx: &Tx<'_>, ring: &SharedKeyring, entries: &[JournalEntry<'_>]) -> DbResult<()> {
+fn write_journal(
+    tx: &Tx<'_>,
+    ring: &SharedKeyring,
+    mut bulk: Option<&mut Bulk>,
+    entries: &[JournalEntry<'_>],
+) -> DbResult<()> {
     for entry in entries {
         match entry {
             JournalEntry::Call {
@@ -478,7 +619,13 @@ fn write_journal(tx: &Tx<'_>, ring: &SharedKeyring, entries: &[JournalEntry<'_>]
                 attempts,
                 guresid,
                 cookie,
-            } => record_call(tx, ring, *operation, *attempts, guresid, *cookie)?,
+            } => record_call(
+                (tx, ring, bulk.as_deref_mut()),
+                *operation,
+                *attempts,
+                guresid,
+                *cookie,
+            )?,
             JournalEntry::Put {
                 operation,
                 attempts,
@@ -489,7 +636,7 @@ fn write_journal(tx: &Tx<'_>, ring: &SharedKeyring, entries: &[JournalEntry<'_>]
                 manifests,
             } => {
                 finish_put(
-                    (tx, ring),
+                    (tx, ring, bulk.as_deref_mut()),
                     *new,
                     *operation,
                     *attempts,
@@ -498,7 +645,12 @@ fn write_journal(tx: &Tx<'_>, ring: &SharedKeyring, entries: &[JournalEntry<'_>]
                     *outputs_changed,
                 )?;
                 if let Some(manifests) = manifests {
-                    record_manifests(tx, ring, *new, &record.guresid, manifests)?;
+                    record_manifests(
+                        (tx, ring, bulk.as_deref_mut()),
+                        *new,
+                        &record.guresid,
+                        manifests,
+                    )?;
                 }
             }
             JournalEntry::Delete {
@@ -508,26 +660,46 @@ fn write_journal(tx: &Tx<'_>, ring: &SharedKeyring, entries: &[JournalEntry<'_>]
                 env,
                 guresid,
                 error,
-            } => finish_delete(tx, *operation, *attempts, *deployment, env, guresid, *error)?,
+            } => {
+                // A delete changes rows of every kind gathered: they go first.
+                flush(tx, bulk.as_deref_mut())?;
+                finish_delete(tx, *operation, *attempts, *deployment, env, guresid, *error)?;
+            }
             JournalEntry::Failed {
                 operation,
                 attempts,
                 error,
             } => {
-                tx.prepare_cached(&format!(
-                    "UPDATE operation SET status = 'failed', error = ?2, attempts = ?3,
-                            finished_at = {NOW}
-                     WHERE id = ?1"
-                ))?
-                .run(params![operation, error, attempts])?;
+                let end = OperationEnd {
+                    status: "failed",
+                    error: Some(error),
+                    attempts: *attempts,
+                    outputs_changed: None,
+                };
+                if !bulk.as_deref_mut().is_some_and(|b| b.end(*operation, &end)) {
+                    tx.prepare_cached(&format!(
+                        "UPDATE operation SET status = 'failed', error = ?2, attempts = ?3,
+                                finished_at = {NOW}
+                         WHERE id = ?1"
+                    ))?
+                    .run(params![operation, error, attempts])?;
+                }
             }
             JournalEntry::Skipped { operation, why } => {
-                tx.prepare_cached(&format!(
-                    "UPDATE operation SET status = 'skipped', error = ?2, attempts = 0,
-                            finished_at = {NOW}
-                     WHERE id = ?1"
-                ))?
-                .run(params![operation, why])?;
+                let end = OperationEnd {
+                    status: "skipped",
+                    error: Some(why),
+                    attempts: 0,
+                    outputs_changed: None,
+                };
+                if !bulk.as_deref_mut().is_some_and(|b| b.end(*operation, &end)) {
+                    tx.prepare_cached(&format!(
+                        "UPDATE operation SET status = 'skipped', error = ?2, attempts = 0,
+                                finished_at = {NOW}
+                         WHERE id = ?1"
+                    ))?
+                    .run(params![operation, why])?;
+                }
             }
         }
     }
@@ -541,6 +713,8 @@ fn write_journal(tx: &Tx<'_>, ring: &SharedKeyring, entries: &[JournalEntry<'_>]
 /// written. Nothing is kept unless [`Batch::commit`] is called.
 pub struct Batch<'s> {
     tx: Tx<'s>,
+    /// PostgreSQL: the rows gathered, written at the latest by the commit.
+    bulk: Option<Bulk>,
     path: &'s std::path::Path,
     ring: SharedKeyring,
 }
@@ -552,12 +726,14 @@ impl Batch<'_> {
 
     /// See [`Store::begin_operations`].
     pub fn begin_operations(&mut self, ops: &[OperationStart<'_>]) -> Result<Vec<i64>> {
-        begin_operations(&self.tx, ops).map_err(self.err())
+        begin_operations(&self.tx, self.bulk.as_mut(), ops)
+            .map_err(|source| crate::state_error(self.path, source))
     }
 
     /// See [`Store::journal`].
     pub fn journal(&mut self, entries: &[JournalEntry<'_>]) -> Result<()> {
-        write_journal(&self.tx, &self.ring, entries).map_err(self.err())
+        write_journal(&self.tx, &self.ring, self.bulk.as_mut(), entries)
+            .map_err(|source| crate::state_error(self.path, source))
     }
 
     /// See [`Store::record_bindings`].
@@ -570,10 +746,272 @@ impl Batch<'_> {
         crate::history::record_bindings(&self.tx, deployment, env, resolved).map_err(self.err())
     }
 
-    pub fn commit(self) -> Result<()> {
+    pub fn commit(mut self) -> Result<()> {
         let path = self.path.to_owned();
+        flush(&self.tx, self.bulk.as_mut()).map_err(|source| crate::state_error(&path, source))?;
         self.tx
             .commit()
             .map_err(|source| crate::state_error(&path, source))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+    use crate::db::{Cell, params};
+    use crate::tests::{each_backend, record, start};
+    use crate::{BindingRecord, Counts, DeploymentStatus, LinkChanges, LinkRecord, StoredJson};
+
+    /// What a batch leaves in the tables it writes, without ids and times (which only say
+    /// whether they are set).
+    fn dump(store: &Store, env: &str) -> String {
+        let operations = store
+            .conn
+            .table(
+                "SELECT guresid, action, reason, status, attempts, outputs_changed, error,
+                        started_at IS NOT NULL, finished_at IS NOT NULL
+                 FROM operation ORDER BY id",
+                params![],
+            )
+            .unwrap()
+            .rows;
+        let versions = store
+            .conn
+            .table(
+                "SELECT guresid, outputs, valid_from, valid_to FROM resource_version
+                 ORDER BY guresid, valid_from",
+                params![],
+            )
+            .unwrap()
+            .rows;
+        let times_set: Vec<Vec<Cell>> = store
+            .conn
+            .table(
+                "SELECT guresid, created_at IS NOT NULL, updated_at IS NOT NULL
+                 FROM resource ORDER BY guresid",
+                params![],
+            )
+            .unwrap()
+            .rows;
+        let bindings: Vec<Vec<BindingRecord>> = ["g2", "g3"]
+            .iter()
+            .map(|g| store.current_bindings(g).unwrap())
+            .collect();
+        format!(
+            "operations {operations:?}\nresources {:?}\ntimes {times_set:?}\nversions \
+             {versions:?}\nbindings {bindings:?}\nlinks {:?}\nmanifests {:?}\ncookie {:?}",
+            store.resources(env).unwrap(),
+            store.links(env).unwrap(),
+            store.manifests(env, true).unwrap(),
+            store.cookie("g2").unwrap(),
+        )
+    }
+
+    fn binding(needed: &str, path: &str, value: Option<serde_json::Value>) -> BindingRecord {
+        BindingRecord {
+            needed: needed.into(),
+            needed_path: path.into(),
+            provided: "g1".into(),
+            provided_path: "outputs.host".into(),
+            data_type: "string".into(),
+            secret: value.is_none(),
+            value,
+            inserted: false,
+            interface: None,
+        }
+    }
+
+    /// One round of an apply in one batch: operations that start and end in it (new resources,
+    /// with and without secrets and manifests, an update of a recorded one between them, one
+    /// that failed and one skipped), calls, bindings, then links. PostgreSQL gathers these
+    /// into a statement per table; what it keeps must be what SQLite keeps, row for row.
+    #[test]
+    fn a_batch_of_starts_and_ends_keeps_the_same_rows_on_both_backends() {
+        let dumps = RefCell::new(Vec::new());
+        each_backend(|mut store| {
+            let env = "development";
+            let first = store.begin_deployment(env, "c1").unwrap();
+            let op = store.begin_operation(&start(first)).unwrap();
+            store
+                .finish_put(op, 1, first, &record("g1"), Some(true))
+                .unwrap();
+            store
+                .finish_deployment(first, DeploymentStatus::Succeeded, &Counts::default(), None)
+                .unwrap();
+
+            let dep = store.begin_deployment(env, "c2").unwrap();
+            let create = |guresid: &'static str| OperationStart {
+                guresid,
+                ..start(dep)
+            };
+            let starts = [
+                create("g2"),
+                create("g3"),
+                OperationStart {
+                    action: "update",
+                    reason: "inputs changed",
+                    ..start(dep)
+                },
+                create("g4"),
+                create("g5"),
+                create("g6"),
+                create("g10"),
+            ];
+            let g2 = record("g2");
+            let g3 = ResourceRecord {
+                secret_outputs: serde_json::json!({}),
+                secret_inputs: StoredJson::from_text(NO_SECRET_INPUTS.to_owned()),
+                ..record("g3")
+            };
+            let g1 = ResourceRecord {
+                outputs: serde_json::json!({"host": "db2"}),
+                ..record("g1")
+            };
+            let g4 = ResourceRecord {
+                status: ResourceStatus::Failed,
+                error: Some("quota".into()),
+                ..record("g4")
+            };
+            let manifests = ManifestsRecord {
+                shown: r#"[{"name":"cm","data":"(secret)"}]"#.into(),
+                full: Some(r#"[{"name":"cm","data":"s3cret"}]"#.into()),
+            };
+            let none = ManifestsRecord {
+                shown: "[]".into(),
+                full: None,
+            };
+            let mut batch = store.batch().unwrap();
+            let ids = batch.begin_operations(&starts).unwrap();
+            assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+            let put = |k: usize, record, new, manifests| JournalEntry::Put {
+                operation: ids[k],
+                attempts: 2,
+                deployment: dep,
+                record,
+                outputs_changed: Some(true),
+                new,
+                manifests,
+            };
+            batch
+                .journal(&[
+                    // Still going after its third call.
+                    JournalEntry::Call {
+                        operation: ids[6],
+                        attempts: 3,
+                        guresid: "g10",
+                        cookie: None,
+                    },
+                    JournalEntry::Call {
+                        operation: ids[0],
+                        attempts: 1,
+                        guresid: "g2",
+                        cookie: Some(Some("cookie-of-g2")),
+                    },
+                    put(0, &g2, true, Some(&manifests)),
+                    put(1, &g3, true, Some(&none)),
+                    put(2, &g1, false, None),
+                    put(3, &g4, true, None),
+                    JournalEntry::Failed {
+                        operation: ids[4],
+                        attempts: 0,
+                        error: "no driver 'x' is registered",
+                    },
+                    JournalEntry::Skipped {
+                        operation: ids[5],
+                        why: "gitplane is stopping",
+                    },
+                ])
+                .unwrap();
+            batch
+                .record_bindings(
+                    dep,
+                    env,
+                    &[
+                        (
+                            "g2",
+                            false,
+                            vec![
+                                binding("g2", "values.host", Some(serde_json::json!("db2"))),
+                                binding("g2", "secrets.password", None),
+                            ],
+                        ),
+                        ("g3", false, vec![binding("g3", "values.host", None)]),
+                    ],
+                )
+                .unwrap();
+            batch.commit().unwrap();
+            let link = |consumer: &str, kind: &str| LinkRecord {
+                consumer: consumer.into(),
+                provider: "g1".into(),
+                kind: kind.into(),
+                update_type: "None".into(),
+            };
+            store
+                .record_link_changes(
+                    dep,
+                    env,
+                    &LinkChanges {
+                        removed: Vec::new(),
+                        // The same pair twice: the last one is the link.
+                        added: vec![
+                            link("g2", "reference"),
+                            link("g3", "dependency"),
+                            link("g2", "dependency"),
+                        ],
+                    },
+                )
+                .unwrap();
+
+            // Operations that ended before any call, written at once.
+            store
+                .ended_operations(&[
+                    (create("g8"), Ended::Skipped, "blocked by app/g4"),
+                    (create("g9"), Ended::Failed, "its inputs do not resolve"),
+                ])
+                .unwrap();
+
+            // A batch not committed leaves nothing.
+            let before = dump(&store, env);
+            let mut dropped = store.batch().unwrap();
+            let ids = dropped.begin_operations(&[create("g7")]).unwrap();
+            dropped
+                .journal(&[JournalEntry::Put {
+                    operation: ids[0],
+                    attempts: 1,
+                    deployment: dep,
+                    record: &record("g7"),
+                    outputs_changed: Some(true),
+                    new: true,
+                    manifests: None,
+                }])
+                .unwrap();
+            drop(dropped);
+            assert_eq!(dump(&store, env), before);
+            dumps.borrow_mut().push(before);
+        });
+        let dumps = dumps.into_inner();
+        let sqlite = &dumps[0];
+        for expected in [
+            r#"[Text("g2"), Text("create"), Text("new"), Text("succeeded"), Int(2), Int(1), Null, Int(1), Int(1)]"#,
+            r#"[Text("g1"), Text("update"), Text("inputs changed"), Text("succeeded"), Int(2), Int(1), Null, Int(1), Int(1)]"#,
+            r#"[Text("g4"), Text("create"), Text("new"), Text("failed"), Int(2), Int(1), Text("quota"), Int(1), Int(1)]"#,
+            r#"[Text("g5"), Text("create"), Text("new"), Text("failed"), Int(0), Null, Text("no driver 'x' is registered"), Int(1), Int(1)]"#,
+            r#"[Text("g6"), Text("create"), Text("new"), Text("skipped"), Int(0), Null, Text("gitplane is stopping"), Int(1), Int(1)]"#,
+            r#"[Text("g10"), Text("create"), Text("new"), Text("started"), Int(3), Null, Null, Int(1), Int(0)]"#,
+            r#"[Text("g8"), Text("create"), Text("new"), Text("skipped"), Int(0), Null, Text("blocked by app/g4"), Int(1), Int(1)]"#,
+            r#"[Text("g9"), Text("create"), Text("new"), Text("failed"), Int(0), Null, Text("its inputs do not resolve"), Int(1), Int(1)]"#,
+            r#"versions [[Text("g1"), Text("{\"host\":\"db\"}"), Int(1), Int(2)]]"#,
+            r#"cookie Some("cookie-of-g2")"#,
+            r#"kind: "dependency""#,
+            "s3cret",
+        ] {
+            assert!(sqlite.contains(expected), "{expected}\nnot in\n{sqlite}");
+        }
+        assert!(!sqlite.contains("g7"), "{sqlite}");
+        if let [sqlite, postgres] = &dumps[..] {
+            assert_eq!(postgres, sqlite);
+        }
     }
 }

@@ -451,6 +451,15 @@ mod tests {
                 .to_string();
             assert!(e.contains("lease of environment dev moved on"), "{e}");
             assert!(store.begin_deployment("dev", "c2").is_err());
+            // A batch of the journal (on PostgreSQL its rows go a statement per table) is
+            // refused whole, before anything is gathered.
+            let e = store.batch().err().expect("a fenced batch").to_string();
+            assert!(e.contains("lease of environment dev moved on"), "{e}");
+            let operations: i64 = store
+                .conn
+                .query_row("SELECT COUNT(*) FROM operation", params![], |r| r.get(0))
+                .unwrap();
+            assert_eq!(operations, 0);
             assert_eq!(store.deployments(None).unwrap(), before);
             // The old holder learns it at its next beat, and its hold says so.
             let beat = first.beat(&all, &BTreeSet::new()).unwrap();

@@ -4,6 +4,7 @@
 //! interface that people query with `sqlite3`; this crate applies it by migrations keyed on
 //! `PRAGMA user_version`, in WAL mode with foreign keys on.
 
+mod bulk;
 mod copy;
 pub mod db;
 mod dialect;
@@ -1191,6 +1192,30 @@ impl Store {
         self.open_sealed(sealed, &format!("driver_cookie:{guresid}"))
     }
 
+    /// The driver cookies of `guresids` that have one, opened: one query for a batch of
+    /// resources about to be called, rather than one each.
+    pub fn cookies(&self, guresids: &[&str]) -> Result<std::collections::HashMap<String, String>> {
+        if guresids.is_empty() {
+            return Ok(std::collections::HashMap::new());
+        }
+        let list = serde_json::to_string(guresids).expect("strings serialise");
+        let sealed: Vec<(String, String)> = self.query(
+            "SELECT guresid, cookie FROM driver_cookie
+             WHERE guresid IN (SELECT value FROM json_each(?1))",
+            [list],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        sealed
+            .into_iter()
+            .filter_map(|(guresid, cookie)| {
+                let aad = format!("driver_cookie:{guresid}");
+                self.open_sealed(Some(cookie), &aad)
+                    .map(|opened| opened.map(|c| (guresid, c)))
+                    .transpose()
+            })
+            .collect()
+    }
+
     /// The operations of a deployment, in the order they were journalled.
     pub fn operations(&self, deployment: i64) -> Result<Vec<OperationRecord>> {
         self.query(
@@ -2058,6 +2083,37 @@ pub(crate) mod tests {
                 assert_eq!(secret_rows(&store), rows);
                 assert_eq!(store.resources("development").unwrap(), vec![rec]);
             }
+        });
+    }
+
+    #[test]
+    fn cookies_of_a_batch_are_read_in_one_query_and_opened() {
+        crate::tests::each_backend(|mut store| {
+            let dep = store.begin_deployment("development", "c1").unwrap();
+            let op = store.begin_operation(&start(dep)).unwrap();
+            store.record_call(op, 1, "g1", Some(Some("job-1"))).unwrap();
+            store.record_call(op, 2, "g2", Some(Some("job-2"))).unwrap();
+            store.record_call(op, 3, "g2", Some(None)).unwrap();
+            store.record_call(op, 4, "g3", Some(Some("job-3"))).unwrap();
+            let sealed: String = store
+                .conn
+                .query_row(
+                    "SELECT cookie FROM driver_cookie WHERE guresid = 'g1'",
+                    params![],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert!(!sealed.contains("job-1"), "cookies are kept sealed");
+            let got = store.cookies(&["g1", "g2", "g3", "g4"]).unwrap();
+            let want: std::collections::HashMap<String, String> =
+                [("g1", "job-1"), ("g3", "job-3")]
+                    .map(|(g, c)| (g.to_owned(), c.to_owned()))
+                    .into();
+            assert_eq!(got, want);
+            for g in ["g1", "g2", "g3", "g4"] {
+                assert_eq!(store.cookie(g).unwrap().as_ref(), want.get(g), "{g}");
+            }
+            assert!(store.cookies(&[]).unwrap().is_empty());
         });
     }
 

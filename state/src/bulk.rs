@@ -1,0 +1,264 @@
+//! PostgreSQL's journal writes gathered per table: the rows a batch inserts go as one statement
+//! per table (`json_populate_recordset` of a JSON array), not one statement each.
+//!
+//! SQLite runs in process, where a statement costs microseconds; on PostgreSQL each costs a
+//! message and an executor start on the server, several per resource. Only what nothing else in
+//! the transaction reads before the commit is gathered: the operations a batch starts (with
+//! their ends merged in when they end in the same batch, so they are written once, ended), and
+//! new resources with their secrets and manifests. A write that reads or changes those tables
+//! otherwise (an update of a recorded resource, a delete) writes what is gathered first, so
+//! the transaction sees its writes in their order.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value, json};
+
+use crate::NOW;
+use crate::db::{Backend, DbResult, Tx};
+
+/// Rows gathered for one transaction; [`Bulk::flush`] writes them.
+#[derive(Default)]
+pub(crate) struct Bulk {
+    /// Operations started, by id: each row as it will be inserted.
+    operations: Vec<Map<String, Value>>,
+    operation_at: HashMap<i64, usize>,
+    /// New resources, their secrets and manifests, each by GUResID.
+    resources: Keyed,
+    secrets: Keyed,
+    manifests: Keyed,
+}
+
+/// Rows of one table, at most one per key.
+#[derive(Default)]
+struct Keyed {
+    rows: Vec<Value>,
+    keys: std::collections::HashSet<String>,
+}
+
+impl Keyed {
+    fn has(&self, key: &str) -> bool {
+        self.keys.contains(key)
+    }
+
+    fn push(&mut self, key: &str, row: Value) {
+        self.keys.insert(key.to_owned());
+        self.rows.push(row);
+    }
+
+    fn take(&mut self) -> Option<String> {
+        self.keys.clear();
+        if self.rows.is_empty() {
+            return None;
+        }
+        Some(Value::Array(std::mem::take(&mut self.rows)).to_string())
+    }
+}
+
+/// How an operation ended, merged into its row.
+pub(crate) struct OperationEnd<'a> {
+    pub status: &'a str,
+    pub error: Option<&'a str>,
+    pub attempts: i64,
+    /// `None` leaves the column as it is (NULL for an operation that only starts here).
+    pub outputs_changed: Option<bool>,
+}
+
+impl Bulk {
+    /// Rows to gather for a transaction of `tx`'s backend: on PostgreSQL only.
+    pub(crate) fn of(tx: &Tx<'_>) -> Option<Bulk> {
+        (tx.backend() == Backend::Postgres).then(Bulk::default)
+    }
+
+    /// Ids for `n` operations, in ascending order, in one round trip: the operations' rows are
+    /// then gathered with their ids.
+    pub(crate) fn operation_ids(tx: &Tx<'_>, n: usize) -> DbResult<Vec<i64>> {
+        let mut ids: Vec<i64> = tx
+            .prepare_cached(
+                "SELECT nextval(pg_get_serial_sequence('operation', 'id'))
+                 FROM generate_series(1, ?1)",
+            )?
+            .query_map([n], |r| r.get(0))?
+            .collect::<DbResult<Vec<i64>>>()?;
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Gathers the start of operation `id`.
+    pub(crate) fn start(&mut self, id: i64, op: &crate::OperationStart<'_>) {
+        let row = json!({
+            "id": id,
+            "deployment_id": op.deployment,
+            "guresid": op.guresid,
+            "app": op.app,
+            "type": op.res_type,
+            "class": op.class,
+            "res_id": op.res_id,
+            "action": op.action,
+            "reason": op.reason,
+            "status": "started",
+            "attempts": 0,
+        });
+        let Value::Object(row) = row else {
+            unreachable!("json! of an object is an object")
+        };
+        self.operation_at.insert(id, self.operations.len());
+        self.operations.push(row);
+    }
+
+    /// Merges the calls made so far into operation `id`, if gathered here.
+    pub(crate) fn calls(&mut self, id: i64, attempts: i64) -> bool {
+        match self.operation_at.get(&id) {
+            Some(&i) => {
+                self.operations[i].insert("attempts".into(), attempts.into());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Merges the end of operation `id` into its row, if gathered here.
+    pub(crate) fn end(&mut self, id: i64, end: &OperationEnd<'_>) -> bool {
+        let Some(&i) = self.operation_at.get(&id) else {
+            return false;
+        };
+        let row = &mut self.operations[i];
+        row.insert("status".into(), end.status.into());
+        row.insert("error".into(), end.error.into());
+        row.insert("attempts".into(), end.attempts.into());
+        if let Some(changed) = end.outputs_changed {
+            row.insert("outputs_changed".into(), i64::from(changed).into());
+        }
+        true
+    }
+
+    /// Gathers a new resource's row (the columns of `resource` but its times), first writing
+    /// what is gathered when it already holds one for the same resource.
+    pub(crate) fn resource(&mut self, tx: &Tx<'_>, guresid: &str, row: Value) -> DbResult<()> {
+        if self.resources.has(guresid) {
+            self.flush(tx)?;
+        }
+        self.resources.push(guresid, row);
+        Ok(())
+    }
+
+    /// Gathers a new resource's secrets (sealed), after its resource.
+    pub(crate) fn secret(&mut self, guresid: &str, outputs: &str, inputs: &str) {
+        debug_assert!(self.resources.has(guresid));
+        self.secrets.push(
+            guresid,
+            json!({"guresid": guresid, "outputs": outputs, "inputs": inputs}),
+        );
+    }
+
+    /// Gathers a new resource's manifests, after its resource.
+    pub(crate) fn manifests(&mut self, guresid: &str, shown: &str, sealed: Option<&str>) {
+        debug_assert!(self.resources.has(guresid));
+        self.manifests.push(
+            guresid,
+            json!({"guresid": guresid, "manifests": shown, "sealed": sealed}),
+        );
+    }
+
+    /// Writes what is gathered, a statement per table, in the order the rows depend on each
+    /// other (a resource before its secrets and manifests). The statements are pipelined: their
+    /// errors come back at the transaction's next waiting call, at the latest its commit.
+    pub(crate) fn flush(&mut self, tx: &Tx<'_>) -> DbResult<()> {
+        self.operation_at.clear();
+        if !self.operations.is_empty() {
+            let rows = Value::Array(
+                std::mem::take(&mut self.operations)
+                    .into_iter()
+                    .map(Value::Object)
+                    .collect(),
+            )
+            .to_string();
+            tx.prepare_cached(&format!(
+                "INSERT INTO operation (id, deployment_id, guresid, app, type, class, res_id,
+                                        action, reason, status, attempts, outputs_changed, error,
+                                        started_at, finished_at)
+                 SELECT id, deployment_id, guresid, app, type, class, res_id, action, reason,
+                        status, attempts, outputs_changed, error, {NOW},
+                        CASE WHEN status = 'started' THEN NULL ELSE {NOW} END
+                 FROM json_populate_recordset(NULL::operation, ?1::json)"
+            ))?
+            .run([rows])?;
+        }
+        if let Some(rows) = self.resources.take() {
+            tx.prepare_cached(&format!(
+                "INSERT INTO resource (guresid, env, app, type, class, res_id, definition, driver,
+                                       status, inputs_hash, outputs, error, commit_id,
+                                       deployment_id, inputs, account, deletion_policy,
+                                       template_hash, version_from, created_at, updated_at)
+                 SELECT guresid, env, app, type, class, res_id, definition, driver, status,
+                        inputs_hash, outputs, error, commit_id, deployment_id, inputs, account,
+                        deletion_policy, template_hash, version_from, {NOW}, {NOW}
+                 FROM json_populate_recordset(NULL::resource, ?1::json)
+                 ON CONFLICT (guresid) DO UPDATE SET
+                     definition = excluded.definition, driver = excluded.driver,
+                     status = excluded.status, inputs_hash = excluded.inputs_hash,
+                     outputs = excluded.outputs, error = excluded.error,
+                     commit_id = excluded.commit_id, deployment_id = excluded.deployment_id,
+                     inputs = excluded.inputs, account = excluded.account,
+                     deletion_policy = excluded.deletion_policy,
+                     template_hash = excluded.template_hash, version_from = excluded.version_from,
+                     orphan_since = NULL, orphan_reason = NULL,
+                     updated_at = excluded.updated_at"
+            ))?
+            .run([rows])?;
+        }
+        if let Some(rows) = self.secrets.take() {
+            tx.prepare_cached(
+                "INSERT INTO resource_secret (guresid, outputs, inputs)
+                 SELECT guresid, outputs, inputs
+                 FROM json_populate_recordset(NULL::resource_secret, ?1::json)
+                 ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs,
+                     inputs = excluded.inputs",
+            )?
+            .run([rows])?;
+        }
+        if let Some(rows) = self.manifests.take() {
+            tx.prepare_cached(
+                "INSERT INTO resource_manifest (guresid, manifests, sealed)
+                 SELECT guresid, manifests, sealed
+                 FROM json_populate_recordset(NULL::resource_manifest, ?1::json)
+                 ON CONFLICT (guresid) DO UPDATE SET manifests = excluded.manifests,
+                     sealed = excluded.sealed",
+            )?
+            .run([rows])?;
+        }
+        Ok(())
+    }
+}
+
+/// Inserts `rows` (objects keyed by `binding`'s columns) into `binding` in one statement, in
+/// their order (the ids follow it, as one insert each would give them).
+pub(crate) fn insert_bindings(tx: &Tx<'_>, rows: Vec<Value>) -> DbResult<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    tx.prepare_cached(
+        "INSERT INTO binding (env, needed_guresid, needed_path, provided_guresid, provided_path,
+                              data_type, value, secret, inserted, interface, valid_from)
+         SELECT env, needed_guresid, needed_path, provided_guresid, provided_path, data_type,
+                value, secret, inserted, interface, valid_from
+         FROM json_populate_recordset(NULL::binding, ?1::json)",
+    )?
+    .run([Value::Array(rows).to_string()])
+}
+
+/// Inserts `rows` (objects keyed by `link`'s columns, at most one per consumer and provider)
+/// into `link` in one statement; a current link of the same pair takes the new one's values.
+pub(crate) fn insert_links(tx: &Tx<'_>, rows: Vec<Value>) -> DbResult<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    tx.prepare_cached(
+        "INSERT INTO link (env, consumer, provider, kind, update_type, valid_from)
+         SELECT env, consumer, provider, kind, update_type, valid_from
+         FROM json_populate_recordset(NULL::link, ?1::json)
+         ON CONFLICT (env, consumer, provider) WHERE valid_to IS NULL DO UPDATE SET
+             kind = excluded.kind, update_type = excluded.update_type,
+             valid_from = excluded.valid_from",
+    )?
+    .run([Value::Array(rows).to_string()])
+}

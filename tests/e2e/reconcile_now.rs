@@ -39,12 +39,14 @@ fn a_failed_deployment_runs_at_once_when_asked_and_each_other_answer_says_why() 
     write_platform(&sb, "1");
     let commit = sb.commit("v1 on a driver that fails once");
     let daemon = Daemon::start(&sb, &strs(&idle_daemon_args(&sb, &server)));
-    let context = || daemon.log();
-    wait_until(
-        "the first deployment failed",
+    // The worker says when it retries once the failed deployment is recorded.
+    daemon.wait_for_log(
+        "the deployment did not finish: retried in",
         Duration::from_secs(30),
-        || sb.count("SELECT COUNT(*) FROM deployment WHERE status = 'failed'") == 1,
-        context,
+    );
+    assert_eq!(
+        sb.count("SELECT COUNT(*) FROM deployment WHERE status = 'failed'"),
+        1
     );
     let log = daemon.log();
     let retry_in: u64 = log

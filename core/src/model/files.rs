@@ -864,11 +864,24 @@ impl Loader {
             );
             return;
         }
-        let Some(file): Option<ScoreFile> = self.parse_yaml(path, text, 0, SCORE_KIND) else {
-            return;
+        // Parsed once, as a tree, and the typed file taken from the tree. Only when that fails
+        // is the text parsed as a `ScoreFile`, the parse that decides as it always did: YAML
+        // scalars a tree keeps as numbers may be strings there, and its error (the first the
+        // typed reading meets, which may come before a later syntax error) is the one reported.
+        let raw: Option<Value> = self.try_yaml(text, SCORE_KIND).ok();
+        let file = match raw.as_ref().map(ScoreFile::deserialize) {
+            Some(Ok(file)) => file,
+            _ => match self.parse_yaml::<ScoreFile>(path, text, 0, SCORE_KIND) {
+                Some(file) => file,
+                None => return,
+            },
         };
-        let Some(raw): Option<Value> = self.parse_yaml(path, text, 0, SCORE_KIND) else {
-            return;
+        let raw = match raw {
+            Some(raw) => raw,
+            None => match self.parse_yaml::<Value>(path, text, 0, SCORE_KIND) {
+                Some(raw) => raw,
+                None => return,
+            },
         };
         let empty = empty_score_sections(&raw);
         if !empty.is_empty() {
@@ -1458,13 +1471,12 @@ impl Loader {
 
     /// Parses one YAML document of `path` (which starts after `line_offset` lines of the
     /// file); `kind` names the file in messages ("an environment file").
-    fn parse_yaml<T: serde::de::DeserializeOwned>(
-        &mut self,
-        path: &str,
+    /// `text` read as a `kind` file, with the limits of its kind; the error is the caller's.
+    fn try_yaml<T: serde::de::DeserializeOwned>(
+        &self,
         text: &str,
-        line_offset: usize,
         kind: &str,
-    ) -> Option<T> {
+    ) -> Result<T, yaml::YamlError> {
         let limits = if kind == SETTINGS_KIND {
             Limits::default()
         } else {
@@ -1474,7 +1486,17 @@ impl Loader {
             kind,
             setting: Some(VALUE_SIZE_SETTING),
         };
-        match yaml::from_str::<T>(text, &limits, doc) {
+        yaml::from_str::<T>(text, &limits, doc)
+    }
+
+    fn parse_yaml<T: serde::de::DeserializeOwned>(
+        &mut self,
+        path: &str,
+        text: &str,
+        line_offset: usize,
+        kind: &str,
+    ) -> Option<T> {
+        match self.try_yaml::<T>(text, kind) {
             Ok(v) => Some(v),
             Err(e) => {
                 self.error(
@@ -2648,6 +2670,27 @@ mod tests {
                 &format!("---\n{SCORE_HEAD}containers:\n  main:\n    image: x\n"),
             ),
         ]);
+    }
+
+    #[test]
+    fn a_score_file_read_from_its_tree_is_the_one_read_from_its_text() {
+        // `class: 2` is a number in the tree and text for the file: the text decides.
+        let web = format!(
+            "{SCORE_HEAD}containers:\n  main:\n    image: x\nresources:\n  db:\n    type: postgres\n    \
+             class: 2\n  dns:\n    type: dns\n    id: dns\n"
+        );
+        let repo = load_ok(&[ENV, ("workloads/shop/web.yaml", &web)]);
+        let workload = &repo.apps["shop"].workloads["web"];
+        assert_eq!(workload.resources["db"].class, "2");
+        assert_eq!(workload.resources["dns"].id.as_deref(), Some("dns"));
+        // A key Score does not have is refused at its line, from the text.
+        let bad = format!("{SCORE_HEAD}containers:\n  main:\n    image: x\nextra: 1\n");
+        let errors = load_errors(&[ENV, ("workloads/shop/web.yaml", &bad)]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("workloads/shop/web.yaml:7"),
+            "{errors:?}"
+        );
     }
 
     #[test]

@@ -86,7 +86,12 @@ pub fn run(options: DaemonOptions) -> Result<(), DaemonError> {
         .enable_all()
         .build()
         .map_err(DaemonError::Runtime)?;
-    let result = runtime.block_on(Daemon::start(options)?.run());
+    // SIGUSR1 (`gitplane reconcile`) is caught from before the daemon can be found in the
+    // state: its default action would end the process.
+    let result = runtime.block_on(async {
+        let usr1 = signal(SignalKind::user_defined1()).map_err(DaemonError::Signals)?;
+        Daemon::start(options)?.run(usr1).await
+    });
     // Driver calls still running past the stop timeout were recorded as interrupted: the
     // process does not wait for them (a runtime waits for its blocking threads when dropped).
     runtime.shutdown_timeout(Duration::from_millis(500));
@@ -327,7 +332,7 @@ impl Daemon {
         })
     }
 
-    async fn run(mut self) -> Result<(), DaemonError> {
+    async fn run(mut self, mut usr1: tokio::signal::unix::Signal) -> Result<(), DaemonError> {
         let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
         let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
         // SIGTERM stops new driver calls at once, from a task of its own: the main loop may be
@@ -343,8 +348,6 @@ impl Daemon {
             let _ = stopped_tx.send(true);
         });
         let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
-        // `gitplane reconcile` on this host: look at its requests now.
-        let mut usr1 = signal(SignalKind::user_defined1()).map_err(DaemonError::Signals)?;
         let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
         // Verified push webhooks, with when each arrived.
         let (hook_tx, mut hook_rx) = mpsc::channel::<Instant>(1);
@@ -402,6 +405,11 @@ impl Daemon {
         });
 
         self.check(Instant::now()).await;
+        // Requests made while no daemon ran (or before this one could be signalled).
+        if self.take_requests().await {
+            self.look_for_requests(&fetch, &mut fetching, &fetched_tx)
+                .await;
+        }
         if let Some(served) = &self.served {
             served.ready.store(true, Ordering::SeqCst);
         }

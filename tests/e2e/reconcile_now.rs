@@ -159,6 +159,34 @@ fn a_request_written_by_a_command_on_another_host_is_answered_at_the_daemons_nex
 }
 
 #[test]
+fn a_request_waiting_in_the_state_is_answered_when_a_daemon_starts() {
+    let sb = Sandbox::template();
+    sb.gitplane(&["apply"]).ok();
+    let commit = sb.head();
+    sb.db()
+        .execute(
+            "INSERT INTO reconcile_request (id, env, requested_by, requested_at)
+             VALUES ('while-down', 'development', 'ops',
+                     strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+            [],
+        )
+        .unwrap();
+    // No look of its own within the test: the request is taken as the daemon starts.
+    let args = sb.host_config("watch_interval: 1h\n");
+    let daemon = Daemon::start(&sb, &strs(&args));
+    wait_until(
+        "the request answered",
+        Duration::from_secs(20),
+        || sb.count("SELECT COUNT(*) FROM reconcile_request WHERE answered_at IS NOT NULL") == 1,
+        || daemon.log(),
+    );
+    assert_eq!(
+        sb.rows("SELECT action, commit_id FROM reconcile_request"),
+        [["up to date".to_owned(), commit]]
+    );
+}
+
+#[test]
 fn with_no_daemon_running_nothing_is_asked() {
     let sb = Sandbox::applied();
     let no_daemon = |sb: &Sandbox| {

@@ -138,14 +138,25 @@ fn a_request_written_by_a_command_on_another_host_is_answered_at_the_daemons_nex
     // Watching every second: a request no signal announces is taken at the next look.
     let args = sb.host_config("watch_interval: 1s\n");
     let daemon = Daemon::start(&sb, &strs(&args));
+    request_in_the_state(&sb, "production");
+    assert_answered_up_to_date(&sb, &daemon, &commit);
+}
+
+/// A request for `env` written into the state as `gitplane reconcile` on some host would.
+fn request_in_the_state(sb: &Sandbox, env: &str) {
     sb.db()
         .execute(
             "INSERT INTO reconcile_request (id, env, requested_by, requested_at)
-             VALUES ('elsewhere-1', 'production', 'ops@elsewhere',
+             VALUES ('written-by-hand', ?1, 'ops@elsewhere',
                      strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
-            [],
+            [env],
         )
         .unwrap();
+}
+
+/// Waits until the one request is answered, and checks the answer: up to date at `commit`.
+#[track_caller]
+fn assert_answered_up_to_date(sb: &Sandbox, daemon: &Daemon, commit: &str) {
     wait_until(
         "the request answered",
         Duration::from_secs(20),
@@ -154,7 +165,7 @@ fn a_request_written_by_a_command_on_another_host_is_answered_at_the_daemons_nex
     );
     assert_eq!(
         sb.rows("SELECT action, commit_id FROM reconcile_request"),
-        [["up to date".to_owned(), commit]]
+        [["up to date".to_owned(), commit.to_owned()]]
     );
 }
 
@@ -163,27 +174,11 @@ fn a_request_waiting_in_the_state_is_answered_when_a_daemon_starts() {
     let sb = Sandbox::template();
     sb.gitplane(&["apply"]).ok();
     let commit = sb.head();
-    sb.db()
-        .execute(
-            "INSERT INTO reconcile_request (id, env, requested_by, requested_at)
-             VALUES ('while-down', 'development', 'ops',
-                     strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
-            [],
-        )
-        .unwrap();
+    request_in_the_state(&sb, "development");
     // No look of its own within the test: the request is taken as the daemon starts.
     let args = sb.host_config("watch_interval: 1h\n");
     let daemon = Daemon::start(&sb, &strs(&args));
-    wait_until(
-        "the request answered",
-        Duration::from_secs(20),
-        || sb.count("SELECT COUNT(*) FROM reconcile_request WHERE answered_at IS NOT NULL") == 1,
-        || daemon.log(),
-    );
-    assert_eq!(
-        sb.rows("SELECT action, commit_id FROM reconcile_request"),
-        [["up to date".to_owned(), commit]]
-    );
+    assert_answered_up_to_date(&sb, &daemon, &commit);
 }
 
 #[test]

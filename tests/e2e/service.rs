@@ -316,7 +316,7 @@ fn deployed_within(state: &Path, commit: &str, limit: Duration) -> Option<Durati
 }
 
 #[test]
-fn a_signed_push_webhook_deploys_within_a_second_and_an_unsigned_one_does_nothing() {
+fn a_signed_push_webhook_deploys_at_once_and_an_unsigned_one_does_nothing() {
     let sb = Sandbox::template();
     let port = free_port();
     let secret = "whsec-7d1f0c2a9e";
@@ -396,8 +396,10 @@ fn a_signed_push_webhook_deploys_within_a_second_and_an_unsigned_one_does_nothin
             .map(|_| sent.elapsed())
             .unwrap_or_else(|| panic!("{forge}: not deployed:\n{}", daemon.log()));
         eprintln!("{forge}: webhook to both environments deployed in {took:?}");
+        // Typically under 100 ms. The bound, far below the 10-minute fetch interval, leaves room
+        // for a git fetch on a loaded CI machine (once 1.3 s).
         assert!(
-            took < Duration::from_secs(1),
+            took < Duration::from_secs(3),
             "{forge}: the webhook's push took {took:?} to deploy"
         );
     }

@@ -110,16 +110,26 @@ pub fn decide(env: &str, looked: &Looked<'_>, facts: &EnvFacts) -> Decision {
     }
 }
 
-/// Answers `requests` (on a blocking thread); the environments to queue a deployment of
-/// `looked.commit` for.
+/// What [`answer`] leaves to the main loop.
+#[derive(Debug, Default)]
+pub struct Answered {
+    /// The environments to queue a deployment of `looked.commit` for.
+    pub deploy: Vec<String>,
+    /// Requests for environments another daemon holds: it answers them, and this daemon does
+    /// not take them again (nor fetch for them) at every look.
+    pub left: Vec<String>,
+}
+
+/// Answers `requests` (on a blocking thread).
 pub fn answer(
     store: &Store,
     repo: &Path,
     looked: &Looked<'_>,
     requests: &[ReconcileRequest],
-) -> Result<Vec<String>, StateError> {
+) -> Result<Answered, StateError> {
     let declared = declared(store, repo, looked);
     let mut deploy = Vec::new();
+    let mut left = Vec::new();
     for request in requests {
         let Some(env) = &request.env else {
             let detail = looked
@@ -155,7 +165,10 @@ pub fn answer(
                 .map(|d| (d.id, d.status, d.commit_id)),
         };
         let (action, after, detail) = match decide(env, looked, &facts) {
-            Decision::NotMine => continue,
+            Decision::NotMine => {
+                left.push(request.id.clone());
+                continue;
+            }
             Decision::Answer(action, detail) => (action, None, detail),
             Decision::Deploy { running } => {
                 if !running {
@@ -189,7 +202,7 @@ pub fn answer(
             detail.as_deref().unwrap_or(action.as_str())
         );
     }
-    Ok(deploy)
+    Ok(Answered { deploy, left })
 }
 
 /// The environments this daemon deploys at `looked.commit`: `--env`'s, else those the commit
@@ -297,6 +310,32 @@ mod tests {
             panic!("an unknown name is answered as unknown");
         };
         assert!(detail.contains("'prdo'"), "{detail}");
+    }
+
+    #[test]
+    fn a_request_for_an_environment_held_elsewhere_is_left_unanswered_and_reported_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).unwrap();
+        let ids = store
+            .request_reconcile(&[Some("prod".into()), Some("staging".into())], "ana")
+            .unwrap();
+        let held: BTreeSet<String> = ["staging".to_owned()].into();
+        let looked = Looked {
+            only: &["prod".to_owned(), "staging".to_owned()],
+            ..looked(Some(&held))
+        };
+        let answered = answer(
+            &store,
+            dir.path(),
+            &looked,
+            &store.open_reconcile_requests().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(answered.deploy, ["staging"]);
+        assert_eq!(answered.left, [ids[0].clone()]);
+        let open = store.open_reconcile_requests().unwrap();
+        assert_eq!(open.len(), 1, "prod's waits for its holder: {open:?}");
+        assert_eq!(open[0].env.as_deref(), Some("prod"));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! One task owns shutdown: on SIGTERM it stops new work, lets in-flight driver calls finish for
 //! up to the drain deadline, and leaves what it could not finish recorded for the next start.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -229,6 +229,9 @@ struct Daemon {
     /// `gitplane reconcile` requests taken and not yet answered: answered once the repository
     /// was looked at (after a fetch, for a remote).
     asked: Vec<gitplane_state::ReconcileRequest>,
+    /// Requests left to the daemons holding their environments: not taken again until this
+    /// daemon gains a lease.
+    left_to_others: HashSet<String>,
 }
 
 impl Daemon {
@@ -329,6 +332,7 @@ impl Daemon {
             preview_skipped: Vec::new(),
             id,
             asked: Vec::new(),
+            left_to_others: HashSet::new(),
         })
     }
 
@@ -535,8 +539,13 @@ impl Daemon {
             .await
         {
             Some(Ok(open)) => {
+                // Answered or expired ones are forgotten.
+                self.left_to_others
+                    .retain(|id| open.iter().any(|r| &r.id == id));
                 for request in open {
-                    if !self.asked.iter().any(|a| a.id == request.id) {
+                    if !self.left_to_others.contains(&request.id)
+                        && !self.asked.iter().any(|a| a.id == request.id)
+                    {
                         self.asked.push(request);
                     }
                 }
@@ -591,7 +600,10 @@ impl Daemon {
             })
             .await;
         let deploy = match answered {
-            Some(Ok(deploy)) => deploy,
+            Some(Ok(answered)) => {
+                self.left_to_others.extend(answered.left);
+                answered.deploy
+            }
             Some(Err(e)) => {
                 warn!(error = %e, "cannot answer the reconcile requests: they are taken again at the next look");
                 return;
@@ -1199,6 +1211,8 @@ impl Daemon {
     async fn lease_changed(&mut self, event: LeaseEvent) {
         match event {
             LeaseEvent::Gained(env) => {
+                // A request left to the environment's previous holder may be this one's now.
+                self.left_to_others.clear();
                 let (looked, last) = (env.clone(), self.last_commit.clone());
                 let seen = self
                     .with_store(move |store| {

@@ -441,7 +441,7 @@ struct Run<'a, 'e> {
 
 /// How many operations start together: journalled in one transaction, and, for drivers that
 /// answer in process, answered and recorded in the next.
-const BATCH: usize = 512;
+const BATCH: usize = 2048;
 
 /// From how many independent items a step of a batch spreads over the cores (rayon's pool,
 /// `RAYON_NUM_THREADS`): below it, handing them to other threads costs more than it saves.

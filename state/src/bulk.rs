@@ -1,31 +1,57 @@
-//! PostgreSQL's journal writes gathered per table: the rows a batch inserts go as one statement
-//! per table (`json_populate_recordset` of a JSON array), not one statement each.
+//! Journal writes gathered per transaction, so an operation that starts and ends in the same
+//! batch is written once, ended, and (on PostgreSQL) a batch's rows go as one statement per table
+//! (`json_populate_recordset` of a JSON array), not one statement each.
 //!
-//! SQLite runs in process, where a statement costs microseconds; on PostgreSQL each costs a
-//! message and an executor start on the server, several per resource. Only what nothing else in
-//! the transaction reads before the commit is gathered: the operations a batch starts (with
-//! their ends merged in when they end in the same batch, so they are written once, ended), and
-//! new resources with their secrets and manifests. A write that reads or changes those tables
-//! otherwise (an update of a recorded resource, a delete) writes what is gathered first, so
-//! the transaction sees its writes in their order.
+//! Both backends gather the operations a batch starts, with their calls and ends merged in when
+//! they come in the same transaction: a driver that answers in process starts and ends its
+//! operation in one batch, and one insert of the ended row costs half of an insert and an update.
+//! On PostgreSQL, where each statement costs a message and an executor start on the server,
+//! new resources with their secrets and manifests are gathered too; SQLite runs in process,
+//! where a statement costs microseconds, and writes those rows at once. Only what nothing else
+//! in the transaction reads before the commit is gathered. A write that reads or changes those
+//! tables otherwise (an update of a recorded resource, a delete) writes what is gathered first,
+//! so the transaction sees its writes in their order.
 
 use std::collections::HashMap;
 
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Value, json};
 
 use crate::NOW;
-use crate::db::{Backend, DbResult, Tx};
+use crate::db::{Backend, DbResult, Tx, params};
 
 /// Rows gathered for one transaction; [`Bulk::flush`] writes them.
-#[derive(Default)]
 pub(crate) struct Bulk {
+    backend: Backend,
     /// Operations started, by id: each row as it will be inserted.
-    operations: Vec<Map<String, Value>>,
+    operations: Vec<OperationRow>,
     operation_at: HashMap<i64, usize>,
-    /// New resources, their secrets and manifests, each by GUResID.
+    /// SQLite: the highest id given out by [`Bulk::operation_ids`] in this transaction, whose
+    /// row may not be written yet.
+    reserved_to: i64,
+    /// PostgreSQL: new resources, their secrets and manifests, each by GUResID.
     resources: Keyed,
     secrets: Keyed,
     manifests: Keyed,
+}
+
+/// An `operation` row as gathered (its times are the flush's).
+#[derive(Serialize)]
+struct OperationRow {
+    id: i64,
+    deployment_id: i64,
+    guresid: String,
+    app: Option<String>,
+    #[serde(rename = "type")]
+    res_type: String,
+    class: String,
+    res_id: String,
+    action: String,
+    reason: String,
+    status: String,
+    attempts: i64,
+    outputs_changed: Option<i64>,
+    error: Option<String>,
 }
 
 /// Rows of one table, at most one per key.
@@ -64,14 +90,38 @@ pub(crate) struct OperationEnd<'a> {
 }
 
 impl Bulk {
-    /// Rows to gather for a transaction of `tx`'s backend: on PostgreSQL only.
+    /// Rows to gather for a transaction of `tx`'s backend.
     pub(crate) fn of(tx: &Tx<'_>) -> Option<Bulk> {
-        (tx.backend() == Backend::Postgres).then(Bulk::default)
+        Some(Bulk {
+            backend: tx.backend(),
+            operations: Vec::new(),
+            operation_at: HashMap::new(),
+            reserved_to: 0,
+            resources: Keyed::default(),
+            secrets: Keyed::default(),
+            manifests: Keyed::default(),
+        })
+    }
+
+    /// Whether new resources' rows are gathered too (PostgreSQL), not written at once.
+    pub(crate) fn gathers_rows(&self) -> bool {
+        self.backend == Backend::Postgres
     }
 
     /// Ids for `n` operations, in ascending order, in one round trip: the operations' rows are
-    /// then gathered with their ids.
-    pub(crate) fn operation_ids(tx: &Tx<'_>, n: usize) -> DbResult<Vec<i64>> {
+    /// then gathered with their ids. On SQLite the transaction holds the write lock from its
+    /// start (`BEGIN IMMEDIATE`), so the ids after the highest one are this transaction's to
+    /// give.
+    pub(crate) fn operation_ids(&mut self, tx: &Tx<'_>, n: usize) -> DbResult<Vec<i64>> {
+        if self.backend == Backend::Sqlite {
+            let highest: i64 = tx
+                .prepare_cached("SELECT coalesce(max(id), 0) FROM operation")?
+                .query_row(params![], |r| r.get(0))?;
+            let first = highest.max(self.reserved_to) + 1;
+            let ids: Vec<i64> = (first..).take(n).collect();
+            self.reserved_to = ids.last().copied().unwrap_or(self.reserved_to);
+            return Ok(ids);
+        }
         let mut ids: Vec<i64> = tx
             .prepare_cached(
                 "SELECT nextval(pg_get_serial_sequence('operation', 'id'))
@@ -85,31 +135,29 @@ impl Bulk {
 
     /// Gathers the start of operation `id`.
     pub(crate) fn start(&mut self, id: i64, op: &crate::OperationStart<'_>) {
-        let row = json!({
-            "id": id,
-            "deployment_id": op.deployment,
-            "guresid": op.guresid,
-            "app": op.app,
-            "type": op.res_type,
-            "class": op.class,
-            "res_id": op.res_id,
-            "action": op.action,
-            "reason": op.reason,
-            "status": "started",
-            "attempts": 0,
-        });
-        let Value::Object(row) = row else {
-            unreachable!("json! of an object is an object")
-        };
         self.operation_at.insert(id, self.operations.len());
-        self.operations.push(row);
+        self.operations.push(OperationRow {
+            id,
+            deployment_id: op.deployment,
+            guresid: op.guresid.to_owned(),
+            app: op.app.map(str::to_owned),
+            res_type: op.res_type.to_owned(),
+            class: op.class.to_owned(),
+            res_id: op.res_id.to_owned(),
+            action: op.action.to_owned(),
+            reason: op.reason.to_owned(),
+            status: "started".to_owned(),
+            attempts: 0,
+            outputs_changed: None,
+            error: None,
+        });
     }
 
     /// Merges the calls made so far into operation `id`, if gathered here.
     pub(crate) fn calls(&mut self, id: i64, attempts: i64) -> bool {
         match self.operation_at.get(&id) {
             Some(&i) => {
-                self.operations[i].insert("attempts".into(), attempts.into());
+                self.operations[i].attempts = attempts;
                 true
             }
             None => false,
@@ -122,11 +170,11 @@ impl Bulk {
             return false;
         };
         let row = &mut self.operations[i];
-        row.insert("status".into(), end.status.into());
-        row.insert("error".into(), end.error.into());
-        row.insert("attempts".into(), end.attempts.into());
+        end.status.clone_into(&mut row.status);
+        row.error = end.error.map(str::to_owned);
+        row.attempts = end.attempts;
         if let Some(changed) = end.outputs_changed {
-            row.insert("outputs_changed".into(), i64::from(changed).into());
+            row.outputs_changed = Some(i64::from(changed));
         }
         true
     }
@@ -164,24 +212,9 @@ impl Bulk {
     /// errors come back at the transaction's next waiting call, at the latest its commit.
     pub(crate) fn flush(&mut self, tx: &Tx<'_>) -> DbResult<()> {
         self.operation_at.clear();
-        if !self.operations.is_empty() {
-            let rows = Value::Array(
-                std::mem::take(&mut self.operations)
-                    .into_iter()
-                    .map(Value::Object)
-                    .collect(),
-            )
-            .to_string();
-            tx.prepare_cached(&format!(
-                "INSERT INTO operation (id, deployment_id, guresid, app, type, class, res_id,
-                                        action, reason, status, attempts, outputs_changed, error,
-                                        started_at, finished_at)
-                 SELECT id, deployment_id, guresid, app, type, class, res_id, action, reason,
-                        status, attempts, outputs_changed, error, {NOW},
-                        CASE WHEN status = 'started' THEN NULL ELSE {NOW} END
-                 FROM json_populate_recordset(NULL::operation, ?1::json)"
-            ))?
-            .run([rows])?;
+        let operations = std::mem::take(&mut self.operations);
+        if !operations.is_empty() {
+            write_operations(tx, self.backend, &operations)?;
         }
         if let Some(rows) = self.resources.take() {
             tx.prepare_cached(&format!(
@@ -228,6 +261,50 @@ impl Bulk {
         }
         Ok(())
     }
+}
+
+/// Inserts gathered operations: on SQLite a prepared insert each (in process, a statement costs
+/// microseconds), on PostgreSQL one statement for all.
+fn write_operations(tx: &Tx<'_>, backend: Backend, operations: &[OperationRow]) -> DbResult<()> {
+    if backend == Backend::Sqlite {
+        let mut insert = tx.prepare_cached(&format!(
+            "INSERT INTO operation (id, deployment_id, guresid, app, type, class, res_id,
+                                    action, reason, status, attempts, outputs_changed, error,
+                                    started_at, finished_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, {NOW},
+                     CASE WHEN ?10 = 'started' THEN NULL ELSE {NOW} END)"
+        ))?;
+        for o in operations {
+            insert.run(params![
+                o.id,
+                o.deployment_id,
+                o.guresid,
+                o.app,
+                o.res_type,
+                o.class,
+                o.res_id,
+                o.action,
+                o.reason,
+                o.status,
+                o.attempts,
+                o.outputs_changed,
+                o.error
+            ])?;
+        }
+        return Ok(());
+    }
+    let rows = serde_json::to_string(operations).expect("operation rows serialise");
+    tx.prepare_cached(&format!(
+        "INSERT INTO operation (id, deployment_id, guresid, app, type, class, res_id,
+                                action, reason, status, attempts, outputs_changed, error,
+                                started_at, finished_at)
+         SELECT id, deployment_id, guresid, app, type, class, res_id, action, reason,
+                status, attempts, outputs_changed, error, {NOW},
+                CASE WHEN status = 'started' THEN NULL ELSE {NOW} END
+         FROM json_populate_recordset(NULL::operation, ?1::json)"
+    ))?
+    .run([rows])?;
+    Ok(())
 }
 
 /// Inserts `rows` (objects keyed by `binding`'s columns) into `binding` in one statement, in

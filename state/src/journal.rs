@@ -113,26 +113,21 @@ impl Store {
             return Ok(());
         }
         self.in_transaction(|tx| {
-            if let Some(mut bulk) = Bulk::of(tx) {
-                let ids = Bulk::operation_ids(tx, ops.len())?;
-                for ((op, ended, why), id) in ops.iter().zip(ids) {
-                    bulk.start(id, op);
-                    bulk.end(
-                        id,
-                        &OperationEnd {
-                            status: ended.as_str(),
-                            error: Some(why),
-                            attempts: 0,
-                            outputs_changed: None,
-                        },
-                    );
-                }
-                return bulk.flush(tx);
+            let mut bulk = Bulk::of(tx).expect("both backends gather operations");
+            let ids = bulk.operation_ids(tx, ops.len())?;
+            for ((op, ended, why), id) in ops.iter().zip(ids) {
+                bulk.start(id, op);
+                bulk.end(
+                    id,
+                    &OperationEnd {
+                        status: ended.as_str(),
+                        error: Some(why),
+                        attempts: 0,
+                        outputs_changed: None,
+                    },
+                );
             }
-            for (op, ended, why) in ops {
-                insert_operation(tx, op, ended.as_str(), Some(why))?;
-            }
-            Ok(())
+            bulk.flush(tx)
         })
     }
 
@@ -256,7 +251,8 @@ fn finish_put(
         attempts,
         outputs_changed,
     };
-    if let Some(bulk) = bulk {
+    let mut bulk = bulk;
+    if let Some(bulk) = bulk.as_deref_mut().filter(|b| b.gathers_rows()) {
         if new {
             return gather_new_put((tx, ring, bulk), operation, &end, deployment, record);
         }
@@ -264,7 +260,9 @@ fn finish_put(
         // first.
         bulk.flush(tx)?;
     }
-    end_operation(tx, operation, &end)?;
+    if !bulk.is_some_and(|b| b.end(operation, &end)) {
+        end_operation(tx, operation, &end)?;
+    }
     let outputs = record.outputs.to_string();
     let version_from = if new {
         deployment
@@ -447,7 +445,7 @@ fn record_manifests(
         )?),
         None => None,
     };
-    if new && let Some(bulk) = bulk {
+    if new && let Some(bulk) = bulk.filter(|b| b.gathers_rows()) {
         bulk.manifests(guresid, &manifests.shown, sealed.as_deref());
         return Ok(());
     }
@@ -590,7 +588,7 @@ fn begin_operations(
     if ops.is_empty() {
         return Ok(Vec::new());
     }
-    let ids = Bulk::operation_ids(tx, ops.len())?;
+    let ids = bulk.operation_ids(tx, ops.len())?;
     for (op, id) in ops.iter().zip(&ids) {
         bulk.start(*id, op);
     }
@@ -713,7 +711,8 @@ fn write_journal(
 /// written. Nothing is kept unless [`Batch::commit`] is called.
 pub struct Batch<'s> {
     tx: Tx<'s>,
-    /// PostgreSQL: the rows gathered, written at the latest by the commit.
+    /// The rows gathered (operations; on PostgreSQL new resources too), written at the latest
+    /// by the commit.
     bulk: Option<Bulk>,
     path: &'s std::path::Path,
     ring: SharedKeyring,
@@ -924,6 +923,10 @@ mod tests {
                     },
                 ])
                 .unwrap();
+            // Operations started later in the same batch follow the first ones, though
+            // neither is written yet.
+            let later = batch.begin_operations(&[create("g11")]).unwrap();
+            assert!(later[0] > ids[6], "{later:?} after {ids:?}");
             batch
                 .record_bindings(
                     dep,
@@ -1000,6 +1003,7 @@ mod tests {
             r#"[Text("g5"), Text("create"), Text("new"), Text("failed"), Int(0), Null, Text("no driver 'x' is registered"), Int(1), Int(1)]"#,
             r#"[Text("g6"), Text("create"), Text("new"), Text("skipped"), Int(0), Null, Text("gitplane is stopping"), Int(1), Int(1)]"#,
             r#"[Text("g10"), Text("create"), Text("new"), Text("started"), Int(3), Null, Null, Int(1), Int(0)]"#,
+            r#"[Text("g11"), Text("create"), Text("new"), Text("started"), Int(0), Null, Null, Int(1), Int(0)]"#,
             r#"[Text("g8"), Text("create"), Text("new"), Text("skipped"), Int(0), Null, Text("blocked by app/g4"), Int(1), Int(1)]"#,
             r#"[Text("g9"), Text("create"), Text("new"), Text("failed"), Int(0), Null, Text("its inputs do not resolve"), Int(1), Int(1)]"#,
             r#"versions [[Text("g1"), Text("{\"host\":\"db\"}"), Int(1), Int(2)]]"#,

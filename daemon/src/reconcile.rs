@@ -24,8 +24,9 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use gitplane_state::{
-    BindingRecord, Counts, DeploymentStatus, Ended, JournalEntry, LinkChanges, LinkRecord,
-    ManifestsRecord, OperationStart, ResourceRecord, ResourceStatus, StateError, Store,
+    BindingRecord, Counts, DeploymentStatus, Ended, EndedPut, JournalEntry, LinkChanges,
+    LinkRecord, ManifestsRecord, OperationStart, OwnedBatch, ResourceRecord, ResourceStatus,
+    StartRow, StateError, Store,
 };
 use rayon::prelude::*;
 use serde_json::Value;
@@ -268,7 +269,7 @@ pub async fn apply(
     };
     let mut run = Run {
         options,
-        store,
+        journal: Journal::new(store),
         drivers,
         settings,
         graph,
@@ -309,12 +310,13 @@ pub async fn apply(
     drop(recording);
     let _finishing = tracing::debug_span!("finish").entered();
     let Run {
-        store,
+        journal,
         unchanged,
         failed,
         failures,
         ..
     } = run;
+    let store = journal.into_store();
     let scope_ids: Option<Vec<&str>> = target
         .scope
         .apps
@@ -391,7 +393,7 @@ impl Outputs for RunOutputs<'_> {
 
 struct Run<'a, 'e> {
     options: &'a ApplyOptions,
-    store: &'a mut Store,
+    journal: Journal<'a>,
     drivers: &'a Registry,
     settings: &'a Settings,
     graph: &'a ResourceGraph,
@@ -438,6 +440,70 @@ struct Run<'a, 'e> {
     /// What stops new driver calls.
     halt: Halt,
 }
+
+/// The state as a run writes it: batches answered in process go to a writer of their own (see
+/// [`JournalWriter`]), and every other use of the store waits for them first. The store is
+/// reached through [`Journal::store`] alone, so no write and no driver call can overtake a batch
+/// sent (a driver call is journalled, through the store, before it starts).
+mod journal {
+    use gitplane_state::{JournalWriter, OwnedBatch, StateError, Store};
+
+    pub(super) struct Journal<'a> {
+        store: &'a mut Store,
+        /// Started by the first batch sent.
+        writer: Option<JournalWriter>,
+    }
+
+    impl<'a> Journal<'a> {
+        pub(super) fn new(store: &'a mut Store) -> Journal<'a> {
+            Journal {
+                store,
+                writer: None,
+            }
+        }
+
+        /// The store, once every batch sent is committed (the first error of one, if any).
+        pub(super) fn store(&mut self) -> Result<&mut Store, StateError> {
+            if let Some(writer) = &mut self.writer {
+                writer.drain()?;
+            }
+            Ok(self.store)
+        }
+
+        /// The store for reads that no batch sent can change: the driver cookies of resources
+        /// about to start (a batch sent sets none: its drivers answer in process).
+        pub(super) fn reads(&self) -> &Store {
+            self.store
+        }
+
+        /// Sends `batch` to be written after those sent before.
+        pub(super) fn send(&mut self, batch: OwnedBatch) -> Result<(), StateError> {
+            let writer = match &mut self.writer {
+                Some(writer) => writer,
+                None => self.writer.insert(JournalWriter::start(self.store)?),
+            };
+            writer.send(batch)
+        }
+
+        /// Waits for every batch sent, and ends the writer.
+        pub(super) fn finish_writes(&mut self) -> Result<(), StateError> {
+            match self.writer.take() {
+                Some(mut writer) => writer.drain(),
+                None => Ok(()),
+            }
+        }
+
+        /// The store, the writer ended (see [`Journal::finish_writes`]).
+        pub(super) fn into_store(self) -> &'a mut Store {
+            debug_assert!(
+                self.writer.is_none(),
+                "batches sent are written by the puts"
+            );
+            self.store
+        }
+    }
+}
+use journal::Journal;
 
 /// How many operations start together: journalled in one transaction, and, for drivers that
 /// answer in process, answered and recorded in the next.
@@ -737,7 +803,10 @@ impl<'a> Run<'a, '_> {
                     .collect()
             })
             .collect();
-        self.schedule(&steps, &prerequisites, Operation::Put).await
+        let scheduled = self.schedule(&steps, &prerequisites, Operation::Put).await;
+        // Only puts send batches to be written apart: the writer ends with them.
+        let written = self.journal.finish_writes();
+        scheduled.and(written)
     }
 
     /// Counts `id` as unchanged, unless an earlier run of this same (resumed) deployment
@@ -786,7 +855,7 @@ impl<'a> Run<'a, '_> {
     /// run), the environment's list is read once.
     fn bindings_to_write(&mut self) -> Result<BindingsToWrite<'a>, StateError> {
         if self.bound.is_none() && self.bindings.len() >= BATCH {
-            self.bound = Some(self.store.bound(&self.graph.env)?);
+            self.bound = Some(self.journal.store()?.bound(&self.graph.env)?);
         }
         let bound = self.bound.as_ref();
         Ok(std::mem::take(&mut self.bindings)
@@ -804,7 +873,8 @@ impl<'a> Run<'a, '_> {
     /// Writes the bindings taken so far.
     fn flush_bindings(&mut self) -> Result<(), StateError> {
         let bindings = self.bindings_to_write()?;
-        self.store
+        self.journal
+            .store()?
             .record_bindings(self.deployment, &self.graph.env, &bindings)
     }
 
@@ -879,7 +949,7 @@ impl<'a> Run<'a, '_> {
             .iter()
             .map(|s| self.start(s, "forget", &s.reason))
             .collect();
-        let ids = self.store.begin_operations(&starts)?;
+        let ids = self.journal.store()?.begin_operations(&starts)?;
         let entries: Vec<JournalEntry<'_>> = steps
             .iter()
             .zip(&ids)
@@ -892,7 +962,7 @@ impl<'a> Run<'a, '_> {
                 error: None,
             })
             .collect();
-        self.store.journal(&entries)?;
+        self.journal.store()?.journal(&entries)?;
         for step in steps {
             self.deleted.insert(step.guresid.clone());
             (self.on_event)(&Event::Finished {
@@ -1046,7 +1116,7 @@ impl<'a> Run<'a, '_> {
         guresids: impl Iterator<Item = &'g str>,
     ) -> Result<(), StateError> {
         let guresids: Vec<&str> = guresids.collect();
-        let mut found = self.store.cookies(&guresids)?;
+        let mut found = self.journal.reads().cookies(&guresids)?;
         self.cookies = guresids
             .into_iter()
             .map(|g| (g.to_owned(), found.remove(g)))
@@ -1058,7 +1128,7 @@ impl<'a> Run<'a, '_> {
     fn cookie(&mut self, guresid: &str) -> Result<Option<String>, StateError> {
         match self.cookies.remove(guresid) {
             Some(cookie) => Ok(cookie),
-            None => self.store.cookie(guresid),
+            None => self.journal.reads().cookie(guresid),
         }
     }
 
@@ -1148,11 +1218,84 @@ impl<'a> Run<'a, '_> {
         }
         let finished =
             tracing::trace_span!("records").in_scope(|| self.finished(steps, results, operation));
+        if finished.len() >= PARALLEL_FROM
+            && finished.iter().all(|f| matches!(f, Finished::Put { .. }))
+        {
+            return self.send_answered(steps, &started, finished);
+        }
         let starts: Vec<OperationStart<'_>> = started
             .iter()
             .map(|(i, action, reason)| self.start(steps[*i], action, reason))
             .collect();
         self.commit_batch(steps, &starts, &[], finished)
+    }
+
+    /// Hands a batch of puts answered in process to the writer, to be journalled while the next
+    /// batch is prepared, and lets what depends on them go on: their answers have no effect
+    /// outside gitplane, and what does (a driver call, any other write) waits for the writer
+    /// first ([`Journal::store`]). The positions of the steps done.
+    fn send_answered(
+        &mut self,
+        steps: &[&'a Step],
+        started: &[(usize, &'static str, String)],
+        finished: Vec<Finished>,
+    ) -> Result<Vec<usize>, StateError> {
+        let _span = tracing::trace_span!("send batch").entered();
+        let bindings = self
+            .bindings_to_write()?
+            .into_iter()
+            .map(|(guresid, bound, records)| (guresid.to_owned(), bound, records))
+            .collect();
+        let starts = started
+            .iter()
+            .map(|(i, action, reason)| {
+                let step = steps[*i];
+                StartRow {
+                    guresid: step.guresid.to_string(),
+                    app: step.app.clone(),
+                    res_type: step.res_type.clone(),
+                    class: step.class.clone(),
+                    res_id: step.res_id.clone(),
+                    action,
+                    reason: reason.clone(),
+                }
+            })
+            .collect();
+        let mut puts = Vec::with_capacity(finished.len());
+        let mut spent = Vec::with_capacity(finished.len());
+        let mut done = Vec::with_capacity(finished.len());
+        for f in finished {
+            let Finished::Put {
+                step,
+                result,
+                record,
+                outputs_changed,
+                new,
+                manifests,
+            } = f
+            else {
+                unreachable!("only puts are sent");
+            };
+            self.put_finished(steps[step], &record);
+            done.push(step);
+            puts.push(EndedPut {
+                attempts: result.attempts,
+                record,
+                outputs_changed,
+                new,
+                manifests,
+            });
+            spent.push(result);
+        }
+        self.journal.send(OwnedBatch {
+            deployment: self.deployment,
+            env: self.graph.env.clone(),
+            starts,
+            puts,
+            bindings,
+            spent: Box::new(spent),
+        })?;
+        Ok(done)
     }
 
     /// Starts the calls of the queued jobs whose permits are free, in order (`head`: permits
@@ -1206,7 +1349,7 @@ impl<'a> Run<'a, '_> {
             .iter()
             .map(|(q, _)| self.start(steps[q.step], q.ready.action, &q.ready.reason))
             .collect();
-        let ids = self.store.begin_operations(&starts)?;
+        let ids = self.journal.store()?.begin_operations(&starts)?;
         for ((q, held), operation_id) in calling.into_iter().zip(ids) {
             let Queued {
                 step: i,
@@ -1302,7 +1445,7 @@ impl<'a> Run<'a, '_> {
         let _span = tracing::trace_span!("commit batch").entered();
         let bindings = self.bindings_to_write()?;
         let (deployment, graph) = (self.deployment, self.graph);
-        let mut batch = self.store.batch()?;
+        let mut batch = self.journal.store()?.batch()?;
         let ids = if starts.is_empty() {
             None
         } else {
@@ -1348,7 +1491,7 @@ impl<'a> Run<'a, '_> {
         for f in finished {
             match f {
                 Finished::Put { step, record, .. } => {
-                    self.put_finished(steps[step], *record);
+                    self.put_finished(steps[step], &record);
                     done.push(step);
                 }
                 Finished::Delete { step, result } => {
@@ -1378,7 +1521,7 @@ impl<'a> Run<'a, '_> {
                 (self.start(step, action, &step.reason), *how, why.as_str())
             })
             .collect();
-        self.store.ended_operations(&ops)
+        self.journal.store()?.ended_operations(&ops)
     }
 
     fn start_put(&mut self, step: &'a Step) -> Result<Started, StateError> {
@@ -1509,7 +1652,7 @@ impl<'a> Run<'a, '_> {
     }
 
     /// After a put's record is journalled: its outputs serve what depends on it.
-    fn put_finished(&mut self, step: &Step, record: ResourceRecord) {
+    fn put_finished(&mut self, step: &Step, record: &ResourceRecord) {
         let label = step.label();
         let action = if self.outputs.recorded.contains_key(step.guresid.as_str()) {
             Action::Update
@@ -1521,7 +1664,7 @@ impl<'a> Run<'a, '_> {
                 if self.readers.contains_key(&step.guresid) {
                     self.outputs.fresh.insert(
                         step.guresid.clone(),
-                        (record.outputs, record.secret_outputs),
+                        (record.outputs.clone(), record.secret_outputs.clone()),
                     );
                 }
                 (self.on_event)(&Event::Finished {
@@ -1531,7 +1674,7 @@ impl<'a> Run<'a, '_> {
                 });
             }
             ResourceStatus::Failed => {
-                let error = record.error.unwrap_or_default();
+                let error = record.error.clone().unwrap_or_default();
                 self.failed(label, &step.guresid, action, &error);
             }
         }
@@ -1714,10 +1857,13 @@ impl<'a> Run<'a, '_> {
                 .cloned(),
         );
         let changes = LinkChanges::between(&current, wanted);
-        self.store
+        self.journal
+            .store()?
             .record_link_changes(self.deployment, &self.graph.env, &changes)?;
         self.flush_bindings()?;
-        self.store.set_template_hashes(&self.template_hashes)?;
+        self.journal
+            .store()?
+            .set_template_hashes(&self.template_hashes)?;
         Ok(remaining
             .into_iter()
             .map(|g| {
@@ -1787,7 +1933,8 @@ impl<'a> Run<'a, '_> {
         }
         let clean: Vec<(&str, &gitplane_state::AppFingerprint)> =
             clean.iter().map(|(a, f)| (*a, f)).collect();
-        self.store
+        self.journal
+            .store()?
             .record_fingerprints(&graph.env, self.deployment, &clean, &cleared)
     }
 

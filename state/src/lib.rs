@@ -22,6 +22,7 @@ mod surgery;
 mod trust;
 mod views;
 mod workflow;
+mod writer;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -45,6 +46,7 @@ pub use surgery::{Adopted, BackupReport, MoveTo};
 pub use trust::{Action, ActionRecord, KeyCheck, RepositoryIdentity};
 pub use views::{AppFilter, DeploymentSummary, FailedResource, NodeCount, NodeRow, ResourceView};
 pub use workflow::{EnvPin, PreviewPush, PreviewRecord};
+pub use writer::{EndedPut, JournalWriter, OwnedBatch, StartRow};
 
 const SCHEMA: &str = include_str!("../../schema.sql");
 
@@ -315,12 +317,22 @@ pub(crate) fn deployment_row(r: &Row<'_>) -> DbResult<DeploymentRecord> {
     })
 }
 
+/// Where a store's connection goes, to open another.
+#[derive(Clone)]
+enum Reopen {
+    /// The SQLite file, by its real name.
+    Lite(PathBuf),
+    Pg(Box<postgres::PgTarget>),
+}
+
 pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 /// An open state file.
 pub struct Store {
     conn: Conn,
     path: PathBuf,
+    /// How to open another connection to the same state ([`Store::connect_again`]).
+    reopen: Reopen,
     keyring: seal::SharedKeyring,
     /// The leases this store writes under (a daemon's, on PostgreSQL): every write checks them.
     fences: Vec<Fence>,
@@ -355,7 +367,11 @@ impl Store {
         seal::register(&conn, &keyring).map_err(e)?;
         configure(&mut conn).map_err(e)?;
         migrate(&mut conn, path)?;
-        Store::with_conn(Conn::Lite(conn), path.to_owned(), keyring)
+        Store::with_conn(
+            Conn::Lite(conn),
+            (path.to_owned(), Reopen::Lite(real)),
+            keyring,
+        )
     }
 
     fn open_postgres(url: &str, key: Option<&KeySource>) -> Result<Store> {
@@ -366,13 +382,22 @@ impl Store {
         };
         let conn = postgres::PgConn::open(&target).map_err(|e| state_error(&path, e))?;
         migrate_postgres(&conn, &path)?;
-        Store::with_conn(Conn::Pg(conn), path, seal::Keyring::new(key.clone(), None))
+        Store::with_conn(
+            Conn::Pg(conn),
+            (path, Reopen::Pg(Box::new(target))),
+            seal::Keyring::new(key.clone(), None),
+        )
     }
 
-    fn with_conn(conn: Conn, path: PathBuf, keyring: seal::SharedKeyring) -> Result<Store> {
+    fn with_conn(
+        conn: Conn,
+        (path, reopen): (PathBuf, Reopen),
+        keyring: seal::SharedKeyring,
+    ) -> Result<Store> {
         let store = Store {
             conn,
             path,
+            reopen,
             keyring,
             fences: Vec::new(),
         };
@@ -383,6 +408,30 @@ impl Store {
             .unwrap_or_else(|e| e.into_inner())
             .sealed_with = sealed_with;
         Ok(store)
+    }
+
+    /// Another connection to the same state, already migrated: the same key, and the same
+    /// fences (see [`Store::set_fences`]), so its writes are refused when this store's would be.
+    pub fn connect_again(&self) -> Result<Store> {
+        let e = |source: rusqlite::Error| state_error(&self.path, source);
+        let conn = match &self.reopen {
+            Reopen::Lite(real) => {
+                let mut conn = rusqlite::Connection::open(real).map_err(e)?;
+                seal::register(&conn, &self.keyring).map_err(e)?;
+                configure(&mut conn).map_err(e)?;
+                Conn::Lite(conn)
+            }
+            Reopen::Pg(target) => Conn::Pg(
+                postgres::PgConn::open(target).map_err(|source| state_error(&self.path, source))?,
+            ),
+        };
+        Ok(Store {
+            conn,
+            path: self.path.clone(),
+            reopen: self.reopen.clone(),
+            keyring: self.keyring.clone(),
+            fences: self.fences.clone(),
+        })
     }
 
     /// The state file's path, or the PostgreSQL URL without its password.

@@ -1541,8 +1541,8 @@ mod tests {
         assert_eq!(redis.types.len(), 3, "every type of the environment");
     }
 
-    /// A state with two apps, a global, a failed resource, an orphan, two ghosts and links
-    /// between apps and to the global: what the page reads of `development`.
+    /// A state with two apps, a global, an orphaned global, a failed resource, two ghosts and
+    /// links between apps and to the global: what the page reads of `development`.
     fn two_apps(store: &mut Store) {
         use gitplane_state::{
             Counts, DeletionPolicy, DeploymentStatus, JournalEntry, LinkChanges, OperationStart,
@@ -1574,13 +1574,7 @@ mod tests {
                 "modules.worker.externals.db",
                 "ready",
             ),
-            (
-                "b-old",
-                Some("billing"),
-                "redis",
-                "modules.worker.externals.old",
-                "ready",
-            ),
+            ("old-dns", None, "dns", "shared.old-dns", "ready"),
             (
                 "b-q",
                 Some("billing"),
@@ -1695,7 +1689,7 @@ mod tests {
             )
             .unwrap();
         store
-            .mark_orphans("development", &[("b-old".into(), "kept".into())], None)
+            .mark_orphans("development", &[("old-dns".into(), "kept".into())], None)
             .unwrap();
         store
             .finish_deployment(d, DeploymentStatus::Failed, &Counts::default(), None)
@@ -1741,7 +1735,7 @@ mod tests {
             assert_eq!(asked, 40);
             // What the page shows of one app: its ghosts with their reasons, the failed
             // resource, every app with its worst status, and the links leaving the app.
-            let shop = read_graph(
+            let billing = read_graph(
                 &store,
                 "development",
                 &GraphQuery {
@@ -1752,7 +1746,7 @@ mod tests {
             .unwrap()
             .map(|(s, l)| lay_out(s, &l))
             .unwrap();
-            let nodes: Vec<(&str, &str, bool, usize)> = shop
+            let nodes: Vec<(&str, &str, bool, usize)> = billing
                 .nodes
                 .iter()
                 .map(|n| (n.guresid.as_str(), n.status, n.ghost, n.hidden_links))
@@ -1762,12 +1756,11 @@ mod tests {
                 [
                     ("b-db", "ready", false, 1),
                     ("b-q", "failed", true, 0),
-                    ("b-old", "orphaned", false, 0),
                     ("b-w", "blocked", true, 1),
                 ]
             );
-            assert_eq!(shop.edges.len(), 2);
-            let apps: Vec<_> = shop
+            assert_eq!(billing.edges.len(), 2);
+            let apps: Vec<_> = billing
                 .apps
                 .iter()
                 .map(|a| (a.name.as_deref(), a.count, a.status, a.failed))
@@ -1775,12 +1768,12 @@ mod tests {
             assert_eq!(
                 apps,
                 [
-                    (None, 1, Some("ready"), Some(0)),
-                    (Some("billing"), 4, Some("failed"), Some(2)),
+                    (None, 2, Some("orphaned"), Some(0)),
+                    (Some("billing"), 3, Some("failed"), Some(2)),
                     (Some("shop"), 3, Some("failed"), Some(1)),
                 ]
             );
-            assert_eq!((shop.total, shop.matched), (8, 4));
+            assert_eq!((billing.total, billing.matched), (8, 3));
             assert!(
                 read_graph(&store, "production", &GraphQuery::default())
                     .unwrap()

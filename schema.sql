@@ -810,3 +810,15 @@ CREATE TABLE reconcile_request (
     detail           TEXT                  -- why, in words
 );
 CREATE INDEX reconcile_request_open ON reconcile_request (answered_at, requested_at);
+
+-- migration 12
+
+-- The status page answers one app's graph from indexes: the environment's resources counted
+-- by type, its failed resources, and the creates the newest deployment missed (its ghosts)
+-- are found without reading every row of the environment or of the deployment. The type
+-- comes first so that no query of one environment's resources prefers this index to those
+-- it seeks through (`resource_orphans` above all).
+CREATE INDEX resource_type_env ON resource (type, env);
+CREATE INDEX resource_failed ON resource (env) WHERE status = 'failed';
+CREATE INDEX operation_missed ON operation (deployment_id)
+    WHERE action = 'create' AND status IN ('failed', 'skipped', 'interrupted');

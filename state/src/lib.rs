@@ -44,7 +44,9 @@ pub use requests::{DaemonRecord, ReconcileAction, ReconcileAnswer, ReconcileRequ
 pub use seal::{KeySource, SealError, StateKey, pending_key_path};
 pub use surgery::{Adopted, BackupReport, MoveTo};
 pub use trust::{Action, ActionRecord, KeyCheck, RepositoryIdentity};
-pub use views::{AppFilter, DeploymentSummary, FailedResource, NodeCount, NodeRow, ResourceView};
+pub use views::{
+    AppFilter, DeploymentSummary, FailedResource, NodeCensus, NodeCount, NodeRow, ResourceView,
+};
 pub use workflow::{EnvPin, PreviewPush, PreviewRecord};
 pub use writer::{EndedPut, JournalWriter, OwnedBatch, StartRow};
 
@@ -1926,7 +1928,7 @@ pub(crate) mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 11);
+        assert_eq!(m.len(), 12);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
         assert!(m[1].contains("CREATE TABLE resource_version"));
@@ -1934,6 +1936,7 @@ pub(crate) mod tests {
         assert!(m[4].contains("gp_seal"));
         assert!(m[5].contains("CREATE TABLE resource_manifest"));
         assert!(m[10].contains("CREATE TABLE reconcile_request"));
+        assert!(m[11].contains("CREATE INDEX resource_failed"));
     }
 
     #[test]

@@ -2,12 +2,12 @@
 //! held ones, failed and in-progress resources, and one resource's record, each from one pass
 //! over an index and never a secret value.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::Value;
 
 use crate::db::{DbResult, OptionalExtension, Row, params};
-use crate::{DeploymentRecord, Result, Store, damaged, deployment_row};
+use crate::{DeploymentRecord, LinkRecord, Result, Store, damaged, deployment_row};
 
 /// A deployment as the status page lists it.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +56,53 @@ pub struct NodeCount {
     pub res_type: String,
     pub status: &'static str,
     pub count: usize,
+}
+
+/// The graph nodes of an environment counted, for the status page's filters and app list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeCensus {
+    /// Every node of the environment, by type.
+    pub types: BTreeMap<String, usize>,
+    /// The nodes of the type asked for (of every type when none), by app (`None`: of no app)
+    /// and status (as [`NodeRow::status`]; no zero counts).
+    pub apps: BTreeMap<Option<String>, BTreeMap<&'static str, usize>>,
+}
+
+impl NodeCensus {
+    /// The census of `counts` (nodes by app, type and status), its apps of `res_type`'s
+    /// nodes alone when given.
+    pub fn of_counts(counts: &[NodeCount], res_type: Option<&str>) -> Self {
+        let mut census = NodeCensus::default();
+        for c in counts {
+            *census.types.entry(c.res_type.clone()).or_default() += c.count;
+            if res_type.is_none_or(|t| t == c.res_type) {
+                census.add(c.app.clone(), c.status, c.count);
+            }
+        }
+        census
+    }
+
+    /// How many nodes there are.
+    pub fn total(&self) -> usize {
+        self.types.values().sum()
+    }
+
+    fn add(&mut self, app: Option<String>, status: &'static str, n: usize) {
+        if n > 0 {
+            *self.apps.entry(app).or_default().entry(status).or_default() += n;
+        }
+    }
+
+    fn take(&mut self, app: &Option<String>, status: &'static str, n: usize) {
+        if let Some(statuses) = self.apps.get_mut(app)
+            && let Some(count) = statuses.get_mut(status)
+        {
+            *count = count.saturating_sub(n);
+            if *count == 0 {
+                statuses.remove(status);
+            }
+        }
+    }
 }
 
 /// Which app's nodes [`Store::graph_nodes_of`] reads.
@@ -328,44 +375,67 @@ impl Store {
         Ok((in_progress, ghosts))
     }
 
-    /// How many nodes of `env` there are by app, type and status (as [`NodeRow::status`];
-    /// `in_progress` only for those not recorded yet), without reading each resource: one
-    /// pass over the table, grouped.
-    pub fn node_counts(&self, env: &str) -> Result<Vec<NodeCount>> {
-        // Grouped in the (env, app, type) index's order, the statuses summed: no sort of the
-        // environment's rows, which halves the time at 50 000 resources.
-        let groups = self.query(
-            "SELECT app, type, COUNT(*), SUM(CASE WHEN orphan_since IS NOT NULL THEN 1 ELSE 0 END),
-                    SUM(CASE WHEN orphan_since IS NULL AND status = 'failed' THEN 1 ELSE 0 END)
-             FROM resource WHERE env = ?1 GROUP BY app, type",
+    /// Whether state records resources or deployments of `env`: two index seeks.
+    pub fn has_environment(&self, env: &str) -> Result<bool> {
+        let found = self.query(
+            "SELECT 1 WHERE EXISTS (SELECT 1 FROM resource WHERE env = ?1)
+                         OR EXISTS (SELECT 1 FROM deployment WHERE env = ?1)",
+            [env],
+            |r| r.get::<_, i64>(0),
+        )?;
+        Ok(!found.is_empty())
+    }
+
+    /// The nodes of `env` counted (see [`NodeCensus`]) without reading a resource's row: the
+    /// `(type, env)` and `(env, app, type)` indexes counted, the failed and orphaned resources
+    /// (few) found through their own indexes, and the unrecorded nodes added.
+    pub fn node_census(&self, env: &str, res_type: Option<&str>) -> Result<NodeCensus> {
+        let mut census = NodeCensus::default();
+        // Read in the `(type, env)` index's order, already grouped: `env || ''` keeps
+        // SQLite from reading the rows through `(env, app, type)` and sorting them by type.
+        for (t, n) in self.query(
+            "SELECT type, COUNT(*) FROM resource WHERE env || '' = ?1 GROUP BY type",
+            [env],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+        )? {
+            census.types.insert(t, n as usize);
+        }
+        // Every resource of the type counted ready, then those failed or orphaned moved.
+        for (app, n) in self.query(
+            "SELECT app, COUNT(*) FROM resource
+             WHERE env = ?1 AND (CAST(?2 AS TEXT) IS NULL OR type = ?2) GROUP BY app",
+            params![env, res_type],
+            |r| Ok((r.get::<_, Option<String>>(0)?, r.get::<_, i64>(1)?)),
+        )? {
+            census.add(app, "ready", n as usize);
+        }
+        let unusual = self.query(
+            "SELECT app, type, 'failed' FROM resource
+             WHERE env = ?1 AND status = 'failed' AND orphan_since IS NULL
+             UNION ALL
+             SELECT app, type, 'orphaned' FROM resource
+             WHERE env = ?1 AND orphan_since IS NOT NULL",
             [env],
             |r| {
                 Ok((
                     r.get::<_, Option<String>>(0)?,
                     r.get::<_, String>(1)?,
-                    r.get::<_, i64>(2)?,
-                    r.get::<_, i64>(3)?,
-                    r.get::<_, i64>(4)?,
+                    r.get::<_, String>(2)?,
                 ))
             },
         )?;
-        let mut counts = Vec::with_capacity(groups.len());
-        for (app, res_type, all, orphaned, failed) in groups {
-            for (status, n) in [
-                ("ready", all - orphaned - failed),
-                ("failed", failed),
-                ("orphaned", orphaned),
-            ] {
-                if n > 0 {
-                    counts.push(NodeCount {
-                        app: app.clone(),
-                        res_type: res_type.clone(),
-                        status,
-                        count: n as usize,
-                    });
-                }
+        for (app, t, status) in unusual {
+            if res_type.is_none_or(|want| want == t) {
+                let status = if status == "failed" {
+                    "failed"
+                } else {
+                    "orphaned"
+                };
+                census.take(&app, "ready", 1);
+                census.add(app, status, 1);
             }
         }
+        // In progress or ghosts, unless recorded after all: their recorded status counts.
         let (in_progress, ghosts) = self.unrecorded_nodes(env, AppFilter::All)?;
         let recorded: HashSet<String> = {
             let ids: Vec<&str> = in_progress
@@ -375,17 +445,47 @@ impl Store {
                 .collect();
             self.recorded_of(env, &ids)?
         };
-        for n in in_progress.values().chain(ghosts.values()) {
-            if !recorded.contains(&n.guresid) {
-                counts.push(NodeCount {
-                    app: n.app.clone(),
-                    res_type: n.res_type.clone(),
-                    status: n.status,
-                    count: 1,
-                });
+        for n in in_progress.into_values().chain(ghosts.into_values()) {
+            if recorded.contains(&n.guresid) {
+                continue;
+            }
+            *census.types.entry(n.res_type.clone()).or_default() += 1;
+            if res_type.is_none_or(|want| want == n.res_type) {
+                census.add(n.app, n.status, 1);
             }
         }
-        Ok(counts)
+        Ok(census)
+    }
+
+    /// The current links of `env` with either end among `guresids`, by consumer and provider:
+    /// each end found through its own index (`link_current` by consumer,
+    /// `link_current_provider` by provider), never by reading the environment's links.
+    pub fn links_around(&self, env: &str, guresids: &[&str]) -> Result<Vec<LinkRecord>> {
+        if guresids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = serde_json::to_string(guresids).expect("strings serialise");
+        // `env || ''` keeps SQLite from reading the provider half through the environment's
+        // part of `link_current` (every link of the environment) rather than by provider.
+        self.query(
+            "SELECT consumer, provider, kind, update_type FROM link
+             WHERE env = ?1 AND valid_to IS NULL
+               AND consumer IN (SELECT value FROM json_each(?2))
+             UNION
+             SELECT consumer, provider, kind, update_type FROM link
+             WHERE env || '' = ?1 AND valid_to IS NULL
+               AND provider IN (SELECT value FROM json_each(?2))
+             ORDER BY 1, 2",
+            params![env, ids],
+            |r| {
+                Ok(LinkRecord {
+                    consumer: r.get(0)?,
+                    provider: r.get(1)?,
+                    kind: r.get(2)?,
+                    update_type: r.get(3)?,
+                })
+            },
+        )
     }
 
     /// The recorded resources of `env` among `guresids`, as graph nodes (their status as
@@ -643,16 +743,13 @@ mod tests {
                     ("development".to_owned(), "ready".to_owned(), 1)
                 ]
             );
-            let mut counts: Vec<(&str, usize)> = store
-                .node_counts("development")
-                .unwrap()
-                .into_iter()
-                .map(|c| (c.status, c.count))
-                .collect();
-            counts.sort();
+            let census = store.node_census("development", None).unwrap();
             // g1 counts as its recorded status; g0, not recorded, as in progress.
             assert_eq!(
-                counts,
+                census.apps[&Some("shop".to_owned())]
+                    .iter()
+                    .map(|(s, n)| (*s, *n))
+                    .collect::<Vec<_>>(),
                 [
                     ("failed", 1),
                     ("in_progress", 1),
@@ -660,6 +757,7 @@ mod tests {
                     ("ready", 1)
                 ]
             );
+            assert_eq!(census.total(), 4);
             let (failed, total) = store.failed_resources("development", 10).unwrap();
             assert_eq!(total, 1);
             assert_eq!(failed[0].guresid, "g2");
@@ -843,23 +941,36 @@ mod tests {
                 1
             );
             assert!(store.links_touching("development", &[]).unwrap().is_empty());
-            // The counts by app, type and status hold the ghosts.
-            let mut counts: Vec<(Option<String>, String, &str, usize)> = store
-                .node_counts("development")
-                .unwrap()
-                .into_iter()
-                .map(|c| (c.app, c.res_type, c.status, c.count))
-                .collect();
-            counts.sort();
+            // The census holds the ghosts: by type, and by app and status.
+            let census = store.node_census("development", None).unwrap();
+            let types: Vec<(&str, usize)> =
+                census.types.iter().map(|(t, n)| (t.as_str(), *n)).collect();
             assert_eq!(
-                counts,
+                types,
+                [("dns", 1), ("postgres", 1), ("queue", 1), ("workload", 1)]
+            );
+            let apps = |census: &NodeCensus| {
+                census
+                    .apps
+                    .iter()
+                    .flat_map(|(a, statuses)| {
+                        statuses.iter().map(move |(s, n)| (a.clone(), *s, *n))
+                    })
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(
+                apps(&census),
                 [
-                    (None, "dns".to_owned(), "ready", 1),
-                    (Some("billing".into()), "queue".to_owned(), "failed", 1),
-                    (Some("billing".into()), "workload".to_owned(), "blocked", 1),
-                    (Some("shop".into()), "postgres".to_owned(), "ready", 1),
+                    (None, "ready", 1),
+                    (Some("billing".into()), "blocked", 1),
+                    (Some("billing".into()), "failed", 1),
+                    (Some("shop".into()), "ready", 1),
                 ]
             );
+            // Of one type: the apps of that type's nodes alone, every type still listed.
+            let workloads = store.node_census("development", Some("workload")).unwrap();
+            assert_eq!(apps(&workloads), [(Some("billing".into()), "blocked", 1)]);
+            assert_eq!(workloads.types, census.types);
 
             // A later deployment that makes the queue and worker leaves no ghost; a held one
             // (which ran nothing) does not hide the failed one's.

@@ -13,9 +13,11 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
 use futures_util::Stream;
+#[cfg(test)]
+use gitplane_state::NodeCount;
 use gitplane_state::{
     AppFilter, BindingRecord, DeploymentSummary, DriftFinding, EnvPin, FailedResource, LinkRecord,
-    NodeCount, NodeRow, PreviewRecord, ResourceView,
+    NodeCensus, NodeRow, PreviewRecord, ResourceView, StateError, Store,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -596,59 +598,58 @@ async fn graph(
         )));
     }
     let read_env = env.clone();
-    let (known, selected, links) = shared
-        .read(move |store| {
-            let known = store.environments()?.contains(&read_env);
-            let app = query.app.as_deref().filter(|a| !a.is_empty());
-            let res_type = query.res_type.as_deref().filter(|t| !t.is_empty());
-            let searching = query.q.as_deref().is_some_and(|q| !q.is_empty());
-            let (nodes, counts) = if searching {
-                (store.graph_nodes(&read_env)?, None)
-            } else {
-                // No text: the environment counted (no row read one by one), then only the
-                // nodes that will be drawn or listed, through the (env, app, type) index,
-                // and none when they are too many anyway.
-                let counts = store.node_counts(&read_env)?;
-                let filter = match app {
-                    None => AppFilter::All,
-                    Some(GLOBAL_APP) => AppFilter::NoApp,
-                    Some(app) => AppFilter::App(app),
-                };
-                let matched: usize = counts
-                    .iter()
-                    .filter(|c| {
-                        res_type.is_none_or(|t| c.res_type == t)
-                            && match filter {
-                                AppFilter::All => true,
-                                AppFilter::NoApp => c.app.is_none(),
-                                AppFilter::App(a) => c.app.as_deref() == Some(a),
-                            }
-                    })
-                    .map(|c| c.count)
-                    .sum();
-                let list = query.view.as_deref() == Some("list");
-                let nodes = if too_large(matched, app.is_some(), list) {
-                    Vec::new()
-                } else {
-                    store.graph_nodes_of(&read_env, filter, res_type)?
-                };
-                (nodes, Some(counts))
-            };
-            let selected = select(read_env.clone(), nodes, &query, counts.as_deref());
-            // The links of what is drawn alone: none for a list or an answer too large.
-            let links = store.links_touching(&read_env, &selected.drawn())?;
-            Ok((known, selected, links))
-        })
-        .await?;
-    if !known {
+    let Some((selected, links)) = shared
+        .read(move |store| read_graph(store, &read_env, &query))
+        .await?
+    else {
         return Err(ApiError::NotFound(format!(
             "no environment '{env}' in the state"
         )));
-    }
+    };
     let view = tokio::task::spawn_blocking(move || lay_out(selected, &links))
         .await
         .map_err(|e| ApiError::Internal(format!("the layout task failed: {e}")))?;
     Ok(Json(view))
+}
+
+/// What `query` asks of `env`'s graph, read from `store` and selected, with the links the
+/// layout needs; `None` when state knows no environment `env`.
+///
+/// Without text to search, nothing is read for the whole environment but its counts, from
+/// indexes; the nodes are those of the app (and type) asked for alone, read by index, and
+/// none when they are too many to answer with anyway.
+pub fn read_graph(
+    store: &Store,
+    env: &str,
+    query: &GraphQuery,
+) -> Result<Option<(Selected, Vec<LinkRecord>)>, StateError> {
+    if !store.has_environment(env)? {
+        return Ok(None);
+    }
+    let app = query.app.as_deref().filter(|a| !a.is_empty());
+    let res_type = query.res_type.as_deref().filter(|t| !t.is_empty());
+    let searching = query.q.as_deref().is_some_and(|q| !q.is_empty());
+    let (nodes, census) = if searching {
+        (store.graph_nodes(env)?, None)
+    } else {
+        let census = store.node_census(env, res_type)?;
+        let filter = match app {
+            None => AppFilter::All,
+            Some(GLOBAL_APP) => AppFilter::NoApp,
+            Some(app) => AppFilter::App(app),
+        };
+        let list = query.view.as_deref() == Some("list");
+        let nodes = if too_large(census_matched(&census, app), app.is_some(), list) {
+            Vec::new()
+        } else {
+            store.graph_nodes_of(env, filter, res_type)?
+        };
+        (nodes, Some(census))
+    };
+    let selected = select(env.to_owned(), nodes, query, census.as_ref());
+    // The links of what is drawn alone: none for a list or an answer too large.
+    let links = store.links_around(env, &selected.drawn())?;
+    Ok(Some((selected, links)))
 }
 
 /// Whether `matched` nodes are too many to answer with: more than [`GRAPH_HARD_LIMIT`], or
@@ -660,7 +661,8 @@ fn too_large(matched: usize, app_chosen: bool, list: bool) -> bool {
 /// The part of `env`'s graph `query` asks for, laid out. Pure.
 ///
 /// `counts`, when given, counts the whole environment's nodes (by app, type and status) and
-/// `nodes` holds the chosen app's alone: the apps, types and total then come from it.
+/// `nodes` holds the chosen app's alone: the apps, types and total then come from it (as a
+/// [`NodeCensus`] of the query's type).
 #[cfg(test)]
 pub fn graph_view(
     env: String,
@@ -669,7 +671,23 @@ pub fn graph_view(
     query: &GraphQuery,
     counts: Option<&[NodeCount]>,
 ) -> GraphView {
-    lay_out(select(env, nodes, query, counts), links)
+    let res_type = query.res_type.as_deref().filter(|t| !t.is_empty());
+    let census = counts.map(|c| NodeCensus::of_counts(c, res_type));
+    lay_out(select(env, nodes, query, census.as_ref()), links)
+}
+
+/// How many of `census`'s nodes (of the type it was taken for) `app` keeps.
+fn census_matched(census: &NodeCensus, app: Option<&str>) -> usize {
+    census
+        .apps
+        .iter()
+        .filter(|(a, _)| match app {
+            None => true,
+            Some(GLOBAL_APP) => a.is_none(),
+            Some(name) => a.as_deref() == Some(name),
+        })
+        .flat_map(|(_, statuses)| statuses.values())
+        .sum()
 }
 
 /// What a graph answer holds before its layout: the view (complete unless `draw`), and the
@@ -696,7 +714,7 @@ pub fn select(
     env: String,
     nodes: Vec<NodeRow>,
     query: &GraphQuery,
-    counts: Option<&[NodeCount]>,
+    census: Option<&NodeCensus>,
 ) -> Selected {
     let needle = query
         .q
@@ -707,18 +725,18 @@ pub fn select(
     let res_type = query.res_type.as_deref().filter(|t| !t.is_empty());
     let mut types: BTreeMap<&str, usize> = BTreeMap::new();
     let mut tallies: BTreeMap<Option<String>, AppTally> = BTreeMap::new();
-    let total = match counts {
-        Some(counts) => {
-            for c in counts {
-                *types.entry(c.res_type.as_str()).or_default() += c.count;
-                if res_type.is_none_or(|t| c.res_type == t) {
-                    tallies
-                        .entry(c.app.clone())
-                        .or_default()
-                        .add(c.status, c.count);
+    let total = match census {
+        Some(census) => {
+            for (t, n) in &census.types {
+                *types.entry(t.as_str()).or_default() += n;
+            }
+            for (a, statuses) in &census.apps {
+                let tally = tallies.entry(a.clone()).or_default();
+                for (status, n) in statuses {
+                    tally.add(status, *n);
                 }
             }
-            counts.iter().map(|c| c.count).sum()
+            census.total()
         }
         None => {
             for n in &nodes {
@@ -755,7 +773,7 @@ pub fn select(
     let found: Vec<NodeRow> = nodes.into_iter().filter(|n| wanted(n)).collect();
     // The apps to choose from: those of the resources the other filters found, whichever
     // app is chosen.
-    if counts.is_none() {
+    if census.is_none() {
         for n in &found {
             tallies.entry(n.app.clone()).or_default().add(n.status, 1);
         }
@@ -773,19 +791,8 @@ pub fn select(
     let list = query.view.as_deref() == Some("list");
     // Without text to search, the counts say how many match: `nodes` may have been left
     // unread, the answer being too large anyway.
-    let matched = match counts {
-        Some(counts) if needle.is_none() => counts
-            .iter()
-            .filter(|c| {
-                res_type.is_none_or(|t| c.res_type == t)
-                    && match app {
-                        None => true,
-                        Some(GLOBAL_APP) => c.app.is_none(),
-                        Some(a) => c.app.as_deref() == Some(a),
-                    }
-            })
-            .map(|c| c.count)
-            .sum(),
+    let matched = match census {
+        Some(census) if needle.is_none() => census_matched(census, app),
         _ => shown.len(),
     };
     let too_large = too_large(matched, app.is_some(), list);
@@ -1532,6 +1539,253 @@ mod tests {
             (1, 1, 1)
         );
         assert_eq!(redis.types.len(), 3, "every type of the environment");
+    }
+
+    /// A state with two apps, a global, an orphaned global, a failed resource, two ghosts and
+    /// links between apps and to the global: what the page reads of `development`.
+    fn two_apps(store: &mut Store) {
+        use gitplane_state::{
+            Counts, DeletionPolicy, DeploymentStatus, JournalEntry, LinkChanges, OperationStart,
+            ResourceRecord, ResourceStatus,
+        };
+        let d = store.begin_deployment("development", "c1").unwrap();
+        // (guresid, app, type, res_id, what became of it)
+        let made: [(&str, Option<&str>, &str, &str, &str); 8] = [
+            ("dns", None, "dns", "shared.dns", "ready"),
+            (
+                "s-db",
+                Some("shop"),
+                "postgres",
+                "modules.web.externals.db",
+                "ready",
+            ),
+            ("s-web", Some("shop"), "workload", "modules.web", "ready"),
+            (
+                "s-cache",
+                Some("shop"),
+                "redis",
+                "modules.web.externals.cache",
+                "failed",
+            ),
+            (
+                "b-db",
+                Some("billing"),
+                "postgres",
+                "modules.worker.externals.db",
+                "ready",
+            ),
+            ("old-dns", None, "dns", "shared.old-dns", "ready"),
+            (
+                "b-q",
+                Some("billing"),
+                "queue",
+                "modules.worker.externals.jobs",
+                "ghost failed",
+            ),
+            (
+                "b-w",
+                Some("billing"),
+                "workload",
+                "modules.worker",
+                "ghost blocked",
+            ),
+        ];
+        let ops = store
+            .begin_operations(
+                &made
+                    .iter()
+                    .map(|(g, app, t, res_id, _)| OperationStart {
+                        deployment: d,
+                        guresid: g,
+                        app: *app,
+                        res_type: t,
+                        class: "default",
+                        res_id,
+                        action: "create",
+                        reason: "new",
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+        let records: Vec<ResourceRecord> = made
+            .iter()
+            .map(|(g, app, t, res_id, what)| ResourceRecord {
+                guresid: (*g).into(),
+                env: "development".into(),
+                app: app.map(str::to_owned),
+                res_type: (*t).into(),
+                class: "default".into(),
+                res_id: (*res_id).into(),
+                definition: "def".into(),
+                driver: "echo".into(),
+                account: None,
+                deletion_policy: DeletionPolicy::Delete,
+                template_hash: String::new(),
+                status: if *what == "failed" {
+                    ResourceStatus::Failed
+                } else {
+                    ResourceStatus::Ready
+                },
+                inputs_hash: "h".into(),
+                outputs: serde_json::json!({}),
+                secret_outputs: serde_json::json!({}),
+                inputs: serde_json::json!({}).into(),
+                secret_inputs: serde_json::json!({}).into(),
+                error: (*what == "failed").then(|| "quota exceeded".to_owned()),
+                commit_id: "c1".into(),
+            })
+            .collect();
+        let entries: Vec<JournalEntry<'_>> = made
+            .iter()
+            .zip(&ops)
+            .zip(&records)
+            .map(|(((_, _, _, _, what), &operation), record)| match *what {
+                "ghost failed" => JournalEntry::Failed {
+                    operation,
+                    attempts: 0,
+                    error: "values may not read a secret output",
+                },
+                "ghost blocked" => JournalEntry::Skipped {
+                    operation,
+                    why: "blocked: queue#modules.worker.externals.jobs failed",
+                },
+                _ => JournalEntry::Put {
+                    operation,
+                    attempts: 1,
+                    deployment: d,
+                    record,
+                    outputs_changed: Some(true),
+                    new: true,
+                    manifests: None,
+                },
+            })
+            .collect();
+        store.journal(&entries).unwrap();
+        let links = [
+            ("s-web", "s-db"),
+            ("s-web", "s-cache"),
+            ("s-db", "dns"),
+            ("b-db", "dns"),
+            ("b-w", "b-q"),
+            ("b-w", "b-db"),
+            ("b-w", "s-web"),
+        ];
+        store
+            .record_link_changes(
+                d,
+                "development",
+                &LinkChanges {
+                    removed: Vec::new(),
+                    added: links
+                        .iter()
+                        .map(|(c, p)| LinkRecord {
+                            consumer: (*c).into(),
+                            provider: (*p).into(),
+                            kind: "reference".into(),
+                            update_type: "NeedsProvides".into(),
+                        })
+                        .collect(),
+                },
+            )
+            .unwrap();
+        store
+            .mark_orphans("development", &[("old-dns".into(), "kept".into())], None)
+            .unwrap();
+        store
+            .finish_deployment(d, DeploymentStatus::Failed, &Counts::default(), None)
+            .unwrap();
+    }
+
+    #[test]
+    fn one_apps_graph_is_the_whole_graph_filtered() {
+        let check = |mut store: Store| {
+            two_apps(&mut store);
+            // The whole environment read, then selected: what the answer must equal.
+            let whole = |query: &GraphQuery| {
+                let nodes = store.graph_nodes("development").unwrap();
+                let ids: Vec<&str> = nodes.iter().map(|n| n.guresid.as_str()).collect();
+                let links = store.links_touching("development", &ids).unwrap();
+                lay_out(select("development".into(), nodes, query, None), &links)
+            };
+            let mut asked = 0;
+            for app in [
+                None,
+                Some("shop"),
+                Some("billing"),
+                Some(GLOBAL_APP),
+                Some("none"),
+            ] {
+                for res_type in [None, Some("postgres"), Some("workload"), Some("dns")] {
+                    for view in [None, Some("list")] {
+                        let query = GraphQuery {
+                            app: app.map(str::to_owned),
+                            res_type: res_type.map(str::to_owned),
+                            q: None,
+                            view: view.map(str::to_owned),
+                        };
+                        let (selected, links) = read_graph(&store, "development", &query)
+                            .unwrap()
+                            .expect("a known environment");
+                        let answer = lay_out(selected, &links);
+                        assert_eq!(answer, whole(&query), "{query:?}");
+                        asked += 1;
+                    }
+                }
+            }
+            assert_eq!(asked, 40);
+            // What the page shows of one app: its ghosts with their reasons, the failed
+            // resource, every app with its worst status, and the links leaving the app.
+            let billing = read_graph(
+                &store,
+                "development",
+                &GraphQuery {
+                    app: Some("billing".into()),
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+            .map(|(s, l)| lay_out(s, &l))
+            .unwrap();
+            let nodes: Vec<(&str, &str, bool, usize)> = billing
+                .nodes
+                .iter()
+                .map(|n| (n.guresid.as_str(), n.status, n.ghost, n.hidden_links))
+                .collect();
+            assert_eq!(
+                nodes,
+                [
+                    ("b-db", "ready", false, 1),
+                    ("b-q", "failed", true, 0),
+                    ("b-w", "blocked", true, 1),
+                ]
+            );
+            assert_eq!(billing.edges.len(), 2);
+            let apps: Vec<_> = billing
+                .apps
+                .iter()
+                .map(|a| (a.name.as_deref(), a.count, a.status, a.failed))
+                .collect();
+            assert_eq!(
+                apps,
+                [
+                    (None, 2, Some("orphaned"), Some(0)),
+                    (Some("billing"), 3, Some("failed"), Some(2)),
+                    (Some("shop"), 3, Some("failed"), Some(1)),
+                ]
+            );
+            assert_eq!((billing.total, billing.matched), (8, 3));
+            assert!(
+                read_graph(&store, "production", &GraphQuery::default())
+                    .unwrap()
+                    .is_none()
+            );
+        };
+        let dir = tempfile::tempdir().unwrap();
+        check(Store::open(&dir.path().join("state.db")).unwrap());
+        if let Some(pg) = gitplane_testkit::shared_or_skip("the PostgreSQL half") {
+            let key = gitplane_state::KeySource::File(dir.path().join("pg.key"));
+            check(Store::open_keyed(std::path::Path::new(&pg.database()), Some(&key)).unwrap());
+        }
     }
 
     #[tokio::test]

@@ -61,7 +61,8 @@ enum Answer {
 }
 
 /// Writes [`OwnedBatch`]es in the order sent, each in one transaction, on its own connection
-/// and thread; at most two wait at once (the caller blocks on the third).
+/// and thread. One batch is written at a time, and the caller hands over the next only once the
+/// writer takes it: what waits in memory is bounded by two batches.
 pub struct JournalWriter {
     batches: Option<mpsc::SyncSender<OwnedBatch>>,
     written: mpsc::Receiver<Answer>,
@@ -75,7 +76,7 @@ impl JournalWriter {
     /// Starts a writer on another connection to `store`'s state (its key and fences).
     pub fn start(store: &Store) -> Result<JournalWriter> {
         let mut own = store.connect_again()?;
-        let (batches, to_write) = mpsc::sync_channel::<OwnedBatch>(1);
+        let (batches, to_write) = mpsc::sync_channel::<OwnedBatch>(0);
         let (answers, written) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("journal".into())

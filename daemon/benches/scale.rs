@@ -55,6 +55,8 @@ const LISTENER_READS: &[(&str, &str)] = &[
         "status page: one app's graph",
         "/api/envs/development/graph?app=app-00001",
     ),
+    // What the page asks beside one app's graph: every app counted.
+    ("status page: app list", "/api/envs/development/apps"),
 ];
 
 // ---------------------------------------------------------------------------------------------

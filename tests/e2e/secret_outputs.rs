@@ -171,6 +171,7 @@ fn apply_and_check(sb: &Sandbox, config: &Path, port: u16, expect: &Expect<'_>) 
     for path in [
         "/api/overview".to_owned(),
         format!("/api/envs/{ENV}/graph"),
+        format!("/api/envs/{ENV}/apps"),
         format!("/api/envs/{ENV}/resources/{leaky}"),
         format!("/api/envs/{ENV}/resources/{reader}"),
     ] {

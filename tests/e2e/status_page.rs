@@ -454,6 +454,28 @@ fn the_graph_api_offers_apps_of_a_five_thousand_resource_environment() {
     assert_eq!(one["edges"].as_array().unwrap().len(), WORKLOADS_PER_APP);
     let width = one["width"].as_f64().unwrap();
     assert!(nodes.iter().all(|n| n["x"].as_f64().unwrap() <= width));
+    // One app's answer reads that app alone: the app list and types are asked apart.
+    for key in ["apps", "types", "total"] {
+        assert!(one.get(key).is_none(), "{key} in one app's answer");
+    }
+    let (status, census, took) = get(&format!("{base}/api/envs/development/apps"));
+    println!("the environment's apps: {} ms", took.as_millis());
+    assert_eq!(status, 200, "{census}");
+    assert_eq!(census["total"], 5_000);
+    assert_eq!(census["apps"], all["apps"]);
+    assert_eq!(census["types"], all["types"]);
+    let (status, redis, _) = get(&format!("{base}/api/envs/development/apps?type=redis"));
+    assert_eq!(status, 200, "{redis}");
+    assert!(
+        redis["apps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["count"] == WORKLOADS_PER_APP),
+        "{redis}"
+    );
+    let (status, missing, _) = get(&format!("{base}/api/envs/staging/apps"));
+    assert_eq!(status, 404, "{missing}");
 
     // Narrowed by type and text, no app is needed.
     let (status, found, took) = get(&format!("{graph}?type=workload&q=WEB-007"));
@@ -687,6 +709,20 @@ fn the_page_shows_a_pin_a_failed_app_and_its_blocked_workload() {
         browser.count(&format!("#graph .edge[data-consumer=\"{worker}\"]")),
         1
     );
+    // One app drawn, the environment still listed: both apps (billing chosen), the filters,
+    // and how many of the environment's resources are drawn (its ghosts counted).
+    let total = sb.count("SELECT COUNT(*) FROM resource WHERE env = 'development'") as usize + 2;
+    let environment_listed = |what: &str| {
+        eventually(what, Duration::from_secs(10), || {
+            let listed = browser.count("#apps [data-app]") == 2
+                && browser.count("#apps [data-app=\"billing\"].chosen") == 1
+                && browser.count("#filter-app option") == 3
+                && browser.count("#filter-type option[value=\"queue\"]") == 1;
+            let info = text_of(&browser, "#graph-info")?;
+            (listed && info == format!("3 of {total} resources")).then_some(())
+        })
+    };
+    environment_listed("billing chosen among the environment's apps");
     click(&browser, &ghost);
     let details = eventually("the ghost's details", Duration::from_secs(10), || {
         text_of(&browser, "#details [data-error]")
@@ -701,7 +737,6 @@ fn the_page_shows_a_pin_a_failed_app_and_its_blocked_workload() {
         (!browser.current_url().ok()?.contains("app=")).then_some(())
     });
     click(&browser, "#mode-list");
-    let total = sb.count("SELECT COUNT(*) FROM resource WHERE env = 'development'") as usize + 2;
     let column = |n: usize| -> Vec<String> {
         eventually("the list's rows", Duration::from_secs(10), || {
             let cells = browser
@@ -757,6 +792,14 @@ fn the_page_shows_a_pin_a_failed_app_and_its_blocked_workload() {
     eventually("back to billing's graph", Duration::from_secs(10), || {
         (browser.count("#graph .node") == 3 && browser.count(&ghost) == 1).then_some(())
     });
+    // Opened at billing's graph, the page lists the environment as well.
+    browser
+        .goto(&format!("{base}/?again#env=development&app=billing"))
+        .unwrap();
+    eventually("billing's graph, opened", Duration::from_secs(10), || {
+        (browser.count("#graph .node") == 3 && browser.count(&ghost) == 1).then_some(())
+    });
+    environment_listed("billing's graph opened among the environment's apps");
 }
 
 /// The sign-in page is styled (its own stylesheet, served without the token) and says where

@@ -52,6 +52,7 @@ pub fn routes() -> Router<Arc<Shared>> {
     Router::new()
         .route("/api/overview", get(overview))
         .route("/api/envs/{env}/graph", get(graph))
+        .route("/api/envs/{env}/apps", get(apps))
         .route("/api/envs/{env}/resources/{guresid}", get(resource))
         .route(
             "/api/envs/{env}/resources/{guresid}/explain",
@@ -495,22 +496,32 @@ pub struct GraphView {
     /// More than [`GRAPH_LIMIT`] nodes matched without an app chosen (or more than
     /// [`GRAPH_HARD_LIMIT`] with one): `nodes` and `edges` are empty; choose from `apps`.
     pub too_large: bool,
-    /// Resources in the environment.
-    pub total: usize,
     /// Resources the filters matched.
     pub matched: usize,
     pub limit: usize,
-    /// The apps of the resources the type and text filters match (whatever `app` is), with
-    /// how many each has (`name` null: resources of no app).
-    pub apps: Vec<Count>,
-    /// Every type of the environment's resources, for the type filter.
-    pub types: Vec<Count>,
+    /// The environment's census, in an answer without `app` alone: one app's answer reads
+    /// that app, not the environment, and the page asks `/apps` for the list.
+    #[serde(flatten)]
+    pub census: Option<AppsView>,
     pub nodes: Vec<GraphNode>,
     pub edges: Vec<GraphEdge>,
     pub width: f64,
     pub height: f64,
     pub node_width: f64,
     pub node_height: f64,
+}
+
+/// The environment counted for the page's app list and filters: the graph's answer without
+/// an app, and `GET /api/envs/{env}/apps`.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct AppsView {
+    /// Resources in the environment.
+    pub total: usize,
+    /// The apps of the resources the type and text filters match (whatever `app` is), with
+    /// how many each has (`name` null: resources of no app).
+    pub apps: Vec<Count>,
+    /// Every type of the environment's resources, for the type filter.
+    pub types: Vec<Count>,
 }
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -612,12 +623,79 @@ async fn graph(
     Ok(Json(view))
 }
 
+// ---------------------------------------------------------------------------------------------
+// GET /api/envs/{env}/apps
+
+/// The census's filters, both optional: as the graph's (`app` and `view` are ignored).
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct AppsQuery {
+    /// The apps of one resource type.
+    #[serde(rename = "type")]
+    pub res_type: Option<String>,
+    /// The apps of the resources whose app, type, res_id or GUResID contains it.
+    pub q: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct AppsJson {
+    env: String,
+    #[serde(flatten)]
+    view: AppsView,
+}
+
+async fn apps(
+    State(shared): State<Arc<Shared>>,
+    Path(env): Path<String>,
+    Query(query): Query<AppsQuery>,
+) -> Result<Json<AppsJson>, ApiError> {
+    if query.q.as_ref().is_some_and(|q| q.len() > QUERY_MAX) {
+        return Err(ApiError::BadRequest(format!(
+            "q: at most {QUERY_MAX} bytes"
+        )));
+    }
+    let read_env = env.clone();
+    match shared
+        .read(move |store| read_apps(store, &read_env, &query))
+        .await?
+    {
+        Some(view) => Ok(Json(AppsJson { env, view })),
+        None => Err(ApiError::NotFound(format!(
+            "no environment '{env}' in the state"
+        ))),
+    }
+}
+
+/// `env`'s census for the page's app list and filters, read from `store`; `None` when state
+/// knows no environment `env`. Without text to search it is counted from indexes; with text,
+/// from every node of the environment.
+pub fn read_apps(
+    store: &Store,
+    env: &str,
+    query: &AppsQuery,
+) -> Result<Option<AppsView>, StateError> {
+    if !store.has_environment(env)? {
+        return Ok(None);
+    }
+    let filters = Filters::of(query.res_type.as_deref(), query.q.as_deref());
+    Ok(Some(if filters.needle.is_some() {
+        count_apps(&store.graph_nodes(env)?, None, &filters)
+    } else {
+        count_apps(
+            &[],
+            Some(&store.node_census(env, filters.res_type)?),
+            &filters,
+        )
+    }))
+}
+
 /// What `query` asks of `env`'s graph, read from `store` and selected, with the links the
 /// layout needs; `None` when state knows no environment `env`.
 ///
-/// Without text to search, nothing is read for the whole environment but its counts, from
-/// indexes; the nodes are those of the app (and type) asked for alone, read by index, and
-/// none when they are too many to answer with anyway.
+/// With an app chosen, only that app's nodes are read (by index) and the links touching
+/// them: nothing of the other apps, whose census `/apps` answers apart. Without one and
+/// without text to search, nothing is read for the whole environment but its counts, from
+/// indexes; the nodes are those of the type asked for, and none when they are too many to
+/// answer with anyway.
 pub fn read_graph(
     store: &Store,
     env: &str,
@@ -629,22 +707,26 @@ pub fn read_graph(
     let app = query.app.as_deref().filter(|a| !a.is_empty());
     let res_type = query.res_type.as_deref().filter(|t| !t.is_empty());
     let searching = query.q.as_deref().is_some_and(|q| !q.is_empty());
-    let (nodes, census) = if searching {
-        (store.graph_nodes(env)?, None)
-    } else {
-        let census = store.node_census(env, res_type)?;
-        let filter = match app {
-            None => AppFilter::All,
-            Some(GLOBAL_APP) => AppFilter::NoApp,
-            Some(app) => AppFilter::App(app),
-        };
-        let list = query.view.as_deref() == Some("list");
-        let nodes = if too_large(census_matched(&census, app), app.is_some(), list) {
-            Vec::new()
-        } else {
-            store.graph_nodes_of(env, filter, res_type)?
-        };
-        (nodes, Some(census))
+    let (nodes, census) = match app {
+        Some(app) => {
+            let filter = if app == GLOBAL_APP {
+                AppFilter::NoApp
+            } else {
+                AppFilter::App(app)
+            };
+            (store.graph_nodes_of(env, filter, res_type)?, None)
+        }
+        None if searching => (store.graph_nodes(env)?, None),
+        None => {
+            let census = store.node_census(env, res_type)?;
+            let list = query.view.as_deref() == Some("list");
+            let nodes = if too_large(census_matched(&census, None), false, list) {
+                Vec::new()
+            } else {
+                store.graph_nodes_of(env, AppFilter::All, res_type)?
+            };
+            (nodes, Some(census))
+        }
     };
     let selected = select(env.to_owned(), nodes, query, census.as_ref());
     // The links of what is drawn alone: none for a list or an answer too large.
@@ -661,7 +743,7 @@ fn too_large(matched: usize, app_chosen: bool, list: bool) -> bool {
 /// The part of `env`'s graph `query` asks for, laid out. Pure.
 ///
 /// `counts`, when given, counts the whole environment's nodes (by app, type and status) and
-/// `nodes` holds the chosen app's alone: the apps, types and total then come from it (as a
+/// `nodes` holds the chosen type's alone: the apps, types and total then come from it (as a
 /// [`NodeCensus`] of the query's type).
 #[cfg(test)]
 pub fn graph_view(
@@ -709,20 +791,38 @@ impl Selected {
     }
 }
 
-/// The part of `env`'s graph `query` asks for, filtered and counted, not laid out. Pure.
-pub fn select(
-    env: String,
-    nodes: Vec<NodeRow>,
-    query: &GraphQuery,
-    census: Option<&NodeCensus>,
-) -> Selected {
-    let needle = query
-        .q
-        .as_deref()
-        .map(str::to_lowercase)
-        .filter(|q| !q.is_empty());
-    let app = query.app.as_deref().filter(|a| !a.is_empty());
-    let res_type = query.res_type.as_deref().filter(|t| !t.is_empty());
+/// The type and text filters of a graph or census query: the lower-cased text to search for
+/// (none when empty) and the type.
+struct Filters<'q> {
+    res_type: Option<&'q str>,
+    needle: Option<String>,
+}
+
+impl<'q> Filters<'q> {
+    fn of(res_type: Option<&'q str>, q: Option<&str>) -> Self {
+        Filters {
+            res_type: res_type.filter(|t| !t.is_empty()),
+            needle: q.map(str::to_lowercase).filter(|q| !q.is_empty()),
+        }
+    }
+
+    /// Whether `n` is of the type and contains the text asked for.
+    fn keep(&self, n: &NodeRow) -> bool {
+        self.res_type.is_none_or(|t| n.res_type == t)
+            && self.needle.as_ref().is_none_or(|q| {
+                n.res_id.to_lowercase().contains(q.as_str())
+                    || n.guresid.contains(q.as_str())
+                    || n.res_type.to_lowercase().contains(q.as_str())
+                    || n.app
+                        .as_ref()
+                        .is_some_and(|a| a.to_lowercase().contains(q.as_str()))
+            })
+    }
+}
+
+/// The census the app list and filters show: from `census` when given (taken for the
+/// filters' type), else counted from `nodes`, the whole environment's. Pure.
+fn count_apps(nodes: &[NodeRow], census: Option<&NodeCensus>, filters: &Filters<'_>) -> AppsView {
     let mut types: BTreeMap<&str, usize> = BTreeMap::new();
     let mut tallies: BTreeMap<Option<String>, AppTally> = BTreeMap::new();
     let total = match census {
@@ -739,71 +839,77 @@ pub fn select(
             census.total()
         }
         None => {
-            for n in &nodes {
+            for n in nodes {
                 *types.entry(n.res_type.as_str()).or_default() += 1;
+            }
+            // The apps to choose from: those of the resources the other filters found,
+            // whichever app is chosen.
+            for n in nodes.iter().filter(|n| filters.keep(n)) {
+                tallies.entry(n.app.clone()).or_default().add(n.status, 1);
             }
             nodes.len()
         }
     };
-    let types = types
-        .into_iter()
-        .map(|(t, count)| Count {
-            name: Some(t.to_owned()),
-            count,
-            status: None,
-            failed: None,
-        })
-        .collect();
+    AppsView {
+        total,
+        apps: tallies
+            .into_iter()
+            .map(|(a, t)| Count {
+                name: a,
+                count: t.count,
+                status: t.status,
+                failed: Some(t.failed),
+            })
+            .collect(),
+        types: types
+            .into_iter()
+            .map(|(t, count)| Count {
+                name: Some(t.to_owned()),
+                count,
+                status: None,
+                failed: None,
+            })
+            .collect(),
+    }
+}
+
+/// The part of `env`'s graph `query` asks for, filtered and counted, not laid out. Pure.
+///
+/// Without an app chosen, `nodes` are the environment's (or, with `census`, those of the
+/// query's type alone: `census` counts the rest) and the answer carries the census; with one,
+/// they may be that app's alone and the answer carries none.
+pub fn select(
+    env: String,
+    nodes: Vec<NodeRow>,
+    query: &GraphQuery,
+    census: Option<&NodeCensus>,
+) -> Selected {
+    let filters = Filters::of(query.res_type.as_deref(), query.q.as_deref());
+    let app = query.app.as_deref().filter(|a| !a.is_empty());
     let in_app = |n: &NodeRow| match app {
         None => true,
         Some(GLOBAL_APP) => n.app.is_none(),
         Some(a) => n.app.as_deref() == Some(a),
     };
-    let wanted = |n: &NodeRow| {
-        res_type.is_none_or(|t| n.res_type == t)
-            && needle.as_ref().is_none_or(|q| {
-                n.res_id.to_lowercase().contains(q.as_str())
-                    || n.guresid.contains(q.as_str())
-                    || n.res_type.to_lowercase().contains(q.as_str())
-                    || n.app
-                        .as_ref()
-                        .is_some_and(|a| a.to_lowercase().contains(q.as_str()))
-            })
-    };
-    let found: Vec<NodeRow> = nodes.into_iter().filter(|n| wanted(n)).collect();
-    // The apps to choose from: those of the resources the other filters found, whichever
-    // app is chosen.
-    if census.is_none() {
-        for n in &found {
-            tallies.entry(n.app.clone()).or_default().add(n.status, 1);
-        }
-    }
-    let apps = tallies
+    let counted = app.is_none().then(|| count_apps(&nodes, census, &filters));
+    let mut shown: Vec<NodeRow> = nodes
         .into_iter()
-        .map(|(a, t)| Count {
-            name: a,
-            count: t.count,
-            status: t.status,
-            failed: Some(t.failed),
-        })
+        .filter(|n| filters.keep(n) && in_app(n))
         .collect();
-    let mut shown: Vec<NodeRow> = found.into_iter().filter(|n| in_app(n)).collect();
     let list = query.view.as_deref() == Some("list");
     // Without text to search, the counts say how many match: `nodes` may have been left
     // unread, the answer being too large anyway.
     let matched = match census {
-        Some(census) if needle.is_none() => census_matched(census, app),
+        Some(census) if filters.needle.is_none() => census_matched(census, app),
         _ => shown.len(),
     };
     let too_large = too_large(matched, app.is_some(), list);
     let mut view = GraphView {
         env,
         too_large,
-        total,
         matched,
         limit: GRAPH_LIMIT,
-        apps,
-        types,
+        census: counted,
         nodes: Vec::new(),
         edges: Vec::new(),
         width: 0.0,
@@ -1300,13 +1406,20 @@ mod tests {
         graph_view("dev".into(), nodes, links, &query, None)
     }
 
+    /// The census an answer without an app carries.
+    fn census(v: &GraphView) -> &AppsView {
+        v.census
+            .as_ref()
+            .expect("an answer without an app counts the environment")
+    }
+
     #[test]
     fn a_small_environment_is_drawn_whole() {
         let (nodes, links) = estate(2, 3);
         let v = view(nodes, &links, GraphQuery::default());
         assert!(!v.too_large);
         assert_eq!(
-            (v.total, v.matched, v.nodes.len(), v.edges.len()),
+            (census(&v).total, v.matched, v.nodes.len(), v.edges.len()),
             (7, 7, 7, 6)
         );
         assert!(v.nodes.iter().all(|n| n.hidden_links == 0));
@@ -1321,9 +1434,9 @@ mod tests {
         assert!(v.too_large);
         assert!(v.nodes.is_empty() && v.edges.is_empty());
         assert_eq!(v.matched, 501);
-        assert_eq!(v.apps.len(), 6);
+        assert_eq!(census(&v).apps.len(), 6);
         assert_eq!(
-            v.apps[0],
+            census(&v).apps[0],
             Count {
                 name: None,
                 count: 1,
@@ -1332,7 +1445,7 @@ mod tests {
             }
         );
         assert_eq!(
-            v.apps[1],
+            census(&v).apps[1],
             Count {
                 name: Some("app0".into()),
                 count: 100,
@@ -1351,6 +1464,7 @@ mod tests {
         );
         assert!(!one.too_large);
         assert_eq!(one.nodes.len(), 100);
+        assert_eq!(one.census, None, "one app's answer counts nothing else");
         // The global dns is outside the app: each workload's link to it is counted, not drawn.
         assert!(one.edges.is_empty());
         assert!(one.nodes.iter().all(|n| n.hidden_links == 1));
@@ -1426,7 +1540,7 @@ mod tests {
             ..node("ghost", Some("app2"), "workload", "modules.worker")
         });
         let v = view(nodes.clone(), &links, GraphQuery::default());
-        let status: Vec<(Option<&str>, Option<&str>, Option<usize>)> = v
+        let status: Vec<(Option<&str>, Option<&str>, Option<usize>)> = census(&v)
             .apps
             .iter()
             .map(|a| (a.name.as_deref(), a.status, a.failed))
@@ -1504,8 +1618,8 @@ mod tests {
             Some(&counts),
         );
         assert!(v.too_large);
-        assert_eq!((v.total, v.matched), (504, 504));
-        let apps: Vec<(Option<&str>, usize, Option<&str>)> = v
+        assert_eq!((census(&v).total, v.matched), (504, 504));
+        let apps: Vec<(Option<&str>, usize, Option<&str>)> = census(&v)
             .apps
             .iter()
             .map(|a| (a.name.as_deref(), a.count, a.status))
@@ -1535,22 +1649,22 @@ mod tests {
         );
         assert!(!redis.too_large);
         assert_eq!(
-            (redis.matched, redis.nodes.len(), redis.apps.len()),
+            (redis.matched, redis.nodes.len(), census(&redis).apps.len()),
             (1, 1, 1)
         );
-        assert_eq!(redis.types.len(), 3, "every type of the environment");
+        assert_eq!(
+            census(&redis).types.len(),
+            3,
+            "every type of the environment"
+        );
     }
 
     /// A state with two apps, a global, an orphaned global, a failed resource, two ghosts and
     /// links between apps and to the global: what the page reads of `development`.
     fn two_apps(store: &mut Store) {
-        use gitplane_state::{
-            Counts, DeletionPolicy, DeploymentStatus, JournalEntry, LinkChanges, OperationStart,
-            ResourceRecord, ResourceStatus,
-        };
-        let d = store.begin_deployment("development", "c1").unwrap();
+        use gitplane_state::{Counts, DeploymentStatus};
         // (guresid, app, type, res_id, what became of it)
-        let made: [(&str, Option<&str>, &str, &str, &str); 8] = [
+        let made: [Made<'_>; 8] = [
             ("dns", None, "dns", "shared.dns", "ready"),
             (
                 "s-db",
@@ -1590,6 +1704,36 @@ mod tests {
                 "ghost blocked",
             ),
         ];
+        let links = [
+            ("s-web", "s-db"),
+            ("s-web", "s-cache"),
+            ("s-db", "dns"),
+            ("b-db", "dns"),
+            ("b-w", "b-q"),
+            ("b-w", "b-db"),
+            ("b-w", "s-web"),
+        ];
+        let d = record(store, &made, &links);
+        store
+            .mark_orphans("development", &[("old-dns".into(), "kept".into())], None)
+            .unwrap();
+        store
+            .finish_deployment(d, DeploymentStatus::Failed, &Counts::default(), None)
+            .unwrap();
+    }
+
+    /// A resource a deployment meant to make: (guresid, app, type, res_id, what became of
+    /// it: `ready`, `failed`, `ghost failed` or `ghost blocked`).
+    type Made<'a> = (&'a str, Option<&'a str>, &'a str, &'a str, &'a str);
+
+    /// A deployment of `development` at commit c1 that made `made` and linked `links`
+    /// (consumer, provider), left running: its id.
+    fn record(store: &mut Store, made: &[Made<'_>], links: &[(&str, &str)]) -> i64 {
+        use gitplane_state::{
+            DeletionPolicy, JournalEntry, LinkChanges, OperationStart, ResourceRecord,
+            ResourceStatus,
+        };
+        let d = store.begin_deployment("development", "c1").unwrap();
         let ops = store
             .begin_operations(
                 &made
@@ -1661,15 +1805,6 @@ mod tests {
             })
             .collect();
         store.journal(&entries).unwrap();
-        let links = [
-            ("s-web", "s-db"),
-            ("s-web", "s-cache"),
-            ("s-db", "dns"),
-            ("b-db", "dns"),
-            ("b-w", "b-q"),
-            ("b-w", "b-db"),
-            ("b-w", "s-web"),
-        ];
         store
             .record_link_changes(
                 d,
@@ -1688,12 +1823,7 @@ mod tests {
                 },
             )
             .unwrap();
-        store
-            .mark_orphans("development", &[("old-dns".into(), "kept".into())], None)
-            .unwrap();
-        store
-            .finish_deployment(d, DeploymentStatus::Failed, &Counts::default(), None)
-            .unwrap();
+        d
     }
 
     #[test]
@@ -1733,8 +1863,28 @@ mod tests {
                 }
             }
             assert_eq!(asked, 40);
+            // The census `/apps` answers is the one the whole environment's answer carries,
+            // for each type and search.
+            for res_type in [None, Some("postgres"), Some("workload"), Some("dns")] {
+                for q in [None, Some("SHOP"), Some("dns"), Some("nothing")] {
+                    let query = AppsQuery {
+                        res_type: res_type.map(str::to_owned),
+                        q: q.map(str::to_owned),
+                    };
+                    let counted = read_apps(&store, "development", &query)
+                        .unwrap()
+                        .expect("a known environment");
+                    let answer = whole(&GraphQuery {
+                        res_type: query.res_type.clone(),
+                        q: query.q.clone(),
+                        ..Default::default()
+                    });
+                    assert_eq!(Some(counted), answer.census, "{query:?}");
+                }
+            }
             // What the page shows of one app: its ghosts with their reasons, the failed
-            // resource, every app with its worst status, and the links leaving the app.
+            // resource and the links leaving the app; and, from `/apps`, every app with its
+            // worst status.
             let billing = read_graph(
                 &store,
                 "development",
@@ -1760,7 +1910,11 @@ mod tests {
                 ]
             );
             assert_eq!(billing.edges.len(), 2);
-            let apps: Vec<_> = billing
+            assert_eq!(billing.census, None);
+            let counted = read_apps(&store, "development", &AppsQuery::default())
+                .unwrap()
+                .expect("a known environment");
+            let apps: Vec<_> = counted
                 .apps
                 .iter()
                 .map(|a| (a.name.as_deref(), a.count, a.status, a.failed))
@@ -1773,9 +1927,14 @@ mod tests {
                     (Some("shop"), 3, Some("failed"), Some(1)),
                 ]
             );
-            assert_eq!((billing.total, billing.matched), (8, 3));
+            assert_eq!((counted.total, billing.matched), (8, 3));
             assert!(
                 read_graph(&store, "production", &GraphQuery::default())
+                    .unwrap()
+                    .is_none()
+            );
+            assert!(
+                read_apps(&store, "production", &AppsQuery::default())
                     .unwrap()
                     .is_none()
             );
@@ -1785,6 +1944,83 @@ mod tests {
         if let Some(pg) = gitplane_testkit::shared_or_skip("the PostgreSQL half") {
             let key = gitplane_state::KeySource::File(dir.path().join("pg.key"));
             check(Store::open_keyed(std::path::Path::new(&pg.database()), Some(&key)).unwrap());
+        }
+    }
+
+    /// `apps` apps of a workload and its database each, the databases reading one global
+    /// dns, app0's database failed and its workload a ghost blocked by it: the JSON the graph
+    /// answers for app0.
+    fn app0_answer(apps: usize) -> String {
+        use gitplane_state::{Counts, DeploymentStatus};
+        let names: Vec<[String; 3]> = (0..apps)
+            .map(|a| [format!("app{a}"), format!("{a}-db"), format!("{a}-web")])
+            .collect();
+        let mut made: Vec<Made<'_>> = vec![("dns", None, "dns", "shared.dns", "ready")];
+        let mut links = Vec::new();
+        for (a, [app, db, web]) in names.iter().enumerate() {
+            let (db_is, web_is) = if a == 0 {
+                ("failed", "ghost blocked")
+            } else {
+                ("ready", "ready")
+            };
+            made.push((db, Some(app), "postgres", "modules.web.externals.db", db_is));
+            made.push((web, Some(app), "workload", "modules.web", web_is));
+            links.push((web.as_str(), db.as_str()));
+            links.push((db.as_str(), "dns"));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+        let d = record(&mut store, &made, &links);
+        store
+            .finish_deployment(d, DeploymentStatus::Failed, &Counts::default(), None)
+            .unwrap();
+        let query = GraphQuery {
+            app: Some("app0".into()),
+            ..Default::default()
+        };
+        let (selected, links) = read_graph(&store, "development", &query)
+            .unwrap()
+            .expect("a known environment");
+        serde_json::to_string(&lay_out(selected, &links)).unwrap()
+    }
+
+    #[test]
+    fn one_apps_answer_is_the_same_among_three_apps_or_three_hundred() {
+        let among_three = app0_answer(3);
+        let among_300 = app0_answer(300);
+        assert_eq!(
+            among_three.len(),
+            among_300.len(),
+            "bytes of app0's answer among 3 apps and among 300"
+        );
+        assert_eq!(
+            among_three, among_300,
+            "one app's answer carries nothing of the other apps"
+        );
+        // What is there is the app: its failed database and the ghost it blocked, their link,
+        // and the database's link to the global dns counted.
+        let answer: Value = serde_json::from_str(&among_300).unwrap();
+        let nodes: Vec<(&str, &str, bool, u64)> = answer["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                (
+                    n["guresid"].as_str().unwrap(),
+                    n["status"].as_str().unwrap(),
+                    n["ghost"].as_bool().unwrap(),
+                    n["hidden_links"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            nodes,
+            [("0-db", "failed", false, 1), ("0-web", "blocked", true, 0)]
+        );
+        assert_eq!(answer["edges"].as_array().unwrap().len(), 1);
+        assert_eq!(answer["matched"], 2);
+        for key in ["apps", "types", "total"] {
+            assert!(answer.get(key).is_none(), "{key} in {answer}");
         }
     }
 

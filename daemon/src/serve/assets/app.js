@@ -42,6 +42,10 @@
     env: null,
     overview: null,
     graph: null,
+    // The environment counted for the app list and filters (`total`, `apps`, `types`), for the
+    // type and search of `key`, as of refresh `tick`: one app's graph does not carry it.
+    census: null,
+    refreshTick: 0,
     filters: { app: '', type: '', q: '' },
     // `graph` or `list`, and the list's order.
     mode: 'graph',
@@ -230,6 +234,7 @@
     }
     refreshing = true;
     lastRefresh = Date.now();
+    state.refreshTick += 1;
     try {
       await loadOverview();
       await loadGraph();
@@ -496,14 +501,36 @@
     return p.toString();
   }
 
+  // The census's filters: the apps listed are those of the type and search, whatever app.
+  function censusQuery() {
+    const p = new URLSearchParams();
+    for (const k of ['type', 'q']) if (state.filters[k]) p.set(k, state.filters[k]);
+    return p.toString();
+  }
+
+  // The graph asked for, with the census of the environment it is drawn in: an answer without
+  // an app carries it; one app's answer does not, so the census is asked apart (at the same
+  // time), and kept for the next apps chosen until the next refresh or another type or search.
   async function loadGraph() {
     if (!state.env) {
       $('graph').replaceChildren();
       return;
     }
     const key = `${state.env}?${graphQuery()}`;
-    const g = await api(`/api/envs/${encodeURIComponent(state.env)}/graph?${graphQuery()}`);
+    const censusKey = `${state.env}?${censusQuery()}`;
+    const tick = state.refreshTick;
+    const cached = state.census && state.census.key === censusKey && state.census.tick === tick
+      ? state.census.value
+      : null;
+    const env = encodeURIComponent(state.env);
+    const [g, counted] = await Promise.all([
+      api(`/api/envs/${env}/graph?${graphQuery()}`),
+      state.filters.app && !cached ? api(`/api/envs/${env}/apps?${censusQuery()}`) : null,
+    ]);
     if (key !== `${state.env}?${graphQuery()}`) return; // the view moved on meanwhile
+    const census = g.apps ? { total: g.total, apps: g.apps, types: g.types } : counted || cached;
+    if (census !== cached) state.census = { key: censusKey, tick, value: census };
+    Object.assign(g, census);
     const changed = new Set();
     for (const n of g.nodes) {
       if (state.statuses.has(n.guresid) && state.statuses.get(n.guresid) !== n.status) changed.add(n.guresid);

@@ -453,6 +453,32 @@ impl Conn {
         })
     }
 
+    /// Starts a transaction like [`Conn::transaction`] whose commit does not wait for the
+    /// disk: on PostgreSQL `synchronous_commit` is off for it alone (see
+    /// [`PgConn::begin_unflushed`]); SQLite in WAL mode with `synchronous=NORMAL` never waits
+    /// at a commit anyway. Only for writes that are either redone when lost or made durable by
+    /// a later durable commit before anything relies on them: a server crash right after the
+    /// commit may undo it.
+    pub fn transaction_unflushed(&self) -> DbResult<Tx<'_>> {
+        match self {
+            Conn::Lite(c) => c.execute_batch("BEGIN IMMEDIATE")?,
+            Conn::Pg(c) => c.begin_unflushed()?,
+        }
+        Ok(Tx {
+            conn: self,
+            open: true,
+        })
+    }
+
+    /// Another handle on the same PostgreSQL session (see [`PgConn::share`]); `None` for
+    /// SQLite, whose connection stays with its thread.
+    pub(crate) fn share(&self) -> Option<Conn> {
+        match self {
+            Conn::Lite(_) => None,
+            Conn::Pg(c) => Some(Conn::Pg(c.share())),
+        }
+    }
+
     /// Starts a read-only transaction that sees the database as it is now for its whole
     /// length, while writers go on (SQLite in WAL mode: the first read fixes the snapshot).
     pub fn read_snapshot(&self) -> DbResult<Tx<'_>> {

@@ -136,6 +136,29 @@ impl ApplyLock {
         ApplyLock::take(state, &fence.env, true, Some(fence.generation), TIMING)
     }
 
+    /// Takes the lock of `env` like [`ApplyLock::acquire`], on PostgreSQL through `store`'s
+    /// own session rather than a connection of its own: a command that applies for less than
+    /// a renewal period opens one connection, not two. Renewals run beside the store's work
+    /// (and its transactions), so they open their own connection, at the first renewal. The
+    /// lock is released through the store's session when dropped: drop it outside the store's
+    /// transactions, from the thread that uses the store. On SQLite it is
+    /// [`ApplyLock::acquire`] of the store's file.
+    pub fn acquire_with(store: &crate::Store, env: &str, wait: bool) -> Result<ApplyLock> {
+        match store.conn.share() {
+            Some(session) => ApplyLock::take_through(
+                store.path(),
+                Link::Shared {
+                    session,
+                    renewals: None,
+                },
+                env,
+                (wait, None),
+                TIMING,
+            ),
+            None => ApplyLock::acquire(store.path(), env, wait),
+        }
+    }
+
     /// The environment the lock is of.
     pub fn env(&self) -> &str {
         self.hold.env()
@@ -159,14 +182,26 @@ impl ApplyLock {
         timing: Timing,
     ) -> Result<ApplyLock> {
         // A connection of its own (the renewer thread keeps it), with no key: the lock never
-        // touches a secret. No transaction: each write below is a swap on what was read, so
-        // nothing needs holding between the read and the write.
-        let conn = crate::connect(state)?;
+        // touches a secret.
+        let link = Link::Own(crate::connect(state)?);
+        ApplyLock::take_through(state, link, env, (wait, generation), timing)
+    }
+
+    fn take_through(
+        state: &Path,
+        mut link: Link,
+        env: &str,
+        (wait, generation): (bool, Option<i64>),
+        timing: Timing,
+    ) -> Result<ApplyLock> {
+        // No transaction: each write below is a swap on what was read, so nothing needs
+        // holding between the read and the write.
+        let conn = link.main();
         let e = |source| state_error(state, source);
         let token = token();
         let host = host_name();
         let confirmed = loop {
-            let holder = read_holder(&conn, env).map_err(e)?;
+            let holder = read_holder(conn, env).map_err(e)?;
             if let Some(h) = &holder
                 && !h.is_gone(&host, timing.stale_after)
                 && !h.is_older(generation)
@@ -229,7 +264,7 @@ impl ApplyLock {
             .name(format!("lock {env}"))
             .spawn(move || {
                 renew_until_released(
-                    &conn,
+                    &mut link,
                     &renewing,
                     &renewed_token,
                     timing.renew_every,
@@ -356,7 +391,7 @@ impl Holder {
 /// row is still renewed while it is ours: the holder finishes the calls it has in flight, and
 /// nobody should take the lock over meanwhile.
 fn renew_until_released(
-    conn: &Conn,
+    link: &mut Link,
     hold: &LockHold,
     token: &str,
     every: Duration,
@@ -368,6 +403,10 @@ fn renew_until_released(
             continue;
         }
         let sent = Instant::now();
+        // Not connected (the database is away): as a renewal that failed.
+        let Some(conn) = link.renewals() else {
+            continue;
+        };
         match conn.execute(
             &format!("UPDATE env_lock SET renewed_at = {NOW} WHERE env = ?1 AND holder = ?2"),
             params![hold.env, token],
@@ -380,10 +419,54 @@ fn renew_until_released(
             Err(_) => {}
         }
     }
-    let _ = conn.execute(
-        "DELETE FROM env_lock WHERE env = ?1 AND holder = ?2",
-        params![hold.env, token],
-    );
+    // The release need not wait for the disk: should a server crash undo it, the row names a
+    // holder that is gone (its process ended, or its token is no live lock of this process),
+    // and it is taken over as such. It can only keep the lock held longer, never less.
+    let _ = link.main().transaction_unflushed().and_then(|tx| {
+        tx.execute(
+            "DELETE FROM env_lock WHERE env = ?1 AND holder = ?2",
+            params![hold.env, token],
+        )?;
+        tx.commit()
+    });
+}
+
+/// Where a lock reads and writes its row.
+enum Link {
+    /// A connection of its own, for everything; the renewer keeps it.
+    Own(Conn),
+    /// The PostgreSQL session of the store that took the lock: taking and releasing go
+    /// through it; renewals, which run beside the store's work and its transactions, through
+    /// a connection of their own, made at the first renewal.
+    Shared {
+        session: Conn,
+        renewals: Option<Box<Conn>>,
+    },
+}
+
+impl Link {
+    /// The connection taking and releasing go through.
+    fn main(&self) -> &Conn {
+        match self {
+            Link::Own(conn) => conn,
+            Link::Shared { session, .. } => session,
+        }
+    }
+
+    /// The connection renewals go through, connecting if need be; `None` while it cannot.
+    fn renewals(&mut self) -> Option<&Conn> {
+        match self {
+            Link::Own(conn) => Some(conn),
+            Link::Shared { session, renewals } => {
+                if renewals.is_none()
+                    && let Conn::Pg(pg) = session
+                {
+                    *renewals = pg.open_again().ok().map(|c| Box::new(Conn::Pg(c)));
+                }
+                renewals.as_deref()
+            }
+        }
+    }
 }
 
 /// A token no other lock, in this process or another, carries.
@@ -559,6 +642,89 @@ mod tests {
                 drop(got);
                 assert_eq!(holder_of(&store, &env), None, "released on drop");
             }
+        });
+    }
+
+    /// The backends connected to the store's PostgreSQL database (each test has its own);
+    /// `None` on SQLite.
+    fn sessions(store: &Store) -> Option<i64> {
+        (store.backend() == crate::db::Backend::Postgres).then(|| {
+            store
+                .conn
+                .query_row(
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()",
+                    params![],
+                    |r| r.get(0),
+                )
+                .unwrap()
+        })
+    }
+
+    #[test]
+    fn a_lock_taken_through_a_stores_session_opens_no_connection_and_still_excludes() {
+        each_backend(|store| {
+            let state = store.path().to_owned();
+            let before = sessions(&store);
+            let lock = ApplyLock::acquire_with(&store, "dev", false).unwrap();
+            assert!(lock.holds());
+            assert_eq!(sessions(&store), before, "{:?}", store.backend());
+            assert!(holder_of(&store, "dev").is_some());
+            // Another taker, on a connection of its own, finds it held; so does one through
+            // the same store.
+            assert!(matches!(
+                ApplyLock::acquire(&state, "dev", false),
+                Err(StateError::Busy { .. })
+            ));
+            assert!(matches!(
+                ApplyLock::acquire_with(&store, "dev", false),
+                Err(StateError::Busy { .. })
+            ));
+            drop(lock);
+            assert_eq!(holder_of(&store, "dev"), None, "released on drop");
+            let next = ApplyLock::acquire(&state, "dev", false).expect("free once released");
+            assert!(next.holds());
+        });
+    }
+
+    #[test]
+    fn renewals_of_a_lock_taken_through_a_stores_session_do_not_wait_for_its_transaction() {
+        // Were renewals sent on the store's session, they would join whatever transaction it
+        // has open: unseen by others until it ends, undone if it rolls back.
+        each_backend(|store| {
+            let Some(session) = store.conn.share() else {
+                return; // SQLite: the lock has its own connection (acquire_with is acquire).
+            };
+            let timing = Timing {
+                stale_after: STALE_AFTER,
+                renew_every: Duration::from_millis(20),
+            };
+            let link = Link::Shared {
+                session,
+                renewals: None,
+            };
+            let lock =
+                ApplyLock::take_through(store.path(), link, "dev", (false, None), timing).unwrap();
+            let other = crate::connect(store.path()).unwrap();
+            let renewed_at = || -> String {
+                other
+                    .query_row(
+                        "SELECT renewed_at FROM env_lock WHERE env = 'dev'",
+                        params![],
+                        |r| r.get(0),
+                    )
+                    .unwrap()
+            };
+            let tx = store.conn.transaction().unwrap();
+            let taken = renewed_at();
+            gitplane_testkit::eventually(
+                "a renewal seen by another connection while the store's transaction is open",
+                Duration::from_secs(10),
+                || (renewed_at() != taken).then_some(()),
+            );
+            drop(tx);
+            assert!(lock.holds());
+            drop(lock);
+            assert_eq!(holder_of(&store, "dev"), None);
         });
     }
 

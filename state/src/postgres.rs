@@ -288,7 +288,10 @@ enum Op {
     Table(String, Vec<PgArg>),
     Execute(String, Vec<PgArg>),
     Batch(String),
-    Begin,
+    /// `unflushed`: the transaction's commit does not wait for its WAL to reach the disk.
+    Begin {
+        unflushed: bool,
+    },
     Commit,
     Rollback,
 }
@@ -309,18 +312,32 @@ struct Request {
 /// A connection to PostgreSQL, served by a thread of its own.
 pub struct PgConn {
     requests: mpsc::UnboundedSender<Request>,
+    /// Where it connects, for [`PgConn::open_again`].
+    config: tokio_postgres::Config,
 }
 
 impl PgConn {
     /// Starts the connection's thread and connects.
     pub fn open(target: &PgTarget) -> DbResult<PgConn> {
+        PgConn::open_config(target.config.clone())
+    }
+
+    /// Another connection (a session of its own) to the same database.
+    pub(crate) fn open_again(&self) -> DbResult<PgConn> {
+        PgConn::open_config(self.config.clone())
+    }
+
+    fn open_config(config: tokio_postgres::Config) -> DbResult<PgConn> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let config = target.config.clone();
+        let served = config.clone();
         std::thread::Builder::new()
             .name("postgres".into())
-            .spawn(move || serve(config, rx))
+            .spawn(move || serve(served, rx))
             .map_err(|e| DbError::Lost(format!("cannot start the connection's thread: {e}")))?;
-        let conn = PgConn { requests: tx };
+        let conn = PgConn {
+            requests: tx,
+            config,
+        };
         // Connect now, so a wrong address or password shows when the state is opened.
         conn.call(Op::Batch(String::new()))?;
         Ok(conn)
@@ -386,7 +403,26 @@ impl PgConn {
     }
 
     pub(crate) fn begin(&self) -> DbResult<()> {
-        self.call(Op::Begin).map(|_| ())
+        self.call(Op::Begin { unflushed: false }).map(|_| ())
+    }
+
+    /// Begins a transaction whose commit returns before its WAL is flushed to disk
+    /// (`synchronous_commit` off for it alone): what it writes is seen by every session at
+    /// once, and lost only if the server itself crashes within a few hundred milliseconds,
+    /// before the WAL writer or any later durable commit flushes it. In the same round trip as
+    /// the `BEGIN`.
+    pub(crate) fn begin_unflushed(&self) -> DbResult<()> {
+        self.call(Op::Begin { unflushed: true }).map(|_| ())
+    }
+
+    /// Another handle on this connection: calls from either go to the same session, in the
+    /// order they arrive, and it stays open while either lives. Whoever shares it must not
+    /// send anything while the other has a transaction open.
+    pub(crate) fn share(&self) -> PgConn {
+        PgConn {
+            requests: self.requests.clone(),
+            config: self.config.clone(),
+        }
     }
 
     pub(crate) fn commit(&self) -> DbResult<()> {
@@ -412,6 +448,12 @@ struct Session {
     deferred_error: Option<DbError>,
     /// A transaction is open (on the current client, if it still lives).
     in_transaction: bool,
+    /// The open transaction's commit does not wait for the disk.
+    unflushed: bool,
+    /// A commit that did not wait for the disk has had no durable commit after it (whose
+    /// flush would cover it): should the connection break now, the server may have crashed
+    /// and lost it.
+    unflushed_committed: bool,
 }
 
 fn serve(config: tokio_postgres::Config, mut requests: mpsc::UnboundedReceiver<Request>) {
@@ -429,6 +471,8 @@ fn serve(config: tokio_postgres::Config, mut requests: mpsc::UnboundedReceiver<R
             pending: VecDeque::new(),
             deferred_error: None,
             in_transaction: false,
+            unflushed: false,
+            unflushed_committed: false,
         };
         while let Some(request) = requests.recv().await {
             let result = session.run(request.op).await;
@@ -454,6 +498,7 @@ impl Session {
                 // caller ends it.
                 if matches!(op, Op::Rollback | Op::Commit) {
                     self.in_transaction = false;
+                    self.unflushed = false;
                 }
                 return Err(DbError::Lost(
                     "the connection broke during a transaction, which is rolled back".into(),
@@ -461,6 +506,16 @@ impl Session {
             }
             if matches!(op, Op::Rollback) {
                 return Ok(Reply::Done);
+            }
+            if std::mem::take(&mut self.unflushed_committed) {
+                // What the caller goes on to write may rest on it (a deployment's row, and the
+                // id a crashed server could hand out again): it learns of the break rather
+                // than writing on over a new connection. The next call connects.
+                return Err(DbError::Lost(
+                    "the connection broke before the last transaction was flushed to disk: \
+                     the server may have lost it"
+                        .into(),
+                ));
             }
             self.connect().await?;
         }
@@ -560,6 +615,7 @@ impl Session {
             if matches!(op, Op::Rollback | Op::Commit) {
                 // The transaction failed: end it.
                 self.in_transaction = false;
+                self.unflushed = false;
                 if let Some(client) = &self.client {
                     let _ = client.batch_execute("ROLLBACK").await;
                 }
@@ -608,10 +664,16 @@ impl Session {
                 Ok(Reply::Done)
             }
             Op::Deferred(..) => Ok(Reply::Done),
-            Op::Begin => {
+            Op::Begin { unflushed } => {
                 let client = self.client.as_ref().ok_or_else(lost)?;
-                client.batch_execute("BEGIN").await.map_err(|e| error(&e))?;
+                let begin = if unflushed {
+                    "BEGIN; SET LOCAL synchronous_commit = off"
+                } else {
+                    "BEGIN"
+                };
+                client.batch_execute(begin).await.map_err(|e| error(&e))?;
                 self.in_transaction = true;
+                self.unflushed = unflushed;
                 Ok(Reply::Done)
             }
             Op::Commit => {
@@ -621,10 +683,14 @@ impl Session {
                     .batch_execute("COMMIT")
                     .await
                     .map_err(|e| error(&e))?;
+                // A durable commit flushes the WAL up to its own record, so every commit of
+                // this session before it too.
+                self.unflushed_committed = std::mem::take(&mut self.unflushed);
                 Ok(Reply::Done)
             }
             Op::Rollback => {
                 self.in_transaction = false;
+                self.unflushed = false;
                 let client = self.client.as_ref().ok_or_else(lost)?;
                 client
                     .batch_execute("ROLLBACK")
@@ -704,6 +770,77 @@ mod tests {
         assert_eq!(
             shown_url("postgres://gp@db/state"),
             "postgres://gp@db/state"
+        );
+    }
+
+    #[test]
+    fn a_deployment_begins_without_waiting_for_the_disk_and_later_commits_still_wait() {
+        crate::tests::each_backend(|mut store| {
+            let (id, resumed) = store
+                .begin_or_resume_deployment("dev", "c1", false, 50.0)
+                .unwrap();
+            assert!(!resumed);
+            // Committed: another connection sees it at once.
+            let other = crate::connect(store.path()).unwrap();
+            let status: String = other
+                .query_row("SELECT status FROM deployment WHERE id = ?1", [id], |r| {
+                    r.get(0)
+                })
+                .unwrap();
+            assert_eq!(status, "running");
+            if store.backend() == crate::db::Backend::Postgres {
+                // Relaxed for that transaction alone: the session's later commits wait for the
+                // disk (the deployment's end, the action log).
+                let setting: String = store
+                    .conn
+                    .query_row(
+                        "SELECT current_setting('synchronous_commit')",
+                        crate::db::params![],
+                        |r| r.get(0),
+                    )
+                    .unwrap();
+                assert_eq!(setting, "on");
+            }
+        });
+    }
+
+    #[test]
+    fn a_connection_broken_before_an_unflushed_commit_was_flushed_fails_the_next_call_once() {
+        const TEST: &str =
+            "a_connection_broken_before_an_unflushed_commit_was_flushed_fails_the_next_call_once";
+        let Some(server) = gitplane_testkit::postgres_or_skip(TEST) else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let key = crate::KeySource::File(dir.path().join("pg.key"));
+        let url = server.database();
+        let mut store = crate::Store::open_keyed(std::path::Path::new(&url), Some(&key)).unwrap();
+        let (id, _) = store
+            .begin_or_resume_deployment("dev", "c1", false, 50.0)
+            .unwrap();
+        // A crash could have lost the deployment's row (and handed its id out again): the
+        // apply must not write on over a new connection as if nothing happened.
+        server.restart();
+        let broken = store.deployments(None).unwrap_err().to_string();
+        assert!(
+            broken.contains("before the last transaction was flushed to disk"),
+            "{broken}"
+        );
+        // Once told, the next call connects; a clean stop lost nothing.
+        assert_eq!(store.deployments(None).unwrap()[0].id, id);
+        // After a durable commit, a break is a reconnection again, as it always was.
+        store
+            .finish_deployment(
+                id,
+                crate::DeploymentStatus::Succeeded,
+                &crate::Counts::default(),
+                None,
+            )
+            .unwrap();
+        server.restart();
+        assert_eq!(
+            store.deployments(None).unwrap()[0].status,
+            crate::DeploymentStatus::Succeeded
         );
     }
 

@@ -1422,11 +1422,12 @@ fn apply(
     let commit = Commit::resolve(ctx, rev, Some(&store))?;
     commit.claim(ctx, &store)?;
     // Locked before anything is read from the state: which apps changed is judged against the
-    // fingerprints another apply could be writing.
+    // fingerprints another apply could be writing. Through the store's own connection: an
+    // apply that changes little opens one connection to PostgreSQL, not two.
     let locks = commit
         .envs
         .iter()
-        .map(|env| ApplyLock::acquire(&ctx.state, env, false))
+        .map(|env| ApplyLock::acquire_with(&store, env, false))
         .collect::<Result<Vec<_>, _>>()?;
     let targets = match targets(ctx, &commit, Some(&store), Reach::Changes)? {
         Ok(targets) => targets,

@@ -164,6 +164,10 @@ pub fn guard_verdict(
     plan: &Plan,
     in_scope: usize,
 ) -> Result<Option<crate::plan::Held>, StateError> {
+    // Only deletions are held: a plan without any needs no count of what is recorded.
+    if !plan.steps.iter().any(|s| s.action == Action::Delete) {
+        return Ok(None);
+    }
     let graph = &target.graph;
     let environment = match target.scope.apps {
         None => in_scope,

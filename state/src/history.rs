@@ -101,27 +101,6 @@ impl Store {
         )
     }
 
-    /// The current links of `env` with `guresids` at either end, ordered by consumer and
-    /// provider: one app's links without reading the environment's.
-    pub fn links_touching(&self, env: &str, guresids: &[&str]) -> Result<Vec<LinkRecord>> {
-        if guresids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let ids = serde_json::to_string(guresids).expect("strings serialise");
-        self.query(
-            "SELECT consumer, provider, kind, update_type FROM link
-             WHERE env = ?1 AND valid_to IS NULL
-               AND consumer IN (SELECT value FROM json_each(?2))
-             UNION
-             SELECT consumer, provider, kind, update_type FROM link
-             WHERE env = ?1 AND valid_to IS NULL
-               AND provider IN (SELECT value FROM json_each(?2))
-             ORDER BY 1, 2",
-            params![env, ids],
-            link_row,
-        )
-    }
-
     /// Ends and starts links with `deployment`, in one transaction. A link that `deployment`
     /// itself started (a resumed deployment) and now ends leaves no trace.
     pub fn record_link_changes(

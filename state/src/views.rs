@@ -928,7 +928,7 @@ mod tests {
                 .graph_nodes_of("development", AppFilter::App("shop"), None)
                 .unwrap();
             assert_eq!(shop.len(), 1);
-            let links = store.links_touching("development", &["g1"]).unwrap();
+            let links = store.links_around("development", &["g1"]).unwrap();
             assert_eq!(
                 links
                     .iter()
@@ -937,10 +937,10 @@ mod tests {
                 [("g1", "dns")]
             );
             assert_eq!(
-                store.links_touching("development", &["dns"]).unwrap().len(),
+                store.links_around("development", &["dns"]).unwrap().len(),
                 1
             );
-            assert!(store.links_touching("development", &[]).unwrap().is_empty());
+            assert!(store.links_around("development", &[]).unwrap().is_empty());
             // The census holds the ghosts: by type, and by app and status.
             let census = store.node_census("development", None).unwrap();
             let types: Vec<(&str, usize)> =

@@ -1834,7 +1834,7 @@ mod tests {
             let whole = |query: &GraphQuery| {
                 let nodes = store.graph_nodes("development").unwrap();
                 let ids: Vec<&str> = nodes.iter().map(|n| n.guresid.as_str()).collect();
-                let links = store.links_touching("development", &ids).unwrap();
+                let links = store.links_around("development", &ids).unwrap();
                 lay_out(select("development".into(), nodes, query, None), &links)
             };
             let mut asked = 0;

@@ -1222,7 +1222,9 @@ impl<'a> Run<'a, '_> {
         }
         let finished =
             tracing::trace_span!("records").in_scope(|| self.finished(steps, results, operation));
+        // With one thread to run on, writing apart would only add the copies and the hand-over.
         if finished.len() >= PARALLEL_FROM
+            && rayon::current_num_threads() > 1
             && finished.iter().all(|f| matches!(f, Finished::Put { .. }))
         {
             return self.send_answered(steps, &started, finished);

@@ -471,6 +471,71 @@ mod tests {
         });
     }
 
+    /// One put of `guresid`, started and ended, for the journal's writer.
+    fn one_put(deployment: i64, guresid: &str) -> crate::OwnedBatch {
+        crate::OwnedBatch {
+            deployment,
+            env: "dev".into(),
+            starts: vec![crate::StartRow {
+                guresid: guresid.into(),
+                app: Some("shop".into()),
+                res_type: "postgres".into(),
+                class: "default".into(),
+                res_id: format!("{guresid}.db"),
+                action: "create",
+                reason: "new".into(),
+            }],
+            puts: vec![crate::EndedPut {
+                attempts: 1,
+                record: Box::new(crate::tests::record(guresid)),
+                outputs_changed: Some(true),
+                new: true,
+                manifests: None,
+            }],
+            bindings: Vec::new(),
+            spent: Box::new(()),
+        }
+    }
+
+    #[test]
+    fn the_journals_writer_writes_under_its_stores_lease_and_is_refused_once_it_moved_on() {
+        crate::tests::each_backend(|mut store| {
+            let state = store.path().to_owned();
+            let all = envs(&["dev"]);
+            let ttl = Duration::from_secs(30);
+            let mut first = daemon(&state, 1, ttl);
+            beat_all(std::slice::from_mut(&mut first), &all, 2);
+            let hold = first.hold("dev").expect("the only daemon holds dev");
+            store.set_fences(vec![hold.fence().clone()]);
+            let d = store.begin_deployment("dev", "c1").unwrap();
+            let mut writer = crate::JournalWriter::start(&store).unwrap();
+            writer.send(one_put(d, "g1")).unwrap();
+            writer.drain().expect("written while the lease holds");
+            // The holder froze: its lease ran out, and another daemon took it.
+            store
+                .conn
+                .execute(
+                    "UPDATE env_lease SET expires_at = '2000-01-01T00:00:00.000Z'",
+                    params![],
+                )
+                .unwrap();
+            let mut second = daemon(&state, 2, ttl);
+            beat_all(std::slice::from_mut(&mut second), &all, 2);
+            writer.send(one_put(d, "g2")).unwrap();
+            let e = writer.drain().expect_err("a fenced batch").to_string();
+            assert!(e.contains("lease of environment dev moved on"), "{e}");
+            let written: Vec<String> = store
+                .conn
+                .prepare_cached("SELECT guresid FROM operation ORDER BY id")
+                .unwrap()
+                .query_map(params![], |r| r.get(0))
+                .unwrap()
+                .collect::<crate::db::DbResult<Vec<String>>>()
+                .unwrap();
+            assert_eq!(written, ["g1"]);
+        });
+    }
+
     #[test]
     fn a_lease_not_renewed_in_time_no_longer_holds_by_its_holders_clock() {
         let dir = tempfile::tempdir().unwrap();

@@ -70,6 +70,8 @@ pub struct JournalWriter {
     written: mpsc::Receiver<Answer>,
     /// Batches sent whose answer has not been read.
     in_flight: usize,
+    /// A batch failed: nothing sent after it is written, and every call says so.
+    failed: bool,
     thread: Option<JoinHandle<()>>,
     path: std::path::PathBuf,
 }
@@ -106,6 +108,7 @@ impl JournalWriter {
             batches: Some(batches),
             written,
             in_flight: 0,
+            failed: false,
             thread: Some(thread),
             path: store.path().to_owned(),
         })
@@ -130,9 +133,11 @@ impl JournalWriter {
         self.answered(true)
     }
 
-    /// Reads the answers that came (`wait`: all of them); the first failure, once.
+    /// Reads the answers that came (`wait`: all of them): the first failure's error when it
+    /// comes, and after it an error saying an earlier batch failed.
     fn answered(&mut self, wait: bool) -> Result<()> {
         let mut first = None;
+        let failed_before = self.failed;
         while self.in_flight > 0 {
             let answer = if wait {
                 self.written.recv().ok()
@@ -150,13 +155,21 @@ impl JournalWriter {
             self.in_flight -= 1;
             match answer {
                 Answer::Failed(e) => {
+                    self.failed = true;
                     first.get_or_insert(e);
                 }
                 // Freed here, on the caller's thread (see `OwnedBatch::spent`).
                 Answer::Committed(batch) | Answer::Skipped(batch) => drop(batch),
             }
         }
-        first.map_or(Ok(()), Err)
+        match first {
+            Some(e) => Err(e),
+            None if failed_before => Err(stopped(
+                &self.path,
+                "an earlier batch was not written, nor anything sent after it",
+            )),
+            None => Ok(()),
+        }
     }
 
     fn thread_ended(&self) -> StateError {
@@ -335,7 +348,11 @@ mod tests {
                 Ok(()) => writer.drain().expect_err("the failed batch"),
             };
             assert!(e.to_string().contains("action"), "{e}");
-            assert!(writer.drain().is_ok(), "a failure is told once");
+            let again = writer.drain().expect_err("still failed").to_string();
+            assert!(
+                again.contains("an earlier batch was not written"),
+                "{again}"
+            );
             let (operations, resources) = journalled(&store);
             assert_eq!(operations, ended(&["g1"]));
             assert_eq!(resources, ["g1"]);

@@ -603,24 +603,32 @@ async fn graph(
     Path(env): Path<String>,
     Query(query): Query<GraphQuery>,
 ) -> Result<Json<GraphView>, ApiError> {
-    if query.q.as_ref().is_some_and(|q| q.len() > QUERY_MAX) {
-        return Err(ApiError::BadRequest(format!(
-            "q: at most {QUERY_MAX} bytes"
-        )));
-    }
+    searchable(query.q.as_deref())?;
     let read_env = env.clone();
     let Some((selected, links)) = shared
         .read(move |store| read_graph(store, &read_env, &query))
         .await?
     else {
-        return Err(ApiError::NotFound(format!(
-            "no environment '{env}' in the state"
-        )));
+        return Err(no_environment(&env));
     };
     let view = tokio::task::spawn_blocking(move || lay_out(selected, &links))
         .await
         .map_err(|e| ApiError::Internal(format!("the layout task failed: {e}")))?;
     Ok(Json(view))
+}
+
+/// Refuses a search text longer than [`QUERY_MAX`] before any read.
+fn searchable(q: Option<&str>) -> Result<(), ApiError> {
+    match q {
+        Some(q) if q.len() > QUERY_MAX => Err(ApiError::BadRequest(format!(
+            "q: at most {QUERY_MAX} bytes"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn no_environment(env: &str) -> ApiError {
+    ApiError::NotFound(format!("no environment '{env}' in the state"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -648,20 +656,14 @@ async fn apps(
     Path(env): Path<String>,
     Query(query): Query<AppsQuery>,
 ) -> Result<Json<AppsJson>, ApiError> {
-    if query.q.as_ref().is_some_and(|q| q.len() > QUERY_MAX) {
-        return Err(ApiError::BadRequest(format!(
-            "q: at most {QUERY_MAX} bytes"
-        )));
-    }
+    searchable(query.q.as_deref())?;
     let read_env = env.clone();
     match shared
         .read(move |store| read_apps(store, &read_env, &query))
         .await?
     {
         Some(view) => Ok(Json(AppsJson { env, view })),
-        None => Err(ApiError::NotFound(format!(
-            "no environment '{env}' in the state"
-        ))),
+        None => Err(no_environment(&env)),
     }
 }
 

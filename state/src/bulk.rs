@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use crate::NOW;
 use crate::db::{Backend, DbResult, Tx, params};
+use crate::journal::RESOURCE_UPSERT;
 
 /// Rows gathered for one transaction; [`Bulk::flush`] writes them.
 pub(crate) struct Bulk {
@@ -226,16 +227,7 @@ impl Bulk {
                         inputs_hash, outputs, error, commit_id, deployment_id, inputs, account,
                         deletion_policy, template_hash, version_from, {NOW}, {NOW}
                  FROM json_populate_recordset(NULL::resource, ?1::json)
-                 ON CONFLICT (guresid) DO UPDATE SET
-                     definition = excluded.definition, driver = excluded.driver,
-                     status = excluded.status, inputs_hash = excluded.inputs_hash,
-                     outputs = excluded.outputs, error = excluded.error,
-                     commit_id = excluded.commit_id, deployment_id = excluded.deployment_id,
-                     inputs = excluded.inputs, account = excluded.account,
-                     deletion_policy = excluded.deletion_policy,
-                     template_hash = excluded.template_hash, version_from = excluded.version_from,
-                     orphan_since = NULL, orphan_reason = NULL,
-                     updated_at = excluded.updated_at"
+                 {RESOURCE_UPSERT}"
             ))?
             .run([rows])?;
         }

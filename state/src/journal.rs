@@ -276,16 +276,7 @@ fn finish_put(
                                created_at, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
                  ?18, ?19, {NOW}, {NOW})
-         ON CONFLICT (guresid) DO UPDATE SET
-             definition = excluded.definition, driver = excluded.driver,
-             status = excluded.status, inputs_hash = excluded.inputs_hash,
-             outputs = excluded.outputs, error = excluded.error,
-             commit_id = excluded.commit_id, deployment_id = excluded.deployment_id,
-             inputs = excluded.inputs, account = excluded.account,
-             deletion_policy = excluded.deletion_policy,
-             template_hash = excluded.template_hash, version_from = excluded.version_from,
-             orphan_since = NULL, orphan_reason = NULL,
-             updated_at = excluded.updated_at"
+         {RESOURCE_UPSERT}"
     ))?
     .run(params![
         record.guresid,
@@ -308,33 +299,59 @@ fn finish_put(
         record.template_hash,
         version_from
     ])?;
-    let secret_outputs = record.secret_outputs.to_string();
-    if secret_outputs == NO_SECRET_OUTPUTS && record.secret_inputs.as_str() == NO_SECRET_INPUTS {
+    match sealed_secrets(ring, record)? {
         // Nothing secret: no row, which reads back as exactly this.
-        if !new {
+        None if new => {}
+        None => {
             tx.prepare_cached("DELETE FROM resource_secret WHERE guresid = ?1")?
                 .run([&record.guresid])?;
         }
-    } else {
-        let guresid = &record.guresid;
-        let outputs = seal_with(
-            ring,
-            &secret_outputs,
-            &format!("resource_secret.outputs:{guresid}"),
-        )?;
-        let inputs = seal_with(
-            ring,
-            record.secret_inputs.as_str(),
-            &format!("resource_secret.inputs:{guresid}"),
-        )?;
-        tx.prepare_cached(
-            "INSERT INTO resource_secret (guresid, outputs, inputs) VALUES (?1, ?2, ?3)
+        Some((outputs, inputs)) => {
+            tx.prepare_cached(
+                "INSERT INTO resource_secret (guresid, outputs, inputs) VALUES (?1, ?2, ?3)
              ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs,
                  inputs = excluded.inputs",
-        )?
-        .run(params![guresid, outputs, inputs])?;
+            )?
+            .run(params![record.guresid, outputs, inputs])?;
+        }
     }
     Ok(())
+}
+
+/// What an upsert of a `resource` row changes when the row is there (both backends' inserts).
+pub(crate) const RESOURCE_UPSERT: &str = "ON CONFLICT (guresid) DO UPDATE SET
+    definition = excluded.definition, driver = excluded.driver,
+    status = excluded.status, inputs_hash = excluded.inputs_hash,
+    outputs = excluded.outputs, error = excluded.error,
+    commit_id = excluded.commit_id, deployment_id = excluded.deployment_id,
+    inputs = excluded.inputs, account = excluded.account,
+    deletion_policy = excluded.deletion_policy,
+    template_hash = excluded.template_hash, version_from = excluded.version_from,
+    orphan_since = NULL, orphan_reason = NULL,
+    updated_at = excluded.updated_at";
+
+/// `record`'s secret outputs and inputs sealed for `resource_secret`; `None` when it has none
+/// (no row stands for exactly that).
+fn sealed_secrets(
+    ring: &SharedKeyring,
+    record: &ResourceRecord,
+) -> DbResult<Option<(String, String)>> {
+    let secret_outputs = record.secret_outputs.to_string();
+    if secret_outputs == NO_SECRET_OUTPUTS && record.secret_inputs.as_str() == NO_SECRET_INPUTS {
+        return Ok(None);
+    }
+    let guresid = &record.guresid;
+    let outputs = seal_with(
+        ring,
+        &secret_outputs,
+        &format!("resource_secret.outputs:{guresid}"),
+    )?;
+    let inputs = seal_with(
+        ring,
+        record.secret_inputs.as_str(),
+        &format!("resource_secret.inputs:{guresid}"),
+    )?;
+    Ok(Some((outputs, inputs)))
 }
 
 /// Gathers a put of a resource that had no row: its operation's end, its row and its secrets,
@@ -375,18 +392,7 @@ fn gather_new_put(
             "version_from": deployment,
         }),
     )?;
-    let secret_outputs = record.secret_outputs.to_string();
-    if secret_outputs != NO_SECRET_OUTPUTS || record.secret_inputs.as_str() != NO_SECRET_INPUTS {
-        let outputs = seal_with(
-            ring,
-            &secret_outputs,
-            &format!("resource_secret.outputs:{guresid}"),
-        )?;
-        let inputs = seal_with(
-            ring,
-            record.secret_inputs.as_str(),
-            &format!("resource_secret.inputs:{guresid}"),
-        )?;
+    if let Some((outputs, inputs)) = sealed_secrets(ring, record)? {
         bulk.secret(guresid, &outputs, &inputs);
     }
     Ok(())

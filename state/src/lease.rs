@@ -416,28 +416,39 @@ mod tests {
         });
     }
 
+    const LEASE_TTL: Duration = Duration::from_secs(30);
+
+    /// A first daemon holds `dev`, and `store` writes under its lease: the daemon and its hold.
+    fn writing_under_a_lease(store: &mut Store) -> (Leases, Arc<LeaseHold>) {
+        let mut first = daemon(store.path(), 1, LEASE_TTL);
+        beat_all(std::slice::from_mut(&mut first), &envs(&["dev"]), 2);
+        let hold = first.hold("dev").expect("the only daemon holds dev");
+        assert!(hold.holds());
+        store.set_fences(vec![hold.fence().clone()]);
+        (first, hold)
+    }
+
+    /// The first daemon froze: its lease of `dev` ran out, and a second daemon took it.
+    fn taken_over(store: &Store) -> Leases {
+        store
+            .conn
+            .execute(
+                "UPDATE env_lease SET expires_at = '2000-01-01T00:00:00.000Z'",
+                params![],
+            )
+            .unwrap();
+        let mut second = daemon(store.path(), 2, LEASE_TTL);
+        beat_all(std::slice::from_mut(&mut second), &envs(&["dev"]), 2);
+        second
+    }
+
     #[test]
     fn a_write_under_a_lease_that_moved_on_is_refused_and_changes_nothing() {
         crate::tests::each_backend(|mut store| {
-            let state = store.path().to_owned();
             let all = envs(&["dev"]);
-            let ttl = Duration::from_secs(30);
-            let mut first = daemon(&state, 1, ttl);
-            beat_all(std::slice::from_mut(&mut first), &all, 2);
-            let hold = first.hold("dev").expect("the only daemon holds dev");
-            assert!(hold.holds());
-            store.set_fences(vec![hold.fence().clone()]);
+            let (mut first, hold) = writing_under_a_lease(&mut store);
             let d = store.begin_deployment("dev", "c1").unwrap();
-            // The holder froze: its lease ran out, and another daemon took it.
-            store
-                .conn
-                .execute(
-                    "UPDATE env_lease SET expires_at = '2000-01-01T00:00:00.000Z'",
-                    params![],
-                )
-                .unwrap();
-            let mut second = daemon(&state, 2, ttl);
-            beat_all(std::slice::from_mut(&mut second), &all, 2);
+            let second = taken_over(&store);
             assert_eq!(second.hold("dev").unwrap().fence().generation, 2);
             let before = store.deployments(None).unwrap();
             let e = store
@@ -500,27 +511,12 @@ mod tests {
     #[test]
     fn the_journals_writer_writes_under_its_stores_lease_and_is_refused_once_it_moved_on() {
         crate::tests::each_backend(|mut store| {
-            let state = store.path().to_owned();
-            let all = envs(&["dev"]);
-            let ttl = Duration::from_secs(30);
-            let mut first = daemon(&state, 1, ttl);
-            beat_all(std::slice::from_mut(&mut first), &all, 2);
-            let hold = first.hold("dev").expect("the only daemon holds dev");
-            store.set_fences(vec![hold.fence().clone()]);
+            let _first = writing_under_a_lease(&mut store);
             let d = store.begin_deployment("dev", "c1").unwrap();
             let mut writer = crate::JournalWriter::start(&store).unwrap();
             writer.send(one_put(d, "g1")).unwrap();
             writer.drain().expect("written while the lease holds");
-            // The holder froze: its lease ran out, and another daemon took it.
-            store
-                .conn
-                .execute(
-                    "UPDATE env_lease SET expires_at = '2000-01-01T00:00:00.000Z'",
-                    params![],
-                )
-                .unwrap();
-            let mut second = daemon(&state, 2, ttl);
-            beat_all(std::slice::from_mut(&mut second), &all, 2);
+            let _second = taken_over(&store);
             writer.send(one_put(d, "g2")).unwrap();
             let e = writer.drain().expect_err("a fenced batch").to_string();
             assert!(e.contains("lease of environment dev moved on"), "{e}");

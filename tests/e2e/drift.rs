@@ -168,6 +168,21 @@ fn config(sb: &Sandbox) -> String {
     sb.work.join("host.yaml").to_str().unwrap().to_owned()
 }
 
+/// A platform whose one environment detects drift, behind a driver that can read
+/// (`reads`) or not, applied once: the sandbox, the driver, the host config and the commit.
+fn applied_detecting(reads: bool) -> (Sandbox, ReadingDriver, String, String) {
+    let sb = Sandbox::new();
+    let driver = ReadingDriver::start(reads);
+    let head = platform(
+        &sb,
+        &driver,
+        "type: test\nimplicit_resources: []\ndrift: detect\n",
+    );
+    let c = config(&sb);
+    sb.gitplane(&["apply", "--config", &c]).ok();
+    (sb, driver, c, head)
+}
+
 /// Everything a person or a program can read of the state and the commands, for secrets.
 fn everything_shown(sb: &Sandbox) -> String {
     let c = config(sb);
@@ -210,15 +225,7 @@ fn everything_shown(sb: &Sandbox) -> String {
 
 #[test]
 fn detect_records_what_changed_outside_and_changes_nothing() {
-    let sb = Sandbox::new();
-    let driver = ReadingDriver::start(true);
-    platform(
-        &sb,
-        &driver,
-        "type: test\nimplicit_resources: []\ndrift: detect\n",
-    );
-    let c = config(&sb);
-    sb.gitplane(&["apply", "--config", &c]).ok();
+    let (sb, driver, c, _) = applied_detecting(true);
     // As applied, nothing differs: exit 0.
     sb.gitplane(&["drift", "--config", &c, "--env", "test"])
         .ok()
@@ -409,15 +416,7 @@ fn drift_correct_still_re_applies() {
 
 #[test]
 fn a_driver_without_read_path_falls_back_to_the_recorded_comparison() {
-    let sb = Sandbox::new();
-    let driver = ReadingDriver::start(false);
-    platform(
-        &sb,
-        &driver,
-        "type: test\nimplicit_resources: []\ndrift: detect\n",
-    );
-    let c = config(&sb);
-    sb.gitplane(&["apply", "--config", &c]).ok();
+    let (sb, driver, c, _) = applied_detecting(false);
     driver.tamper();
     let before = driver.methods().len();
     // The driver cannot tell; what was recorded agrees with itself: nothing found, exit 0,
@@ -551,15 +550,7 @@ fn detected_drift_and_a_pin_show_in_the_daemons_metrics() {
     use crate::metrics::{conditions_on, scrape, scrape_when_up};
     use crate::service::{free_port, samples, value};
 
-    let sb = Sandbox::new();
-    let driver = ReadingDriver::start(true);
-    let head = platform(
-        &sb,
-        &driver,
-        "type: test\nimplicit_resources: []\ndrift: detect\n",
-    );
-    let c = config(&sb);
-    sb.gitplane(&["apply", "--config", &c]).ok();
+    let (sb, driver, c, head) = applied_detecting(true);
     let port = free_port();
     let args = sb.host_config(&format!(
         "{}http: {{listen: 127.0.0.1:{port}}}\n",
@@ -656,15 +647,7 @@ fn detected_drift_and_a_pin_show_in_the_daemons_metrics() {
 /// resource, what differs (public values), a changed secret by name only.
 #[test]
 fn the_status_page_overview_shows_drift_found_without_secret_values() {
-    let sb = Sandbox::new();
-    let driver = ReadingDriver::start(true);
-    platform(
-        &sb,
-        &driver,
-        "type: test\nimplicit_resources: []\ndrift: detect\n",
-    );
-    let c = config(&sb);
-    sb.gitplane(&["apply", "--config", &c]).ok();
+    let (sb, driver, c, _) = applied_detecting(true);
     driver.tamper();
     assert_eq!(
         sb.gitplane(&["drift", "--config", &c, "--env", "test"])

@@ -375,8 +375,16 @@ pub(crate) fn register(conn: &Connection, keyring: &SharedKeyring) -> rusqlite::
     Ok(())
 }
 
+/// Lower-case hex: sealing runs once per secret of every resource an apply writes, so this is
+/// a table lookup rather than a `format!` per byte.
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
@@ -392,6 +400,16 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_writes_every_byte_as_two_lower_case_digits_that_read_back() {
+        let all: Vec<u8> = (0..=255).collect();
+        let text = hex(&all);
+        assert_eq!(&text[..8], "00010203");
+        assert_eq!(&text[text.len() - 4..], "feff");
+        assert_eq!(hex(&[0x0f, 0xa5]), "0fa5");
+        assert_eq!(unhex(&text), Some(all));
+    }
 
     #[test]
     fn a_new_key_file_appears_whole_private_and_never_over_another() {

@@ -12,6 +12,7 @@ use gitplane_core::graph::{Binding, GuresId, Origin, ResourceGraph, ResourceNode
 use gitplane_core::model::placeholder::{Expr, Read, Segment};
 use gitplane_core::model::template::{Resolved, Template};
 use gitplane_core::model::{Definition, Repository, SourceLocation, line_of};
+use rayon::prelude::*;
 use serde_json::Value;
 
 use crate::drivers::Registry;
@@ -54,57 +55,74 @@ pub fn problems(repo: &Repository, graph: &ResourceGraph, drivers: &Registry) ->
         };
         known.insert(node.definition.as_str(), gives);
     }
-    for node in graph.nodes() {
-        // A workload's `params` are its Score file; `values` and `secrets` its definition's.
-        for (template, in_score) in [
-            (&node.values, false),
-            (&node.secrets, false),
-            (&node.params, true),
-        ] {
-            for placed in template.placeholders("") {
-                let (targets, read, path, has_default): (&[GuresId], Read, &[Segment], bool) =
-                    match placed.expr {
-                        Binding::Output {
-                            target,
-                            read,
-                            path,
-                            property,
-                        } => (
-                            std::slice::from_ref(target),
-                            *read,
-                            path,
-                            property.as_ref().is_some_and(|p| p.default.is_some()),
-                        ),
-                        Binding::Selector { targets, path, .. } => {
-                            (targets, Read::Outputs, path, false)
-                        }
-                        Binding::Stored { .. } => continue,
-                    };
-                // `.values`, `.secrets` whole, `.guresid`, and older Score's defaults read
-                // nothing a driver must give.
-                let (Read::Outputs | Read::Values | Read::Secrets, Some(Segment::Key(name))) =
-                    (read, path.first())
-                else {
-                    continue;
-                };
-                if has_default {
-                    continue;
-                }
-                for target in targets {
-                    if let Some(gives) = unknown_output(graph, &known, target, name) {
-                        errors.push(format!(
-                            "{}: {} reads output '{name}' of {}",
-                            locate_read(repo, node, name, in_score),
-                            node.label(),
-                            gives
-                        ));
+    // Every placeholder of every node is looked at: at tens of thousands of resources, that
+    // is spread over the cores (the errors are sorted after, so their order is the same).
+    let nodes: Vec<&ResourceNode> = graph.nodes().collect();
+    errors.par_extend(
+        nodes
+            .par_iter()
+            .flat_map_iter(|node| unknown_reads(repo, graph, &known, node)),
+    );
+    errors.sort();
+    errors.dedup();
+    errors
+}
+
+/// What `node`'s placeholders read of outputs their targets' drivers say they do not give.
+fn unknown_reads(
+    repo: &Repository,
+    graph: &ResourceGraph,
+    known: &KnownOutputs<'_>,
+    node: &ResourceNode,
+) -> Vec<String> {
+    let mut errors = Vec::new();
+    // A workload's `params` are its Score file; `values` and `secrets` its definition's.
+    for (template, in_score) in [
+        (&node.values, false),
+        (&node.secrets, false),
+        (&node.params, true),
+    ] {
+        for placed in template.placeholders("") {
+            let (targets, read, path, has_default): (&[GuresId], Read, &[Segment], bool) =
+                match placed.expr {
+                    Binding::Output {
+                        target,
+                        read,
+                        path,
+                        property,
+                    } => (
+                        std::slice::from_ref(target),
+                        *read,
+                        path,
+                        property.as_ref().is_some_and(|p| p.default.is_some()),
+                    ),
+                    Binding::Selector { targets, path, .. } => {
+                        (targets, Read::Outputs, path, false)
                     }
+                    Binding::Stored { .. } => continue,
+                };
+            // `.values`, `.secrets` whole, `.guresid`, and older Score's defaults read
+            // nothing a driver must give.
+            let (Read::Outputs | Read::Values | Read::Secrets, Some(Segment::Key(name))) =
+                (read, path.first())
+            else {
+                continue;
+            };
+            if has_default {
+                continue;
+            }
+            for target in targets {
+                if let Some(gives) = unknown_output(graph, known, target, name) {
+                    errors.push(format!(
+                        "{}: {} reads output '{name}' of {}",
+                        locate_read(repo, node, name, in_score),
+                        node.label(),
+                        gives
+                    ));
                 }
             }
         }
     }
-    errors.sort();
-    errors.dedup();
     errors
 }
 

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use gix::bstr::{BStr, ByteSlice};
 use gix::objs::{Exists, Find, FindExt};
+use rayon::prelude::*;
 
 /// The files of one commit that gitplane reads, by repository path.
 #[derive(Debug, Clone)]
@@ -156,6 +157,59 @@ fn tree_entries(
                 .collect()
         })
         .map_err(|e| e.to_string())
+}
+
+/// What one entry of a tree is to a snapshot.
+enum Found {
+    /// A folder that may hold a wanted file: its path and entries.
+    Folder(String, Vec<RootEntry>),
+    File(String, Vec<u8>),
+    /// A symbolic link: its path and the path it names.
+    Link(String, String),
+    Skipped,
+}
+
+/// Reads entry `(name, mode, oid)` of folder `dir` ("" for the root) as a snapshot of `apps`
+/// (every app when `None`) needs it; the error names the path.
+fn read_entry(
+    objects: &Objects<'_>,
+    apps: Option<&BTreeSet<String>>,
+    dir: &str,
+    (name, mode, oid): RootEntry,
+) -> Result<Found, String> {
+    let skipped = mode.is_tree()
+        && match apps {
+            None => false,
+            Some(apps) if dir == "workloads" => !apps.contains(&name),
+            Some(apps) => dir.is_empty() && name == "definitions" && apps.is_empty(),
+        };
+    let path = if dir.is_empty() {
+        name
+    } else {
+        format!("{dir}/{name}")
+    };
+    let mut buf = Vec::new();
+    if mode.is_tree() {
+        if wanted_dir(&path) && !skipped {
+            let entries =
+                tree_entries(objects, &oid, &mut buf).map_err(|e| format!("{path}/: {e}"))?;
+            return Ok(Found::Folder(path, entries));
+        }
+    } else if mode.is_blob() && wanted(&path) {
+        let blob = objects
+            .find_blob(&oid, &mut buf)
+            .map_err(|e| format!("{path}: {e}"))?;
+        let contents = blob.data.to_vec();
+        return Ok(Found::File(path, contents));
+    } else if mode.is_link() && (wanted(&path) || wanted_dir(&path)) {
+        // A link's blob is the path it names.
+        let blob = objects
+            .find_blob(&oid, &mut buf)
+            .map_err(|e| format!("{path}: {e}"))?;
+        let target = blob.data.to_str_lossy().into_owned();
+        return Ok(Found::Link(path, target));
+    }
+    Ok(Found::Skipped)
 }
 
 /// A branch's merge into the watched ref, as [`ConfigRepo::merge_into`] made it.
@@ -439,44 +493,46 @@ impl ConfigRepo {
     ) -> Result<Snapshot, RepoError> {
         let _span = tracing::debug_span!("read files").entered();
         let read_err = self.read_err(commit);
-        let objects = self.objects();
-        let mut buf = Vec::new();
+        // A level of the tree at a time, every entry of the level on the cores there are: a
+        // first apply reads tens of thousands of folders and files. gix's handles are `Send`
+        // but not `Sync`, so each of rayon's jobs reads through clones of its own.
+        let handles = std::sync::Mutex::new((self.repo.objects.clone(), self.extra.clone()));
         let mut files = BTreeMap::new();
         let mut links = BTreeMap::new();
-        // Folders still to read, with their path and entries ("" for the root); only folders
-        // that can hold a wanted file are read.
-        let mut folders = vec![(String::new(), self.root_entries(commit)?)];
-        let mut tree_buf = Vec::new();
-        while let Some((dir, entries)) = folders.pop() {
-            for (name, mode, oid) in entries {
-                let skipped = mode.is_tree()
-                    && match apps {
-                        None => false,
-                        Some(apps) if dir == "workloads" => !apps.contains(&name),
-                        Some(apps) => dir.is_empty() && name == "definitions" && apps.is_empty(),
-                    };
-                let path = if dir.is_empty() {
-                    name
-                } else {
-                    format!("{dir}/{name}")
-                };
-                if mode.is_tree() {
-                    if wanted_dir(&path) && !skipped {
-                        let entries = tree_entries(&objects, &oid, &mut tree_buf)
-                            .map_err(|e| read_err(format!("{path}/: {e}")))?;
-                        folders.push((path, entries));
+        let mut level: Vec<(String, RootEntry)> = self
+            .root_entries(commit)?
+            .into_iter()
+            .map(|entry| (String::new(), entry))
+            .collect();
+        while !level.is_empty() {
+            let found: Vec<Result<Found, String>> = level
+                .into_par_iter()
+                .map_init(
+                    || {
+                        handles
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .clone()
+                    },
+                    |(own, extra), (dir, entry)| {
+                        let objects = Objects { own, extra };
+                        read_entry(&objects, apps, &dir, entry)
+                    },
+                )
+                .collect();
+            level = Vec::new();
+            for found in found {
+                match found.map_err(&read_err)? {
+                    Found::Folder(path, entries) => {
+                        level.extend(entries.into_iter().map(|e| (path.clone(), e)));
                     }
-                } else if mode.is_blob() && wanted(&path) {
-                    let blob = objects
-                        .find_blob(&oid, &mut buf)
-                        .map_err(|e| read_err(format!("{path}: {e}")))?;
-                    files.insert(path, blob.data.to_vec());
-                } else if mode.is_link() && (wanted(&path) || wanted_dir(&path)) {
-                    // A link's blob is the path it names.
-                    let blob = objects
-                        .find_blob(&oid, &mut buf)
-                        .map_err(|e| read_err(format!("{path}: {e}")))?;
-                    links.insert(path, blob.data.to_str_lossy().into_owned());
+                    Found::File(path, contents) => {
+                        files.insert(path, contents);
+                    }
+                    Found::Link(path, target) => {
+                        links.insert(path, target);
+                    }
+                    Found::Skipped => {}
                 }
             }
         }

@@ -1089,11 +1089,13 @@ impl Store {
     pub fn operation_counts(&self, deployment: i64) -> Result<Counts> {
         self.conn
             .prepare_cached(
-                "SELECT
-                   COUNT(DISTINCT CASE WHEN action = 'create' AND status = 'succeeded' THEN guresid END),
-                   COUNT(DISTINCT CASE WHEN action = 'update' AND status = 'succeeded' THEN guresid END),
-                   COUNT(DISTINCT CASE WHEN action = 'delete' AND status = 'succeeded' THEN guresid END)
-                 FROM operation WHERE deployment_id = ?1",
+                // One set of distinct (action, resource) pairs, not one per action: a first
+                // apply of tens of thousands of resources counts them at the end.
+                "SELECT COUNT(CASE WHEN action = 'create' THEN 1 END),
+                        COUNT(CASE WHEN action = 'update' THEN 1 END),
+                        COUNT(CASE WHEN action = 'delete' THEN 1 END)
+                 FROM (SELECT DISTINCT action, guresid FROM operation
+                       WHERE deployment_id = ?1 AND status = 'succeeded')",
             )
             .and_then(|mut s| {
                 s.query_row([deployment], |r| {

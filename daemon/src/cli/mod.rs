@@ -1446,7 +1446,7 @@ fn apply(
             return Ok(CommandResult::Failure);
         }
     };
-    apply_targets(
+    let outcome = apply_targets(
         ctx,
         &mut store,
         commit.id(),
@@ -1454,7 +1454,9 @@ fn apply(
         (&ApplyOptions::default(), &locks),
         &Attribution::of(actor, "apply"),
         stdout,
-    )
+    );
+    app::free_in_background(targets);
+    outcome
 }
 
 /// Who an apply is for, and how its action rows read: the command, and what it did beyond

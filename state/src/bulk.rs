@@ -34,6 +34,10 @@ pub(crate) struct Bulk {
     resources: Keyed,
     secrets: Keyed,
     manifests: Keyed,
+    /// The transaction's time, read once: the rows of a batch are written in the same
+    /// millisecond or so, and formatting the time for each of tens of thousands of rows costs
+    /// a twentieth of their writing.
+    now: Option<String>,
 }
 
 /// An `operation` row as gathered (its times are the flush's).
@@ -101,7 +105,24 @@ impl Bulk {
             resources: Keyed::default(),
             secrets: Keyed::default(),
             manifests: Keyed::default(),
+            now: None,
         })
+    }
+
+    /// On SQLite, the time this transaction's rows are written at, as `NOW` gives it; on
+    /// PostgreSQL `None`, where `NOW` is the transaction's time already and a read of it would
+    /// cost a round trip.
+    pub(crate) fn now(&mut self, tx: &Tx<'_>) -> DbResult<Option<&str>> {
+        if self.backend == Backend::Postgres {
+            return Ok(None);
+        }
+        if self.now.is_none() {
+            let now: String = tx
+                .prepare_cached(&format!("SELECT {NOW}"))?
+                .query_row(params![], |r| r.get(0))?;
+            self.now = Some(now);
+        }
+        Ok(self.now.as_deref())
     }
 
     /// Whether new resources' rows are gathered too (PostgreSQL), not written at once.
@@ -215,7 +236,8 @@ impl Bulk {
         self.operation_at.clear();
         let operations = std::mem::take(&mut self.operations);
         if !operations.is_empty() {
-            write_operations(tx, self.backend, &operations)?;
+            let now = self.now(tx)?.map(str::to_owned);
+            write_operations(tx, self.backend, &operations, now.as_deref())?;
         }
         if let Some(rows) = self.resources.take() {
             tx.prepare_cached(&format!(
@@ -256,16 +278,21 @@ impl Bulk {
 }
 
 /// Inserts gathered operations: on SQLite a prepared insert each (in process, a statement costs
-/// microseconds), on PostgreSQL one statement for all.
-fn write_operations(tx: &Tx<'_>, backend: Backend, operations: &[OperationRow]) -> DbResult<()> {
+/// microseconds) at the transaction's time `now`, on PostgreSQL one statement for all.
+fn write_operations(
+    tx: &Tx<'_>,
+    backend: Backend,
+    operations: &[OperationRow],
+    now: Option<&str>,
+) -> DbResult<()> {
     if backend == Backend::Sqlite {
-        let mut insert = tx.prepare_cached(&format!(
+        let mut insert = tx.prepare_cached(
             "INSERT INTO operation (id, deployment_id, guresid, app, type, class, res_id,
                                     action, reason, status, attempts, outputs_changed, error,
                                     started_at, finished_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, {NOW},
-                     CASE WHEN ?10 = 'started' THEN NULL ELSE {NOW} END)"
-        ))?;
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
+                     CASE WHEN ?10 = 'started' THEN NULL ELSE ?14 END)",
+        )?;
         for o in operations {
             insert.run(params![
                 o.id,
@@ -280,7 +307,8 @@ fn write_operations(tx: &Tx<'_>, backend: Backend, operations: &[OperationRow]) 
                 o.status,
                 o.attempts,
                 o.outputs_changed,
-                o.error
+                o.error,
+                now
             ])?;
         }
         return Ok(());

@@ -260,7 +260,7 @@ fn finish_put(
         // first.
         bulk.flush(tx)?;
     }
-    if !bulk.is_some_and(|b| b.end(operation, &end)) {
+    if !bulk.as_deref_mut().is_some_and(|b| b.end(operation, &end)) {
         end_operation(tx, operation, &end)?;
     }
     let outputs = record.outputs.to_string();
@@ -269,13 +269,18 @@ fn finish_put(
     } else {
         new_version(tx, deployment, record, &outputs)?
     };
+    // A batch's time, when it has one; else the statement's.
+    let now = match bulk {
+        Some(bulk) => bulk.now(tx)?.map(str::to_owned),
+        None => None,
+    };
     tx.prepare_cached(&format!(
         "INSERT INTO resource (guresid, env, app, type, class, res_id, definition, driver,
                                status, inputs_hash, outputs, error, commit_id, deployment_id,
                                inputs, account, deletion_policy, template_hash, version_from,
                                created_at, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                 ?18, ?19, {NOW}, {NOW})
+                 ?18, ?19, COALESCE(?20, {NOW}), COALESCE(?20, {NOW}))
          {RESOURCE_UPSERT}"
     ))?
     .run(params![
@@ -297,7 +302,8 @@ fn finish_put(
         record.account,
         record.deletion_policy.as_str(),
         record.template_hash,
-        version_from
+        version_from,
+        now
     ])?;
     match sealed_secrets(ring, record)? {
         // Nothing secret: no row, which reads back as exactly this.

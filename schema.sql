@@ -822,3 +822,94 @@ CREATE INDEX resource_type_env ON resource (type, env);
 CREATE INDEX resource_failed ON resource (env) WHERE status = 'failed';
 CREATE INDEX operation_missed ON operation (deployment_id)
     WHERE action = 'create' AND status IN ('failed', 'skipped', 'interrupted');
+
+-- migration 13
+
+-- sqlite only
+-- SQLite checks `x IN ('a', 'b', 'c')` by building a table of the list for every row it writes
+-- (a list of up to two values it compares in place): a first apply of tens of thousands of
+-- resources spent a tenth of its writing on such tables, for the operations, bindings and links
+-- it records. The same checks written as comparisons cost nothing of the kind. PostgreSQL
+-- compares a list in place, so its tables keep theirs and it skips this migration. SQLite
+-- cannot change a CHECK constraint in place, so the tables are rebuilt (gitplane runs this with
+-- foreign keys off and checks them before it commits).
+CREATE TABLE operation_v13 (
+    id            INTEGER PRIMARY KEY,
+    deployment_id INTEGER NOT NULL REFERENCES deployment (id),
+    guresid       TEXT NOT NULL,
+    app           TEXT,
+    type          TEXT NOT NULL,
+    class         TEXT NOT NULL,
+    res_id        TEXT NOT NULL,
+    action        TEXT NOT NULL CHECK (action = 'create' OR action = 'update'
+                                       OR action = 'delete' OR action = 'forget'),
+    reason        TEXT NOT NULL,
+    status        TEXT NOT NULL CHECK (status = 'started' OR status = 'succeeded'
+                                       OR status = 'failed' OR status = 'skipped'
+                                       OR status = 'interrupted'),
+    attempts      INTEGER NOT NULL DEFAULT 0,  -- driver calls made: polls and retries included
+    outputs_changed INTEGER,               -- for a succeeded put: whether its outputs changed
+    error         TEXT,
+    started_at    TEXT NOT NULL,
+    finished_at   TEXT
+);
+INSERT INTO operation_v13 (id, deployment_id, guresid, app, type, class, res_id, action, reason,
+                           status, attempts, outputs_changed, error, started_at, finished_at)
+SELECT id, deployment_id, guresid, app, type, class, res_id, action, reason, status, attempts,
+       outputs_changed, error, started_at, finished_at
+FROM operation;
+DROP TABLE operation;
+ALTER TABLE operation_v13 RENAME TO operation;
+CREATE INDEX operation_deployment ON operation (deployment_id);
+CREATE INDEX operation_resource ON operation (guresid);
+CREATE INDEX operation_missed ON operation (deployment_id)
+    WHERE action = 'create' AND (status = 'failed' OR status = 'skipped' OR status = 'interrupted');
+
+CREATE TABLE link_v13 (
+    id          INTEGER PRIMARY KEY,
+    env         TEXT NOT NULL,
+    consumer    TEXT NOT NULL,             -- GUResID: depends on the provider
+    provider    TEXT NOT NULL,             -- GUResID
+    kind        TEXT NOT NULL CHECK (kind = 'dependency' OR kind = 'reference'
+                                     OR kind = 'coprovision' OR kind = 'selector'
+                                     OR kind = 'implicit'),
+    update_type TEXT NOT NULL CHECK (update_type = 'NeedsProvides' OR update_type = 'None'
+                                     OR update_type = 'Insert'),
+    valid_from  INTEGER NOT NULL,          -- the deployment that made this link
+    valid_to    INTEGER                    -- the first deployment without it; NULL: current
+);
+INSERT INTO link_v13 (id, env, consumer, provider, kind, update_type, valid_from, valid_to)
+SELECT id, env, consumer, provider, kind, update_type, valid_from, valid_to FROM link;
+DROP TABLE link;
+ALTER TABLE link_v13 RENAME TO link;
+CREATE UNIQUE INDEX link_current ON link (env, consumer, provider) WHERE valid_to IS NULL;
+CREATE INDEX link_current_provider ON link (provider) WHERE valid_to IS NULL;
+CREATE INDEX link_from ON link (env, valid_from);
+CREATE INDEX link_to ON link (valid_to) WHERE valid_to IS NOT NULL;
+
+CREATE TABLE binding_v13 (
+    id               INTEGER PRIMARY KEY,
+    env              TEXT NOT NULL,
+    needed_guresid   TEXT NOT NULL,        -- the consumer
+    needed_path      TEXT NOT NULL,        -- where in its inputs: values.host, secrets.password, ...
+    provided_guresid TEXT NOT NULL,        -- the provider (a selector's base resource)
+    provided_path    TEXT NOT NULL,        -- outputs.pghost, or workload>aws-policy.outputs.name
+    data_type        TEXT NOT NULL CHECK (data_type = 'string' OR data_type = 'int'
+                                          OR data_type = 'bool' OR data_type = 'json'),
+    value            TEXT,                 -- JSON; NULL for a secret
+    secret           INTEGER NOT NULL DEFAULT 0,
+    inserted         INTEGER NOT NULL DEFAULT 0,  -- a whole object inserted into a string
+    interface        TEXT,                 -- read through an interface: "NAME = $id"
+    valid_from       INTEGER NOT NULL,
+    valid_to         INTEGER
+);
+INSERT INTO binding_v13 (id, env, needed_guresid, needed_path, provided_guresid, provided_path,
+                         data_type, value, secret, inserted, interface, valid_from, valid_to)
+SELECT id, env, needed_guresid, needed_path, provided_guresid, provided_path, data_type, value,
+       secret, inserted, interface, valid_from, valid_to
+FROM binding;
+DROP TABLE binding;
+ALTER TABLE binding_v13 RENAME TO binding;
+CREATE INDEX binding_current ON binding (needed_guresid) WHERE valid_to IS NULL;
+CREATE INDEX binding_from ON binding (env, valid_from);
+CREATE INDEX binding_to ON binding (valid_to) WHERE valid_to IS NOT NULL;

@@ -588,3 +588,103 @@ fn marking_the_orphans_of_some_apps_leaves_the_others_marked() {
         assert!(kept(&store).is_empty());
     });
 }
+
+#[test]
+fn the_tables_an_apply_writes_keep_their_rows_and_checks_once_their_lists_are_comparisons() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    {
+        // A state file of schema version 12, with a row in each rebuilt table.
+        let conn = Connection::open(&path).unwrap();
+        conn.pragma_update(None, "foreign_keys", false).unwrap();
+        conn.pragma_update(None, "legacy_alter_table", true)
+            .unwrap();
+        // Migration 5 seals what is there, with a function gitplane gives its connections:
+        // there is nothing to seal here.
+        conn.create_scalar_function(
+            "gp_seal",
+            2,
+            rusqlite::functions::FunctionFlags::SQLITE_UTF8,
+            |ctx| ctx.get::<String>(0),
+        )
+        .unwrap();
+        for block in &migrations()[..12] {
+            conn.execute_batch(block).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 12).unwrap();
+        conn.execute_batch(
+            "INSERT INTO deployment (id, env, commit_id, status, started_at)
+                 VALUES (1, 'dev', 'c1', 'failed', 'x');
+             INSERT INTO operation (id, deployment_id, guresid, app, type, class, res_id, action,
+                                    reason, status, attempts, error, started_at)
+                 VALUES (7, 1, 'g', 'shop', 'postgres', 'default', 'db', 'create', 'new',
+                         'failed', 2, 'boom', 'x');
+             INSERT INTO link (id, env, consumer, provider, kind, update_type, valid_from)
+                 VALUES (3, 'dev', 'w', 'g', 'reference', 'NeedsProvides', 1);
+             INSERT INTO binding (id, env, needed_guresid, needed_path, provided_guresid,
+                                  provided_path, data_type, value, valid_from)
+                 VALUES (5, 'dev', 'w', 'values.host', 'g', 'outputs.host', 'string', '\"h\"', 1);",
+        )
+        .unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(
+        rows(
+            &store,
+            "SELECT id, action, status, attempts, error FROM operation"
+        ),
+        ["7 create failed 2 boom"]
+    );
+    assert_eq!(
+        rows(&store, "SELECT id, kind, update_type, valid_from FROM link"),
+        ["3 reference NeedsProvides 1"]
+    );
+    assert_eq!(
+        rows(&store, "SELECT id, data_type, value FROM binding"),
+        ["5 string \"h\""]
+    );
+    // The views that read them still do, and the status page's index still serves its query.
+    assert_eq!(
+        rows(&store, "SELECT guresid, error FROM failures"),
+        ["g boom"]
+    );
+    let plan = rows(
+        &store,
+        "EXPLAIN QUERY PLAN SELECT guresid FROM operation o WHERE o.deployment_id = 1
+           AND (o.status = 'failed' OR o.status = 'skipped' OR o.status = 'interrupted')
+           AND o.action = 'create'",
+    );
+    assert!(
+        plan.iter().any(|p| p.contains("operation_missed")),
+        "{plan:?}"
+    );
+    // A value outside each list is still refused.
+    for bad in [
+        "INSERT INTO operation (deployment_id, guresid, type, class, res_id, action, reason,
+                                status, started_at)
+             VALUES (1, 'g', 't', 'c', 'r', 'explode', 'new', 'started', 'x')",
+        "INSERT INTO operation (deployment_id, guresid, type, class, res_id, action, reason,
+                                status, started_at)
+             VALUES (1, 'g', 't', 'c', 'r', 'create', 'new', 'done', 'x')",
+        "INSERT INTO link (env, consumer, provider, kind, update_type, valid_from)
+             VALUES ('dev', 'a', 'b', 'friendship', 'None', 1)",
+        "INSERT INTO link (env, consumer, provider, kind, update_type, valid_from)
+             VALUES ('dev', 'a', 'b', 'dependency', 'Sometimes', 1)",
+        "INSERT INTO binding (env, needed_guresid, needed_path, provided_guresid, provided_path,
+                              data_type, valid_from)
+             VALUES ('dev', 'a', 'p', 'b', 'q', 'float', 1)",
+    ] {
+        let e = store.conn.lite().execute(bad, []).unwrap_err();
+        assert!(
+            e.to_string().contains("CHECK constraint failed"),
+            "{bad}: {e}"
+        );
+    }
+    // No list is left for SQLite to build a table of, row by row.
+    let lists = rows(
+        &store,
+        "SELECT name FROM sqlite_master WHERE tbl_name IN ('operation', 'link', 'binding')
+           AND sql LIKE '% IN (%'",
+    );
+    assert!(lists.is_empty(), "{lists:?}");
+}

@@ -1710,6 +1710,7 @@ fn migrate_postgres(conn: &postgres::PgConn, path: &Path) -> Result<()> {
                 .chain(
                     blocks[current as usize..]
                         .iter()
+                        .filter(|b| !sqlite_only(b))
                         .map(|b| dialect::postgres_query(b)),
                 )
                 .collect()
@@ -1806,6 +1807,16 @@ fn supersede_held(tx: &Tx<'_>, env: &str, newer: i64, commit: &str) -> DbResult<
 }
 
 /// The migrations of `schema.sql`: the lines after each `-- migration N` marker.
+/// Whether migration `block` changes only how SQLite stores what PostgreSQL stores as it is
+/// (its first line says `-- sqlite only`): an existing PostgreSQL state skips it, and a new
+/// one is made with its result.
+fn sqlite_only(block: &str) -> bool {
+    block
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .is_some_and(|l| l.trim() == "-- sqlite only")
+}
+
 fn migrations() -> Vec<String> {
     let mut out = Vec::new();
     let mut current: Option<String> = None;
@@ -1962,7 +1973,7 @@ pub(crate) mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 12);
+        assert_eq!(m.len(), 13);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
         assert!(m[1].contains("CREATE TABLE resource_version"));
@@ -1971,6 +1982,9 @@ pub(crate) mod tests {
         assert!(m[5].contains("CREATE TABLE resource_manifest"));
         assert!(m[10].contains("CREATE TABLE reconcile_request"));
         assert!(m[11].contains("CREATE INDEX resource_failed"));
+        assert!(m[12].contains("CREATE TABLE operation_v13"));
+        assert!(sqlite_only(&m[12]));
+        assert!(!m[..12].iter().any(|b| sqlite_only(b)));
     }
 
     #[test]

@@ -345,7 +345,7 @@ impl Store {
              WHERE o.deployment_id = (SELECT MAX(d.id) FROM deployment d
                                       WHERE d.env = ?1 AND d.kind = 'commit'
                                         AND d.status IN ('succeeded', 'failed'))
-               AND o.status IN ('failed', 'skipped', 'interrupted')
+               AND (o.status = 'failed' OR o.status = 'skipped' OR o.status = 'interrupted')
                AND o.action = 'create'
              ORDER BY o.id",
             [env],

@@ -4,16 +4,18 @@
 //!
 //! Only batches whose operations have no effect outside gitplane go here (a driver that answers
 //! in process): whatever the caller does before such a batch is committed is redone by the next
-//! run should the process stop. Before anything with an effect outside (a driver call) or any
-//! other write, the caller waits for every batch sent ([`JournalWriter::drain`]), so the
-//! journal's order and "journalled before it is acted on" hold as they do with one connection.
+//! run should the process stop, and a failed batch takes the one written before it in the same
+//! transaction with it. Before anything with an effect outside (a driver call) or any other
+//! write, the caller waits for every batch sent to be committed ([`JournalWriter::drain`]), so
+//! the journal's order and "journalled before it is acted on" hold as they do with one
+//! connection.
 
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use crate::db::DbError;
 use crate::{
-    BindingRecord, JournalEntry, ManifestsRecord, OperationStart, ResourceRecord, Result,
+    Batch, BindingRecord, JournalEntry, ManifestsRecord, OperationStart, ResourceRecord, Result,
     StateError, Store,
 };
 
@@ -54,22 +56,41 @@ pub struct OwnedBatch {
     pub spent: Box<dyn Send>,
 }
 
-/// How the writer's thread answered one batch.
+/// What the caller hands the writer's thread.
+enum ToWrite {
+    Batch(OwnedBatch),
+    /// Commit what is written: the caller is about to read or write the state itself.
+    Commit,
+}
+
+/// How the writer's thread answered one [`ToWrite`].
 enum Answer {
-    Committed(OwnedBatch),
+    /// Written, in the open transaction or a committed one: the caller may free it.
+    Written(OwnedBatch),
+    /// Everything written so far is committed.
+    Committed,
     Failed(StateError),
     /// An earlier batch failed: this one was not written, so the journal keeps its order.
     Skipped(OwnedBatch),
 }
 
-/// Writes [`OwnedBatch`]es in the order sent, each in one transaction, on its own connection
-/// and thread. One batch is written at a time, and the caller hands over the next only once the
-/// writer takes it: what waits in memory is bounded by two batches.
+/// How many batches one transaction of the writer holds at most. Each commit writes every page
+/// a batch touched to the log: the indexes of GUResIDs take their rows at random pages, so
+/// a first apply of tens of thousands of resources rewrote most of those indexes at each
+/// commit. Two batches a commit halve that, and hold the write lock for a tenth of a second.
+const BATCHES_PER_COMMIT: usize = 2;
+
+/// Writes [`OwnedBatch`]es in the order sent, on its own connection and thread, up to
+/// [`BATCHES_PER_COMMIT`] in one transaction; [`JournalWriter::drain`] commits what is open. One
+/// batch is written at a time, and the caller hands over the next only once the writer takes
+/// it: what waits in memory is bounded by two batches.
 pub struct JournalWriter {
-    batches: Option<mpsc::SyncSender<OwnedBatch>>,
+    batches: Option<mpsc::SyncSender<ToWrite>>,
     written: mpsc::Receiver<Answer>,
-    /// Batches sent whose answer has not been read.
+    /// What was sent whose answer has not been read.
     in_flight: usize,
+    /// Batches sent since the last commit asked for.
+    uncommitted: bool,
     /// A batch failed: nothing sent after it is written, and every call says so.
     failed: bool,
     thread: Option<JoinHandle<()>>,
@@ -80,34 +101,17 @@ impl JournalWriter {
     /// Starts a writer on another connection to `store`'s state (its key and fences).
     pub fn start(store: &Store) -> Result<JournalWriter> {
         let mut own = store.connect_again()?;
-        let (batches, to_write) = mpsc::sync_channel::<OwnedBatch>(0);
+        let (batches, to_write) = mpsc::sync_channel::<ToWrite>(0);
         let (answers, written) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("journal".into())
-            .spawn(move || {
-                let mut failed = false;
-                for batch in to_write {
-                    let answer = if failed {
-                        Answer::Skipped(batch)
-                    } else {
-                        match write(&mut own, batch) {
-                            Ok(batch) => Answer::Committed(batch),
-                            Err(e) => {
-                                failed = true;
-                                Answer::Failed(e)
-                            }
-                        }
-                    };
-                    if answers.send(answer).is_err() {
-                        break;
-                    }
-                }
-            })
+            .spawn(move || write_all(&mut own, &to_write, &answers))
             .map_err(|e| stopped(store.path(), &e.to_string()))?;
         Ok(JournalWriter {
             batches: Some(batches),
             written,
             in_flight: 0,
+            uncommitted: false,
             failed: false,
             thread: Some(thread),
             path: store.path().to_owned(),
@@ -118,7 +122,20 @@ impl JournalWriter {
     /// batch, if one failed (this one is then not written).
     pub fn send(&mut self, batch: OwnedBatch) -> Result<()> {
         self.answered(false)?;
-        let sent = self.batches.as_ref().map(|b| b.send(batch));
+        self.uncommitted = true;
+        self.hand_over(ToWrite::Batch(batch))
+    }
+
+    /// Waits until every batch sent is committed; the first error, if one failed.
+    pub fn drain(&mut self) -> Result<()> {
+        if std::mem::take(&mut self.uncommitted) {
+            self.hand_over(ToWrite::Commit)?;
+        }
+        self.answered(true)
+    }
+
+    fn hand_over(&mut self, what: ToWrite) -> Result<()> {
+        let sent = self.batches.as_ref().map(|b| b.send(what));
         match sent {
             Some(Ok(())) => {
                 self.in_flight += 1;
@@ -126,11 +143,6 @@ impl JournalWriter {
             }
             _ => Err(self.thread_ended()),
         }
-    }
-
-    /// Waits until every batch sent is committed; the first error, if one failed.
-    pub fn drain(&mut self) -> Result<()> {
-        self.answered(true)
     }
 
     /// Reads the answers that came (`wait`: all of them): the first failure's error when it
@@ -159,7 +171,8 @@ impl JournalWriter {
                     first.get_or_insert(e);
                 }
                 // Freed here, on the caller's thread (see `OwnedBatch::spent`).
-                Answer::Committed(batch) | Answer::Skipped(batch) => drop(batch),
+                Answer::Written(batch) | Answer::Skipped(batch) => drop(batch),
+                Answer::Committed => {}
             }
         }
         match first {
@@ -178,7 +191,7 @@ impl JournalWriter {
 }
 
 impl Drop for JournalWriter {
-    /// Lets the batches sent be written, then ends the thread.
+    /// Lets the batches sent be written and committed, then ends the thread.
     fn drop(&mut self) {
         self.batches = None;
         if let Some(thread) = self.thread.take() {
@@ -194,9 +207,88 @@ fn stopped(path: &std::path::Path, why: &str) -> StateError {
     )
 }
 
-/// Writes `batch` in one transaction: its operations, started and ended, their records, and
+/// The writer's thread: writes what comes in order, a transaction for up to
+/// [`BATCHES_PER_COMMIT`] batches, until the caller hangs up (what is open is then committed).
+/// After a failure, nothing more is written.
+fn write_all(own: &mut Store, to_write: &mpsc::Receiver<ToWrite>, answers: &mpsc::Sender<Answer>) {
+    let answer = |a: Answer| answers.send(a).is_ok();
+    // A batch that opens the next transaction, taken while the last one was full.
+    let mut next: Option<OwnedBatch> = None;
+    loop {
+        let first = match next.take() {
+            Some(batch) => batch,
+            None => match to_write.recv() {
+                Ok(ToWrite::Batch(batch)) => batch,
+                Ok(ToWrite::Commit) if answer(Answer::Committed) => continue,
+                Ok(ToWrite::Commit) | Err(_) => return,
+            },
+        };
+        let mut tx = match own.batch() {
+            Ok(tx) => tx,
+            // The answer to `first`, not written.
+            Err(e) => return fail(to_write, answers, e),
+        };
+        let mut written = 0;
+        let mut batch = Some(first);
+        // Whether the caller asked for the commit (and waits for its answer), or hung up.
+        let mut asked = false;
+        let mut hung_up = false;
+        while let Some(b) = batch.take() {
+            match write(&mut tx, b) {
+                Ok(b) => {
+                    if !answer(Answer::Written(b)) {
+                        return;
+                    }
+                    written += 1;
+                }
+                Err(e) => {
+                    // Rolled back: none of the transaction's batches is written.
+                    drop(tx);
+                    return fail(to_write, answers, e);
+                }
+            }
+            match to_write.recv() {
+                Ok(ToWrite::Batch(b)) if written < BATCHES_PER_COMMIT => batch = Some(b),
+                Ok(ToWrite::Batch(b)) => next = Some(b),
+                Ok(ToWrite::Commit) => asked = true,
+                Err(_) => hung_up = true,
+            }
+        }
+        if let Err(e) = tx.commit() {
+            if hung_up {
+                return;
+            }
+            // The answer to the commit asked for, or to the batch that would have opened the
+            // next transaction (`next`, not written).
+            return fail(to_write, answers, e);
+        }
+        if (asked && !answer(Answer::Committed)) || hung_up {
+            return;
+        }
+    }
+}
+
+/// Answers what the thread was doing with the first failure; then every batch sent after it
+/// as not written (and a commit asked for as done: the caller knows of the failure), until the
+/// caller hangs up.
+fn fail(to_write: &mpsc::Receiver<ToWrite>, answers: &mpsc::Sender<Answer>, error: StateError) {
+    if answers.send(Answer::Failed(error)).is_err() {
+        return;
+    }
+    while let Ok(what) = to_write.recv() {
+        let sent = match what {
+            ToWrite::Batch(batch) => answers.send(Answer::Skipped(batch)),
+            ToWrite::Commit => answers.send(Answer::Committed),
+        };
+        if sent.is_err() {
+            return;
+        }
+    }
+}
+
+/// Writes `batch` in transaction `tx`: its operations, started and ended, their records, and
 /// the bindings; the batch, to be freed by the caller.
-fn write(store: &mut Store, mut batch: OwnedBatch) -> Result<OwnedBatch> {
+fn write(tx: &mut Batch<'_>, mut batch: OwnedBatch) -> Result<OwnedBatch> {
     let deployment = batch.deployment;
     let starts: Vec<OperationStart<'_>> = batch
         .starts
@@ -212,7 +304,6 @@ fn write(store: &mut Store, mut batch: OwnedBatch) -> Result<OwnedBatch> {
             reason: &s.reason,
         })
         .collect();
-    let mut tx = store.batch()?;
     let ids = tx.begin_operations(&starts)?;
     let entries: Vec<JournalEntry<'_>> = batch
         .puts
@@ -239,7 +330,6 @@ fn write(store: &mut Store, mut batch: OwnedBatch) -> Result<OwnedBatch> {
         .map(|(guresid, (bound, records))| (guresid.as_str(), bound, records))
         .collect();
     tx.record_bindings(deployment, &batch.env, &bindings)?;
-    tx.commit()?;
     drop(entries);
     drop(starts);
     Ok(batch)
@@ -338,11 +428,15 @@ mod tests {
             let dep = store.begin_deployment("development", "c1").unwrap();
             let mut writer = JournalWriter::start(&store).unwrap();
             writer.send(batch(dep, &[("g1", "create")])).unwrap();
-            // The schema refuses the action: the whole batch is rolled back.
-            let refused = batch(dep, &[("g2", "create"), ("g3", "explode")]);
+            // Drained: committed, whatever comes after.
+            writer.drain().unwrap();
+            writer.send(batch(dep, &[("g2", "create")])).unwrap();
+            // The schema refuses the action: the whole transaction is rolled back, the batch
+            // written before it in the same transaction with it.
+            let refused = batch(dep, &[("g3", "create"), ("g4", "explode")]);
             writer.send(refused).unwrap();
             // Sent before or after the failure is known: either way it is not written.
-            let after = writer.send(batch(dep, &[("g4", "create")]));
+            let after = writer.send(batch(dep, &[("g5", "create")]));
             let e = match after {
                 Err(e) => e,
                 Ok(()) => writer.drain().expect_err("the failed batch"),
@@ -356,6 +450,27 @@ mod tests {
             let (operations, resources) = journalled(&store);
             assert_eq!(operations, ended(&["g1"]));
             assert_eq!(resources, ["g1"]);
+        });
+    }
+
+    #[test]
+    fn batches_share_a_transaction_up_to_its_bound_and_a_drain_commits_it() {
+        each_backend(|store| {
+            let dep = store.begin_deployment("development", "c1").unwrap();
+            let mut writer = JournalWriter::start(&store).unwrap();
+            let count = |store: &Store| journalled(store).0.len();
+            writer.send(batch(dep, &[("g1", "create")])).unwrap();
+            writer.send(batch(dep, &[("g2", "create")])).unwrap();
+            // The third batch is taken once the first two are committed together.
+            writer.send(batch(dep, &[("g3", "create")])).unwrap();
+            gitplane_testkit::eventually(
+                "the first two batches committed",
+                std::time::Duration::from_secs(10),
+                || (count(&store) >= 2).then_some(()),
+            );
+            assert_eq!(journalled(&store).0, ended(&["g1", "g2"]));
+            writer.drain().unwrap();
+            assert_eq!(journalled(&store).0, ended(&["g1", "g2", "g3"]));
         });
     }
 

@@ -822,3 +822,16 @@ CREATE INDEX resource_type_env ON resource (type, env);
 CREATE INDEX resource_failed ON resource (env) WHERE status = 'failed';
 CREATE INDEX operation_missed ON operation (deployment_id)
     WHERE action = 'create' AND status IN ('failed', 'skipped', 'interrupted');
+
+-- migration 13
+
+-- gitplane's own bookkeeping, not a report: which apps of an environment had resources but no
+-- fingerprint when deployment `deployment_id` ended. While that deployment is the environment's
+-- newest, a deployment finds those apps here instead of reading every resource row of the
+-- environment. A surgery by hand deletes the row; with no row, or an older deployment, they are
+-- counted again from `resource` and `app_fingerprint`.
+CREATE TABLE app_census (
+    env           TEXT PRIMARY KEY,
+    deployment_id INTEGER NOT NULL,        -- the deployment at whose end they were counted
+    unprinted     TEXT NOT NULL            -- JSON array of those apps' names, most often `[]`
+);

@@ -1964,7 +1964,7 @@ fn target_under_lock(
         let now = deploy::Scope::of_changes(
             fingerprints,
             &store.fingerprints(env)?,
-            &store.recorded_apps(env)?,
+            &store.apps_without_fingerprint(env)?,
         );
         // The main loop may have fallen back to the whole environment; that stays right.
         if target.scope.is_whole() || now == target.scope {

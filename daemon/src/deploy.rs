@@ -296,10 +296,12 @@ impl Scope {
 
     /// The apps whose fingerprint is new or changed, and those gone from the tree that still
     /// have resources or a fingerprint; the whole environment when that is every app.
+    /// `unprinted` are the apps with resources and no fingerprint
+    /// ([`Store::apps_without_fingerprint`]): with `recorded`, every app that has resources.
     pub fn of_changes(
         fingerprints: BTreeMap<String, String>,
         recorded: &HashMap<String, AppFingerprint>,
-        recorded_apps: &BTreeSet<String>,
+        unprinted: &BTreeSet<String>,
     ) -> Scope {
         let mut changed = BTreeSet::new();
         let mut unchanged_apps = 0;
@@ -315,7 +317,7 @@ impl Scope {
                 }
             }
         }
-        for app in recorded.keys().chain(recorded_apps) {
+        for app in recorded.keys().chain(unprinted) {
             if !fingerprints.contains_key(app) {
                 changed.insert(app.clone());
             }
@@ -384,7 +386,7 @@ pub fn target(
         (Some(store), Reach::Changes) if !store.has_global_orphans(env)? => Scope::of_changes(
             fingerprints,
             &store.fingerprints(env)?,
-            &store.recorded_apps(env)?,
+            &store.apps_without_fingerprint(env)?,
         ),
         _ => Scope::whole(fingerprints),
     };

@@ -1939,9 +1939,12 @@ impl<'a> Run<'a, '_> {
         }
         let clean: Vec<(&str, &gitplane_state::AppFingerprint)> =
             clean.iter().map(|(a, f)| (*a, f)).collect();
-        self.journal
-            .store()?
-            .record_fingerprints(&graph.env, self.deployment, &clean, &cleared)
+        self.journal.store()?.record_fingerprints_and_census(
+            &graph.env,
+            self.deployment,
+            &clean,
+            &cleared,
+        )
     }
 
     /// No driver was called, so the resource itself is as it was: only the operation fails.

@@ -1960,7 +1960,7 @@ pub(crate) mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 12);
+        assert_eq!(m.len(), 13);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
         assert!(m[1].contains("CREATE TABLE resource_version"));
@@ -1969,6 +1969,7 @@ pub(crate) mod tests {
         assert!(m[5].contains("CREATE TABLE resource_manifest"));
         assert!(m[10].contains("CREATE TABLE reconcile_request"));
         assert!(m[11].contains("CREATE INDEX resource_failed"));
+        assert!(m[12].contains("CREATE TABLE app_census"));
     }
 
     #[test]

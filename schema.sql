@@ -826,12 +826,17 @@ CREATE INDEX operation_missed ON operation (deployment_id)
 -- migration 13
 
 -- gitplane's own bookkeeping, not a report: which apps of an environment had resources but no
--- fingerprint when deployment `deployment_id` ended. While that deployment is the environment's
--- newest, a deployment finds those apps here instead of reading every resource row of the
--- environment. A surgery by hand deletes the row; with no row, or an older deployment, they are
--- counted again from `resource` and `app_fingerprint`.
+-- fingerprint when deployment `deployment_id` ended, and a digest of the fingerprints it left.
+-- While that deployment is the environment's newest, a deployment finds those apps here instead
+-- of reading every resource row of the environment, and a commit whose fingerprints give the
+-- same digest is known to change nothing without reading the fingerprints one by one. A
+-- surgery by hand deletes the row; with no row, or an older deployment, both are read again
+-- from `resource` and `app_fingerprint`.
 CREATE TABLE app_census (
     env           TEXT PRIMARY KEY,
     deployment_id INTEGER NOT NULL,        -- the deployment at whose end they were counted
-    unprinted     TEXT NOT NULL            -- JSON array of those apps' names, most often `[]`
+    unprinted     TEXT NOT NULL,           -- JSON array of those apps' names, most often `[]`
+    digest        TEXT,                    -- SHA-256 of the `app_fingerprint` rows of `env`
+                                           -- (NULL: not known)
+    resources     INTEGER                  -- the sum of their `resources`
 );

@@ -1939,11 +1939,13 @@ impl<'a> Run<'a, '_> {
         }
         let clean: Vec<(&str, &gitplane_state::AppFingerprint)> =
             clean.iter().map(|(a, f)| (*a, f)).collect();
+        let (digest, resources) =
+            scope.prints_after(&cleared, clean.iter().map(|(_, f)| f.resources).sum());
         self.journal.store()?.record_fingerprints_and_census(
             &graph.env,
             self.deployment,
-            &clean,
-            &cleared,
+            (&clean, &cleared),
+            Some((&digest, resources)),
         )
     }
 

@@ -563,8 +563,8 @@ mod tests {
             .record_fingerprints_and_census(
                 "development",
                 d1,
-                &[("shop", &print("f1")), ("cart", &print("f2"))],
-                &[],
+                (&[("shop", &print("f1")), ("cart", &print("f2"))], &[]),
+                Some((&fingerprints_digest([("shop", "f1"), ("cart", "f2")]), 4)),
             )
             .unwrap();
         store.commit_seen("c1", "dispatched", None).unwrap();

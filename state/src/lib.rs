@@ -34,7 +34,7 @@ use crate::db::{Conn, DbError, DbResult, FromCell, OptionalExtension, Params, Ro
 pub use copy::{CopyError, CopyReport, copied_tables, copy_state};
 pub use drift::{DetectRun, DetectRunRecord, DriftFinding};
 pub use figures::Figures;
-pub use fingerprint::AppFingerprint;
+pub use fingerprint::{AppFingerprint, Census, fingerprints_digest};
 pub use history::{LinkChanges, Pruned, Retention};
 pub use journal::{Batch, Ended, JournalEntry, ManifestsRecord};
 pub use lease::{Beat, Fence, LeaseHold, LeaseRecord, Leases};

@@ -156,6 +156,11 @@ fn a_commit_reads_plans_and_applies_only_the_apps_it_changed() {
                 "[]".into()
             ]]
         );
+        // With the digest of the fingerprints it left: the next same commit reads none.
+        assert_eq!(
+            sb.count("SELECT COUNT(*) FROM app_census WHERE digest IS NOT NULL AND resources = 12"),
+            1
+        );
     }
     // And what it recorded is what a whole read gives: the whole read finds nothing to do.
     sb.gitplane(&["resolve", "b/workload.default#modules.web"])

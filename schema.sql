@@ -825,6 +825,24 @@ CREATE INDEX operation_missed ON operation (deployment_id)
 
 -- migration 13
 
+-- gitplane's own bookkeeping, not a report: which apps of an environment had resources but no
+-- fingerprint when deployment `deployment_id` ended, and a digest of the fingerprints it left.
+-- While that deployment is the environment's newest, a deployment finds those apps here instead
+-- of reading every resource row of the environment, and a commit whose fingerprints give the
+-- same digest is known to change nothing without reading the fingerprints one by one. A
+-- surgery by hand deletes the row; with no row, or an older deployment, both are read again
+-- from `resource` and `app_fingerprint`.
+CREATE TABLE app_census (
+    env           TEXT PRIMARY KEY,
+    deployment_id INTEGER NOT NULL,        -- the deployment at whose end they were counted
+    unprinted     TEXT NOT NULL,           -- JSON array of those apps' names, most often `[]`
+    digest        TEXT,                    -- SHA-256 of the `app_fingerprint` rows of `env`
+                                           -- (NULL: not known)
+    resources     INTEGER                  -- the sum of their `resources`
+);
+
+-- migration 14
+
 -- sqlite only
 -- SQLite checks `x IN ('a', 'b', 'c')` by building a table of the list for every row it writes
 -- (a list of up to two values it compares in place): a first apply of tens of thousands of
@@ -833,7 +851,7 @@ CREATE INDEX operation_missed ON operation (deployment_id)
 -- compares a list in place, so its tables keep theirs and it skips this migration. SQLite
 -- cannot change a CHECK constraint in place, so the tables are rebuilt (gitplane runs this with
 -- foreign keys off and checks them before it commits).
-CREATE TABLE operation_v13 (
+CREATE TABLE operation_v14 (
     id            INTEGER PRIMARY KEY,
     deployment_id INTEGER NOT NULL REFERENCES deployment (id),
     guresid       TEXT NOT NULL,
@@ -853,19 +871,19 @@ CREATE TABLE operation_v13 (
     started_at    TEXT NOT NULL,
     finished_at   TEXT
 );
-INSERT INTO operation_v13 (id, deployment_id, guresid, app, type, class, res_id, action, reason,
+INSERT INTO operation_v14 (id, deployment_id, guresid, app, type, class, res_id, action, reason,
                            status, attempts, outputs_changed, error, started_at, finished_at)
 SELECT id, deployment_id, guresid, app, type, class, res_id, action, reason, status, attempts,
        outputs_changed, error, started_at, finished_at
 FROM operation;
 DROP TABLE operation;
-ALTER TABLE operation_v13 RENAME TO operation;
+ALTER TABLE operation_v14 RENAME TO operation;
 CREATE INDEX operation_deployment ON operation (deployment_id);
 CREATE INDEX operation_resource ON operation (guresid);
 CREATE INDEX operation_missed ON operation (deployment_id)
     WHERE action = 'create' AND (status = 'failed' OR status = 'skipped' OR status = 'interrupted');
 
-CREATE TABLE link_v13 (
+CREATE TABLE link_v14 (
     id          INTEGER PRIMARY KEY,
     env         TEXT NOT NULL,
     consumer    TEXT NOT NULL,             -- GUResID: depends on the provider
@@ -878,16 +896,16 @@ CREATE TABLE link_v13 (
     valid_from  INTEGER NOT NULL,          -- the deployment that made this link
     valid_to    INTEGER                    -- the first deployment without it; NULL: current
 );
-INSERT INTO link_v13 (id, env, consumer, provider, kind, update_type, valid_from, valid_to)
+INSERT INTO link_v14 (id, env, consumer, provider, kind, update_type, valid_from, valid_to)
 SELECT id, env, consumer, provider, kind, update_type, valid_from, valid_to FROM link;
 DROP TABLE link;
-ALTER TABLE link_v13 RENAME TO link;
+ALTER TABLE link_v14 RENAME TO link;
 CREATE UNIQUE INDEX link_current ON link (env, consumer, provider) WHERE valid_to IS NULL;
 CREATE INDEX link_current_provider ON link (provider) WHERE valid_to IS NULL;
 CREATE INDEX link_from ON link (env, valid_from);
 CREATE INDEX link_to ON link (valid_to) WHERE valid_to IS NOT NULL;
 
-CREATE TABLE binding_v13 (
+CREATE TABLE binding_v14 (
     id               INTEGER PRIMARY KEY,
     env              TEXT NOT NULL,
     needed_guresid   TEXT NOT NULL,        -- the consumer
@@ -903,13 +921,13 @@ CREATE TABLE binding_v13 (
     valid_from       INTEGER NOT NULL,
     valid_to         INTEGER
 );
-INSERT INTO binding_v13 (id, env, needed_guresid, needed_path, provided_guresid, provided_path,
+INSERT INTO binding_v14 (id, env, needed_guresid, needed_path, provided_guresid, provided_path,
                          data_type, value, secret, inserted, interface, valid_from, valid_to)
 SELECT id, env, needed_guresid, needed_path, provided_guresid, provided_path, data_type, value,
        secret, inserted, interface, valid_from, valid_to
 FROM binding;
 DROP TABLE binding;
-ALTER TABLE binding_v13 RENAME TO binding;
+ALTER TABLE binding_v14 RENAME TO binding;
 CREATE INDEX binding_current ON binding (needed_guresid) WHERE valid_to IS NULL;
 CREATE INDEX binding_from ON binding (env, valid_from);
 CREATE INDEX binding_to ON binding (valid_to) WHERE valid_to IS NOT NULL;

@@ -1961,11 +1961,7 @@ fn target_under_lock(
         && !job.drift
     {
         let fingerprints = deploy::fingerprints(&layout, env, &deploy::host_print(runtime.host()));
-        let now = deploy::Scope::of_changes(
-            fingerprints,
-            &store.fingerprints(env)?,
-            &store.recorded_apps(env)?,
-        );
+        let now = deploy::Scope::of_changes_in(store, env, fingerprints)?;
         // The main loop may have fallen back to the whole environment; that stays right.
         if target.scope.is_whole() || now == target.scope {
             return Ok(Ok(target));

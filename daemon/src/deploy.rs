@@ -296,10 +296,12 @@ impl Scope {
 
     /// The apps whose fingerprint is new or changed, and those gone from the tree that still
     /// have resources or a fingerprint; the whole environment when that is every app.
+    /// `unprinted` are the apps with resources and no fingerprint
+    /// ([`Store::apps_without_fingerprint`]): with `recorded`, every app that has resources.
     pub fn of_changes(
         fingerprints: BTreeMap<String, String>,
         recorded: &HashMap<String, AppFingerprint>,
-        recorded_apps: &BTreeSet<String>,
+        unprinted: &BTreeSet<String>,
     ) -> Scope {
         let mut changed = BTreeSet::new();
         let mut unchanged_apps = 0;
@@ -315,7 +317,7 @@ impl Scope {
                 }
             }
         }
-        for app in recorded.keys().chain(recorded_apps) {
+        for app in recorded.keys().chain(unprinted) {
             if !fingerprints.contains_key(app) {
                 changed.insert(app.clone());
             }
@@ -334,6 +336,56 @@ impl Scope {
     pub fn is_whole(&self) -> bool {
         self.apps.is_none()
     }
+
+    /// [`Scope::of_changes`] of `env` as `store` records it. When the census of the
+    /// environment's newest deployment has no app without fingerprint and the digest of the
+    /// fingerprints it left equals that of `fingerprints`, nothing changed: no fingerprint is
+    /// read one by one (10 000 rows at 50 000 resources).
+    pub fn of_changes_in(
+        store: &Store,
+        env: &str,
+        fingerprints: BTreeMap<String, String>,
+    ) -> Result<Scope, StateError> {
+        let census = store.census(env)?;
+        if let Some(census) = &census
+            && census.unprinted.is_empty()
+            && let Some((digest, resources)) = &census.prints
+            && !fingerprints.is_empty()
+            && *digest == gitplane_state::fingerprints_digest(prints(&fingerprints))
+        {
+            return Ok(Scope {
+                apps: Some(BTreeSet::new()),
+                unchanged_apps: fingerprints.len(),
+                unchanged_resources: *resources,
+                fingerprints,
+            });
+        }
+        let unprinted = match census {
+            Some(census) => census.unprinted,
+            None => store.apps_without_fingerprint(env)?,
+        };
+        Ok(Scope::of_changes(
+            fingerprints,
+            &store.fingerprints(env)?,
+            &unprinted,
+        ))
+    }
+
+    /// What the digest of the fingerprints a deployment of this scope leaves recorded is made
+    /// of, with the sum of their resources: every app of the commit but `cleared` (those it
+    /// did not look at keep fingerprints equal to the commit's; those it looked at are
+    /// recorded with the commit's or cleared). `clean` are the resources of those it recorded.
+    pub fn prints_after(&self, cleared: &[&str], clean: i64) -> (String, i64) {
+        let cleared: std::collections::HashSet<&str> = cleared.iter().copied().collect();
+        let digest = gitplane_state::fingerprints_digest(
+            prints(&self.fingerprints).filter(|(app, _)| !cleared.contains(app)),
+        );
+        (digest, self.unchanged_resources + clean)
+    }
+}
+
+fn prints(fingerprints: &BTreeMap<String, String>) -> impl Iterator<Item = (&str, &str)> {
+    fingerprints.iter().map(|(a, f)| (a.as_str(), f.as_str()))
 }
 
 /// One environment of a commit, ready to plan or apply: its graph, whole or of the apps that
@@ -381,11 +433,9 @@ pub fn target(
     let fingerprints = fingerprints(layout, env, &host_print(host));
     let scope = match (store, reach) {
         // A global orphan kept after its delete failed is retried by a whole deployment.
-        (Some(store), Reach::Changes) if !store.has_global_orphans(env)? => Scope::of_changes(
-            fingerprints,
-            &store.fingerprints(env)?,
-            &store.recorded_apps(env)?,
-        ),
+        (Some(store), Reach::Changes) if !store.has_global_orphans(env)? => {
+            Scope::of_changes_in(store, env, fingerprints)?
+        }
         _ => Scope::whole(fingerprints),
     };
     if let (Some(apps), Some(store)) = (&scope.apps, store) {

@@ -1939,9 +1939,14 @@ impl<'a> Run<'a, '_> {
         }
         let clean: Vec<(&str, &gitplane_state::AppFingerprint)> =
             clean.iter().map(|(a, f)| (*a, f)).collect();
-        self.journal
-            .store()?
-            .record_fingerprints(&graph.env, self.deployment, &clean, &cleared)
+        let (digest, resources) =
+            scope.prints_after(&cleared, clean.iter().map(|(_, f)| f.resources).sum());
+        self.journal.store()?.record_fingerprints_and_census(
+            &graph.env,
+            self.deployment,
+            (&clean, &cleared),
+            Some((&digest, resources)),
+        )
     }
 
     /// No driver was called, so the resource itself is as it was: only the operation fails.

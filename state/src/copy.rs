@@ -20,7 +20,7 @@ use crate::db::{Arg, Backend, Cell, Conn, DbError, DbResult, Tx, params};
 use crate::{StateError, Store, state_error};
 
 /// The tables that move, whatever their order here (the copy orders them by foreign key).
-const COPIED: [&str; 17] = [
+const COPIED: [&str; 18] = [
     "deployment",
     "resource",
     "resource_secret",
@@ -31,6 +31,8 @@ const COPIED: [&str; 17] = [
     "resource_version",
     "commit_seen",
     "app_fingerprint",
+    // Copied with the deployments whose ids it names, so the copy keeps the fast path.
+    "app_census",
     "resource_manifest",
     "preview",
     "env_pin",
@@ -558,11 +560,11 @@ mod tests {
             resources: 2,
         };
         store
-            .record_fingerprints(
+            .record_fingerprints_and_census(
                 "development",
                 d1,
-                &[("shop", &print("f1")), ("cart", &print("f2"))],
-                &[],
+                (&[("shop", &print("f1")), ("cart", &print("f2"))], &[]),
+                Some((&fingerprints_digest([("shop", "f1"), ("cart", "f2")]), 4)),
             )
             .unwrap();
         store.commit_seen("c1", "dispatched", None).unwrap();

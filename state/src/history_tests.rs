@@ -594,7 +594,7 @@ fn the_tables_an_apply_writes_keep_their_rows_and_checks_once_their_lists_are_co
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     {
-        // A state file of schema version 12, with a row in each rebuilt table.
+        // A state file of schema version 13, with a row in each rebuilt table.
         let conn = Connection::open(&path).unwrap();
         conn.pragma_update(None, "foreign_keys", false).unwrap();
         conn.pragma_update(None, "legacy_alter_table", true)
@@ -608,10 +608,10 @@ fn the_tables_an_apply_writes_keep_their_rows_and_checks_once_their_lists_are_co
             |ctx| ctx.get::<String>(0),
         )
         .unwrap();
-        for block in &migrations()[..12] {
+        for block in &migrations()[..13] {
             conn.execute_batch(block).unwrap();
         }
-        conn.pragma_update(None, "user_version", 12).unwrap();
+        conn.pragma_update(None, "user_version", 13).unwrap();
         conn.execute_batch(
             "INSERT INTO deployment (id, env, commit_id, status, started_at)
                  VALUES (1, 'dev', 'c1', 'failed', 'x');

@@ -34,7 +34,7 @@ use crate::db::{Conn, DbError, DbResult, FromCell, OptionalExtension, Params, Ro
 pub use copy::{CopyError, CopyReport, copied_tables, copy_state};
 pub use drift::{DetectRun, DetectRunRecord, DriftFinding};
 pub use figures::Figures;
-pub use fingerprint::AppFingerprint;
+pub use fingerprint::{AppFingerprint, Census, fingerprints_digest};
 pub use history::{LinkChanges, Pruned, Retention};
 pub use journal::{Batch, Ended, JournalEntry, ManifestsRecord};
 pub use lease::{Beat, Fence, LeaseHold, LeaseRecord, Leases};
@@ -1973,7 +1973,7 @@ pub(crate) mod tests {
     #[test]
     fn migrations_split_schema_sql() {
         let m = migrations();
-        assert_eq!(m.len(), 13);
+        assert_eq!(m.len(), 14);
         assert!(m[0].contains("CREATE TABLE deployment"));
         assert!(m[0].contains("CREATE VIEW failures"));
         assert!(m[1].contains("CREATE TABLE resource_version"));
@@ -1982,9 +1982,10 @@ pub(crate) mod tests {
         assert!(m[5].contains("CREATE TABLE resource_manifest"));
         assert!(m[10].contains("CREATE TABLE reconcile_request"));
         assert!(m[11].contains("CREATE INDEX resource_failed"));
-        assert!(m[12].contains("CREATE TABLE operation_v13"));
-        assert!(sqlite_only(&m[12]));
-        assert!(!m[..12].iter().any(|b| sqlite_only(b)));
+        assert!(m[12].contains("CREATE TABLE app_census"));
+        assert!(m[13].contains("CREATE TABLE operation_v14"));
+        assert!(sqlite_only(&m[13]));
+        assert!(!m[..13].iter().any(|b| sqlite_only(b)));
     }
 
     #[test]

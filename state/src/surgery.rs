@@ -352,8 +352,12 @@ fn close_links(tx: &Tx<'_>, guresid: &str, ended: i64) -> DbResult<()> {
 }
 
 /// Drops the recorded fingerprint of `app` of `env` (of every app for a shared resource): the
-/// next apply must look at what the surgery changed, not skip it as unchanged.
+/// next apply must look at what the surgery changed, not skip it as unchanged. The census of
+/// `env` goes too: the surgery may leave an app with resources and no fingerprint (moved or
+/// imported into an app the repository no longer has), which the next apply must count.
 fn forget_fingerprints(tx: &Tx<'_>, env: &str, app: Option<&str>) -> DbResult<()> {
+    tx.prepare_cached("DELETE FROM app_census WHERE env = ?1")?
+        .run([env])?;
     match app {
         Some(app) => tx
             .prepare_cached("DELETE FROM app_fingerprint WHERE env = ?1 AND app = ?2")?

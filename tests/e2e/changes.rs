@@ -90,6 +90,11 @@ fn touched(sb: &Sandbox) -> Vec<Vec<String>> {
     )
 }
 
+/// `deployment_id, unprinted` of the census of `development`.
+fn census(sb: &Sandbox) -> Vec<Vec<String>> {
+    sb.rows("SELECT deployment_id, unprinted FROM app_census WHERE env = 'development'")
+}
+
 #[test]
 fn a_commit_reads_plans_and_applies_only_the_apps_it_changed() {
     let sb = three_apps();
@@ -136,11 +141,27 @@ fn a_commit_reads_plans_and_applies_only_the_apps_it_changed() {
         }
     }
 
-    // The same commit again: nothing is read at all.
-    apply(&sb, &[])
-        .ok()
-        .stdout_has("0 created, 0 updated, 0 deleted, 12 unchanged, 0 failed")
-        .stderr_has("0 changed, 3 as last deployed");
+    // The same commit again: nothing is read at all, twice; each time the census of the apps
+    // without fingerprint is carried on to the newest deployment, so the next one need not
+    // read every resource row to find them.
+    for _ in 0..2 {
+        apply(&sb, &[])
+            .ok()
+            .stdout_has("0 created, 0 updated, 0 deleted, 12 unchanged, 0 failed")
+            .stderr_has("0 changed, 3 as last deployed");
+        assert_eq!(
+            census(&sb),
+            [vec![
+                sb.last_deployment("development").id.to_string(),
+                "[]".into()
+            ]]
+        );
+        // With the digest of the fingerprints it left: the next same commit reads none.
+        assert_eq!(
+            sb.count("SELECT COUNT(*) FROM app_census WHERE digest IS NOT NULL AND resources = 12"),
+            1
+        );
+    }
     // And what it recorded is what a whole read gives: the whole read finds nothing to do.
     sb.gitplane(&["resolve", "b/workload.default#modules.web"])
         .ok()
@@ -261,6 +282,46 @@ fn an_app_that_reads_a_secret_store_is_read_every_time() {
     run.stdout_has("0 created, 1 updated")
         .stderr_has("1 changed, 2 as last deployed");
     run.hides(&["first", "second"]);
+
+    // c keeps no fingerprint, so the census names it; once c leaves the tree it is found
+    // there, and its resources go.
+    assert_eq!(
+        census(&sb),
+        [vec![
+            sb.last_deployment("development").id.to_string(),
+            "[\"c\"]".into()
+        ]]
+    );
+    sb.remove("workloads/c");
+    sb.commit("c goes");
+    apply(&sb, &["--config", config])
+        .ok()
+        .stdout_has("0 created, 0 updated, 5 deleted, 8 unchanged, 0 failed")
+        .stderr_has("1 changed, 2 as last deployed");
+    assert_eq!(
+        sb.column("SELECT DISTINCT app FROM resource WHERE app IS NOT NULL ORDER BY 1"),
+        ["a", "b"]
+    );
+    assert_eq!(census(&sb)[0][1], "[]");
+}
+
+#[test]
+fn an_app_moved_by_hand_to_one_the_tree_does_not_have_is_found_by_the_next_apply() {
+    let sb = three_apps();
+    apply(&sb, &[])
+        .ok()
+        .stderr_has("0 changed, 3 as last deployed");
+    sb.gitplane(&["state", "mv", "c", "ghost"]).ok();
+    // ghost has resources and no fingerprint, and no deployment ran since the census: the
+    // surgery dropped it, so ghost is counted, and deleted; c is made again.
+    apply(&sb, &[])
+        .ok()
+        .stdout_has("4 created, 0 updated, 4 deleted, 8 unchanged, 0 failed")
+        .stderr_has("2 changed, 2 as last deployed");
+    assert_eq!(
+        sb.column("SELECT DISTINCT app FROM resource WHERE app IS NOT NULL ORDER BY 1"),
+        ["a", "b", "c"]
+    );
 }
 
 /// Two apps on a global zone, shared through `gitplane.dev/resource-ref`.
@@ -501,5 +562,75 @@ fn an_app_a_killed_deployment_was_changing_is_read_again_even_for_its_old_files(
     assert_eq!(
         sb.column("SELECT inputs FROM resource WHERE type = 'queue'"),
         ["{\"resource\":null,\"values\":{\"size\":\"b\"}}"]
+    );
+}
+
+#[test]
+fn an_app_a_killed_deployment_created_is_deleted_once_gone_from_the_tree() {
+    let sb = three_apps();
+    let driver = DriverServer::start();
+    let config = http_driver_config(&sb, &driver, "30s", "");
+    sb.write(
+        "definitions/queue.yaml",
+        &def("queue", "queue", "test/http", "      size: 1\n"),
+    );
+    sb.commit("A queue");
+    // With the host's driver and the queue, then again: a no-op carries the census on.
+    apply(&sb, &["--config", &config]).ok();
+    apply(&sb, &["--config", &config])
+        .ok()
+        .stderr_has("0 changed, 3 as last deployed");
+    sb.write("workloads/d/web.yaml", &workload("web:1"));
+    sb.write(
+        "workloads/d/worker.yaml",
+        "apiVersion: score.dev/v1b1\nmetadata:\n  name: worker\ncontainers:\n  main:\n    image: w\n\
+         resources:\n  jobs:\n    type: queue\n",
+    );
+    sb.commit("d, with a worker and its queue");
+    // The queue's answer is slow: gitplane is killed once d's web workload is recorded, so d
+    // has resources and never got a fingerprint.
+    driver.behave(
+        "queue",
+        Behavior {
+            delay: Duration::from_secs(20),
+            ..Behavior::default()
+        },
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gitplane"))
+        .args(["apply", "--config", &config, "--repo"])
+        .arg(&sb.origin)
+        .arg("--state")
+        .arg(&sb.state)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    gitplane_testkit::eventually("d's web workload recorded", Duration::from_secs(20), || {
+        (sb.count(
+            "SELECT COUNT(*) FROM resource WHERE app = 'd' AND type = 'workload'
+             AND res_id = 'modules.web'",
+        ) > 0)
+            .then_some(())
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(
+        sb.count("SELECT COUNT(*) FROM app_fingerprint WHERE app = 'd'"),
+        0
+    );
+
+    // d leaves the tree before any deployment finished: it is found all the same, and its
+    // resources go.
+    driver.behave("queue", Behavior::default());
+    sb.remove("workloads/d");
+    sb.commit("d goes");
+    apply(&sb, &["--config", &config])
+        .ok()
+        .stderr_has("1 changed, 3 as last deployed");
+    assert_eq!(
+        sb.column("SELECT DISTINCT app FROM resource WHERE app IS NOT NULL ORDER BY 1"),
+        ["a", "b", "c"]
     );
 }

@@ -269,7 +269,7 @@ fn a_state_file_from_before_the_change_migrates_and_keeps_its_history() {
     // Reading commands migrate it and show every deployment.
     let history = sb.gitplane(&["history", "--format", "json"]).ok().json();
     assert_eq!(history.as_array().unwrap().len(), 5);
-    assert_eq!(sb.count("PRAGMA user_version"), 12);
+    assert_eq!(sb.count("PRAGMA user_version"), 14);
     // Its secrets, plain text before, are sealed now.
     assert!(sb.count("SELECT COUNT(*) FROM resource_secret") > 0);
     assert_eq!(

@@ -1,6 +1,6 @@
 //! Reading a commit of the config repository straight from git's object database, no checkout.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
@@ -159,24 +159,30 @@ fn tree_entries(
         .map_err(|e| e.to_string())
 }
 
-/// What one entry of a tree is to a snapshot.
-enum Found {
-    /// A folder that may hold a wanted file: its path and entries.
-    Folder(String, Vec<RootEntry>),
-    File(String, Vec<u8>),
-    /// A symbolic link: its path and the path it names.
-    Link(String, String),
-    Skipped,
+/// What a snapshot reads of a tree's entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Wanted {
+    /// A folder that may hold a wanted file: its entries.
+    Folder,
+    File,
+    /// A symbolic link: the path it names.
+    Link,
 }
 
-/// Reads entry `(name, mode, oid)` of folder `dir` ("" for the root) as a snapshot of `apps`
-/// (every app when `None`) needs it; the error names the path.
-fn read_entry(
-    objects: &Objects<'_>,
+/// An object as a snapshot read it.
+enum Read {
+    Folder(Vec<RootEntry>),
+    Blob(Vec<u8>),
+    Link(String),
+}
+
+/// The path of entry `(name, mode, oid)` of folder `dir` ("" for the root), what a snapshot of
+/// `apps` (every app when `None`) reads of it, and its object; `None` when nothing.
+fn wanted_entry(
     apps: Option<&BTreeSet<String>>,
     dir: &str,
     (name, mode, oid): RootEntry,
-) -> Result<Found, String> {
+) -> Option<(String, Wanted, gix::ObjectId)> {
     let skipped = mode.is_tree()
         && match apps {
             None => false,
@@ -188,28 +194,33 @@ fn read_entry(
     } else {
         format!("{dir}/{name}")
     };
+    let what = if mode.is_tree() {
+        (wanted_dir(&path) && !skipped).then_some(Wanted::Folder)
+    } else if mode.is_blob() {
+        wanted(&path).then_some(Wanted::File)
+    } else if mode.is_link() {
+        (wanted(&path) || wanted_dir(&path)).then_some(Wanted::Link)
+    } else {
+        None
+    };
+    what.map(|what| (path, what, oid))
+}
+
+/// Reads object `oid` as `what`.
+fn read_object(objects: &Objects<'_>, oid: &gix::oid, what: Wanted) -> Result<Read, String> {
     let mut buf = Vec::new();
-    if mode.is_tree() {
-        if wanted_dir(&path) && !skipped {
-            let entries =
-                tree_entries(objects, &oid, &mut buf).map_err(|e| format!("{path}/: {e}"))?;
-            return Ok(Found::Folder(path, entries));
-        }
-    } else if mode.is_blob() && wanted(&path) {
-        let blob = objects
-            .find_blob(&oid, &mut buf)
-            .map_err(|e| format!("{path}: {e}"))?;
-        let contents = blob.data.to_vec();
-        return Ok(Found::File(path, contents));
-    } else if mode.is_link() && (wanted(&path) || wanted_dir(&path)) {
+    match what {
+        Wanted::Folder => tree_entries(objects, oid, &mut buf).map(Read::Folder),
+        Wanted::File => objects
+            .find_blob(oid, &mut buf)
+            .map(|blob| Read::Blob(blob.data.to_vec()))
+            .map_err(|e| e.to_string()),
         // A link's blob is the path it names.
-        let blob = objects
-            .find_blob(&oid, &mut buf)
-            .map_err(|e| format!("{path}: {e}"))?;
-        let target = blob.data.to_str_lossy().into_owned();
-        return Ok(Found::Link(path, target));
+        Wanted::Link => objects
+            .find_blob(oid, &mut buf)
+            .map(|blob| Read::Link(blob.data.to_str_lossy().into_owned()))
+            .map_err(|e| e.to_string()),
     }
-    Ok(Found::Skipped)
 }
 
 /// A branch's merge into the watched ref, as [`ConfigRepo::merge_into`] made it.
@@ -493,9 +504,11 @@ impl ConfigRepo {
     ) -> Result<Snapshot, RepoError> {
         let _span = tracing::debug_span!("read files").entered();
         let read_err = self.read_err(commit);
-        // A level of the tree at a time, every entry of the level on the cores there are: a
-        // first apply reads tens of thousands of folders and files. gix's handles are `Send`
-        // but not `Sync`, so each of rayon's jobs reads through clones of its own.
+        // A level of the tree at a time, every object of the level on the cores there are: a
+        // first apply reads tens of thousands of folders and files. Each distinct object is
+        // read once: apps made from one template share their files, and so their folders.
+        // gix's handles are `Send` but not `Sync`, so each of rayon's jobs reads through
+        // clones of its own.
         let handles = std::sync::Mutex::new((self.repo.objects.clone(), self.extra.clone()));
         let mut files = BTreeMap::new();
         let mut links = BTreeMap::new();
@@ -505,7 +518,15 @@ impl ConfigRepo {
             .map(|entry| (String::new(), entry))
             .collect();
         while !level.is_empty() {
-            let found: Vec<Result<Found, String>> = level
+            let wanted: Vec<(String, Wanted, gix::ObjectId)> = level
+                .into_iter()
+                .filter_map(|(dir, entry)| wanted_entry(apps, &dir, entry))
+                .collect();
+            let mut distinct: Vec<(gix::ObjectId, Wanted)> =
+                wanted.iter().map(|(_, what, oid)| (*oid, *what)).collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            let read: HashMap<(gix::ObjectId, Wanted), Result<Read, String>> = distinct
                 .into_par_iter()
                 .map_init(
                     || {
@@ -514,25 +535,31 @@ impl ConfigRepo {
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .clone()
                     },
-                    |(own, extra), (dir, entry)| {
+                    |(own, extra), (oid, what)| {
                         let objects = Objects { own, extra };
-                        read_entry(&objects, apps, &dir, entry)
+                        ((oid, what), read_object(&objects, &oid, what))
                     },
                 )
                 .collect();
             level = Vec::new();
-            for found in found {
-                match found.map_err(&read_err)? {
-                    Found::Folder(path, entries) => {
-                        level.extend(entries.into_iter().map(|e| (path.clone(), e)));
+            for (path, what, oid) in wanted {
+                let found = match &read[&(oid, what)] {
+                    Ok(found) => found,
+                    Err(e) if what == Wanted::Folder => {
+                        return Err(read_err(format!("{path}/: {e}")));
                     }
-                    Found::File(path, contents) => {
-                        files.insert(path, contents);
+                    Err(e) => return Err(read_err(format!("{path}: {e}"))),
+                };
+                match found {
+                    Read::Folder(entries) => {
+                        level.extend(entries.iter().map(|e| (path.clone(), e.clone())));
                     }
-                    Found::Link(path, target) => {
-                        links.insert(path, target);
+                    Read::Blob(contents) => {
+                        files.insert(path, contents.clone());
                     }
-                    Found::Skipped => {}
+                    Read::Link(target) => {
+                        links.insert(path, target.clone());
+                    }
                 }
             }
         }

@@ -82,8 +82,8 @@ const BATCHES_PER_COMMIT: usize = 2;
 
 /// Writes [`OwnedBatch`]es in the order sent, on its own connection and thread, up to
 /// [`BATCHES_PER_COMMIT`] in one transaction; [`JournalWriter::drain`] commits what is open. One
-/// batch is written at a time, and the caller hands over the next only once the writer takes
-/// it: what waits in memory is bounded by two batches.
+/// batch is written at a time and one more may wait for it, so the caller goes on preparing the
+/// next while the writer is busy: what waits in memory is bounded by three batches.
 pub struct JournalWriter {
     batches: Option<mpsc::SyncSender<ToWrite>>,
     written: mpsc::Receiver<Answer>,
@@ -101,7 +101,7 @@ impl JournalWriter {
     /// Starts a writer on another connection to `store`'s state (its key and fences).
     pub fn start(store: &Store) -> Result<JournalWriter> {
         let mut own = store.connect_again()?;
-        let (batches, to_write) = mpsc::sync_channel::<ToWrite>(0);
+        let (batches, to_write) = mpsc::sync_channel::<ToWrite>(1);
         let (answers, written) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("journal".into())

@@ -1095,7 +1095,7 @@ impl Store {
                         COUNT(CASE WHEN action = 'update' THEN 1 END),
                         COUNT(CASE WHEN action = 'delete' THEN 1 END)
                  FROM (SELECT DISTINCT action, guresid FROM operation
-                       WHERE deployment_id = ?1 AND status = 'succeeded')",
+                       WHERE deployment_id = ?1 AND status = 'succeeded') AS pairs",
             )
             .and_then(|mut s| {
                 s.query_row([deployment], |r| {

@@ -175,6 +175,27 @@ impl Bulk {
         });
     }
 
+    /// Gathers the start of operation `id`, taking `row`'s values rather than copying them: the
+    /// journal's writer starts tens of thousands of operations a first apply.
+    pub(crate) fn start_row(&mut self, id: i64, deployment: i64, row: crate::StartRow) {
+        self.operation_at.insert(id, self.operations.len());
+        self.operations.push(OperationRow {
+            id,
+            deployment_id: deployment,
+            guresid: row.guresid,
+            app: row.app,
+            res_type: row.res_type,
+            class: row.class,
+            res_id: row.res_id,
+            action: row.action.to_owned(),
+            reason: row.reason,
+            status: "started".to_owned(),
+            attempts: 0,
+            outputs_changed: None,
+            error: None,
+        });
+    }
+
     /// Merges the calls made so far into operation `id`, if gathered here.
     pub(crate) fn calls(&mut self, id: i64, attempts: i64) -> bool {
         match self.operation_at.get(&id) {

@@ -741,6 +741,28 @@ impl Batch<'_> {
             .map_err(|source| crate::state_error(self.path, source))
     }
 
+    /// [`Batch::begin_operations`] of operations owned, whose values the rows take.
+    pub fn begin_started(
+        &mut self,
+        deployment: i64,
+        rows: Vec<crate::StartRow>,
+    ) -> Result<Vec<i64>> {
+        let err = |source| crate::state_error(self.path, source);
+        let Some(bulk) = self.bulk.as_mut() else {
+            let starts: Vec<OperationStart<'_>> =
+                rows.iter().map(|s| s.as_start(deployment)).collect();
+            return begin_operations(&self.tx, None, &starts).map_err(err);
+        };
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = bulk.operation_ids(&self.tx, rows.len()).map_err(err)?;
+        for (row, id) in rows.into_iter().zip(&ids) {
+            bulk.start_row(*id, deployment, row);
+        }
+        Ok(ids)
+    }
+
     /// See [`Store::journal`].
     pub fn journal(&mut self, entries: &[JournalEntry<'_>]) -> Result<()> {
         write_journal(&self.tx, &self.ring, self.bulk.as_mut(), entries)

@@ -31,6 +31,22 @@ pub struct StartRow {
     pub reason: String,
 }
 
+impl StartRow {
+    /// The operation as [`OperationStart`] says it, in `deployment`.
+    pub fn as_start(&self, deployment: i64) -> OperationStart<'_> {
+        OperationStart {
+            deployment,
+            guresid: &self.guresid,
+            app: self.app.as_deref(),
+            res_type: &self.res_type,
+            class: &self.class,
+            res_id: &self.res_id,
+            action: self.action,
+            reason: &self.reason,
+        }
+    }
+}
+
 /// A put that started and ended in its batch: what [`JournalEntry::Put`] says, owned.
 #[derive(Debug)]
 pub struct EndedPut {
@@ -290,21 +306,7 @@ fn fail(to_write: &mpsc::Receiver<ToWrite>, answers: &mpsc::Sender<Answer>, erro
 /// the bindings; the batch, to be freed by the caller.
 fn write(tx: &mut Batch<'_>, mut batch: OwnedBatch) -> Result<OwnedBatch> {
     let deployment = batch.deployment;
-    let starts: Vec<OperationStart<'_>> = batch
-        .starts
-        .iter()
-        .map(|s| OperationStart {
-            deployment,
-            guresid: &s.guresid,
-            app: s.app.as_deref(),
-            res_type: &s.res_type,
-            class: &s.class,
-            res_id: &s.res_id,
-            action: s.action,
-            reason: &s.reason,
-        })
-        .collect();
-    let ids = tx.begin_operations(&starts)?;
+    let ids = tx.begin_started(deployment, std::mem::take(&mut batch.starts))?;
     let entries: Vec<JournalEntry<'_>> = batch
         .puts
         .iter()
@@ -331,7 +333,6 @@ fn write(tx: &mut Batch<'_>, mut batch: OwnedBatch) -> Result<OwnedBatch> {
         .collect();
     tx.record_bindings(deployment, &batch.env, &bindings)?;
     drop(entries);
-    drop(starts);
     Ok(batch)
 }
 

@@ -407,15 +407,27 @@ pub fn targets(
     reach: Reach,
 ) -> Result<Result<Vec<Target>, Rejected>, AppError> {
     let mut cache = LoadCache::default();
+    let result = targets_parsed_into(ctx, commit, (store, reach), &mut cache);
+    free_in_background(cache);
+    result
+}
+
+/// [`targets`], the parsed files left in `cache`: a caller that does the work next frees
+/// them (and the targets) when it is done, rather than while it works.
+pub fn targets_parsed_into(
+    ctx: &Context,
+    commit: &Commit,
+    (store, reach): (Option<&Store>, Reach),
+    cache: &mut LoadCache,
+) -> Result<Result<Vec<Target>, Rejected>, AppError> {
     let mut result = deploy::targets(
         &commit.repo,
         &commit.layout,
         &commit.envs,
         (store, reach),
         ctx.host(),
-        &mut cache,
+        cache,
     )?;
-    free_in_background(cache);
     if let Ok(targets) = &mut result
         && let Err(rejected) = deploy::read_target_secrets(targets, &ctx.stores)
     {

@@ -1429,7 +1429,13 @@ fn apply(
         .iter()
         .map(|env| ApplyLock::acquire_with(&store, env, false))
         .collect::<Result<Vec<_>, _>>()?;
-    let targets = match targets(ctx, &commit, Some(&store), Reach::Changes)? {
+    let mut parsed = gitplane_core::model::LoadCache::default();
+    let targets = match app::targets_parsed_into(
+        ctx,
+        &commit,
+        (Some(&store), Reach::Changes),
+        &mut parsed,
+    )? {
         Ok(targets) => targets,
         Err(rejected) => {
             report_rejected(commit.id(), &rejected);
@@ -1455,7 +1461,7 @@ fn apply(
         &Attribution::of(actor, "apply"),
         stdout,
     );
-    app::free_in_background(targets);
+    app::free_in_background((targets, parsed));
     outcome
 }
 

@@ -83,6 +83,22 @@ fn apply(sb: &Sandbox, args: &[&str]) -> Run {
 }
 
 /// `app type -> updated_at` of every resource, to see which rows an apply touched.
+/// `gitplane apply` of the clone's origin with host config `config`, started and left running
+/// (to be killed half-way).
+fn apply_in_background(sb: &Sandbox, config: &str) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_gitplane"))
+        .args(["apply", "--config", config, "--repo"])
+        .arg(&sb.origin)
+        .arg("--state")
+        .arg(&sb.state)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 fn touched(sb: &Sandbox) -> Vec<Vec<String>> {
     sb.rows(
         "SELECT COALESCE(app, '-'), type, res_id, updated_at, inputs_hash FROM resource
@@ -519,17 +535,7 @@ fn an_app_a_killed_deployment_was_changing_is_read_again_even_for_its_old_files(
             ..Behavior::default()
         },
     );
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gitplane"))
-        .args(["apply", "--config", &config, "--repo"])
-        .arg(&sb.origin)
-        .arg("--state")
-        .arg(&sb.state)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = apply_in_background(&sb, &config);
     gitplane_testkit::eventually("b's web updated", Duration::from_secs(20), || {
         (sb.count(
             "SELECT COUNT(*) FROM resource WHERE app = 'b' AND type = 'workload'
@@ -596,17 +602,7 @@ fn an_app_a_killed_deployment_created_is_deleted_once_gone_from_the_tree() {
             ..Behavior::default()
         },
     );
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gitplane"))
-        .args(["apply", "--config", &config, "--repo"])
-        .arg(&sb.origin)
-        .arg("--state")
-        .arg(&sb.state)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = apply_in_background(&sb, &config);
     gitplane_testkit::eventually("d's web workload recorded", Duration::from_secs(20), || {
         (sb.count(
             "SELECT COUNT(*) FROM resource WHERE app = 'd' AND type = 'workload'

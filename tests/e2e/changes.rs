@@ -99,6 +99,10 @@ fn apply_in_background(sb: &Sandbox, config: &str) -> std::process::Child {
         .unwrap()
 }
 
+/// A Score file of a worker that asks for a queue.
+const WORKER_WITH_QUEUE: &str = "apiVersion: score.dev/v1b1\nmetadata:\n  name: worker\n\
+    containers:\n  main:\n    image: w\nresources:\n  jobs:\n    type: queue\n";
+
 fn touched(sb: &Sandbox) -> Vec<Vec<String>> {
     sb.rows(
         "SELECT COALESCE(app, '-'), type, res_id, updated_at, inputs_hash FROM resource
@@ -230,11 +234,7 @@ fn an_app_left_unfinished_is_read_again_though_its_files_did_not_change() {
         "definitions/queue.yaml",
         &def("queue", "queue", "test/http", "      size: 1\n"),
     );
-    sb.write(
-        "workloads/b/worker.yaml",
-        "apiVersion: score.dev/v1b1\nmetadata:\n  name: worker\ncontainers:\n  main:\n    image: w\n\
-         resources:\n  jobs:\n    type: queue\n",
-    );
+    sb.write("workloads/b/worker.yaml", WORKER_WITH_QUEUE);
     sb.commit("b gets a worker and its queue");
     driver.behave(
         "queue",
@@ -510,11 +510,7 @@ fn an_app_a_killed_deployment_was_changing_is_read_again_even_for_its_old_files(
             "      size: ${context.app.id}\n",
         ),
     );
-    sb.write(
-        "workloads/b/worker.yaml",
-        "apiVersion: score.dev/v1b1\nmetadata:\n  name: worker\ncontainers:\n  main:\n    image: w\n\
-         resources:\n  jobs:\n    type: queue\n",
-    );
+    sb.write("workloads/b/worker.yaml", WORKER_WITH_QUEUE);
     sb.commit("b gets a worker");
     sb.gitplane(&["apply", "--config", &config]).ok();
     let before = touched(&sb);
@@ -587,11 +583,7 @@ fn an_app_a_killed_deployment_created_is_deleted_once_gone_from_the_tree() {
         .ok()
         .stderr_has("0 changed, 3 as last deployed");
     sb.write("workloads/d/web.yaml", &workload("web:1"));
-    sb.write(
-        "workloads/d/worker.yaml",
-        "apiVersion: score.dev/v1b1\nmetadata:\n  name: worker\ncontainers:\n  main:\n    image: w\n\
-         resources:\n  jobs:\n    type: queue\n",
-    );
+    sb.write("workloads/d/worker.yaml", WORKER_WITH_QUEUE);
     sb.commit("d, with a worker and its queue");
     // The queue's answer is slow: gitplane is killed once d's web workload is recorded, so d
     // has resources and never got a fingerprint.

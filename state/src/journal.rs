@@ -748,11 +748,7 @@ impl Batch<'_> {
         rows: Vec<crate::StartRow>,
     ) -> Result<Vec<i64>> {
         let err = |source| crate::state_error(self.path, source);
-        let Some(bulk) = self.bulk.as_mut() else {
-            let starts: Vec<OperationStart<'_>> =
-                rows.iter().map(|s| s.as_start(deployment)).collect();
-            return begin_operations(&self.tx, None, &starts).map_err(err);
-        };
+        let bulk = self.bulk.as_mut().expect("both backends gather operations");
         if rows.is_empty() {
             return Ok(Vec::new());
         }

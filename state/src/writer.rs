@@ -15,11 +15,10 @@ use std::thread::JoinHandle;
 
 use crate::db::DbError;
 use crate::{
-    Batch, BindingRecord, JournalEntry, ManifestsRecord, OperationStart, ResourceRecord, Result,
-    StateError, Store,
+    Batch, BindingRecord, JournalEntry, ManifestsRecord, ResourceRecord, Result, StateError, Store,
 };
 
-/// An operation of a batch, as [`OperationStart`] says it, owned.
+/// An operation of a batch, as [`crate::OperationStart`] says it, owned.
 #[derive(Debug, Clone)]
 pub struct StartRow {
     pub guresid: String,
@@ -29,22 +28,6 @@ pub struct StartRow {
     pub res_id: String,
     pub action: &'static str,
     pub reason: String,
-}
-
-impl StartRow {
-    /// The operation as [`OperationStart`] says it, in `deployment`.
-    pub fn as_start(&self, deployment: i64) -> OperationStart<'_> {
-        OperationStart {
-            deployment,
-            guresid: &self.guresid,
-            app: self.app.as_deref(),
-            res_type: &self.res_type,
-            class: &self.class,
-            res_id: &self.res_id,
-            action: self.action,
-            reason: &self.reason,
-        }
-    }
 }
 
 /// A put that started and ended in its batch: what [`JournalEntry::Put`] says, owned.
@@ -455,7 +438,7 @@ mod tests {
     }
 
     #[test]
-    fn batches_share_a_transaction_up_to_its_bound_and_a_drain_commits_it() {
+    fn a_drain_commits_the_batches_the_writer_holds_open() {
         each_backend(|store| {
             let dep = store.begin_deployment("development", "c1").unwrap();
             let mut writer = JournalWriter::start(&store).unwrap();

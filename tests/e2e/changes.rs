@@ -84,8 +84,19 @@ fn apply(sb: &Sandbox, args: &[&str]) -> Run {
 
 /// `app type -> updated_at` of every resource, to see which rows an apply touched.
 /// `gitplane apply` of the clone's origin with host config `config`, started and left running
-/// (to be killed half-way).
-fn apply_in_background(sb: &Sandbox, config: &str) -> std::process::Child {
+/// while `driver` takes 20 s to answer for each queue (to be killed half-way).
+fn apply_with_a_slow_queue(
+    sb: &Sandbox,
+    driver: &DriverServer,
+    config: &str,
+) -> std::process::Child {
+    driver.behave(
+        "queue",
+        Behavior {
+            delay: Duration::from_secs(20),
+            ..Behavior::default()
+        },
+    );
     std::process::Command::new(env!("CARGO_BIN_EXE_gitplane"))
         .args(["apply", "--config", config, "--repo"])
         .arg(&sb.origin)
@@ -524,14 +535,7 @@ fn an_app_a_killed_deployment_was_changing_is_read_again_even_for_its_old_files(
         "type: queue\n    params: {v: 2}\n",
     );
     sb.commit("b's new image and queue");
-    driver.behave(
-        "queue",
-        Behavior {
-            delay: Duration::from_secs(20),
-            ..Behavior::default()
-        },
-    );
-    let mut child = apply_in_background(&sb, &config);
+    let mut child = apply_with_a_slow_queue(&sb, &driver, &config);
     gitplane_testkit::eventually("b's web updated", Duration::from_secs(20), || {
         (sb.count(
             "SELECT COUNT(*) FROM resource WHERE app = 'b' AND type = 'workload'
@@ -587,14 +591,7 @@ fn an_app_a_killed_deployment_created_is_deleted_once_gone_from_the_tree() {
     sb.commit("d, with a worker and its queue");
     // The queue's answer is slow: gitplane is killed once d's web workload is recorded, so d
     // has resources and never got a fingerprint.
-    driver.behave(
-        "queue",
-        Behavior {
-            delay: Duration::from_secs(20),
-            ..Behavior::default()
-        },
-    );
-    let mut child = apply_in_background(&sb, &config);
+    let mut child = apply_with_a_slow_queue(&sb, &driver, &config);
     gitplane_testkit::eventually("d's web workload recorded", Duration::from_secs(20), || {
         (sb.count(
             "SELECT COUNT(*) FROM resource WHERE app = 'd' AND type = 'workload'

@@ -26,7 +26,7 @@ use std::time::Instant;
 use gitplane_state::{
     BindingRecord, Counts, DeploymentStatus, Ended, EndedPut, JournalEntry, LinkChanges,
     LinkRecord, ManifestsRecord, OperationStart, OwnedBatch, ResourceRecord, ResourceStatus,
-    StartRow, StateError, Store,
+    SealedPut, Sealer, StartRow, StateError, Store,
 };
 use rayon::prelude::*;
 use serde_json::Value;
@@ -44,8 +44,8 @@ use crate::drivers::{
 use crate::graph::{EdgeKind, GuresId, ResourceGraph, ResourceNode};
 use crate::manifests;
 use crate::plan::{
-    Action, Outputs, Plan, ResolvedInputs, Step, bindings_of, deletion_guard, inputs_hash, plan,
-    record_label, resolve_inputs, same_inputs, split_inputs,
+    Action, Outputs, Plan, ResolveError, ResolvedInputs, Step, bindings_of, deletion_guard,
+    inputs_hash, plan, record_label, resolve_inputs, same_inputs, split_inputs,
 };
 
 /// Progress, for people watching an apply.
@@ -618,6 +618,70 @@ impl LeakCheck {
     }
 }
 
+/// What a put reads of the run, worked out before it starts: a pure function of its node and
+/// the outputs it reads, so a batch's are worked out on every core (see [`Run::resolve_puts`]).
+struct Resolved {
+    /// Its inputs with their hash, or why they do not resolve.
+    inputs: Result<(ResolvedInputs, String), ResolveError>,
+    /// Its bindings, unless it was rebound already.
+    bindings: Option<Vec<BindingRecord>>,
+    /// What its driver call takes when it needs one and no account (whose credentials the
+    /// run reads as it starts the call).
+    call: Option<CallParts>,
+}
+
+/// The parts of a put's call worked out with its inputs.
+struct CallParts {
+    leaks: Option<Arc<LeakCheck>>,
+    /// `resource`, `values` and `secrets`, as the request carries them.
+    values: (Value, Value, Value),
+}
+
+impl Resolved {
+    fn of(node: &ResourceNode, outputs: &RunOutputs<'_>, rebound: bool, drift: bool) -> Resolved {
+        let inputs = resolve_inputs(node, outputs).map(|inputs| {
+            let hash = inputs_hash(node, &inputs);
+            (inputs, hash)
+        });
+        let bindings = (!rebound).then(|| bindings_of(node, outputs));
+        // A call is likely unless the resource is recorded ready with the same inputs; a
+        // guess that is wrong only costs this work, or leaves it to the start.
+        let call = match &inputs {
+            Ok((inputs, hash)) if node.driver_account.is_none() => {
+                let unchanged = outputs
+                    .recorded
+                    .get(node.guresid.as_str())
+                    .is_some_and(|rec| {
+                        rec.status == ResourceStatus::Ready
+                            && rec.definition == node.definition
+                            && rec.driver == node.driver_type
+                            && same_inputs(rec, hash, inputs)
+                    });
+                (drift || !unchanged).then(|| CallParts {
+                    leaks: LeakCheck::of(node, inputs, None).map(Arc::new),
+                    values: call_values(inputs),
+                })
+            }
+            _ => None,
+        };
+        Resolved {
+            inputs,
+            bindings,
+            call,
+        }
+    }
+}
+
+/// `resource`, `values` and `secrets` of a put's request: copies, as the inputs are recorded
+/// once the call answers.
+fn call_values(inputs: &ResolvedInputs) -> (Value, Value, Value) {
+    (
+        inputs.resource.clone(),
+        inputs.values.clone(),
+        inputs.secrets.clone(),
+    )
+}
+
 /// A put's answer as the reconciler takes it: done (its public outputs checked for secrets the
 /// call received) or not yet, and the cookie.
 fn put_answer(outcome: PutOutcome, leaks: Option<&LeakCheck>) -> (Option<Answer>, Cookie) {
@@ -758,6 +822,9 @@ enum Finished {
         new: bool,
         /// For a succeeded put: the manifests to record.
         manifests: Option<ManifestsRecord>,
+        /// The record and manifests sealed for the journal; `None` leaves that to the writer
+        /// (which reports why it cannot).
+        sealed: Option<SealedPut>,
     },
     Delete {
         step: usize,
@@ -838,10 +905,15 @@ impl<'a> Run<'a, '_> {
 
     /// Takes `node`'s bindings as they resolve now.
     fn rebind(&mut self, node: &'a ResourceNode) {
+        self.rebind_with(node, None);
+    }
+
+    /// Takes `node`'s bindings: `bindings` when they were resolved already.
+    fn rebind_with(&mut self, node: &'a ResourceNode, bindings: Option<Vec<BindingRecord>>) {
         if !self.rebound.insert(&node.guresid) {
             return;
         }
-        let bindings = bindings_of(node, &self.outputs);
+        let bindings = bindings.unwrap_or_else(|| bindings_of(node, &self.outputs));
         let mut all_inserted: HashMap<&str, bool> = HashMap::new();
         for b in &bindings {
             *all_inserted.entry(b.provided.as_str()).or_insert(true) &= b.inserted;
@@ -1015,39 +1087,21 @@ impl<'a> Run<'a, '_> {
                     .map(|&i| steps[i].guresid.as_str()),
             )?;
             // A batch at a time: resolved inputs wait in memory only until their calls start.
-            while queued.len() + starting.len() < BATCH
-                && let Some(i) = ready.pop_front()
-            {
-                let step = steps[i];
-                if let Some(halted) = self.halt.halted() {
-                    let action = match operation {
-                        Operation::Put
-                            if self.outputs.recorded.contains_key(step.guresid.as_str()) =>
-                        {
-                            "update"
-                        }
-                        Operation::Put => "create",
-                        Operation::Delete => "delete",
-                    };
-                    if step.action != Action::Unchanged || self.options.drift {
-                        self.skip(step, action, &halted.skip_reason());
-                    } else {
-                        self.count_unchanged(&step.guresid);
+            // Steps that settle without a call leave room for more, so a batch is picked again
+            // until it is full or nothing is ready.
+            while queued.len() + starting.len() < BATCH && !ready.is_empty() {
+                let room = BATCH - queued.len() - starting.len();
+                let picked: Vec<usize> = std::iter::from_fn(|| ready.pop_front())
+                    .take(room)
+                    .collect();
+                let resolved = match operation {
+                    Operation::Put if self.halt.halted().is_none() => {
+                        self.resolve_puts(steps, &picked)
                     }
-                    finished.push(i);
-                    continue;
-                }
-                let started = match operation {
-                    Operation::Put => {
-                        let started = self.start_put(step)?;
-                        self.read_done(step);
-                        started
-                    }
-                    Operation::Delete => self.start_delete(step)?,
+                    _ => picked.iter().map(|_| None).collect(),
                 };
-                match started {
-                    Started::Job(job) => starting.push((i, job)),
-                    Started::Settled => finished.push(i),
+                for (i, resolved) in picked.into_iter().zip(resolved) {
+                    self.start_step(steps, i, resolved, operation, &mut starting, &mut finished)?;
                 }
             }
             // Only this batch's starts may use them: its calls write cookies.
@@ -1278,6 +1332,7 @@ impl<'a> Run<'a, '_> {
                 outputs_changed,
                 new,
                 manifests,
+                sealed,
             } = f
             else {
                 unreachable!("only puts are sent");
@@ -1290,6 +1345,7 @@ impl<'a> Run<'a, '_> {
                 outputs_changed,
                 new,
                 manifests,
+                sealed,
             });
             spent.push(result);
         }
@@ -1477,10 +1533,12 @@ impl<'a> Run<'a, '_> {
         results: Vec<JobResult>,
         operation: Operation,
     ) -> Vec<Finished> {
+        let sealer = self.journal.reads().sealer();
         let recorder = Recorder {
             graph: self.graph,
             recorded: self.outputs.recorded,
             commit: self.commit,
+            sealer: &sealer,
         };
         let finish = |result: JobResult| recorder.finished(steps, result, operation);
         if results.len() < PARALLEL_FROM {
@@ -1530,7 +1588,71 @@ impl<'a> Run<'a, '_> {
         self.journal.store()?.ended_operations(&ops)
     }
 
-    fn start_put(&mut self, step: &'a Step) -> Result<Started, StateError> {
+    /// Starts step `i`: settled at once (skipped, failed before its call, unchanged), or a job
+    /// for the batch. `resolved` is what [`Run::resolve_puts`] worked out for it, if it did.
+    fn start_step(
+        &mut self,
+        steps: &[&'a Step],
+        i: usize,
+        resolved: Option<Resolved>,
+        operation: Operation,
+        starting: &mut Vec<(usize, Box<Ready>)>,
+        finished: &mut Vec<usize>,
+    ) -> Result<(), StateError> {
+        let step = steps[i];
+        if let Some(halted) = self.halt.halted() {
+            let action = match operation {
+                Operation::Put if self.outputs.recorded.contains_key(step.guresid.as_str()) => {
+                    "update"
+                }
+                Operation::Put => "create",
+                Operation::Delete => "delete",
+            };
+            if step.action != Action::Unchanged || self.options.drift {
+                self.skip(step, action, &halted.skip_reason());
+            } else {
+                self.count_unchanged(&step.guresid);
+            }
+            finished.push(i);
+            return Ok(());
+        }
+        let started = match operation {
+            Operation::Put => {
+                let started = self.start_put(step, resolved)?;
+                self.read_done(step);
+                started
+            }
+            Operation::Delete => self.start_delete(step)?,
+        };
+        match started {
+            Started::Job(job) => starting.push((i, job)),
+            Started::Settled => finished.push(i),
+        }
+        Ok(())
+    }
+
+    /// What each of the puts `picked` reads of the run, worked out on every core: the steps
+    /// of a batch are all ready, so none of them reads what another one writes, and the
+    /// outputs they read stay until the last of them has started (see [`Run::read_done`]).
+    fn resolve_puts(&self, steps: &[&'a Step], picked: &[usize]) -> Vec<Option<Resolved>> {
+        let (graph, outputs, rebound) = (self.graph, &self.outputs, &self.rebound);
+        let drift = self.options.drift;
+        in_order(picked, |&i| {
+            let node = graph.get(&steps[i].guresid)?;
+            Some(Resolved::of(
+                node,
+                outputs,
+                rebound.contains(&node.guresid),
+                drift,
+            ))
+        })
+    }
+
+    fn start_put(
+        &mut self,
+        step: &'a Step,
+        resolved: Option<Resolved>,
+    ) -> Result<Started, StateError> {
         let Some(node) = self.graph.get(&step.guresid) else {
             return Ok(Started::Settled);
         };
@@ -1553,15 +1675,27 @@ impl<'a> Run<'a, '_> {
             self.skip(step, action, &format!("blocked: {blocker} failed"));
             return Ok(Started::Settled);
         }
-        let inputs = match resolve_inputs(node, &self.outputs) {
-            Ok(inputs) => inputs,
+        let Resolved {
+            inputs,
+            bindings,
+            call,
+        } = match resolved {
+            Some(resolved) => resolved,
+            None => Resolved::of(
+                node,
+                &self.outputs,
+                self.rebound.contains(&node.guresid),
+                self.options.drift,
+            ),
+        };
+        let (inputs, hash) = match inputs {
+            Ok(resolved) => resolved,
             Err(e) => {
                 let error = format!("inputs do not resolve: {e}");
                 self.fail_before_call(step, action, &error);
                 return Ok(Started::Settled);
             }
         };
-        let hash = inputs_hash(node, &inputs);
         let recorded = self
             .outputs
             .recorded
@@ -1586,7 +1720,7 @@ impl<'a> Run<'a, '_> {
             self.pinned.insert(&node.guresid);
             return Ok(Started::Settled);
         }
-        self.rebind(node);
+        self.rebind_with(node, bindings);
         if let Some(rec) = recorded
             && !self.options.drift
             && same_inputs(rec, &hash, &inputs)
@@ -1627,7 +1761,13 @@ impl<'a> Run<'a, '_> {
             Action::MaybeUpdate | Action::Unchanged => "inputs changed".to_owned(),
             _ => step.reason.clone(),
         };
-        let leaks = LeakCheck::of(node, &inputs, account.as_ref()).map(Arc::new);
+        let (leaks, (resource, values, secrets)) = match call {
+            Some(call) if account.is_none() => (call.leaks, call.values),
+            _ => (
+                LeakCheck::of(node, &inputs, account.as_ref()).map(Arc::new),
+                call_values(&inputs),
+            ),
+        };
         let job = Job {
             operation: Operation::Put,
             leaks,
@@ -1639,9 +1779,9 @@ impl<'a> Run<'a, '_> {
                 res_type: node.res_type.clone(),
                 class: node.class.clone(),
                 res_id: node.res_id.clone(),
-                resource: inputs.resource.clone(),
-                values: inputs.values.clone(),
-                secrets: inputs.secrets.clone(),
+                resource,
+                values,
+                secrets,
                 account,
                 cookie: self.cookie(node.guresid.as_str())?,
             },
@@ -2005,6 +2145,7 @@ struct Recorder<'r> {
     graph: &'r ResourceGraph,
     recorded: &'r HashMap<&'r str, &'r ResourceRecord>,
     commit: &'r str,
+    sealer: &'r Sealer,
 }
 
 impl Recorder<'_> {
@@ -2092,6 +2233,7 @@ impl Recorder<'_> {
                 secrets.extend(&inputs.resource_secrets);
                 let needles = result.leaks.as_ref().map(|l| &l.needles);
                 let manifests = manifests::to_record(manifests, &secrets, needles);
+                let sealed = self.sealer.seal(&record, Some(&manifests)).ok();
                 Finished::Put {
                     step: result.step,
                     result,
@@ -2099,6 +2241,7 @@ impl Recorder<'_> {
                     outputs_changed: Some(changed),
                     new: previous.is_none(),
                     manifests: Some(manifests),
+                    sealed,
                 }
             }
             Err(error) => {
@@ -2111,6 +2254,7 @@ impl Recorder<'_> {
                     commit_id: self.commit.to_owned(),
                     ..previous.cloned().unwrap_or_else(|| self.record(node))
                 };
+                let sealed = self.sealer.seal(&record, None).ok();
                 Finished::Put {
                     step: result.step,
                     result,
@@ -2118,6 +2262,7 @@ impl Recorder<'_> {
                     outputs_changed: None,
                     new: previous.is_none(),
                     manifests: None,
+                    sealed,
                 }
             }
         }
@@ -2165,6 +2310,7 @@ fn journal_entries<'f>(
                 outputs_changed,
                 new,
                 manifests,
+                sealed,
                 ..
             } => JournalEntry::Put {
                 operation: operation(result),
@@ -2174,6 +2320,7 @@ fn journal_entries<'f>(
                 outputs_changed: *outputs_changed,
                 new: *new,
                 manifests: manifests.as_ref(),
+                sealed: sealed.as_ref(),
             },
             Finished::Delete { step, result } => JournalEntry::Delete {
                 operation: operation(result),

@@ -499,6 +499,7 @@ mod tests {
                 outputs_changed: Some(true),
                 new: true,
                 manifests: Some(&manifests),
+                sealed: None,
             }])
             .unwrap();
         let mut second = record("g2");
@@ -890,6 +891,7 @@ mod tests {
                     outputs_changed: Some(true),
                     new: true,
                     manifests: None,
+                    sealed: None,
                 })
                 .collect();
             source.journal(&entries).unwrap();

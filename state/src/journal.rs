@@ -60,6 +60,9 @@ pub enum JournalEntry<'a> {
         /// For a succeeded put: the Kubernetes manifests its driver produced (none is an empty
         /// list); `None` leaves those recorded as they are.
         manifests: Option<&'a ManifestsRecord>,
+        /// `record` and `manifests` as text, made by the caller (see [`Sealer`]); `None`:
+        /// made here.
+        sealed: Option<&'a SealedPut>,
     },
     /// A delete (or forget) ended. On success the resource, its secrets, cookie, links and
     /// bindings end with `deployment`.
@@ -233,12 +236,12 @@ fn record_call(
 }
 
 fn finish_put(
-    (tx, ring, bulk): (&Tx<'_>, &SharedKeyring, Option<&mut Bulk>),
+    (tx, bulk): (&Tx<'_>, Option<&mut Bulk>),
     new: bool,
     operation: i64,
     attempts: i64,
     deployment: i64,
-    record: &ResourceRecord,
+    (record, sealed): (&ResourceRecord, &SealedPut),
     outputs_changed: Option<bool>,
 ) -> DbResult<()> {
     let (status, error) = match record.status {
@@ -254,7 +257,7 @@ fn finish_put(
     let mut bulk = bulk;
     if let Some(bulk) = bulk.as_deref_mut().filter(|b| b.gathers_rows()) {
         if new {
-            return gather_new_put((tx, ring, bulk), operation, &end, deployment, record);
+            return gather_new_put((tx, bulk), operation, &end, deployment, (record, sealed));
         }
         // The version of a recorded resource is read from its row: what is gathered goes
         // first.
@@ -263,11 +266,11 @@ fn finish_put(
     if !bulk.as_deref_mut().is_some_and(|b| b.end(operation, &end)) {
         end_operation(tx, operation, &end)?;
     }
-    let outputs = record.outputs.to_string();
+    let outputs = sealed.outputs.as_str();
     let version_from = if new {
         deployment
     } else {
-        new_version(tx, deployment, record, &outputs)?
+        new_version(tx, deployment, record, outputs)?
     };
     // A batch's time, when it has one; else the statement's.
     let now = match bulk {
@@ -305,7 +308,7 @@ fn finish_put(
         version_from,
         now
     ])?;
-    match sealed_secrets(ring, record)? {
+    match &sealed.secrets {
         // Nothing secret: no row, which reads back as exactly this.
         None if new => {}
         None => {
@@ -336,38 +339,102 @@ pub(crate) const RESOURCE_UPSERT: &str = "ON CONFLICT (guresid) DO UPDATE SET
     orphan_since = NULL, orphan_reason = NULL,
     updated_at = excluded.updated_at";
 
-/// `record`'s secret outputs and inputs sealed for `resource_secret`; `None` when it has none
-/// (no row stands for exactly that).
-fn sealed_secrets(
-    ring: &SharedKeyring,
-    record: &ResourceRecord,
-) -> DbResult<Option<(String, String)>> {
-    let secret_outputs = record.secret_outputs.to_string();
-    if secret_outputs == NO_SECRET_OUTPUTS && record.secret_inputs.as_str() == NO_SECRET_INPUTS {
-        return Ok(None);
+/// Seals records' secrets for the journal with the state's key, on any thread: a caller that
+/// journals tens of thousands of puts (a first apply) makes their [`SealedPut`]s on its cores,
+/// so the one thread that writes the journal only writes.
+#[derive(Clone)]
+pub struct Sealer {
+    ring: SharedKeyring,
+    path: std::path::PathBuf,
+}
+
+/// A put's record and manifests as the journal writes them: public outputs as JSON, secrets
+/// and full manifests sealed.
+#[derive(Debug)]
+pub struct SealedPut {
+    outputs: String,
+    /// Secret outputs and inputs, sealed for `resource_secret`; `None` when it has none (no
+    /// row stands for exactly that).
+    secrets: Option<(String, String)>,
+    /// The full list of manifests, sealed for `resource_manifest`, when it has one.
+    manifests: Option<String>,
+}
+
+impl Store {
+    /// What seals records for [`JournalEntry::Put`] outside the store.
+    pub fn sealer(&self) -> Sealer {
+        Sealer {
+            ring: self.keyring.clone(),
+            path: self.path.clone(),
+        }
     }
-    let guresid = &record.guresid;
-    let outputs = seal_with(
-        ring,
-        &secret_outputs,
-        &format!("resource_secret.outputs:{guresid}"),
-    )?;
-    let inputs = seal_with(
-        ring,
-        record.secret_inputs.as_str(),
-        &format!("resource_secret.inputs:{guresid}"),
-    )?;
-    Ok(Some((outputs, inputs)))
+}
+
+impl Sealer {
+    /// `record` (and `manifests`, when the put records them) made ready for the journal.
+    pub fn seal(
+        &self,
+        record: &ResourceRecord,
+        manifests: Option<&ManifestsRecord>,
+    ) -> Result<SealedPut> {
+        SealedPut::of(&self.ring, record, manifests)
+            .map_err(|source| crate::state_error(&self.path, source))
+    }
+}
+
+impl SealedPut {
+    fn of(
+        ring: &SharedKeyring,
+        record: &ResourceRecord,
+        manifests: Option<&ManifestsRecord>,
+    ) -> DbResult<SealedPut> {
+        let guresid = &record.guresid;
+        let secret_outputs = record.secret_outputs.to_string();
+        let secrets = if secret_outputs == NO_SECRET_OUTPUTS
+            && record.secret_inputs.as_str() == NO_SECRET_INPUTS
+        {
+            None
+        } else {
+            Some((
+                seal_with(
+                    ring,
+                    &secret_outputs,
+                    &format!("resource_secret.outputs:{guresid}"),
+                )?,
+                seal_with(
+                    ring,
+                    record.secret_inputs.as_str(),
+                    &format!("resource_secret.inputs:{guresid}"),
+                )?,
+            ))
+        };
+        let manifests = match manifests {
+            Some(m) if !m.is_empty() => match &m.full {
+                Some(full) => Some(seal_with(
+                    ring,
+                    full,
+                    &format!("resource_manifest.sealed:{guresid}"),
+                )?),
+                None => None,
+            },
+            _ => None,
+        };
+        Ok(SealedPut {
+            outputs: record.outputs.to_string(),
+            secrets,
+            manifests,
+        })
+    }
 }
 
 /// Gathers a put of a resource that had no row: its operation's end, its row and its secrets,
 /// as [`finish_put`] writes them.
 fn gather_new_put(
-    (tx, ring, bulk): (&Tx<'_>, &SharedKeyring, &mut Bulk),
+    (tx, bulk): (&Tx<'_>, &mut Bulk),
     operation: i64,
     end: &OperationEnd<'_>,
     deployment: i64,
-    record: &ResourceRecord,
+    (record, sealed): (&ResourceRecord, &SealedPut),
 ) -> DbResult<()> {
     if !bulk.end(operation, end) {
         end_operation(tx, operation, end)?;
@@ -387,7 +454,7 @@ fn gather_new_put(
             "driver": record.driver,
             "status": record.status.as_str(),
             "inputs_hash": record.inputs_hash,
-            "outputs": record.outputs.to_string(),
+            "outputs": sealed.outputs,
             "error": record.error,
             "commit_id": record.commit_id,
             "deployment_id": deployment,
@@ -398,8 +465,8 @@ fn gather_new_put(
             "version_from": deployment,
         }),
     )?;
-    if let Some((outputs, inputs)) = sealed_secrets(ring, record)? {
-        bulk.secret(guresid, &outputs, &inputs);
+    if let Some((outputs, inputs)) = &sealed.secrets {
+        bulk.secret(guresid, outputs, inputs);
     }
     Ok(())
 }
@@ -437,10 +504,11 @@ impl ManifestsRecord {
 }
 
 fn record_manifests(
-    (tx, ring, bulk): (&Tx<'_>, &SharedKeyring, Option<&mut Bulk>),
+    (tx, bulk): (&Tx<'_>, Option<&mut Bulk>),
     new: bool,
     guresid: &str,
     manifests: &ManifestsRecord,
+    sealed: Option<&str>,
 ) -> DbResult<()> {
     if manifests.is_empty() {
         if !new {
@@ -449,16 +517,8 @@ fn record_manifests(
         }
         return Ok(());
     }
-    let sealed = match &manifests.full {
-        Some(full) => Some(seal_with(
-            ring,
-            full,
-            &format!("resource_manifest.sealed:{guresid}"),
-        )?),
-        None => None,
-    };
     if new && let Some(bulk) = bulk.filter(|b| b.gathers_rows()) {
-        bulk.manifests(guresid, &manifests.shown, sealed.as_deref());
+        bulk.manifests(guresid, &manifests.shown, sealed);
         return Ok(());
     }
     tx.prepare_cached(
@@ -644,22 +704,32 @@ fn write_journal(
                 outputs_changed,
                 new,
                 manifests,
+                sealed,
             } => {
+                let made;
+                let sealed = match sealed {
+                    Some(sealed) => *sealed,
+                    None => {
+                        made = SealedPut::of(ring, record, *manifests)?;
+                        &made
+                    }
+                };
                 finish_put(
-                    (tx, ring, bulk.as_deref_mut()),
+                    (tx, bulk.as_deref_mut()),
                     *new,
                     *operation,
                     *attempts,
                     *deployment,
-                    record,
+                    (record, sealed),
                     *outputs_changed,
                 )?;
                 if let Some(manifests) = manifests {
                     record_manifests(
-                        (tx, ring, bulk.as_deref_mut()),
+                        (tx, bulk.as_deref_mut()),
                         *new,
                         &record.guresid,
                         manifests,
+                        sealed.manifests.as_deref(),
                     )?;
                 }
             }
@@ -922,6 +992,7 @@ mod tests {
                 outputs_changed: Some(true),
                 new,
                 manifests,
+                sealed: None,
             };
             batch
                 .journal(&[
@@ -1018,6 +1089,7 @@ mod tests {
                     outputs_changed: Some(true),
                     new: true,
                     manifests: None,
+                    sealed: None,
                 }])
                 .unwrap();
             drop(dropped);

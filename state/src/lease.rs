@@ -502,6 +502,7 @@ mod tests {
                 outputs_changed: Some(true),
                 new: true,
                 manifests: None,
+                sealed: None,
             }],
             bindings: Vec::new(),
             spent: Box::new(()),

@@ -15,7 +15,8 @@ use std::thread::JoinHandle;
 
 use crate::db::DbError;
 use crate::{
-    Batch, BindingRecord, JournalEntry, ManifestsRecord, ResourceRecord, Result, StateError, Store,
+    Batch, BindingRecord, JournalEntry, ManifestsRecord, ResourceRecord, Result, SealedPut,
+    StateError, Store,
 };
 
 /// An operation of a batch, as [`crate::OperationStart`] says it, owned.
@@ -38,6 +39,8 @@ pub struct EndedPut {
     pub outputs_changed: Option<bool>,
     pub new: bool,
     pub manifests: Option<ManifestsRecord>,
+    /// The record and manifests sealed by the caller ([`crate::Sealer`]): made here if not.
+    pub sealed: Option<SealedPut>,
 }
 
 /// One transaction's writes: operations started and ended here (`starts[k]` ended as
@@ -302,6 +305,7 @@ fn write(tx: &mut Batch<'_>, mut batch: OwnedBatch) -> Result<OwnedBatch> {
             outputs_changed: put.outputs_changed,
             new: put.new,
             manifests: put.manifests.as_ref(),
+            sealed: put.sealed.as_ref(),
         })
         .collect();
     tx.journal(&entries)?;
@@ -341,6 +345,7 @@ mod tests {
             outputs_changed: Some(true),
             new: true,
             manifests: None,
+            sealed: None,
         };
         (start, put)
     }

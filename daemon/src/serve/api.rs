@@ -1803,6 +1803,7 @@ mod tests {
                     outputs_changed: Some(true),
                     new: true,
                     manifests: None,
+                    sealed: None,
                 },
             })
             .collect();

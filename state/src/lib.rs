@@ -436,6 +436,27 @@ impl Store {
         })
     }
 
+    /// SQLite: this connection leaves checkpoints to another ([`Store::checkpoint`]), so its
+    /// commits never wait for one. PostgreSQL: nothing.
+    pub(crate) fn leave_checkpoints(&self) -> Result<()> {
+        if let Conn::Lite(conn) = &self.conn {
+            conn.pragma_update(None, "wal_autocheckpoint", 0)
+                .map_err(|source| state_error(&self.path, source))?;
+        }
+        Ok(())
+    }
+
+    /// SQLite: copies what the log holds into the file as far as no reader still needs it (a
+    /// passive checkpoint: it waits for nobody, and writers go on meanwhile). PostgreSQL:
+    /// nothing.
+    pub(crate) fn checkpoint(&self) -> Result<()> {
+        if let Conn::Lite(conn) = &self.conn {
+            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                .map_err(|source| state_error(&self.path, source))?;
+        }
+        Ok(())
+    }
+
     /// The state file's path, or the PostgreSQL URL without its password.
     pub fn path(&self) -> &Path {
         &self.path

@@ -82,6 +82,11 @@ enum Answer {
 /// commit. Two batches a commit halve that, and hold the write lock for a tenth of a second.
 const BATCHES_PER_COMMIT: usize = 2;
 
+/// How many of the writer's commits go between two checkpoints of the log into the file, which
+/// another thread takes (see [`Checkpoints`]). A commit of two batches writes about 10 MB of
+/// log; three make about the log SQLite's own checkpoints let grow (32 MB).
+const COMMITS_PER_CHECKPOINT: usize = 3;
+
 /// Writes [`OwnedBatch`]es in the order sent, on its own connection and thread, up to
 /// [`BATCHES_PER_COMMIT`] in one transaction; [`JournalWriter::drain`] commits what is open. One
 /// batch is written at a time and one more may wait for it, so the caller goes on preparing the
@@ -99,15 +104,74 @@ pub struct JournalWriter {
     path: std::path::PathBuf,
 }
 
+/// Checkpoints of a SQLite log taken on a thread and connection of their own while the
+/// journal's writer commits: a checkpoint copies tens of megabytes into the file and syncs it,
+/// and the writer, whose thread the apply waits for, would otherwise take it within a commit.
+/// The writer tells of each commit; every [`COMMITS_PER_CHECKPOINT`]th starts one. What the
+/// log holds when the writer ends is left to the next checkpoint of another connection.
+struct Checkpoints {
+    commits: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Checkpoints {
+    /// For the SQLite state of `store`; `None` on PostgreSQL, which has no log of this kind.
+    fn start(store: &Store) -> Result<Option<Checkpoints>> {
+        if store.backend() != crate::db::Backend::Sqlite {
+            return Ok(None);
+        }
+        let own = store.connect_again()?;
+        let (commits, told) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("checkpoint".into())
+            .spawn(move || {
+                let mut since = 0;
+                while told.recv().is_ok() {
+                    since += 1 + told.try_iter().count();
+                    // A checkpoint that fails (the disk is full, say) leaves the log as it
+                    // is: the writer's commits are in it, and a later checkpoint copies them.
+                    if since >= COMMITS_PER_CHECKPOINT && own.checkpoint().is_ok() {
+                        since = 0;
+                    }
+                }
+            })
+            .map_err(|e| stopped(store.path(), &e.to_string()))?;
+        Ok(Some(Checkpoints {
+            commits: Some(commits),
+            thread: Some(thread),
+        }))
+    }
+
+    fn committed(&self) {
+        if let Some(commits) = &self.commits {
+            let _ = commits.send(());
+        }
+    }
+}
+
+impl Drop for Checkpoints {
+    /// Waits for a checkpoint under way, and ends the thread.
+    fn drop(&mut self) {
+        self.commits = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 impl JournalWriter {
     /// Starts a writer on another connection to `store`'s state (its key and fences).
     pub fn start(store: &Store) -> Result<JournalWriter> {
         let mut own = store.connect_again()?;
+        let checkpoints = Checkpoints::start(store)?;
+        if checkpoints.is_some() {
+            own.leave_checkpoints()?;
+        }
         let (batches, to_write) = mpsc::sync_channel::<ToWrite>(1);
         let (answers, written) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("journal".into())
-            .spawn(move || write_all(&mut own, &to_write, &answers))
+            .spawn(move || write_all(&mut own, &to_write, &answers, checkpoints.as_ref()))
             .map_err(|e| stopped(store.path(), &e.to_string()))?;
         Ok(JournalWriter {
             batches: Some(batches),
@@ -212,7 +276,12 @@ fn stopped(path: &std::path::Path, why: &str) -> StateError {
 /// The writer's thread: writes what comes in order, a transaction for up to
 /// [`BATCHES_PER_COMMIT`] batches, until the caller hangs up (what is open is then committed).
 /// After a failure, nothing more is written.
-fn write_all(own: &mut Store, to_write: &mpsc::Receiver<ToWrite>, answers: &mpsc::Sender<Answer>) {
+fn write_all(
+    own: &mut Store,
+    to_write: &mpsc::Receiver<ToWrite>,
+    answers: &mpsc::Sender<Answer>,
+    checkpoints: Option<&Checkpoints>,
+) {
     let answer = |a: Answer| answers.send(a).is_ok();
     // A batch that opens the next transaction, taken while the last one was full.
     let mut next: Option<OwnedBatch> = None;
@@ -263,6 +332,9 @@ fn write_all(own: &mut Store, to_write: &mpsc::Receiver<ToWrite>, answers: &mpsc
             // The answer to the commit asked for, or to the batch that would have opened the
             // next transaction (`next`, not written).
             return fail(to_write, answers, e);
+        }
+        if let Some(checkpoints) = checkpoints {
+            checkpoints.committed();
         }
         if (asked && !answer(Answer::Committed)) || hung_up {
             return;
@@ -461,6 +533,42 @@ mod tests {
             writer.drain().unwrap();
             assert_eq!(journalled(&store).0, ended(&["g1", "g2", "g3"]));
         });
+    }
+
+    #[test]
+    fn the_log_of_the_writers_commits_is_copied_into_the_file_by_a_checkpoint_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open(&path).unwrap();
+        let dep = store.begin_deployment("development", "c1").unwrap();
+        // Whatever is in the log goes into the file now: in WAL mode only a checkpoint writes
+        // the file, so it grows only if one copies the writer's commits.
+        store.checkpoint().unwrap();
+        let size = || std::fs::metadata(&path).unwrap().len();
+        let before = size();
+        let mut writer = JournalWriter::start(&store).unwrap();
+        for k in 0..COMMITS_PER_CHECKPOINT {
+            let guresids: Vec<String> = (0..200).map(|i| format!("g{k}-{i}")).collect();
+            let puts: Vec<(&str, &'static str)> =
+                guresids.iter().map(|g| (g.as_str(), "create")).collect();
+            writer.send(batch(dep, &puts)).unwrap();
+            writer.drain().unwrap();
+        }
+        // Dropped, the writer waits for the checkpoint its last commit started.
+        drop(writer);
+        assert!(
+            size() > before,
+            "the file is still {before} bytes: the commits are in the log alone"
+        );
+        assert_eq!(journalled(&store).1.len(), 200 * COMMITS_PER_CHECKPOINT);
+        // The store's own connection still checkpoints by itself.
+        let own: i64 = store
+            .conn
+            .lite()
+            .query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(own, 8_192);
+        drop(store);
     }
 
     #[test]

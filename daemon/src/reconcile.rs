@@ -633,8 +633,6 @@ struct Resolved {
 /// The parts of a put's call worked out with its inputs.
 struct CallParts {
     leaks: Option<Arc<LeakCheck>>,
-    /// `resource`, `values` and `secrets`, as the request carries them.
-    values: (Value, Value, Value),
 }
 
 impl Resolved {
@@ -659,7 +657,6 @@ impl Resolved {
                     });
                 (drift || !unchanged).then(|| CallParts {
                     leaks: LeakCheck::of(node, inputs, None).map(Arc::new),
-                    values: call_values(inputs),
                 })
             }
             _ => None,
@@ -672,14 +669,34 @@ impl Resolved {
     }
 }
 
-/// `resource`, `values` and `secrets` of a put's request: copies, as the inputs are recorded
-/// once the call answers.
-fn call_values(inputs: &ResolvedInputs) -> (Value, Value, Value) {
+/// `resource`, `values` and `secrets` of a put, moved into its request: `inputs` keeps the rest
+/// until the call answers, and [`give_back`] (or [`copy_back`]) makes them whole again. Tens
+/// of thousands of puts (a first apply) would otherwise copy and free them once more each.
+fn call_values(inputs: &mut ResolvedInputs) -> (Value, Value, Value) {
     (
-        inputs.resource.clone(),
-        inputs.values.clone(),
-        inputs.secrets.clone(),
+        std::mem::take(&mut inputs.resource),
+        std::mem::take(&mut inputs.values),
+        std::mem::take(&mut inputs.secrets),
     )
+}
+
+/// The values [`call_values`] moved into `call`, moved back into `inputs` once the call is done.
+fn give_back(inputs: &mut Option<ResolvedInputs>, call: OwnedRequest) {
+    if let Some(inputs) = inputs {
+        inputs.resource = call.resource;
+        inputs.values = call.values;
+        inputs.secrets = call.secrets;
+    }
+}
+
+/// The values [`call_values`] moved into `call`, copied back into `inputs`: the call takes its
+/// request to a task of its own.
+fn copy_back(inputs: &mut Option<ResolvedInputs>, call: &OwnedRequest) {
+    if let Some(inputs) = inputs {
+        inputs.resource = call.resource.clone();
+        inputs.values = call.values.clone();
+        inputs.secrets = call.secrets.clone();
+    }
 }
 
 /// A put's answer as the reconciler takes it: done (its public outputs checked for secrets the
@@ -1258,9 +1275,10 @@ impl<'a> Run<'a, '_> {
                 action,
                 reason,
                 hash,
-                inputs,
+                mut inputs,
                 ..
             } = *ready;
+            give_back(&mut inputs, job.call);
             started.push((i, action, reason));
             results.push(JobResult {
                 step: i,
@@ -1427,7 +1445,7 @@ impl<'a> Run<'a, '_> {
                 registered,
                 driver_type,
                 hash,
-                inputs,
+                mut inputs,
                 ..
             } = *ready;
             let Job {
@@ -1435,6 +1453,7 @@ impl<'a> Run<'a, '_> {
                 call: request,
                 leaks,
             } = job;
+            copy_back(&mut inputs, &request);
             let caller = Caller {
                 driver: registered.driver,
                 driver_type,
@@ -1761,13 +1780,12 @@ impl<'a> Run<'a, '_> {
             Action::MaybeUpdate | Action::Unchanged => "inputs changed".to_owned(),
             _ => step.reason.clone(),
         };
-        let (leaks, (resource, values, secrets)) = match call {
-            Some(call) if account.is_none() => (call.leaks, call.values),
-            _ => (
-                LeakCheck::of(node, &inputs, account.as_ref()).map(Arc::new),
-                call_values(&inputs),
-            ),
+        let leaks = match call {
+            Some(call) if account.is_none() => call.leaks,
+            _ => LeakCheck::of(node, &inputs, account.as_ref()).map(Arc::new),
         };
+        let mut inputs = inputs;
+        let (resource, values, secrets) = call_values(&mut inputs);
         let job = Job {
             operation: Operation::Put,
             leaks,
@@ -2203,15 +2221,22 @@ impl Recorder<'_> {
                 secret_outputs,
                 manifests: _,
             }) => {
-                let inputs = result.inputs.clone().unwrap_or(ResolvedInputs {
-                    resource: Value::Null,
-                    resource_is_secret: false,
-                    values: Value::Null,
-                    secrets: Value::Null,
-                    resource_secrets: Vec::new(),
-                });
+                let none;
+                let inputs = match &result.inputs {
+                    Some(inputs) => inputs,
+                    None => {
+                        none = ResolvedInputs {
+                            resource: Value::Null,
+                            resource_is_secret: false,
+                            values: Value::Null,
+                            secrets: Value::Null,
+                            resource_secrets: Vec::new(),
+                        };
+                        &none
+                    }
+                };
                 // What a delete will need again; anything a secret flowed into stays secret.
-                let (public, secret) = split_inputs(&inputs);
+                let (public, secret) = split_inputs(inputs);
                 let record = ResourceRecord {
                     status: ResourceStatus::Ready,
                     inputs_hash: result.hash.clone(),

@@ -1,6 +1,6 @@
 //! Journal writes gathered per transaction, so an operation that starts and ends in the same
 //! batch is written once, ended, and (on PostgreSQL) a batch's rows go as one statement per table
-//! (`json_populate_recordset` of a JSON array), not one statement each.
+//! (`unnest` of a typed array per column, sent in binary), not one statement each.
 //!
 //! Both backends gather the operations a batch starts, with their calls and ends merged in when
 //! they come in the same transaction: a driver that answers in process starts and ends its
@@ -12,13 +12,12 @@
 //! tables otherwise (an update of a recorded resource, a delete) writes what is gathered first,
 //! so the transaction sees its writes in their order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use serde::Serialize;
-use serde_json::{Value, json};
+use gitplane_core::records::{LinkRecord, ResourceRecord};
 
 use crate::NOW;
-use crate::db::{Backend, DbResult, Tx, params};
+use crate::db::{Array, Backend, Column, DbResult, Tx, params};
 use crate::journal::RESOURCE_UPSERT;
 
 /// Rows gathered for one transaction; [`Bulk::flush`] writes them.
@@ -31,9 +30,9 @@ pub(crate) struct Bulk {
     /// row may not be written yet.
     reserved_to: i64,
     /// PostgreSQL: new resources, their secrets and manifests, each by GUResID.
-    resources: Keyed,
-    secrets: Keyed,
-    manifests: Keyed,
+    resources: Keyed<RESOURCE_COLUMNS>,
+    secrets: Keyed<3>,
+    manifests: Keyed<3>,
     /// The transaction's time, read once: the rows of a batch are written in the same
     /// millisecond or so, and formatting the time for each of tens of thousands of rows costs
     /// a twentieth of their writing.
@@ -41,13 +40,11 @@ pub(crate) struct Bulk {
 }
 
 /// An `operation` row as gathered (its times are the flush's).
-#[derive(Serialize)]
 struct OperationRow {
     id: i64,
     deployment_id: i64,
     guresid: String,
     app: Option<String>,
-    #[serde(rename = "type")]
     res_type: String,
     class: String,
     res_id: String,
@@ -59,30 +56,57 @@ struct OperationRow {
     error: Option<String>,
 }
 
-/// Rows of one table, at most one per key.
-#[derive(Default)]
-struct Keyed {
-    rows: Vec<Value>,
-    keys: std::collections::HashSet<String>,
+/// The columns of `resource` a new resource's row gives (its times are the flush's).
+const RESOURCE_COLUMNS: usize = 19;
+
+/// Rows of one table gathered as columns, at most one per key.
+struct Keyed<const N: usize> {
+    columns: [Column; N],
+    keys: HashSet<String>,
 }
 
-impl Keyed {
+impl<const N: usize> Keyed<N> {
+    fn new(columns: [Column; N]) -> Keyed<N> {
+        Keyed {
+            columns,
+            keys: HashSet::new(),
+        }
+    }
+
     fn has(&self, key: &str) -> bool {
         self.keys.contains(key)
     }
 
-    fn push(&mut self, key: &str, row: Value) {
+    /// Marks `key`'s row as gathered; the caller pushes a value to each column.
+    fn key(&mut self, key: &str) -> &mut [Column; N] {
         self.keys.insert(key.to_owned());
-        self.rows.push(row);
+        &mut self.columns
     }
 
-    fn take(&mut self) -> Option<String> {
+    fn take(&mut self) -> Option<[Array; N]> {
         self.keys.clear();
-        if self.rows.is_empty() {
-            return None;
-        }
-        Some(Value::Array(std::mem::take(&mut self.rows)).to_string())
+        finish(&mut self.columns)
     }
+}
+
+/// The columns' arrays, `None` when they hold no row.
+fn finish<const N: usize>(columns: &mut [Column; N]) -> Option<[Array; N]> {
+    if columns[0].is_empty() {
+        return None;
+    }
+    debug_assert!(columns.iter().all(|c| c.len() == columns[0].len()));
+    Some(columns.each_mut().map(Column::finish))
+}
+
+/// Columns for one statement, in its order: integers at `ints`, text elsewhere.
+fn columns<const N: usize>(ints: &[usize]) -> [Column; N] {
+    std::array::from_fn(|i| {
+        if ints.contains(&i) {
+            Column::int()
+        } else {
+            Column::text()
+        }
+    })
 }
 
 /// How an operation ended, merged into its row.
@@ -102,9 +126,9 @@ impl Bulk {
             operations: Vec::new(),
             operation_at: HashMap::new(),
             reserved_to: 0,
-            resources: Keyed::default(),
-            secrets: Keyed::default(),
-            manifests: Keyed::default(),
+            resources: Keyed::new(columns(&[13, 18])),
+            secrets: Keyed::new(columns(&[])),
+            manifests: Keyed::new(columns(&[])),
             now: None,
         })
     }
@@ -222,32 +246,76 @@ impl Bulk {
         true
     }
 
-    /// Gathers a new resource's row (the columns of `resource` but its times), first writing
-    /// what is gathered when it already holds one for the same resource.
-    pub(crate) fn resource(&mut self, tx: &Tx<'_>, guresid: &str, row: Value) -> DbResult<()> {
-        if self.resources.has(guresid) {
+    /// Gathers a new resource's row, as of `deployment` (which is also its first version),
+    /// first writing what is gathered when it already holds one for the same resource.
+    pub(crate) fn resource(
+        &mut self,
+        tx: &Tx<'_>,
+        deployment: i64,
+        record: &ResourceRecord,
+    ) -> DbResult<()> {
+        if self.resources.has(&record.guresid) {
             self.flush(tx)?;
         }
-        self.resources.push(guresid, row);
+        let [
+            guresid,
+            env,
+            app,
+            res_type,
+            class,
+            res_id,
+            definition,
+            driver,
+            status,
+            inputs_hash,
+            outputs,
+            error,
+            commit_id,
+            deployment_id,
+            inputs,
+            account,
+            deletion_policy,
+            template_hash,
+            version_from,
+        ] = self.resources.key(&record.guresid);
+        guresid.push_text(Some(&record.guresid));
+        env.push_text(Some(&record.env));
+        app.push_text(record.app.as_deref());
+        res_type.push_text(Some(&record.res_type));
+        class.push_text(Some(&record.class));
+        res_id.push_text(Some(&record.res_id));
+        definition.push_text(Some(&record.definition));
+        driver.push_text(Some(&record.driver));
+        status.push_text(Some(record.status.as_str()));
+        inputs_hash.push_text(Some(&record.inputs_hash));
+        outputs.push_json(&record.outputs);
+        error.push_text(record.error.as_deref());
+        commit_id.push_text(Some(&record.commit_id));
+        deployment_id.push_int(Some(deployment));
+        inputs.push_text(Some(record.inputs.as_str()));
+        account.push_text(record.account.as_deref());
+        deletion_policy.push_text(Some(record.deletion_policy.as_str()));
+        template_hash.push_text(Some(&record.template_hash));
+        version_from.push_int(Some(deployment));
         Ok(())
     }
 
     /// Gathers a new resource's secrets (sealed), after its resource.
     pub(crate) fn secret(&mut self, guresid: &str, outputs: &str, inputs: &str) {
         debug_assert!(self.resources.has(guresid));
-        self.secrets.push(
-            guresid,
-            json!({"guresid": guresid, "outputs": outputs, "inputs": inputs}),
-        );
+        let [id, sealed_outputs, sealed_inputs] = self.secrets.key(guresid);
+        id.push_text(Some(guresid));
+        sealed_outputs.push_text(Some(outputs));
+        sealed_inputs.push_text(Some(inputs));
     }
 
     /// Gathers a new resource's manifests, after its resource.
     pub(crate) fn manifests(&mut self, guresid: &str, shown: &str, sealed: Option<&str>) {
         debug_assert!(self.resources.has(guresid));
-        self.manifests.push(
-            guresid,
-            json!({"guresid": guresid, "manifests": shown, "sealed": sealed}),
-        );
+        let [id, manifests, sealed_full] = self.manifests.key(guresid);
+        id.push_text(Some(guresid));
+        manifests.push_text(Some(shown));
+        sealed_full.push_text(sealed);
     }
 
     /// Writes what is gathered, a statement per table, in the order the rows depend on each
@@ -260,39 +328,38 @@ impl Bulk {
             let now = self.now(tx)?.map(str::to_owned);
             write_operations(tx, self.backend, &operations, now.as_deref())?;
         }
-        if let Some(rows) = self.resources.take() {
+        if let Some(columns) = self.resources.take() {
             tx.prepare_cached(&format!(
                 "INSERT INTO resource (guresid, env, app, type, class, res_id, definition, driver,
                                        status, inputs_hash, outputs, error, commit_id,
                                        deployment_id, inputs, account, deletion_policy,
                                        template_hash, version_from, created_at, updated_at)
-                 SELECT guresid, env, app, type, class, res_id, definition, driver, status,
-                        inputs_hash, outputs, error, commit_id, deployment_id, inputs, account,
-                        deletion_policy, template_hash, version_from, {NOW}, {NOW}
-                 FROM json_populate_recordset(NULL::resource, ?1::json)
+                 SELECT *, {NOW}, {NOW}
+                 FROM unnest(?1::text[], ?2::text[], ?3::text[], ?4::text[], ?5::text[],
+                             ?6::text[], ?7::text[], ?8::text[], ?9::text[], ?10::text[],
+                             ?11::text[], ?12::text[], ?13::text[], ?14::int8[], ?15::text[],
+                             ?16::text[], ?17::text[], ?18::text[], ?19::int8[])
                  {RESOURCE_UPSERT}"
             ))?
-            .run([rows])?;
+            .run(columns)?;
         }
-        if let Some(rows) = self.secrets.take() {
+        if let Some(columns) = self.secrets.take() {
             tx.prepare_cached(
                 "INSERT INTO resource_secret (guresid, outputs, inputs)
-                 SELECT guresid, outputs, inputs
-                 FROM json_populate_recordset(NULL::resource_secret, ?1::json)
+                 SELECT * FROM unnest(?1::text[], ?2::text[], ?3::text[])
                  ON CONFLICT (guresid) DO UPDATE SET outputs = excluded.outputs,
                      inputs = excluded.inputs",
             )?
-            .run([rows])?;
+            .run(columns)?;
         }
-        if let Some(rows) = self.manifests.take() {
+        if let Some(columns) = self.manifests.take() {
             tx.prepare_cached(
                 "INSERT INTO resource_manifest (guresid, manifests, sealed)
-                 SELECT guresid, manifests, sealed
-                 FROM json_populate_recordset(NULL::resource_manifest, ?1::json)
+                 SELECT * FROM unnest(?1::text[], ?2::text[], ?3::text[])
                  ON CONFLICT (guresid) DO UPDATE SET manifests = excluded.manifests,
                      sealed = excluded.sealed",
             )?
-            .run([rows])?;
+            .run(columns)?;
         }
         Ok(())
     }
@@ -334,49 +401,155 @@ fn write_operations(
         }
         return Ok(());
     }
-    let rows = serde_json::to_string(operations).expect("operation rows serialise");
+    let mut columns: [Column; 13] = columns(&[0, 1, 10, 11]);
+    let [
+        id,
+        deployment_id,
+        guresid,
+        app,
+        res_type,
+        class,
+        res_id,
+        action,
+        reason,
+        status,
+        attempts,
+        outputs_changed,
+        error,
+    ] = &mut columns;
+    for o in operations {
+        id.push_int(Some(o.id));
+        deployment_id.push_int(Some(o.deployment_id));
+        guresid.push_text(Some(&o.guresid));
+        app.push_text(o.app.as_deref());
+        res_type.push_text(Some(&o.res_type));
+        class.push_text(Some(&o.class));
+        res_id.push_text(Some(&o.res_id));
+        action.push_text(Some(&o.action));
+        reason.push_text(Some(&o.reason));
+        status.push_text(Some(&o.status));
+        attempts.push_int(Some(o.attempts));
+        outputs_changed.push_int(o.outputs_changed);
+        error.push_text(o.error.as_deref());
+    }
+    let Some(columns) = finish(&mut columns) else {
+        return Ok(());
+    };
     tx.prepare_cached(&format!(
         "INSERT INTO operation (id, deployment_id, guresid, app, type, class, res_id,
                                 action, reason, status, attempts, outputs_changed, error,
                                 started_at, finished_at)
-         SELECT id, deployment_id, guresid, app, type, class, res_id, action, reason,
-                status, attempts, outputs_changed, error, {NOW},
-                CASE WHEN status = 'started' THEN NULL ELSE {NOW} END
-         FROM json_populate_recordset(NULL::operation, ?1::json)"
+         SELECT o.*, {NOW}, CASE WHEN o.status = 'started' THEN NULL ELSE {NOW} END
+         FROM unnest(?1::int8[], ?2::int8[], ?3::text[], ?4::text[], ?5::text[], ?6::text[],
+                     ?7::text[], ?8::text[], ?9::text[], ?10::text[], ?11::int8[],
+                     ?12::int8[], ?13::text[])
+              AS o(id, deployment_id, guresid, app, res_type, class, res_id, action, reason,
+                   status, attempts, outputs_changed, error)"
     ))?
-    .run([rows])?;
+    .run(columns)?;
     Ok(())
 }
 
-/// Inserts `rows` (objects keyed by `binding`'s columns) into `binding` in one statement, in
-/// their order (the ids follow it, as one insert each would give them).
-pub(crate) fn insert_bindings(tx: &Tx<'_>, rows: Vec<Value>) -> DbResult<()> {
-    if rows.is_empty() {
-        return Ok(());
+/// `binding` rows gathered for one statement, in the order they are to be inserted (the ids
+/// follow it, as one insert each would give them).
+pub(crate) struct BindingRows {
+    columns: [Column; 11],
+}
+
+/// One row of [`BindingRows`].
+pub(crate) struct BindingRow<'a> {
+    pub env: &'a str,
+    pub needed_guresid: &'a str,
+    pub needed_path: &'a str,
+    pub provided_guresid: &'a str,
+    pub provided_path: &'a str,
+    pub data_type: &'a str,
+    pub value: Option<&'a str>,
+    pub secret: bool,
+    pub inserted: bool,
+    pub interface: Option<&'a str>,
+    pub valid_from: i64,
+}
+
+impl BindingRows {
+    pub(crate) fn new() -> BindingRows {
+        BindingRows {
+            columns: columns(&[7, 8, 10]),
+        }
     }
+
+    pub(crate) fn push(&mut self, row: &BindingRow<'_>) {
+        let [
+            env,
+            needed_guresid,
+            needed_path,
+            provided_guresid,
+            provided_path,
+            data_type,
+            value,
+            secret,
+            inserted,
+            interface,
+            valid_from,
+        ] = &mut self.columns;
+        env.push_text(Some(row.env));
+        needed_guresid.push_text(Some(row.needed_guresid));
+        needed_path.push_text(Some(row.needed_path));
+        provided_guresid.push_text(Some(row.provided_guresid));
+        provided_path.push_text(Some(row.provided_path));
+        data_type.push_text(Some(row.data_type));
+        value.push_text(row.value);
+        secret.push_int(Some(i64::from(row.secret)));
+        inserted.push_int(Some(i64::from(row.inserted)));
+        interface.push_text(row.interface);
+        valid_from.push_int(Some(row.valid_from));
+    }
+}
+
+/// Inserts `rows` into `binding` in one statement, in their order.
+pub(crate) fn insert_bindings(tx: &Tx<'_>, mut rows: BindingRows) -> DbResult<()> {
+    let Some(columns) = finish(&mut rows.columns) else {
+        return Ok(());
+    };
     tx.prepare_cached(
         "INSERT INTO binding (env, needed_guresid, needed_path, provided_guresid, provided_path,
                               data_type, value, secret, inserted, interface, valid_from)
-         SELECT env, needed_guresid, needed_path, provided_guresid, provided_path, data_type,
-                value, secret, inserted, interface, valid_from
-         FROM json_populate_recordset(NULL::binding, ?1::json)",
+         SELECT * FROM unnest(?1::text[], ?2::text[], ?3::text[], ?4::text[], ?5::text[],
+                              ?6::text[], ?7::text[], ?8::int8[], ?9::int8[], ?10::text[],
+                              ?11::int8[])",
     )?
-    .run([Value::Array(rows).to_string()])
+    .run(columns)
 }
 
-/// Inserts `rows` (objects keyed by `link`'s columns, at most one per consumer and provider)
-/// into `link` in one statement; a current link of the same pair takes the new one's values.
-pub(crate) fn insert_links(tx: &Tx<'_>, rows: Vec<Value>) -> DbResult<()> {
-    if rows.is_empty() {
-        return Ok(());
+/// Inserts `links` of `env` as of `deployment` into `link` in one statement, in their order;
+/// a pair may appear once (the caller keeps the last of a pair). A current link of the same
+/// pair takes the new one's values.
+pub(crate) fn insert_links(
+    tx: &Tx<'_>,
+    env: &str,
+    deployment: i64,
+    links: &[&LinkRecord],
+) -> DbResult<()> {
+    let mut columns: [Column; 6] = columns(&[5]);
+    let [envs, consumer, provider, kind, update_type, valid_from] = &mut columns;
+    for l in links {
+        envs.push_text(Some(env));
+        consumer.push_text(Some(&l.consumer));
+        provider.push_text(Some(&l.provider));
+        kind.push_text(Some(&l.kind));
+        update_type.push_text(Some(&l.update_type));
+        valid_from.push_int(Some(deployment));
     }
+    let Some(columns) = finish(&mut columns) else {
+        return Ok(());
+    };
     tx.prepare_cached(
         "INSERT INTO link (env, consumer, provider, kind, update_type, valid_from)
-         SELECT env, consumer, provider, kind, update_type, valid_from
-         FROM json_populate_recordset(NULL::link, ?1::json)
+         SELECT * FROM unnest(?1::text[], ?2::text[], ?3::text[], ?4::text[], ?5::text[],
+                              ?6::int8[])
          ON CONFLICT (env, consumer, provider) WHERE valid_to IS NULL DO UPDATE SET
              kind = excluded.kind, update_type = excluded.update_type,
              valid_from = excluded.valid_from",
     )?
-    .run([Value::Array(rows).to_string()])
+    .run(columns)
 }

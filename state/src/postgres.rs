@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, NoTls, Statement};
 
-use crate::db::{Arg, Cell, DbError, DbResult, Table};
+use crate::db::{Arg, Array, ArrayKind, Cell, DbError, DbResult, Table};
 use crate::dialect;
 
 /// How long one call may take before it fails.
@@ -136,6 +136,7 @@ enum PgArg {
     Real(f64),
     Text(String),
     Blob(Vec<u8>),
+    Array(Array),
 }
 
 impl From<&Arg<'_>> for PgArg {
@@ -146,6 +147,7 @@ impl From<&Arg<'_>> for PgArg {
             Arg::Real(v) => PgArg::Real(v),
             Arg::Text(v) => PgArg::Text(v.to_owned()),
             Arg::Blob(v) => PgArg::Blob(v.to_vec()),
+            Arg::Array(v) => PgArg::Array(v.clone()),
         }
     }
 }
@@ -205,6 +207,17 @@ impl ToSql for PgArg {
                 Type::BYTEA => v.as_slice().to_sql(ty, out),
                 _ => Err(mismatch()),
             },
+            PgArg::Array(v) => {
+                let fits = matches!(
+                    (v.kind, ty),
+                    (ArrayKind::Text, &Type::TEXT_ARRAY) | (ArrayKind::Int, &Type::INT8_ARRAY)
+                );
+                if !fits {
+                    return Err(mismatch());
+                }
+                write_array(v, out)?;
+                Ok(IsNull::No)
+            }
         }
     }
 
@@ -213,6 +226,26 @@ impl ToSql for PgArg {
     }
 
     to_sql_checked!();
+}
+
+/// `array` in PostgreSQL's binary array format: dimensions, a NULL flag, the element type,
+/// the length and lower bound of its one dimension, then the elements as gathered.
+fn write_array(
+    array: &Array,
+    out: &mut BytesMut,
+) -> Result<(), Box<dyn std::error::Error + Sync + Send>> {
+    let len = i32::try_from(array.len).map_err(|_| "too many rows for one array")?;
+    let dimensions: i32 = if len == 0 { 0 } else { 1 };
+    out.reserve(20 + array.data.len());
+    out.extend_from_slice(&dimensions.to_be_bytes());
+    out.extend_from_slice(&i32::from(array.has_null).to_be_bytes());
+    out.extend_from_slice(&array.kind.element_oid().to_be_bytes());
+    if len > 0 {
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&1i32.to_be_bytes());
+        out.extend_from_slice(&array.data);
+    }
+    Ok(())
 }
 
 /// Reads any column gitplane's schema has into a [`Cell`].

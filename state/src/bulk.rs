@@ -1,6 +1,7 @@
 //! Journal writes gathered per transaction, so an operation that starts and ends in the same
 //! batch is written once, ended, and (on PostgreSQL) a batch's rows go as one statement per table
-//! (`unnest` of a typed array per column, sent in binary), not one statement each.
+//! (a binary `COPY` where the rows are only inserted, `unnest` of a typed array per column where
+//! they are upserted), not one statement each.
 //!
 //! Both backends gather the operations a batch starts, with their calls and ends merged in when
 //! they come in the same transaction: a driver that answers in process starts and ends its
@@ -17,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use gitplane_core::records::{LinkRecord, ResourceRecord};
 
 use crate::NOW;
-use crate::db::{Array, Backend, Column, DbResult, Tx, params};
+use crate::db::{Array, Backend, Column, CopyRows, DbResult, Tx, params};
 use crate::journal::RESOURCE_UPSERT;
 
 /// Rows gathered for one transaction; [`Bulk::flush`] writes them.
@@ -37,6 +38,9 @@ pub(crate) struct Bulk {
     /// millisecond or so, and formatting the time for each of tens of thousands of rows costs
     /// a twentieth of their writing.
     now: Option<String>,
+    /// PostgreSQL: the time read with the last operation ids, the operations' start (a `COPY`
+    /// computes nothing, so their times go with them).
+    ids_at: Option<String>,
 }
 
 /// An `operation` row as gathered (its times are the flush's).
@@ -130,6 +134,7 @@ impl Bulk {
             secrets: Keyed::new(columns(&[])),
             manifests: Keyed::new(columns(&[])),
             now: None,
+            ids_at: None,
         })
     }
 
@@ -168,14 +173,23 @@ impl Bulk {
             self.reserved_to = ids.last().copied().unwrap_or(self.reserved_to);
             return Ok(ids);
         }
+        let mut at = None;
         let mut ids: Vec<i64> = tx
-            .prepare_cached(
-                "SELECT nextval(pg_get_serial_sequence('operation', 'id'))
-                 FROM generate_series(1, ?1)",
-            )?
-            .query_map([n], |r| r.get(0))?
+            .prepare_cached(&format!(
+                "SELECT nextval(pg_get_serial_sequence('operation', 'id')), (SELECT {NOW})
+                 FROM generate_series(1, ?1)"
+            ))?
+            .query_map([n], |r| {
+                if at.is_none() {
+                    at = Some(r.get::<_, String>(1)?);
+                }
+                r.get(0)
+            })?
             .collect::<DbResult<Vec<i64>>>()?;
         ids.sort_unstable();
+        if at.is_some() {
+            self.ids_at = at;
+        }
         Ok(ids)
     }
 
@@ -325,7 +339,10 @@ impl Bulk {
         self.operation_at.clear();
         let operations = std::mem::take(&mut self.operations);
         if !operations.is_empty() {
-            let now = self.now(tx)?.map(str::to_owned);
+            let now = match self.backend {
+                Backend::Sqlite => self.now(tx)?.map(str::to_owned),
+                Backend::Postgres => self.ids_at.clone(),
+            };
             write_operations(tx, self.backend, &operations, now.as_deref())?;
         }
         if let Some(columns) = self.resources.take() {
@@ -366,7 +383,8 @@ impl Bulk {
 }
 
 /// Inserts gathered operations: on SQLite a prepared insert each (in process, a statement costs
-/// microseconds) at the transaction's time `now`, on PostgreSQL one statement for all.
+/// microseconds) at the transaction's time `now`, on PostgreSQL one `COPY` for all at the time
+/// read with their ids.
 fn write_operations(
     tx: &Tx<'_>,
     backend: Backend,
@@ -401,59 +419,44 @@ fn write_operations(
         }
         return Ok(());
     }
-    let mut columns: [Column; 13] = columns(&[0, 1, 10, 11]);
-    let [
-        id,
-        deployment_id,
-        guresid,
-        app,
-        res_type,
-        class,
-        res_id,
-        action,
-        reason,
-        status,
-        attempts,
-        outputs_changed,
-        error,
-    ] = &mut columns;
+    // Every operation gathered got its id, and so the time, from `operation_ids`.
+    let now = now.ok_or_else(|| {
+        crate::db::DbError::Postgres("operations gathered without their ids' time".into())
+    })?;
+    let mut rows = CopyRows::new(15);
     for o in operations {
-        id.push_int(Some(o.id));
-        deployment_id.push_int(Some(o.deployment_id));
-        guresid.push_text(Some(&o.guresid));
-        app.push_text(o.app.as_deref());
-        res_type.push_text(Some(&o.res_type));
-        class.push_text(Some(&o.class));
-        res_id.push_text(Some(&o.res_id));
-        action.push_text(Some(&o.action));
-        reason.push_text(Some(&o.reason));
-        status.push_text(Some(&o.status));
-        attempts.push_int(Some(o.attempts));
-        outputs_changed.push_int(o.outputs_changed);
-        error.push_text(o.error.as_deref());
+        rows.row();
+        rows.int(Some(o.id));
+        rows.int(Some(o.deployment_id));
+        rows.text(Some(&o.guresid));
+        rows.text(o.app.as_deref());
+        rows.text(Some(&o.res_type));
+        rows.text(Some(&o.class));
+        rows.text(Some(&o.res_id));
+        rows.text(Some(&o.action));
+        rows.text(Some(&o.reason));
+        rows.text(Some(&o.status));
+        rows.int(Some(o.attempts));
+        rows.int(o.outputs_changed);
+        rows.text(o.error.as_deref());
+        rows.text(Some(now));
+        rows.text((o.status != "started").then_some(now));
     }
-    let Some(columns) = finish(&mut columns) else {
+    let Some(rows) = rows.finish() else {
         return Ok(());
     };
-    tx.prepare_cached(&format!(
-        "INSERT INTO operation (id, deployment_id, guresid, app, type, class, res_id,
-                                action, reason, status, attempts, outputs_changed, error,
-                                started_at, finished_at)
-         SELECT o.*, {NOW}, CASE WHEN o.status = 'started' THEN NULL ELSE {NOW} END
-         FROM unnest(?1::int8[], ?2::int8[], ?3::text[], ?4::text[], ?5::text[], ?6::text[],
-                     ?7::text[], ?8::text[], ?9::text[], ?10::text[], ?11::int8[],
-                     ?12::int8[], ?13::text[])
-              AS o(id, deployment_id, guresid, app, res_type, class, res_id, action, reason,
-                   status, attempts, outputs_changed, error)"
-    ))?
-    .run(columns)?;
-    Ok(())
+    tx.copy_in(
+        "COPY operation (id, deployment_id, guresid, app, type, class, res_id, action, reason,
+                         status, attempts, outputs_changed, error, started_at, finished_at)
+         FROM STDIN (FORMAT binary)",
+        rows,
+    )
 }
 
-/// `binding` rows gathered for one statement, in the order they are to be inserted (the ids
+/// `binding` rows gathered for one `COPY`, in the order they are to be inserted (the ids
 /// follow it, as one insert each would give them).
 pub(crate) struct BindingRows {
-    columns: [Column; 11],
+    rows: CopyRows,
 }
 
 /// One row of [`BindingRows`].
@@ -474,51 +477,38 @@ pub(crate) struct BindingRow<'a> {
 impl BindingRows {
     pub(crate) fn new() -> BindingRows {
         BindingRows {
-            columns: columns(&[7, 8, 10]),
+            rows: CopyRows::new(11),
         }
     }
 
     pub(crate) fn push(&mut self, row: &BindingRow<'_>) {
-        let [
-            env,
-            needed_guresid,
-            needed_path,
-            provided_guresid,
-            provided_path,
-            data_type,
-            value,
-            secret,
-            inserted,
-            interface,
-            valid_from,
-        ] = &mut self.columns;
-        env.push_text(Some(row.env));
-        needed_guresid.push_text(Some(row.needed_guresid));
-        needed_path.push_text(Some(row.needed_path));
-        provided_guresid.push_text(Some(row.provided_guresid));
-        provided_path.push_text(Some(row.provided_path));
-        data_type.push_text(Some(row.data_type));
-        value.push_text(row.value);
-        secret.push_int(Some(i64::from(row.secret)));
-        inserted.push_int(Some(i64::from(row.inserted)));
-        interface.push_text(row.interface);
-        valid_from.push_int(Some(row.valid_from));
+        let rows = &mut self.rows;
+        rows.row();
+        rows.text(Some(row.env));
+        rows.text(Some(row.needed_guresid));
+        rows.text(Some(row.needed_path));
+        rows.text(Some(row.provided_guresid));
+        rows.text(Some(row.provided_path));
+        rows.text(Some(row.data_type));
+        rows.text(row.value);
+        rows.int(Some(i64::from(row.secret)));
+        rows.int(Some(i64::from(row.inserted)));
+        rows.text(row.interface);
+        rows.int(Some(row.valid_from));
     }
 }
 
-/// Inserts `rows` into `binding` in one statement, in their order.
-pub(crate) fn insert_bindings(tx: &Tx<'_>, mut rows: BindingRows) -> DbResult<()> {
-    let Some(columns) = finish(&mut rows.columns) else {
+/// Inserts `rows` into `binding` in one `COPY`, in their order.
+pub(crate) fn insert_bindings(tx: &Tx<'_>, rows: BindingRows) -> DbResult<()> {
+    let Some(rows) = rows.rows.finish() else {
         return Ok(());
     };
-    tx.prepare_cached(
-        "INSERT INTO binding (env, needed_guresid, needed_path, provided_guresid, provided_path,
-                              data_type, value, secret, inserted, interface, valid_from)
-         SELECT * FROM unnest(?1::text[], ?2::text[], ?3::text[], ?4::text[], ?5::text[],
-                              ?6::text[], ?7::text[], ?8::int8[], ?9::int8[], ?10::text[],
-                              ?11::int8[])",
-    )?
-    .run(columns)
+    tx.copy_in(
+        "COPY binding (env, needed_guresid, needed_path, provided_guresid, provided_path,
+                       data_type, value, secret, inserted, interface, valid_from)
+         FROM STDIN (FORMAT binary)",
+        rows,
+    )
 }
 
 /// Inserts `links` of `env` as of `deployment` into `link` in one statement, in their order;

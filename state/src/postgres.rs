@@ -14,6 +14,7 @@ use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use futures_util::SinkExt;
 use tokio::sync::mpsc;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, NoTls, Statement};
@@ -318,6 +319,8 @@ enum Op {
     /// outcome collected at the transaction's next call that waits (so a failure still
     /// fails the transaction).
     Deferred(String, Vec<PgArg>),
+    /// A `COPY … FROM STDIN` of these rows, deferred the same way.
+    Copy(String, bytes::Bytes),
     Table(String, Vec<PgArg>),
     Execute(String, Vec<PgArg>),
     Batch(String),
@@ -431,6 +434,17 @@ impl PgConn {
             .map_err(|_| DbError::Lost("the connection's thread stopped".into()))
     }
 
+    /// Sends a `COPY … FROM STDIN` of `rows` inside a transaction without waiting for it, as
+    /// [`PgConn::execute_deferred`] sends a statement.
+    pub(crate) fn copy_deferred(&self, copy: &str, rows: bytes::Bytes) -> DbResult<()> {
+        self.requests
+            .send(Request {
+                op: Op::Copy(copy.to_owned(), rows),
+                reply: None,
+            })
+            .map_err(|_| DbError::Lost("the connection's thread stopped".into()))
+    }
+
     pub(crate) fn batch(&self, sql: &str) -> DbResult<()> {
         self.call(Op::Batch(sql.to_owned())).map(|_| ())
     }
@@ -468,7 +482,7 @@ impl PgConn {
 }
 
 /// A deferred execute on its way.
-type Pending = Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> + Send>>;
+type Pending = Pin<Box<dyn Future<Output = DbResult<u64>> + Send>>;
 
 /// The connection's state on its thread.
 struct Session {
@@ -614,7 +628,7 @@ impl Session {
             if let Err(e) = pending.await
                 && self.deferred_error.is_none()
             {
-                self.deferred_error = Some(error(&e));
+                self.deferred_error = Some(e);
             }
         }
     }
@@ -629,14 +643,53 @@ impl Session {
             let mut call: Pending = Box::pin(async move {
                 let refs: Vec<&(dyn ToSql + Sync)> =
                     args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-                client.execute(&stmt, &refs).await
+                client.execute(&stmt, &refs).await.map_err(|e| error(&e))
             });
             // The first poll puts the request on the connection's queue, in call order.
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
             if let std::task::Poll::Ready(Err(e)) = call.as_mut().poll(&mut cx) {
-                self.deferred_error.get_or_insert(error(&e));
+                self.deferred_error.get_or_insert(e);
             } else {
                 self.pending.push_back(call);
+            }
+            if self.pending.len() >= 1024 {
+                self.settle().await;
+            }
+            return Ok(Reply::Done);
+        }
+        if let Op::Copy(copy, rows) = op {
+            if self.deferred_error.is_some() {
+                return Ok(Reply::Done);
+            }
+            let stmt = self.statement(&copy).await?;
+            let client = self.client.clone().ok_or_else(lost)?;
+            let mut call: Pending = Box::pin(async move {
+                let sink = client
+                    .copy_in::<_, bytes::Bytes>(&stmt)
+                    .await
+                    .map_err(|e| error(&e))?;
+                let mut sink = std::pin::pin!(sink);
+                sink.send(rows).await.map_err(|e| error(&e))?;
+                sink.finish().await.map_err(|e| error(&e))
+            });
+            // As a deferred execute: the first poll queues the copy in call order. Its rows go
+            // once the server is ready for them, so the rest of it runs as a task of its own
+            // rather than waiting for the next call that waits (statements sent after it wait
+            // for it on the connection).
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match call.as_mut().poll(&mut cx) {
+                std::task::Poll::Ready(Err(e)) => {
+                    self.deferred_error.get_or_insert(e);
+                }
+                std::task::Poll::Ready(Ok(_)) => {}
+                std::task::Poll::Pending => {
+                    let task = tokio::spawn(call);
+                    self.pending.push_back(Box::pin(async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err(DbError::Lost(format!("the copy's task ended: {e}")))
+                        })
+                    }));
+                }
             }
             if self.pending.len() >= 1024 {
                 self.settle().await;
@@ -696,7 +749,7 @@ impl Session {
                 }
                 Ok(Reply::Done)
             }
-            Op::Deferred(..) => Ok(Reply::Done),
+            Op::Deferred(..) | Op::Copy(..) => Ok(Reply::Done),
             Op::Begin { unflushed } => {
                 let client = self.client.as_ref().ok_or_else(lost)?;
                 let begin = if unflushed {

@@ -543,3 +543,257 @@ pub(crate) fn insert_links(
     )?
     .run(columns)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use serde_json::json;
+
+    use crate::db::{Cell, params};
+    use crate::tests::{each_backend, record};
+    use crate::{
+        AppFingerprint, BindingRecord, Ended, EndedPut, JournalWriter, LinkChanges, LinkRecord,
+        ManifestsRecord, OperationStart, OwnedBatch, StartRow, Store,
+    };
+
+    /// Quotes of both kinds, backslashes, the separators of array and JSON literals, the word
+    /// NULL, control characters and text beyond ASCII: whatever a value may hold.
+    const AWKWARD: &str = "it's \"quoted\" \\ back\\slash {a,b} NULL\t\n\r ünïcødé ✓ 🚀";
+
+    fn put(guresid: &str, awkward: bool) -> (StartRow, EndedPut) {
+        let mut r = record(guresid);
+        let mut manifests = None;
+        if awkward {
+            r.app = None;
+            r.account = Some(AWKWARD.into());
+            r.definition = AWKWARD.into();
+            r.res_id = AWKWARD.into();
+            r.outputs = json!({"host": AWKWARD, "n": null});
+            r.secret_outputs = json!({"password": AWKWARD});
+            r.inputs = json!({"values": {"host": AWKWARD}}).into();
+            r.error = Some(AWKWARD.into());
+            manifests = Some(ManifestsRecord {
+                shown: json!([{"name": AWKWARD, "data": "***"}]).to_string(),
+                full: Some(json!([{"name": AWKWARD, "data": AWKWARD}]).to_string()),
+            });
+        } else {
+            r.account = None;
+        }
+        let start = StartRow {
+            guresid: guresid.into(),
+            app: r.app.clone(),
+            res_type: r.res_type.clone(),
+            class: r.class.clone(),
+            res_id: r.res_id.clone(),
+            action: "create",
+            reason: if awkward {
+                AWKWARD.into()
+            } else {
+                "new".into()
+            },
+        };
+        let put = EndedPut {
+            attempts: 1,
+            record: Box::new(r),
+            outputs_changed: awkward.then_some(true),
+            new: true,
+            manifests,
+        };
+        (start, put)
+    }
+
+    fn binding(provided: &str, value: Option<serde_json::Value>) -> BindingRecord {
+        BindingRecord {
+            needed: String::new(),
+            needed_path: format!("values.{AWKWARD}"),
+            provided: provided.into(),
+            provided_path: "outputs.host".into(),
+            data_type: "json".into(),
+            secret: value.is_none(),
+            inserted: value.is_some(),
+            interface: value.as_ref().map(|_| AWKWARD.to_owned()),
+            value,
+        }
+    }
+
+    /// Every row a first apply writes in bulk, as written, read back the same way from either
+    /// backend: ids counted from the table's first, times only compared with each other.
+    fn dump(store: &Store) -> Vec<(&'static str, Vec<Vec<Cell>>)> {
+        let queries = [
+            (
+                "resource",
+                "SELECT guresid, env, app, type, class, res_id, definition, driver, account,
+                        deletion_policy, template_hash, orphan_since, orphan_reason, status,
+                        inputs_hash, outputs, inputs, error, commit_id, deployment_id,
+                        version_from, created_at <= updated_at, length(created_at)
+                 FROM resource ORDER BY guresid",
+            ),
+            (
+                "operation",
+                "SELECT id - (SELECT min(id) FROM operation), deployment_id, guresid, app, type,
+                        class, res_id, action, reason, status, attempts, outputs_changed, error,
+                        length(started_at), started_at = finished_at, finished_at IS NULL
+                 FROM operation ORDER BY id",
+            ),
+            (
+                "binding",
+                "SELECT id - (SELECT min(id) FROM binding), env, needed_guresid, needed_path,
+                        provided_guresid, provided_path, data_type, value, secret, inserted,
+                        interface, valid_from, valid_to
+                 FROM binding ORDER BY id",
+            ),
+            (
+                "link",
+                "SELECT env, consumer, provider, kind, update_type, valid_from, valid_to
+                 FROM link ORDER BY consumer, provider",
+            ),
+            (
+                "resource_manifest",
+                "SELECT guresid, manifests, sealed IS NULL FROM resource_manifest
+                 ORDER BY guresid",
+            ),
+            (
+                "resource_secret",
+                "SELECT guresid FROM resource_secret ORDER BY guresid",
+            ),
+            (
+                "app_fingerprint",
+                "SELECT env, app, fingerprint, deployment_id, resources FROM app_fingerprint
+                 ORDER BY app",
+            ),
+        ];
+        queries
+            .into_iter()
+            .map(|(table, sql)| (table, store.conn.table(sql, params![]).unwrap().rows))
+            .collect()
+    }
+
+    #[test]
+    fn rows_written_in_bulk_are_the_same_on_both_backends_whatever_their_values_hold() {
+        let dumps = RefCell::new(Vec::new());
+        each_backend(|mut store| {
+            let dep = store.begin_deployment("development", "c1").unwrap();
+            let mut writer = JournalWriter::start(&store).unwrap();
+            // Two batches in one transaction; the second holds a resource twice, so what is
+            // gathered is written half-way through it.
+            let (starts, puts) = [put("g1", true), put("g2", false)].into_iter().unzip();
+            writer
+                .send(OwnedBatch {
+                    deployment: dep,
+                    env: "development".into(),
+                    starts,
+                    puts,
+                    bindings: vec![
+                        (
+                            "g2".into(),
+                            false,
+                            vec![binding("g1", Some(json!(AWKWARD))), binding("g1", None)],
+                        ),
+                        ("g1".into(), false, Vec::new()),
+                    ],
+                    spent: Box::new(()),
+                })
+                .unwrap();
+            let (starts, puts) = [put("g3", false), put("g4", true), put("g3", true)]
+                .into_iter()
+                .unzip();
+            writer
+                .send(OwnedBatch {
+                    deployment: dep,
+                    env: "development".into(),
+                    starts,
+                    puts,
+                    bindings: vec![("g4".into(), false, vec![binding("g3", Some(json!(7)))])],
+                    spent: Box::new(()),
+                })
+                .unwrap();
+            writer.drain().unwrap();
+            drop(writer);
+            // Operations that end before any call, in a transaction of their own.
+            let skipped = OperationStart {
+                deployment: dep,
+                guresid: "g5",
+                app: None,
+                res_type: "postgres",
+                class: "default",
+                res_id: AWKWARD,
+                action: "create",
+                reason: AWKWARD,
+            };
+            store
+                .ended_operations(&[(skipped, Ended::Skipped, AWKWARD)])
+                .unwrap();
+            let link = |consumer: &str, provider: &str, kind: &str| LinkRecord {
+                consumer: consumer.into(),
+                provider: provider.into(),
+                kind: kind.into(),
+                update_type: "NeedsProvides".into(),
+            };
+            let changes = LinkChanges {
+                removed: Vec::new(),
+                // Out of pair order, and one pair twice: the last of a pair wins.
+                added: vec![
+                    link("g4", "g3", "dependency"),
+                    link("g2", "g1", "dependency"),
+                    link("g4", "g3", "reference"),
+                ],
+            };
+            store
+                .record_link_changes(dep, "development", &changes)
+                .unwrap();
+            let print = |p: &str, n| AppFingerprint {
+                fingerprint: p.into(),
+                resources: n,
+            };
+            let (a, b, a_again) = (print(AWKWARD, 2), print("f2", 1), print("f3", 3));
+            store
+                .record_fingerprints(
+                    "development",
+                    dep,
+                    &[("shop", &a), ("café", &b), ("shop", &a_again)],
+                    &[],
+                )
+                .unwrap();
+            // What a user reads back: the secrets open, the awkward values intact.
+            let read = store.resources("development").unwrap();
+            let g1 = read.iter().find(|r| r.guresid == "g1").expect("g1");
+            assert_eq!(g1.definition, AWKWARD);
+            assert_eq!(g1.app, None);
+            assert_eq!(g1.outputs, json!({"host": AWKWARD, "n": null}));
+            assert_eq!(g1.secret_outputs, json!({"password": AWKWARD}));
+            let g3 = read.iter().find(|r| r.guresid == "g3").expect("g3");
+            assert_eq!(
+                g3.error.as_deref(),
+                Some(AWKWARD),
+                "the last put of g3 wins"
+            );
+            dumps.borrow_mut().push(dump(&store));
+        });
+        let dumps = dumps.into_inner();
+        let sqlite = &dumps[0];
+        let text = Cell::Text(AWKWARD.into());
+        let rows = |table: &str| &sqlite.iter().find(|(t, _)| *t == table).unwrap().1;
+        assert_eq!(rows("resource").len(), 4);
+        assert!(rows("resource")[0].contains(&text));
+        assert_eq!(rows("resource")[0][2], Cell::Null, "g1 has no app");
+        assert_eq!(rows("operation").len(), 6);
+        assert!(rows("operation").last().unwrap().contains(&text));
+        assert_eq!(rows("binding").len(), 3);
+        assert_eq!(
+            rows("binding")[0][7],
+            Cell::Text(json!(AWKWARD).to_string())
+        );
+        assert_eq!(rows("binding")[1][7], Cell::Null);
+        assert_eq!(rows("link").len(), 2);
+        assert_eq!(rows("link")[1][3], Cell::Text("reference".into()));
+        assert_eq!(rows("resource_manifest").len(), 3);
+        assert_eq!(rows("resource_secret").len(), 4);
+        assert_eq!(rows("app_fingerprint").len(), 2);
+        if let Some(postgres) = dumps.get(1) {
+            for ((table, lite), (_, pg)) in sqlite.iter().zip(postgres) {
+                assert_eq!(lite, pg, "{table}: SQLite's rows, then PostgreSQL's");
+            }
+        }
+    }
+}

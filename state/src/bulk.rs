@@ -520,6 +520,35 @@ pub(crate) fn insert_links(
     deployment: i64,
     links: &[&LinkRecord],
 ) -> DbResult<()> {
+    if links.is_empty() {
+        return Ok(());
+    }
+    // An environment's first apply has no current link for a new one to take the place of:
+    // a `COPY` writes them, about a third cheaper for the server than the upsert. Only the
+    // environment's lease holder writes its links, so none can appear in between.
+    let none_current = !tx
+        .prepare_cached("SELECT 1 FROM link WHERE env = ?1 AND valid_to IS NULL LIMIT 1")?
+        .exists([env])?;
+    if none_current {
+        let mut rows = CopyRows::new(6);
+        for l in links {
+            rows.row();
+            rows.text(Some(env));
+            rows.text(Some(&l.consumer));
+            rows.text(Some(&l.provider));
+            rows.text(Some(&l.kind));
+            rows.text(Some(&l.update_type));
+            rows.int(Some(deployment));
+        }
+        let Some(rows) = rows.finish() else {
+            return Ok(());
+        };
+        return tx.copy_in(
+            "COPY link (env, consumer, provider, kind, update_type, valid_from)
+             FROM STDIN (FORMAT binary)",
+            rows,
+        );
+    }
     let mut columns: [Column; 6] = columns(&[5]);
     let [envs, consumer, provider, kind, update_type, valid_from] = &mut columns;
     for l in links {
@@ -739,8 +768,17 @@ mod tests {
                     link("g4", "g3", "reference"),
                 ],
             };
+            // The environment's first links (a COPY on PostgreSQL), then links beside them,
+            // one of a pair already current (the upsert).
             store
                 .record_link_changes(dep, "development", &changes)
+                .unwrap();
+            let more = LinkChanges {
+                removed: Vec::new(),
+                added: vec![link("g2", "g1", "selector"), link("g1", "g3", "implicit")],
+            };
+            store
+                .record_link_changes(dep, "development", &more)
                 .unwrap();
             let print = |p: &str, n| AppFingerprint {
                 fingerprint: p.into(),
@@ -785,8 +823,12 @@ mod tests {
             Cell::Text(json!(AWKWARD).to_string())
         );
         assert_eq!(rows("binding")[1][7], Cell::Null);
-        assert_eq!(rows("link").len(), 2);
-        assert_eq!(rows("link")[1][3], Cell::Text("reference".into()));
+        let kinds: Vec<&Cell> = rows("link").iter().map(|l| &l[3]).collect();
+        let kind = |k: &str| Cell::Text(k.into());
+        assert_eq!(
+            kinds,
+            [&kind("implicit"), &kind("selector"), &kind("reference")]
+        );
         assert_eq!(rows("resource_manifest").len(), 3);
         assert_eq!(rows("resource_secret").len(), 4);
         assert_eq!(rows("app_fingerprint").len(), 2);

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::db::{Backend, DbResult, OptionalExtension, Tx, params};
+use crate::db::{Backend, Column, DbResult, OptionalExtension, Tx, params};
 use crate::{Result, Store};
 
 /// An app's fingerprint as recorded.
@@ -276,32 +276,34 @@ fn write_fingerprints(
         // A statement for all the apps, not one each: a round of the whole environment
         // records thousands. An app listed twice keeps its last, as one upsert after
         // the other would.
-        let rows: Vec<serde_json::Value> = clean
-            .iter()
-            .map(|(app, f)| (*app, f))
-            .collect::<HashMap<&str, _>>()
-            .into_iter()
-            .map(|(app, f)| {
-                serde_json::json!({
-                    "env": env,
-                    "app": app,
-                    "fingerprint": f.fingerprint,
-                    "deployment_id": deployment,
-                    "resources": f.resources,
-                })
-            })
-            .collect();
-        if !rows.is_empty() {
+        let latest: HashMap<&str, &AppFingerprint> =
+            clean.iter().map(|(app, f)| (*app, *f)).collect();
+        let mut columns = [
+            Column::text(),
+            Column::text(),
+            Column::text(),
+            Column::int(),
+            Column::int(),
+        ];
+        let [envs, apps, fingerprints, deployments, resources] = &mut columns;
+        for (app, f) in latest {
+            envs.push_text(Some(env));
+            apps.push_text(Some(app));
+            fingerprints.push_text(Some(&f.fingerprint));
+            deployments.push_int(Some(deployment));
+            resources.push_int(Some(f.resources));
+        }
+        if !apps.is_empty() {
             tx.prepare_cached(
                 "INSERT INTO app_fingerprint (env, app, fingerprint, deployment_id,
                                               resources)
-                 SELECT env, app, fingerprint, deployment_id, resources
-                 FROM json_populate_recordset(NULL::app_fingerprint, ?1::json)
+                 SELECT * FROM unnest(?1::text[], ?2::text[], ?3::text[], ?4::int8[],
+                                      ?5::int8[])
                  ON CONFLICT (env, app) DO UPDATE SET fingerprint = excluded.fingerprint,
                      deployment_id = excluded.deployment_id,
                      resources = excluded.resources",
             )?
-            .run([serde_json::Value::Array(rows).to_string()])?;
+            .run(columns.each_mut().map(Column::finish))?;
         }
         if !cleared.is_empty() {
             tx.prepare_cached(

@@ -134,25 +134,17 @@ impl Store {
                 // One statement, in which a pair may appear once: the last of a pair wins, as
                 // it does one insert after the other.
                 let mut at: HashMap<(&str, &str), usize> = HashMap::new();
-                let mut rows: Vec<serde_json::Value> = Vec::new();
+                let mut links: Vec<&LinkRecord> = Vec::new();
                 for l in &changes.added {
-                    let row = serde_json::json!({
-                        "env": env,
-                        "consumer": l.consumer,
-                        "provider": l.provider,
-                        "kind": l.kind,
-                        "update_type": l.update_type,
-                        "valid_from": deployment,
-                    });
                     match at.entry((&l.consumer, &l.provider)) {
-                        std::collections::hash_map::Entry::Occupied(i) => rows[*i.get()] = row,
+                        std::collections::hash_map::Entry::Occupied(i) => links[*i.get()] = l,
                         std::collections::hash_map::Entry::Vacant(v) => {
-                            v.insert(rows.len());
-                            rows.push(row);
+                            v.insert(links.len());
+                            links.push(l);
                         }
                     }
                 }
-                return crate::bulk::insert_links(tx, rows);
+                return crate::bulk::insert_links(tx, env, deployment, &links);
             }
             let mut insert = tx.prepare_cached(
                 "INSERT INTO link (env, consumer, provider, kind, update_type, valid_from)
@@ -471,8 +463,8 @@ pub(crate) fn record_bindings(
     )?;
     // PostgreSQL: the new rows in one statement after the loop (none of them is a row the
     // loop ends or drops).
-    let mut gathered: Option<Vec<serde_json::Value>> =
-        (tx.backend() == Backend::Postgres).then(Vec::new);
+    let mut gathered: Option<crate::bulk::BindingRows> =
+        (tx.backend() == Backend::Postgres).then(crate::bulk::BindingRows::new);
     for (guresid, bound, bindings) in resolved {
         let mut wanted: Vec<BindingKey> = bindings.iter().map(BindingKey::of).collect();
         let rows = if *bound {
@@ -519,19 +511,19 @@ pub(crate) fn record_bindings(
             };
             wanted.swap_remove(i);
             if let Some(rows) = gathered.as_mut() {
-                rows.push(serde_json::json!({
-                    "env": env,
-                    "needed_guresid": guresid,
-                    "needed_path": key.needed_path,
-                    "provided_guresid": key.provided,
-                    "provided_path": key.provided_path,
-                    "data_type": key.data_type,
-                    "value": key.value,
-                    "secret": i64::from(key.secret),
-                    "inserted": i64::from(key.inserted),
-                    "interface": key.interface,
-                    "valid_from": deployment,
-                }));
+                rows.push(&crate::bulk::BindingRow {
+                    env,
+                    needed_guresid: guresid,
+                    needed_path: &key.needed_path,
+                    provided_guresid: &key.provided,
+                    provided_path: &key.provided_path,
+                    data_type: &key.data_type,
+                    value: key.value.as_deref(),
+                    secret: key.secret,
+                    inserted: key.inserted,
+                    interface: key.interface.as_deref(),
+                    valid_from: deployment,
+                });
                 continue;
             }
             insert.run(params![

@@ -440,31 +440,7 @@ fn gather_new_put(
         end_operation(tx, operation, end)?;
     }
     let guresid = &record.guresid;
-    bulk.resource(
-        tx,
-        guresid,
-        serde_json::json!({
-            "guresid": guresid,
-            "env": record.env,
-            "app": record.app,
-            "type": record.res_type,
-            "class": record.class,
-            "res_id": record.res_id,
-            "definition": record.definition,
-            "driver": record.driver,
-            "status": record.status.as_str(),
-            "inputs_hash": record.inputs_hash,
-            "outputs": sealed.outputs,
-            "error": record.error,
-            "commit_id": record.commit_id,
-            "deployment_id": deployment,
-            "inputs": record.inputs.as_str(),
-            "account": record.account,
-            "deletion_policy": record.deletion_policy.as_str(),
-            "template_hash": record.template_hash,
-            "version_from": deployment,
-        }),
-    )?;
+    bulk.resource(tx, deployment, record, &sealed.outputs)?;
     if let Some((outputs, inputs)) = &sealed.secrets {
         bulk.secret(guresid, outputs, inputs);
     }

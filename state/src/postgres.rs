@@ -14,11 +14,12 @@ use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use futures_util::SinkExt;
 use tokio::sync::mpsc;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, NoTls, Statement};
 
-use crate::db::{Arg, Cell, DbError, DbResult, Table};
+use crate::db::{Arg, Array, ArrayKind, Cell, DbError, DbResult, Table};
 use crate::dialect;
 
 /// How long one call may take before it fails.
@@ -136,6 +137,7 @@ enum PgArg {
     Real(f64),
     Text(String),
     Blob(Vec<u8>),
+    Array(Array),
 }
 
 impl From<&Arg<'_>> for PgArg {
@@ -146,6 +148,7 @@ impl From<&Arg<'_>> for PgArg {
             Arg::Real(v) => PgArg::Real(v),
             Arg::Text(v) => PgArg::Text(v.to_owned()),
             Arg::Blob(v) => PgArg::Blob(v.to_vec()),
+            Arg::Array(v) => PgArg::Array(v.clone()),
         }
     }
 }
@@ -205,6 +208,17 @@ impl ToSql for PgArg {
                 Type::BYTEA => v.as_slice().to_sql(ty, out),
                 _ => Err(mismatch()),
             },
+            PgArg::Array(v) => {
+                let fits = matches!(
+                    (v.kind, ty),
+                    (ArrayKind::Text, &Type::TEXT_ARRAY) | (ArrayKind::Int, &Type::INT8_ARRAY)
+                );
+                if !fits {
+                    return Err(mismatch());
+                }
+                write_array(v, out)?;
+                Ok(IsNull::No)
+            }
         }
     }
 
@@ -213,6 +227,26 @@ impl ToSql for PgArg {
     }
 
     to_sql_checked!();
+}
+
+/// `array` in PostgreSQL's binary array format: dimensions, a NULL flag, the element type,
+/// the length and lower bound of its one dimension, then the elements as gathered.
+fn write_array(
+    array: &Array,
+    out: &mut BytesMut,
+) -> Result<(), Box<dyn std::error::Error + Sync + Send>> {
+    let len = i32::try_from(array.len).map_err(|_| "too many rows for one array")?;
+    let dimensions: i32 = if len == 0 { 0 } else { 1 };
+    out.reserve(20 + array.data.len());
+    out.extend_from_slice(&dimensions.to_be_bytes());
+    out.extend_from_slice(&i32::from(array.has_null).to_be_bytes());
+    out.extend_from_slice(&array.kind.element_oid().to_be_bytes());
+    if len > 0 {
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&1i32.to_be_bytes());
+        out.extend_from_slice(&array.data);
+    }
+    Ok(())
 }
 
 /// Reads any column gitplane's schema has into a [`Cell`].
@@ -285,6 +319,8 @@ enum Op {
     /// outcome collected at the transaction's next call that waits (so a failure still
     /// fails the transaction).
     Deferred(String, Vec<PgArg>),
+    /// A `COPY … FROM STDIN` of these rows, deferred the same way.
+    Copy(String, bytes::Bytes),
     Table(String, Vec<PgArg>),
     Execute(String, Vec<PgArg>),
     Batch(String),
@@ -398,6 +434,17 @@ impl PgConn {
             .map_err(|_| DbError::Lost("the connection's thread stopped".into()))
     }
 
+    /// Sends a `COPY … FROM STDIN` of `rows` inside a transaction without waiting for it, as
+    /// [`PgConn::execute_deferred`] sends a statement.
+    pub(crate) fn copy_deferred(&self, copy: &str, rows: bytes::Bytes) -> DbResult<()> {
+        self.requests
+            .send(Request {
+                op: Op::Copy(copy.to_owned(), rows),
+                reply: None,
+            })
+            .map_err(|_| DbError::Lost("the connection's thread stopped".into()))
+    }
+
     pub(crate) fn batch(&self, sql: &str) -> DbResult<()> {
         self.call(Op::Batch(sql.to_owned())).map(|_| ())
     }
@@ -435,7 +482,7 @@ impl PgConn {
 }
 
 /// A deferred execute on its way.
-type Pending = Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> + Send>>;
+type Pending = Pin<Box<dyn Future<Output = DbResult<u64>> + Send>>;
 
 /// The connection's state on its thread.
 struct Session {
@@ -581,7 +628,7 @@ impl Session {
             if let Err(e) = pending.await
                 && self.deferred_error.is_none()
             {
-                self.deferred_error = Some(error(&e));
+                self.deferred_error = Some(e);
             }
         }
     }
@@ -596,14 +643,53 @@ impl Session {
             let mut call: Pending = Box::pin(async move {
                 let refs: Vec<&(dyn ToSql + Sync)> =
                     args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-                client.execute(&stmt, &refs).await
+                client.execute(&stmt, &refs).await.map_err(|e| error(&e))
             });
             // The first poll puts the request on the connection's queue, in call order.
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
             if let std::task::Poll::Ready(Err(e)) = call.as_mut().poll(&mut cx) {
-                self.deferred_error.get_or_insert(error(&e));
+                self.deferred_error.get_or_insert(e);
             } else {
                 self.pending.push_back(call);
+            }
+            if self.pending.len() >= 1024 {
+                self.settle().await;
+            }
+            return Ok(Reply::Done);
+        }
+        if let Op::Copy(copy, rows) = op {
+            if self.deferred_error.is_some() {
+                return Ok(Reply::Done);
+            }
+            let stmt = self.statement(&copy).await?;
+            let client = self.client.clone().ok_or_else(lost)?;
+            let mut call: Pending = Box::pin(async move {
+                let sink = client
+                    .copy_in::<_, bytes::Bytes>(&stmt)
+                    .await
+                    .map_err(|e| error(&e))?;
+                let mut sink = std::pin::pin!(sink);
+                sink.send(rows).await.map_err(|e| error(&e))?;
+                sink.finish().await.map_err(|e| error(&e))
+            });
+            // As a deferred execute: the first poll queues the copy in call order. Its rows go
+            // once the server is ready for them, so the rest of it runs as a task of its own
+            // rather than waiting for the next call that waits (statements sent after it wait
+            // for it on the connection).
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match call.as_mut().poll(&mut cx) {
+                std::task::Poll::Ready(Err(e)) => {
+                    self.deferred_error.get_or_insert(e);
+                }
+                std::task::Poll::Ready(Ok(_)) => {}
+                std::task::Poll::Pending => {
+                    let task = tokio::spawn(call);
+                    self.pending.push_back(Box::pin(async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err(DbError::Lost(format!("the copy's task ended: {e}")))
+                        })
+                    }));
+                }
             }
             if self.pending.len() >= 1024 {
                 self.settle().await;
@@ -663,7 +749,7 @@ impl Session {
                 }
                 Ok(Reply::Done)
             }
-            Op::Deferred(..) => Ok(Reply::Done),
+            Op::Deferred(..) | Op::Copy(..) => Ok(Reply::Done),
             Op::Begin { unflushed } => {
                 let client = self.client.as_ref().ok_or_else(lost)?;
                 let begin = if unflushed {

@@ -50,15 +50,17 @@ pub fn to_record(
     for secret in secrets {
         secret_strings(secret, &mut values);
     }
-    let full = Value::Array(
+    let mut list = Value::Array(
         manifests
             .into_iter()
             .map(|m| serde_json::to_value(m).unwrap_or(Value::Null))
             .collect(),
     );
-    let mut shown = full.clone();
+    // The full list's text first, then the secrets hidden in place: most lists hide nothing,
+    // and then that text is what is shown, with no copy of the list.
+    let full = list.to_string();
     let mut hid = false;
-    if let Value::Array(items) = &mut shown {
+    if let Value::Array(items) = &mut list {
         for item in items {
             if let Some(data) = item.get_mut("data") {
                 hid |= hide_secret_object(data);
@@ -66,9 +68,16 @@ pub fn to_record(
             }
         }
     }
-    ManifestsRecord {
-        shown: shown.to_string(),
-        full: hid.then(|| full.to_string()),
+    if hid {
+        ManifestsRecord {
+            shown: list.to_string(),
+            full: Some(full),
+        }
+    } else {
+        ManifestsRecord {
+            shown: full,
+            full: None,
+        }
     }
 }
 

@@ -301,6 +301,7 @@ pub async fn apply(
         ended: Vec::new(),
         kept: HashMap::new(),
         cookies: HashMap::new(),
+        cookies_kept: true,
         limits: Limits::new(settings.concurrency),
         halt: options.halt(),
     };
@@ -439,6 +440,10 @@ struct Run<'a, 'e> {
     /// The driver cookies of the steps about to start, read for the batch at once (`None`: it
     /// has none); a step not listed reads its own.
     cookies: HashMap<String, Option<String>>,
+    /// Whether the state kept any driver cookie when the steps being scheduled began: with
+    /// none (a first apply), none of them has one to read, as each starts once and only its
+    /// own calls set its cookie.
+    cookies_kept: bool,
     /// Permits for driver calls: one global limit, and one per driver that sets its own.
     limits: Limits,
     /// What stops new driver calls.
@@ -1078,6 +1083,7 @@ impl<'a> Run<'a, '_> {
         prerequisites: &[Vec<usize>],
         operation: Operation,
     ) -> Result<(), StateError> {
+        self.cookies_kept = self.journal.store()?.keeps_cookies()?;
         let mut waiting: Vec<usize> = prerequisites.iter().map(Vec::len).collect();
         let mut unlocks: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
         for (i, pre) in prerequisites.iter().enumerate() {
@@ -1190,6 +1196,9 @@ impl<'a> Run<'a, '_> {
         &mut self,
         guresids: impl Iterator<Item = &'g str>,
     ) -> Result<(), StateError> {
+        if !self.cookies_kept {
+            return Ok(());
+        }
         let guresids: Vec<&str> = guresids.collect();
         let mut found = self.journal.reads().cookies(&guresids)?;
         self.cookies = guresids
@@ -1203,6 +1212,7 @@ impl<'a> Run<'a, '_> {
     fn cookie(&mut self, guresid: &str) -> Result<Option<String>, StateError> {
         match self.cookies.remove(guresid) {
             Some(cookie) => Ok(cookie),
+            None if !self.cookies_kept => Ok(None),
             None => self.journal.reads().cookie(guresid),
         }
     }

@@ -1281,6 +1281,14 @@ impl Store {
         self.open_sealed(sealed, &format!("driver_cookie:{guresid}"))
     }
 
+    /// Whether the state keeps any driver cookie at all.
+    pub fn keeps_cookies(&self) -> Result<bool> {
+        self.conn
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM driver_cookie)")
+            .and_then(|mut s| s.query_row(params![], |r| r.get(0)))
+            .map_err(self.err())
+    }
+
     /// The driver cookies of `guresids` that have one, opened: one query for a batch of
     /// resources about to be called, rather than one each.
     pub fn cookies(&self, guresids: &[&str]) -> Result<std::collections::HashMap<String, String>> {

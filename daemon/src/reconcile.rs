@@ -293,6 +293,7 @@ pub async fn apply(
         failures: Vec::new(),
         bindings: Vec::new(),
         bound: None,
+        looked_for_bindings: false,
         rebound: HashSet::new(),
         inserting: HashSet::new(),
         readers: HashMap::new(),
@@ -421,6 +422,8 @@ struct Run<'a, 'e> {
     /// The resources of `env` that had current bindings when the run began, read when a run
     /// binds many: only those need their rows looked up.
     bound: Option<HashSet<String>>,
+    /// Whether the run asked if `env` had any current binding (see `bound`).
+    looked_for_bindings: bool,
     /// Every resource resolved in this run, and the pinned ones, which keep their bindings.
     rebound: HashSet<&'a GuresId>,
     /// `(consumer, provider)` of links over which every binding inserts a whole object into a
@@ -952,6 +955,13 @@ impl<'a> Run<'a, '_> {
     /// look up. For a few, each is looked up; once a run binds many (a first apply, a drift
     /// run), the environment's list is read once.
     fn bindings_to_write(&mut self) -> Result<BindingsToWrite<'a>, StateError> {
+        if self.bound.is_none() && !std::mem::replace(&mut self.looked_for_bindings, true) {
+            // An environment with no binding yet (its first apply) has none to look up: one
+            // query, rather than one a resource (a round trip each on PostgreSQL).
+            if !self.journal.store()?.has_bindings(&self.graph.env)? {
+                self.bound = Some(HashSet::new());
+            }
+        }
         if self.bound.is_none() && self.bindings.len() >= BATCH {
             self.bound = Some(self.journal.store()?.bound(&self.graph.env)?);
         }

@@ -195,6 +195,16 @@ impl Store {
             .collect())
     }
 
+    /// Whether any resource of `env` has current bindings.
+    pub fn has_bindings(&self, env: &str) -> Result<bool> {
+        self.conn
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM binding WHERE env = ?1 AND valid_to IS NULL)",
+            )
+            .and_then(|mut s| s.query_row([env], |r| r.get(0)))
+            .map_err(self.err())
+    }
+
     /// Makes the current bindings of each resource in `resolved` exactly its list, with
     /// `deployment`, in one transaction: bindings that stay keep their rows, the others end or
     /// start. A resource that is not listed keeps its bindings. Each entry says whether the

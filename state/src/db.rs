@@ -127,39 +127,18 @@ impl Column {
         self.len == 0
     }
 
-    fn null(&mut self) {
-        self.data.extend_from_slice(&(-1i32).to_be_bytes());
-        self.has_null = true;
-        self.len += 1;
-    }
-
     /// Appends a text value (`None`: NULL).
     pub fn push_text(&mut self, value: Option<&str>) {
         debug_assert_eq!(self.kind, ArrayKind::Text);
-        match value {
-            // A value of 2 GiB or more cannot be a PostgreSQL text anyway; the server refuses
-            // the array as malformed rather than taking a wrong value.
-            Some(v) => {
-                let len = i32::try_from(v.len()).unwrap_or(i32::MAX);
-                self.data.extend_from_slice(&len.to_be_bytes());
-                self.data.extend_from_slice(v.as_bytes());
-                self.len += 1;
-            }
-            None => self.null(),
-        }
+        self.has_null |= put_text(&mut self.data, value);
+        self.len += 1;
     }
 
     /// Appends an integer value (`None`: NULL).
     pub fn push_int(&mut self, value: Option<i64>) {
         debug_assert_eq!(self.kind, ArrayKind::Int);
-        match value {
-            Some(v) => {
-                self.data.extend_from_slice(&8i32.to_be_bytes());
-                self.data.extend_from_slice(&v.to_be_bytes());
-                self.len += 1;
-            }
-            None => self.null(),
-        }
+        self.has_null |= put_int(&mut self.data, value);
+        self.len += 1;
     }
 
     /// The column as a parameter; the builder starts empty again.
@@ -214,25 +193,12 @@ impl CopyRows {
 
     pub fn text(&mut self, value: Option<&str>) {
         self.fields += 1;
-        match value {
-            Some(v) => {
-                let len = i32::try_from(v.len()).unwrap_or(i32::MAX);
-                self.data.extend_from_slice(&len.to_be_bytes());
-                self.data.extend_from_slice(v.as_bytes());
-            }
-            None => self.data.extend_from_slice(&(-1i32).to_be_bytes()),
-        }
+        put_text(&mut self.data, value);
     }
 
     pub fn int(&mut self, value: Option<i64>) {
         self.fields += 1;
-        match value {
-            Some(v) => {
-                self.data.extend_from_slice(&8i32.to_be_bytes());
-                self.data.extend_from_slice(&v.to_be_bytes());
-            }
-            None => self.data.extend_from_slice(&(-1i32).to_be_bytes()),
-        }
+        put_int(&mut self.data, value);
     }
 
     /// The rows as the copy's data, `None` when there is none.
@@ -244,6 +210,39 @@ impl CopyRows {
         self.data.extend_from_slice(&(-1i16).to_be_bytes());
         Some(self.data.freeze())
     }
+}
+
+/// Writes one value as PostgreSQL's binary formats frame it, in an array as in a `COPY` row: its
+/// length (4 bytes, big-endian; -1 for NULL), then its bytes. Whether it was NULL.
+fn put_text(data: &mut bytes::BytesMut, value: Option<&str>) -> bool {
+    match value {
+        // A value of 2 GiB or more cannot be a PostgreSQL text anyway; the server refuses it
+        // as malformed rather than taking a wrong value.
+        Some(v) => {
+            let len = i32::try_from(v.len()).unwrap_or(i32::MAX);
+            data.extend_from_slice(&len.to_be_bytes());
+            data.extend_from_slice(v.as_bytes());
+            false
+        }
+        None => put_null(data),
+    }
+}
+
+/// As [`put_text`], an `int8`.
+fn put_int(data: &mut bytes::BytesMut, value: Option<i64>) -> bool {
+    match value {
+        Some(v) => {
+            data.extend_from_slice(&8i32.to_be_bytes());
+            data.extend_from_slice(&v.to_be_bytes());
+            false
+        }
+        None => put_null(data),
+    }
+}
+
+fn put_null(data: &mut bytes::BytesMut) -> bool {
+    data.extend_from_slice(&(-1i32).to_be_bytes());
+    true
 }
 
 /// A finished [`Column`]: cheap to clone (its bytes are shared), sent as an array parameter.

@@ -633,6 +633,33 @@ impl Session {
         }
     }
 
+    /// Queues `call`, made and not yet polled, after what was deferred before it: its first poll
+    /// puts its request on the connection's queue, in call order, and its outcome is collected
+    /// at the transaction's next call that waits. `own_task`: what is left of it after that
+    /// poll runs as a task of its own.
+    async fn defer(&mut self, mut call: Pending, own_task: bool) -> DbResult<Reply> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match call.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Err(e)) => {
+                self.deferred_error.get_or_insert(e);
+            }
+            std::task::Poll::Ready(Ok(_)) => {}
+            std::task::Poll::Pending if own_task => {
+                let task = tokio::spawn(call);
+                self.pending.push_back(Box::pin(async move {
+                    task.await.unwrap_or_else(|e| {
+                        Err(DbError::Lost(format!("a deferred task ended: {e}")))
+                    })
+                }));
+            }
+            std::task::Poll::Pending => self.pending.push_back(call),
+        }
+        if self.pending.len() >= 1024 {
+            self.settle().await;
+        }
+        Ok(Reply::Done)
+    }
+
     async fn run_connected(&mut self, op: Op) -> DbResult<Reply> {
         if let Op::Deferred(sql, args) = op {
             if self.deferred_error.is_some() {
@@ -640,22 +667,12 @@ impl Session {
             }
             let stmt = self.statement(&sql).await?;
             let client = self.client.clone().ok_or_else(lost)?;
-            let mut call: Pending = Box::pin(async move {
+            let call: Pending = Box::pin(async move {
                 let refs: Vec<&(dyn ToSql + Sync)> =
                     args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
                 client.execute(&stmt, &refs).await.map_err(|e| error(&e))
             });
-            // The first poll puts the request on the connection's queue, in call order.
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            if let std::task::Poll::Ready(Err(e)) = call.as_mut().poll(&mut cx) {
-                self.deferred_error.get_or_insert(e);
-            } else {
-                self.pending.push_back(call);
-            }
-            if self.pending.len() >= 1024 {
-                self.settle().await;
-            }
-            return Ok(Reply::Done);
+            return self.defer(call, false).await;
         }
         if let Op::Copy(copy, rows) = op {
             if self.deferred_error.is_some() {
@@ -663,7 +680,7 @@ impl Session {
             }
             let stmt = self.statement(&copy).await?;
             let client = self.client.clone().ok_or_else(lost)?;
-            let mut call: Pending = Box::pin(async move {
+            let call: Pending = Box::pin(async move {
                 let sink = client
                     .copy_in::<_, bytes::Bytes>(&stmt)
                     .await
@@ -672,29 +689,10 @@ impl Session {
                 sink.send(rows).await.map_err(|e| error(&e))?;
                 sink.finish().await.map_err(|e| error(&e))
             });
-            // As a deferred execute: the first poll queues the copy in call order. Its rows go
-            // once the server is ready for them, so the rest of it runs as a task of its own
-            // rather than waiting for the next call that waits (statements sent after it wait
-            // for it on the connection).
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            match call.as_mut().poll(&mut cx) {
-                std::task::Poll::Ready(Err(e)) => {
-                    self.deferred_error.get_or_insert(e);
-                }
-                std::task::Poll::Ready(Ok(_)) => {}
-                std::task::Poll::Pending => {
-                    let task = tokio::spawn(call);
-                    self.pending.push_back(Box::pin(async move {
-                        task.await.unwrap_or_else(|e| {
-                            Err(DbError::Lost(format!("the copy's task ended: {e}")))
-                        })
-                    }));
-                }
-            }
-            if self.pending.len() >= 1024 {
-                self.settle().await;
-            }
-            return Ok(Reply::Done);
+            // Its rows go once the server is ready for them, so the rest of it runs as a task
+            // of its own rather than waiting for the next call that waits (statements sent
+            // after it wait for it on the connection).
+            return self.defer(call, true).await;
         }
         self.settle().await;
         if let Some(e) = self.deferred_error.take() {

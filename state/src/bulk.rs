@@ -38,9 +38,9 @@ pub(crate) struct Bulk {
     /// millisecond or so, and formatting the time for each of tens of thousands of rows costs
     /// a twentieth of their writing.
     now: Option<String>,
-    /// PostgreSQL: the time read with the last operation ids, the operations' start (a `COPY`
-    /// computes nothing, so their times go with them).
-    ids_at: Option<String>,
+    /// PostgreSQL: the last key given out by [`Bulk::keys_for_operations`], counting down from
+    /// -1: the insert gives those operations their ids.
+    keyed_to: i64,
 }
 
 /// An `operation` row as gathered (its times are the flush's).
@@ -62,6 +62,10 @@ struct OperationRow {
 
 /// The columns of `resource` a new resource's row gives (its times are the flush's).
 const RESOURCE_COLUMNS: usize = 19;
+
+/// PostgreSQL: the sequence of `operation.id`, looked up once per statement (as an argument of
+/// `nextval` itself it is looked up for every row).
+const OPERATION_SEQUENCE: &str = "(SELECT pg_get_serial_sequence('operation', 'id')::regclass)";
 
 /// Rows of one table gathered as columns, at most one per key.
 struct Keyed<const N: usize> {
@@ -134,7 +138,7 @@ impl Bulk {
             secrets: Keyed::new(columns(&[])),
             manifests: Keyed::new(columns(&[])),
             now: None,
-            ids_at: None,
+            keyed_to: 0,
         })
     }
 
@@ -173,24 +177,28 @@ impl Bulk {
             self.reserved_to = ids.last().copied().unwrap_or(self.reserved_to);
             return Ok(ids);
         }
-        let mut at = None;
         let mut ids: Vec<i64> = tx
             .prepare_cached(&format!(
-                "SELECT nextval(pg_get_serial_sequence('operation', 'id')), (SELECT {NOW})
-                 FROM generate_series(1, ?1)"
+                "SELECT nextval({OPERATION_SEQUENCE}) FROM generate_series(1, ?1)"
             ))?
-            .query_map([n], |r| {
-                if at.is_none() {
-                    at = Some(r.get::<_, String>(1)?);
-                }
-                r.get(0)
-            })?
+            .query_map([n], |r| r.get(0))?
             .collect::<DbResult<Vec<i64>>>()?;
         ids.sort_unstable();
-        if at.is_some() {
-            self.ids_at = at;
-        }
         Ok(ids)
+    }
+
+    /// Keys for `n` operations that start and end in this transaction, whose ids nobody needs
+    /// before it commits: on SQLite their ids ([`Bulk::operation_ids`], in process), on
+    /// PostgreSQL stand-ins (negative) that the insert replaces with ids of the sequence, in
+    /// the same order. The writer of a batch then never waits for the server before its commit.
+    pub(crate) fn keys_for_operations(&mut self, tx: &Tx<'_>, n: usize) -> DbResult<Vec<i64>> {
+        if self.backend == Backend::Sqlite {
+            return self.operation_ids(tx, n);
+        }
+        let first = self.keyed_to - 1;
+        let keys: Vec<i64> = (0..).map(|k| first - k).take(n).collect();
+        self.keyed_to = keys.last().copied().unwrap_or(self.keyed_to);
+        Ok(keys)
     }
 
     /// Gathers the start of operation `id`.
@@ -334,17 +342,35 @@ impl Bulk {
         sealed_full.push_text(sealed);
     }
 
-    /// Writes what is gathered, a statement per table, in the order the rows depend on each
-    /// other (a resource before its secrets and manifests). The statements are pipelined: their
-    /// errors come back at the transaction's next waiting call, at the latest its commit.
+    /// Writes what is gathered before the transaction goes on to read or change those tables
+    /// otherwise: all of it but the operations started under stand-in keys
+    /// ([`Bulk::keys_for_operations`]), which nothing in the transaction reads and whose ends,
+    /// still to come, merge into their rows; [`Bulk::finish`] writes those.
     pub(crate) fn flush(&mut self, tx: &Tx<'_>) -> DbResult<()> {
+        let (kept, operations) = std::mem::take(&mut self.operations)
+            .into_iter()
+            .partition(|o| o.id < 0);
+        self.operations = kept;
+        self.operation_at = (self.operations.iter().enumerate())
+            .map(|(i, o)| (o.id, i))
+            .collect();
+        self.write(tx, operations)
+    }
+
+    /// Writes everything gathered, at the end of the transaction.
+    pub(crate) fn finish(&mut self, tx: &Tx<'_>) -> DbResult<()> {
         self.operation_at.clear();
         let operations = std::mem::take(&mut self.operations);
+        self.write(tx, operations)
+    }
+
+    /// Writes `operations` and the rows gathered, a statement per table, in the order the rows
+    /// depend on each other (a resource before its secrets and manifests). The statements are
+    /// pipelined: their errors come back at the transaction's next waiting call, at the latest
+    /// its commit.
+    fn write(&mut self, tx: &Tx<'_>, operations: Vec<OperationRow>) -> DbResult<()> {
         if !operations.is_empty() {
-            let now = match self.backend {
-                Backend::Sqlite => self.now(tx)?.map(str::to_owned),
-                Backend::Postgres => self.ids_at.clone(),
-            };
+            let now = self.now(tx)?.map(str::to_owned);
             write_operations(tx, self.backend, &operations, now.as_deref())?;
         }
         if let Some(columns) = self.resources.take() {
@@ -385,8 +411,8 @@ impl Bulk {
 }
 
 /// Inserts gathered operations: on SQLite a prepared insert each (in process, a statement costs
-/// microseconds) at the transaction's time `now`, on PostgreSQL one `COPY` for all at the time
-/// read with their ids.
+/// microseconds) at the transaction's time `now`, on PostgreSQL one insert of `unnest`ed
+/// columns for all, at the transaction's time, the ids of stand-in keys drawn as they go in.
 fn write_operations(
     tx: &Tx<'_>,
     backend: Backend,
@@ -421,38 +447,61 @@ fn write_operations(
         }
         return Ok(());
     }
-    // Every operation gathered got its id, and so the time, from `operation_ids`.
-    let now = now.ok_or_else(|| {
-        crate::db::DbError::Postgres("operations gathered without their ids' time".into())
-    })?;
-    let mut rows = CopyRows::new(15);
-    for o in operations {
-        rows.row();
-        rows.int(Some(o.id));
-        rows.int(Some(o.deployment_id));
-        rows.text(Some(&o.guresid));
-        rows.text(o.app.as_deref());
-        rows.text(Some(&o.res_type));
-        rows.text(Some(&o.class));
-        rows.text(Some(&o.res_id));
-        rows.text(Some(&o.action));
-        rows.text(Some(&o.reason));
-        rows.text(Some(&o.status));
-        rows.int(Some(o.attempts));
-        rows.int(o.outputs_changed);
-        rows.text(o.error.as_deref());
-        rows.text(Some(now));
-        rows.text((o.status != "started").then_some(now));
+    if operations.is_empty() {
+        return Ok(());
     }
-    let Some(rows) = rows.finish() else {
+    let mut columns: [Column; 13] = columns(&[0, 1, 10, 11]);
+    for o in operations {
+        let [
+            id,
+            deployment_id,
+            guresid,
+            app,
+            res_type,
+            class,
+            res_id,
+            action,
+            reason,
+            status,
+            attempts,
+            outputs_changed,
+            error,
+        ] = &mut columns;
+        // A stand-in key (negative, see `Bulk::keys_for_operations`): the sequence gives its id.
+        id.push_int((o.id > 0).then_some(o.id));
+        deployment_id.push_int(Some(o.deployment_id));
+        guresid.push_text(Some(&o.guresid));
+        app.push_text(o.app.as_deref());
+        res_type.push_text(Some(&o.res_type));
+        class.push_text(Some(&o.class));
+        res_id.push_text(Some(&o.res_id));
+        action.push_text(Some(&o.action));
+        reason.push_text(Some(&o.reason));
+        status.push_text(Some(&o.status));
+        attempts.push_int(Some(o.attempts));
+        outputs_changed.push_int(o.outputs_changed);
+        error.push_text(o.error.as_deref());
+    }
+    let Some(columns) = finish(&mut columns) else {
         return Ok(());
     };
-    tx.copy_in(
-        "COPY operation (id, deployment_id, guresid, app, type, class, res_id, action, reason,
-                         status, attempts, outputs_changed, error, started_at, finished_at)
-         FROM STDIN (FORMAT binary)",
-        rows,
-    )
+    // The rows come out of `unnest` in their order, so ids drawn here follow the order the
+    // operations started in, as they would one insert each.
+    tx.prepare_cached(&format!(
+        "INSERT INTO operation (id, deployment_id, guresid, app, type, class, res_id, action,
+                                reason, status, attempts, outputs_changed, error, started_at,
+                                finished_at)
+         SELECT coalesce(o.id, nextval({OPERATION_SEQUENCE})), o.deployment_id, o.guresid,
+                o.app, o.type, o.class, o.res_id, o.action, o.reason, o.status, o.attempts,
+                o.outputs_changed, o.error, {NOW},
+                CASE WHEN o.status = 'started' THEN NULL ELSE {NOW} END
+         FROM unnest(?1::int8[], ?2::int8[], ?3::text[], ?4::text[], ?5::text[], ?6::text[],
+                     ?7::text[], ?8::text[], ?9::text[], ?10::text[], ?11::int8[],
+                     ?12::int8[], ?13::text[])
+              AS o(id, deployment_id, guresid, app, type, class, res_id, action, reason,
+                   status, attempts, outputs_changed, error)"
+    ))?
+    .run(columns)
 }
 
 /// `binding` rows gathered for one `COPY`, in the order they are to be inserted (the ids

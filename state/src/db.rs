@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 
-use crate::postgres::PgConn;
+use crate::postgres::{Committing as PgCommitting, PgConn};
 
 /// An error of the database under the store.
 #[derive(Debug, thiserror::Error)]
@@ -675,6 +675,21 @@ impl Conn {
         })
     }
 
+    /// Starts a transaction like [`Conn::transaction`] without waiting for PostgreSQL: the
+    /// statements that follow go after the `BEGIN` on the connection, while it may still be
+    /// busy with an earlier transaction committed by [`Tx::commit_later`]. A failed begin
+    /// fails the transaction's next call that waits, at the latest its commit.
+    pub fn transaction_pipelined(&self) -> DbResult<Tx<'_>> {
+        match self {
+            Conn::Lite(c) => c.execute_batch("BEGIN IMMEDIATE")?,
+            Conn::Pg(c) => c.begin_pipelined()?,
+        }
+        Ok(Tx {
+            conn: self,
+            open: true,
+        })
+    }
+
     /// Another handle on the same PostgreSQL session (see [`PgConn::share`]); `None` for
     /// SQLite, whose connection stays with its thread.
     pub(crate) fn share(&self) -> Option<Conn> {
@@ -761,6 +776,42 @@ impl Tx<'_> {
             Conn::Pg(c) => c.commit(),
         }
     }
+
+    /// Commits without waiting for PostgreSQL (SQLite commits at once, in process): the caller
+    /// may prepare and send the next transaction while the server finishes this one, and
+    /// learns how it went from [`Committing::wait`]. Whoever commits a transaction that rests
+    /// on this one waits for it first.
+    pub fn commit_later(mut self) -> Committing {
+        self.open = false;
+        match self.conn {
+            Conn::Lite(c) => {
+                Committing(Sent::Done(c.execute_batch("COMMIT").map_err(DbError::from)))
+            }
+            Conn::Pg(c) => Committing(match c.commit_later() {
+                Ok(pending) => Sent::Pg(pending),
+                Err(e) => Sent::Done(Err(e)),
+            }),
+        }
+    }
+}
+
+/// A commit on its way ([`Tx::commit_later`]).
+#[must_use = "a commit's outcome is known only once waited for"]
+pub struct Committing(Sent);
+
+enum Sent {
+    Done(DbResult<()>),
+    Pg(PgCommitting),
+}
+
+impl Committing {
+    /// How the commit went: `Ok` once it is durable.
+    pub fn wait(self) -> DbResult<()> {
+        match self.0 {
+            Sent::Done(result) => result,
+            Sent::Pg(pending) => pending.wait(),
+        }
+    }
 }
 
 impl Drop for Tx<'_> {
@@ -799,6 +850,23 @@ impl Stmt<'_> {
                 in_transaction: true,
             } => params.with_args(|args| conn.execute_deferred(sql, args)),
             _ => self.execute(params).map(|_| ()),
+        }
+    }
+
+    /// [`Stmt::run`] of a query that must find a row, else the transaction fails with `none`:
+    /// on PostgreSQL inside a transaction it is sent without waiting, like `run`, and `none`
+    /// comes back from its next waiting call or its commit; elsewhere it is checked at once.
+    pub fn run_expecting_row(&mut self, params: impl Params, none: DbError) -> DbResult<()> {
+        match self {
+            Stmt::Pg {
+                conn,
+                sql,
+                in_transaction: true,
+            } => params.with_args(|args| conn.expect_deferred(sql, args, none)),
+            _ => match self.exists(params)? {
+                true => Ok(()),
+                false => Err(none),
+            },
         }
     }
 

@@ -91,7 +91,7 @@ impl Store {
         self.in_transaction(|tx| {
             let mut bulk = Bulk::of(tx);
             let ids = begin_operations(tx, bulk.as_mut(), ops)?;
-            flush(tx, bulk.as_mut())?;
+            finish(tx, bulk.as_mut())?;
             Ok(ids)
         })
     }
@@ -101,6 +101,21 @@ impl Store {
         let err = |source| crate::state_error(&self.path, source);
         let tx = self.conn.transaction().map_err(err)?;
         crate::lease::check_fences(&tx, &self.fences).map_err(err)?;
+        Ok(Batch {
+            bulk: Bulk::of(&tx),
+            tx,
+            path: &self.path,
+            ring: self.keyring.clone(),
+        })
+    }
+
+    /// [`Store::batch`] for a writer that keeps PostgreSQL busy: the transaction begins (and its
+    /// fences are checked) without waiting for the server, so it can be sent while the server
+    /// still works on the one before, committed by [`Batch::commit_later`].
+    pub fn pipelined_batch(&mut self) -> Result<Batch<'_>> {
+        let err = |source| crate::state_error(&self.path, source);
+        let tx = self.conn.transaction_pipelined().map_err(err)?;
+        crate::lease::check_fences_pipelined(&tx, &self.fences).map_err(err)?;
         Ok(Batch {
             bulk: Bulk::of(&tx),
             tx,
@@ -130,7 +145,7 @@ impl Store {
                     },
                 );
             }
-            bulk.flush(tx)
+            bulk.finish(tx)
         })
     }
 
@@ -143,7 +158,7 @@ impl Store {
         self.in_transaction(|tx| {
             let mut bulk = Bulk::of(tx);
             write_journal(tx, &ring, bulk.as_mut(), entries)?;
-            flush(tx, bulk.as_mut())
+            finish(tx, bulk.as_mut())
         })
     }
 
@@ -213,7 +228,7 @@ fn record_call(
 ) -> DbResult<()> {
     if !bulk.is_some_and(|b| b.calls(operation, attempts)) {
         tx.prepare_cached("UPDATE operation SET attempts = ?2 WHERE id = ?1")?
-            .run(params![operation, attempts])?;
+            .run(params![recorded(operation)?, attempts])?;
     }
     match cookie {
         None => {}
@@ -447,6 +462,17 @@ fn gather_new_put(
     Ok(())
 }
 
+/// `operation` as the id of a row written: a stand-in key ([`Bulk::keys_for_operations`]) is
+/// only ever merged into its gathered row, and an update by it would change nothing.
+fn recorded(operation: i64) -> DbResult<i64> {
+    if operation < 0 {
+        return Err(DbError::Postgres(format!(
+            "operation {operation} was started under a stand-in key and is no longer gathered"
+        )));
+    }
+    Ok(operation)
+}
+
 /// Records how operation `operation` ended, in its row.
 fn end_operation(tx: &Tx<'_>, operation: i64, end: &OperationEnd<'_>) -> DbResult<()> {
     tx.prepare_cached(&format!(
@@ -455,7 +481,7 @@ fn end_operation(tx: &Tx<'_>, operation: i64, end: &OperationEnd<'_>) -> DbResul
          WHERE id = ?1"
     ))?
     .run(params![
-        operation,
+        recorded(operation)?,
         end.status,
         end.error,
         end.attempts,
@@ -643,10 +669,10 @@ fn begin_operations(
     Ok(ids)
 }
 
-/// Writes what `bulk` gathered.
-fn flush(tx: &Tx<'_>, bulk: Option<&mut Bulk>) -> DbResult<()> {
+/// Writes what `bulk` gathered, at the end of the transaction.
+fn finish(tx: &Tx<'_>, bulk: Option<&mut Bulk>) -> DbResult<()> {
     match bulk {
-        Some(bulk) => bulk.flush(tx),
+        Some(bulk) => bulk.finish(tx),
         None => Ok(()),
     }
 }
@@ -718,7 +744,9 @@ fn write_journal(
                 error,
             } => {
                 // A delete changes rows of every kind gathered: they go first.
-                flush(tx, bulk.as_deref_mut())?;
+                if let Some(bulk) = bulk.as_deref_mut() {
+                    bulk.flush(tx)?;
+                }
                 finish_delete(tx, *operation, *attempts, *deployment, env, guresid, *error)?;
             }
             JournalEntry::Failed {
@@ -787,7 +815,10 @@ impl Batch<'_> {
             .map_err(|source| crate::state_error(self.path, source))
     }
 
-    /// [`Batch::begin_operations`] of operations owned, whose values the rows take.
+    /// Starts operations owned (their values go into the rows) that end in this batch: their
+    /// keys, in order, for the batch's journal entries. On PostgreSQL a key is not yet the
+    /// operation's id (the insert draws it), so it means nothing outside the batch and asks
+    /// no round trip of the server.
     pub fn begin_started(
         &mut self,
         deployment: i64,
@@ -798,7 +829,9 @@ impl Batch<'_> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let ids = bulk.operation_ids(&self.tx, rows.len()).map_err(err)?;
+        let ids = bulk
+            .keys_for_operations(&self.tx, rows.len())
+            .map_err(err)?;
         for (row, id) in rows.into_iter().zip(&ids) {
             bulk.start_row(*id, deployment, row);
         }
@@ -821,12 +854,46 @@ impl Batch<'_> {
         crate::history::record_bindings(&self.tx, deployment, env, resolved).map_err(self.err())
     }
 
+    /// Writes the rows gathered so far (on PostgreSQL they are sent, pipelined) while the
+    /// transaction goes on: for a caller whose operations have all ended.
+    pub fn send_gathered(&mut self) -> Result<()> {
+        finish(&self.tx, self.bulk.as_mut()).map_err(|source| crate::state_error(self.path, source))
+    }
+
     pub fn commit(mut self) -> Result<()> {
         let path = self.path.to_owned();
-        flush(&self.tx, self.bulk.as_mut()).map_err(|source| crate::state_error(&path, source))?;
+        finish(&self.tx, self.bulk.as_mut()).map_err(|source| crate::state_error(&path, source))?;
         self.tx
             .commit()
             .map_err(|source| crate::state_error(&path, source))
+    }
+
+    /// Writes what is gathered and commits without waiting for PostgreSQL (see
+    /// [`crate::db::Tx::commit_later`]): the caller may send the next batch meanwhile, and
+    /// waits for this commit before it commits one that rests on it.
+    pub fn commit_later(mut self) -> Result<BatchCommitting> {
+        let path = self.path.to_owned();
+        finish(&self.tx, self.bulk.as_mut()).map_err(|source| crate::state_error(&path, source))?;
+        Ok(BatchCommitting {
+            committing: self.tx.commit_later(),
+            path,
+        })
+    }
+}
+
+/// A batch's commit on its way ([`Batch::commit_later`]).
+#[must_use = "a commit's outcome is known only once waited for"]
+pub struct BatchCommitting {
+    committing: crate::db::Committing,
+    path: std::path::PathBuf,
+}
+
+impl BatchCommitting {
+    /// How the commit went: `Ok` once the batch is durable.
+    pub fn wait(self) -> Result<()> {
+        self.committing
+            .wait()
+            .map_err(|source| crate::state_error(&self.path, source))
     }
 }
 

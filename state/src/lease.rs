@@ -28,24 +28,45 @@ pub(crate) fn check_fences(tx: &Tx<'_>, fences: &[Fence]) -> DbResult<()> {
     if fences.is_empty() {
         return Ok(());
     }
-    let sql = match tx.backend() {
+    let mut stmt = tx.prepare_cached(fence_query(tx))?;
+    for f in fences {
+        if !stmt.exists(params![f.env, f.daemon, f.generation])? {
+            return Err(fenced(f));
+        }
+    }
+    Ok(())
+}
+
+/// [`check_fences`] without waiting for PostgreSQL (see [`crate::db::Stmt::run_expecting_row`]):
+/// a fence that moved fails the transaction at its next call that waits, at the latest its
+/// commit, and until then the lease rows it found stay locked as they would.
+pub(crate) fn check_fences_pipelined(tx: &Tx<'_>, fences: &[Fence]) -> DbResult<()> {
+    if fences.is_empty() {
+        return Ok(());
+    }
+    let mut stmt = tx.prepare_cached(fence_query(tx))?;
+    for f in fences {
+        stmt.run_expecting_row(params![f.env, f.daemon, f.generation], fenced(f))?;
+    }
+    Ok(())
+}
+
+fn fence_query(tx: &Tx<'_>) -> &'static str {
+    match tx.backend() {
         Backend::Postgres => {
             "SELECT 1 FROM env_lease WHERE env = ?1 AND daemon = ?2 AND generation = ?3 FOR SHARE"
         }
         Backend::Sqlite => {
             "SELECT 1 FROM env_lease WHERE env = ?1 AND daemon = ?2 AND generation = ?3"
         }
-    };
-    let mut stmt = tx.prepare_cached(sql)?;
-    for f in fences {
-        if !stmt.exists(params![f.env, f.daemon, f.generation])? {
-            return Err(DbError::Fenced {
-                env: f.env.clone(),
-                generation: f.generation,
-            });
-        }
     }
-    Ok(())
+}
+
+fn fenced(f: &Fence) -> DbError {
+    DbError::Fenced {
+        env: f.env.clone(),
+        generation: f.generation,
+    }
 }
 
 /// A lease as its holder sees it: valid until a moment of its own monotonic clock, so a holder

@@ -36,7 +36,9 @@ pub use drift::{DetectRun, DetectRunRecord, DriftFinding};
 pub use figures::Figures;
 pub use fingerprint::{AppFingerprint, Census, fingerprints_digest};
 pub use history::{LinkChanges, Pruned, Retention};
-pub use journal::{Batch, Ended, JournalEntry, ManifestsRecord, SealedPut, Sealer};
+pub use journal::{
+    Batch, BatchCommitting, Ended, JournalEntry, ManifestsRecord, SealedPut, Sealer,
+};
 pub use lease::{Beat, Fence, LeaseHold, LeaseRecord, Leases};
 pub use lock::{ApplyLock, LockHold, Released, release_gone};
 pub use postgres::{PgTarget, is_postgres_url};

@@ -317,8 +317,8 @@ enum Op {
     Query(String, Vec<PgArg>),
     /// An execute whose result nobody waits for, inside a transaction: sent at once, its
     /// outcome collected at the transaction's next call that waits (so a failure still
-    /// fails the transaction).
-    Deferred(String, Vec<PgArg>),
+    /// fails the transaction). With an error, a statement that finds no row fails with it.
+    Deferred(String, Vec<PgArg>, Option<DbError>),
     /// A `COPY … FROM STDIN` of these rows, deferred the same way.
     Copy(String, bytes::Bytes),
     Table(String, Vec<PgArg>),
@@ -428,7 +428,23 @@ impl PgConn {
     pub(crate) fn execute_deferred(&self, sql: &str, args: &[Arg<'_>]) -> DbResult<()> {
         self.requests
             .send(Request {
-                op: Op::Deferred(sql.to_owned(), Self::owned(args)),
+                op: Op::Deferred(sql.to_owned(), Self::owned(args), None),
+                reply: None,
+            })
+            .map_err(|_| DbError::Lost("the connection's thread stopped".into()))
+    }
+
+    /// [`PgConn::execute_deferred`] of a statement that must find a row (a `SELECT … FOR SHARE`
+    /// of what the transaction rests on): when it finds none, `none` fails the transaction.
+    pub(crate) fn expect_deferred(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        none: DbError,
+    ) -> DbResult<()> {
+        self.requests
+            .send(Request {
+                op: Op::Deferred(sql.to_owned(), Self::owned(args), Some(none)),
                 reply: None,
             })
             .map_err(|_| DbError::Lost("the connection's thread stopped".into()))
@@ -451,6 +467,18 @@ impl PgConn {
 
     pub(crate) fn begin(&self) -> DbResult<()> {
         self.call(Op::Begin { unflushed: false }).map(|_| ())
+    }
+
+    /// Begins a transaction without waiting for the server: the statements sent after it
+    /// follow it on the connection, and should it fail, they are not sent and the
+    /// transaction's next call that waits (at the latest its commit) fails.
+    pub(crate) fn begin_pipelined(&self) -> DbResult<()> {
+        self.requests
+            .send(Request {
+                op: Op::Begin { unflushed: false },
+                reply: None,
+            })
+            .map_err(|_| DbError::Lost("the connection's thread stopped".into()))
     }
 
     /// Begins a transaction whose commit returns before its WAL is flushed to disk
@@ -476,8 +504,40 @@ impl PgConn {
         self.call(Op::Commit).map(|_| ())
     }
 
+    /// Sends the commit without waiting for it: the caller goes on (it may begin the next
+    /// transaction on this connection, which the server takes after this one) and learns how
+    /// the commit went from [`Committing::wait`].
+    pub(crate) fn commit_later(&self) -> DbResult<Committing> {
+        let (reply, answer) = std_mpsc::sync_channel(1);
+        self.requests
+            .send(Request {
+                op: Op::Commit,
+                reply: Some(reply),
+            })
+            .map_err(|_| DbError::Lost("the connection's thread stopped".into()))?;
+        Ok(Committing { answer })
+    }
+
     pub(crate) fn rollback(&self) {
         let _ = self.call(Op::Rollback);
+    }
+}
+
+/// A commit sent and not yet answered ([`PgConn::commit_later`]).
+pub(crate) struct Committing {
+    answer: std_mpsc::Receiver<DbResult<Reply>>,
+}
+
+impl Committing {
+    /// How the commit went.
+    pub(crate) fn wait(self) -> DbResult<()> {
+        // The thread bounds the commit itself (and what ran before it on the connection); this
+        // only covers a thread that died.
+        let limit = 2 * CALL_LIMIT + CONNECT_LIMIT + Duration::from_secs(5);
+        match self.answer.recv_timeout(limit) {
+            Ok(result) => result.map(|_| ()),
+            Err(_) => Err(DbError::Lost("the connection's thread stopped".into())),
+        }
     }
 }
 
@@ -523,8 +583,17 @@ fn serve(config: tokio_postgres::Config, mut requests: mpsc::UnboundedReceiver<R
         };
         while let Some(request) = requests.recv().await {
             let result = session.run(request.op).await;
-            if let Some(reply) = request.reply {
-                let _ = reply.send(result);
+            match (request.reply, result) {
+                (Some(reply), result) => {
+                    let _ = reply.send(result);
+                }
+                // Nobody waits for it (a deferred statement whose preparing failed, a begin
+                // sent ahead): the transaction's next call that waits fails with it, so a
+                // transaction the server aborted is never reported committed.
+                (None, Err(e)) => {
+                    session.deferred_error.get_or_insert(e);
+                }
+                (None, Ok(_)) => {}
             }
         }
     });
@@ -661,7 +730,7 @@ impl Session {
     }
 
     async fn run_connected(&mut self, op: Op) -> DbResult<Reply> {
-        if let Op::Deferred(sql, args) = op {
+        if let Op::Deferred(sql, args, none) = op {
             if self.deferred_error.is_some() {
                 return Ok(Reply::Done);
             }
@@ -670,7 +739,11 @@ impl Session {
             let call: Pending = Box::pin(async move {
                 let refs: Vec<&(dyn ToSql + Sync)> =
                     args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-                client.execute(&stmt, &refs).await.map_err(|e| error(&e))
+                let n = client.execute(&stmt, &refs).await.map_err(|e| error(&e))?;
+                match none {
+                    Some(e) if n == 0 => Err(e),
+                    _ => Ok(n),
+                }
             });
             return self.defer(call, false).await;
         }
@@ -855,6 +928,86 @@ mod tests {
             shown_url("postgres://gp@db/state"),
             "postgres://gp@db/state"
         );
+    }
+
+    /// `(guresid)` of the driver cookies kept, in order.
+    fn cookies(conn: &crate::db::Conn) -> Vec<String> {
+        conn.prepare_cached("SELECT guresid FROM driver_cookie ORDER BY guresid")
+            .unwrap()
+            .query_map(crate::db::params![], |r| r.get(0))
+            .unwrap()
+            .collect::<DbResult<Vec<String>>>()
+            .unwrap()
+    }
+
+    fn keep_cookie(tx: &crate::db::Tx<'_>, guresid: &str) {
+        tx.prepare_cached(
+            "INSERT INTO driver_cookie (guresid, cookie, updated_at) VALUES (?1, 'c', 'now')",
+        )
+        .unwrap()
+        .run(crate::db::params![guresid])
+        .unwrap();
+    }
+
+    #[test]
+    fn a_pipelined_statement_the_server_cannot_prepare_fails_the_commit() {
+        crate::tests::each_backend(|store| {
+            if store.backend() != crate::db::Backend::Postgres {
+                return;
+            }
+            let tx = store.conn.transaction().unwrap();
+            keep_cookie(&tx, "g1");
+            // Sent without waiting: the server aborts the transaction, and its commit would
+            // only roll it back, silently, were the failure not kept for the commit.
+            let sent = tx
+                .prepare_cached("INSERT INTO no_such_table (x) VALUES (?1)")
+                .and_then(|mut s| s.run(crate::db::params![1]));
+            let failed = match sent {
+                Err(e) => e,
+                Ok(()) => tx
+                    .commit()
+                    .expect_err("the commit of an aborted transaction"),
+            };
+            assert!(failed.to_string().contains("no_such_table"), "{failed}");
+            assert!(cookies(&store.conn).is_empty());
+        });
+    }
+
+    #[test]
+    fn pipelined_transactions_commit_in_order_and_none_after_one_that_failed() {
+        crate::tests::each_backend(|store| {
+            let other = crate::connect(store.path()).unwrap();
+            // The first is committed without waiting; the second is sent behind it.
+            let first = other.transaction_pipelined().unwrap();
+            keep_cookie(&first, "g1");
+            let first = first.commit_later();
+            let second = other.transaction_pipelined().unwrap();
+            keep_cookie(&second, "g2");
+            first.wait().unwrap();
+            second.commit_later().wait().unwrap();
+            assert_eq!(cookies(&store.conn), ["g1", "g2"]);
+            if store.backend() != crate::db::Backend::Postgres {
+                // SQLite writes at once and commits in process: nothing goes ahead of a failure.
+                return;
+            }
+            // A transaction that fails at its commit: the one sent behind it learns of it
+            // before it commits, and is rolled back.
+            let failing = other.transaction_pipelined().unwrap();
+            keep_cookie(&failing, "g3");
+            keep_cookie(&failing, "g1");
+            let failing = failing.commit_later();
+            let behind = other.transaction_pipelined().unwrap();
+            keep_cookie(&behind, "g4");
+            let e = failing.wait().expect_err("g1 is kept already");
+            assert!(e.to_string().contains("driver_cookie"), "{e}");
+            drop(behind);
+            assert_eq!(cookies(&store.conn), ["g1", "g2"]);
+            // The connection goes on.
+            let next = other.transaction_pipelined().unwrap();
+            keep_cookie(&next, "g5");
+            next.commit_later().wait().unwrap();
+            assert_eq!(cookies(&store.conn), ["g1", "g2", "g5"]);
+        });
     }
 
     #[test]

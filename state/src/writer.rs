@@ -15,8 +15,8 @@ use std::thread::JoinHandle;
 
 use crate::db::DbError;
 use crate::{
-    Batch, BindingRecord, JournalEntry, ManifestsRecord, ResourceRecord, Result, SealedPut,
-    StateError, Store,
+    Batch, BatchCommitting, BindingRecord, JournalEntry, ManifestsRecord, ResourceRecord, Result,
+    SealedPut, StateError, Store,
 };
 
 /// An operation of a batch, as [`crate::OperationStart`] says it, owned.
@@ -268,6 +268,12 @@ fn stopped(path: &std::path::Path, why: &str) -> StateError {
 /// The writer's thread: writes what comes in order, a transaction for up to
 /// [`BATCHES_PER_COMMIT`] batches, until the caller hangs up (what is open is then committed).
 /// After a failure, nothing more is written.
+///
+/// On PostgreSQL a transaction's commit is sent without waiting for it, and the next
+/// transaction is prepared and sent while the server still works on it: the server, not the
+/// writer, is what a first apply waits for, and it never idles while a batch is gathered. The
+/// writer waits for each commit before it sends the next one, so transactions commit in order
+/// and none after one that failed.
 fn write_all(
     own: &mut Store,
     to_write: &mpsc::Receiver<ToWrite>,
@@ -277,16 +283,36 @@ fn write_all(
     let answer = |a: Answer| answers.send(a).is_ok();
     // A batch that opens the next transaction, taken while the last one was full.
     let mut next: Option<OwnedBatch> = None;
+    // The last transaction's commit, sent and not yet answered.
+    let mut committing: Option<BatchCommitting> = None;
+    let committed = |committing: &mut Option<BatchCommitting>| -> Result<()> {
+        if let Some(c) = committing.take() {
+            c.wait()?;
+            if let Some(checkpoints) = checkpoints {
+                checkpoints.committed();
+            }
+        }
+        Ok(())
+    };
     loop {
         let first = match next.take() {
             Some(batch) => batch,
             None => match to_write.recv() {
                 Ok(ToWrite::Batch(batch)) => batch,
-                Ok(ToWrite::Commit) if answer(Answer::Committed) => continue,
-                Ok(ToWrite::Commit) | Err(_) => return,
+                Ok(ToWrite::Commit) => match committed(&mut committing) {
+                    Ok(()) if answer(Answer::Committed) => continue,
+                    Ok(()) => return,
+                    // The answer to the commit asked for.
+                    Err(e) => return fail(to_write, answers, e),
+                },
+                Err(_) => {
+                    // Hung up: the caller, dropping the writer, waits for what it sent.
+                    let _ = committed(&mut committing);
+                    return;
+                }
             },
         };
-        let mut tx = match own.batch() {
+        let mut tx = match own.pipelined_batch() {
             Ok(tx) => tx,
             // The answer to `first`, not written.
             Err(e) => return fail(to_write, answers, e),
@@ -307,6 +333,7 @@ fn write_all(
                 Err(e) => {
                     // Rolled back: none of the transaction's batches is written.
                     drop(tx);
+                    let _ = committed(&mut committing);
                     return fail(to_write, answers, e);
                 }
             }
@@ -317,19 +344,33 @@ fn write_all(
                 Err(_) => hung_up = true,
             }
         }
-        if let Err(e) = tx.commit() {
-            if hung_up {
+        // This transaction rests on the one before: it commits only once that one did.
+        // A failure answers the commit asked for, or the batch that would have opened the
+        // next transaction (`next`, not written).
+        if let Err(e) = committed(&mut committing) {
+            drop(tx);
+            if !hung_up {
+                fail(to_write, answers, e);
+            }
+            return;
+        }
+        committing = match tx.commit_later() {
+            Ok(c) => Some(c),
+            Err(_) if hung_up => return,
+            Err(e) => return fail(to_write, answers, e),
+        };
+        // SQLite commits in process (nothing to overlap); the caller waits for a commit it
+        // asked for.
+        if asked || hung_up || checkpoints.is_some() {
+            if let Err(e) = committed(&mut committing) {
+                if !hung_up {
+                    fail(to_write, answers, e);
+                }
                 return;
             }
-            // The answer to the commit asked for, or to the batch that would have opened the
-            // next transaction (`next`, not written).
-            return fail(to_write, answers, e);
-        }
-        if let Some(checkpoints) = checkpoints {
-            checkpoints.committed();
-        }
-        if (asked && !answer(Answer::Committed)) || hung_up {
-            return;
+            if (asked && !answer(Answer::Committed)) || hung_up {
+                return;
+            }
         }
     }
 }
@@ -384,6 +425,9 @@ fn write(tx: &mut Batch<'_>, mut batch: OwnedBatch) -> Result<OwnedBatch> {
         .collect();
     tx.record_bindings(deployment, &batch.env, &bindings)?;
     drop(entries);
+    // The batch's rows go now rather than with the commit: the server writes them while the
+    // next batch is prepared.
+    tx.send_gathered()?;
     Ok(batch)
 }
 
@@ -472,6 +516,38 @@ mod tests {
             let read = store.resources("development").unwrap();
             let g3 = read.iter().find(|r| r.guresid == "g3").expect("g3");
             assert_eq!(g3.secret_outputs["password"], "s3cret");
+        });
+    }
+
+    #[test]
+    fn a_batch_that_updates_and_creates_ends_every_operation_in_the_order_started() {
+        each_backend(|store| {
+            let dep = store.begin_deployment("development", "c1").unwrap();
+            let mut writer = JournalWriter::start(&store).unwrap();
+            writer
+                .send(batch(dep, &[("g1", "create"), ("g2", "create")]))
+                .unwrap();
+            writer.drain().unwrap();
+            // An update reads the version of its recorded row, so what the batch gathered
+            // before it is written first: the operations started and not yet ended stay
+            // gathered, and end with the rest.
+            let mut mixed = batch(dep, &[("g3", "create"), ("g1", "update"), ("g4", "create")]);
+            mixed.puts[1].new = false;
+            writer.send(mixed).unwrap();
+            writer.drain().unwrap();
+            let (operations, resources) = journalled(&store);
+            assert_eq!(operations, ended(&["g1", "g2", "g3", "g1", "g4"]));
+            assert_eq!(resources, ["g1", "g2", "g3", "g4"]);
+            let times: i64 = store
+                .conn
+                .query_row(
+                    "SELECT COUNT(*) FROM operation
+                     WHERE started_at IS NOT NULL AND finished_at IS NOT NULL",
+                    params![],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(times, 5);
         });
     }
 

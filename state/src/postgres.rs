@@ -5,7 +5,7 @@
 //! gitplane), and a connection that broke is made again by the next call outside a transaction:
 //! a database restart costs the calls made while it was down, nothing more.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::error::Error as _;
 use std::future::Future;
 use std::pin::Pin;
@@ -226,7 +226,35 @@ impl ToSql for PgArg {
         true
     }
 
+    /// A value sent as `unknown` ([`typed`]) goes as text: the server reads it with the input
+    /// of the type it infers (a number, a boolean's 0 or 1, JSON), as a literal would be.
+    fn encode_format(&self, ty: &Type) -> tokio_postgres::types::Format {
+        if *ty == Type::UNKNOWN {
+            tokio_postgres::types::Format::Text
+        } else {
+            tokio_postgres::types::Format::Binary
+        }
+    }
+
     to_sql_checked!();
+}
+
+/// `args` as a statement that is not prepared sends them: an array as what it is, anything
+/// else of a type left to the server (`unknown`, the same inference as a prepare makes) and
+/// in its text form, which the type the server infers reads ([`PgArg::encode_format`]).
+fn typed(args: &[PgArg]) -> Vec<(&(dyn ToSql + Sync), Type)> {
+    args.iter()
+        .map(|a| {
+            let ty = match a {
+                PgArg::Array(array) => match array.kind {
+                    ArrayKind::Text => Type::TEXT_ARRAY,
+                    ArrayKind::Int => Type::INT8_ARRAY,
+                },
+                _ => Type::UNKNOWN,
+            };
+            (a as &(dyn ToSql + Sync), ty)
+        })
+        .collect()
 }
 
 /// `array` in PostgreSQL's binary array format: dimensions, a NULL flag, the element type,
@@ -549,6 +577,9 @@ struct Session {
     config: tokio_postgres::Config,
     client: Option<Arc<Client>>,
     statements: HashMap<String, Statement>,
+    /// Statements run once without being prepared ([`Session::prepared`]): the next run of
+    /// one prepares it.
+    run_once: HashSet<String>,
     /// Deferred executes sent and not yet answered, in order.
     pending: VecDeque<Pending>,
     /// The first of them that failed: every call of the transaction fails with it.
@@ -575,6 +606,7 @@ fn serve(config: tokio_postgres::Config, mut requests: mpsc::UnboundedReceiver<R
             config,
             client: None,
             statements: HashMap::new(),
+            run_once: HashSet::new(),
             pending: VecDeque::new(),
             deferred_error: None,
             in_transaction: false,
@@ -605,6 +637,7 @@ impl Session {
         if !alive {
             self.client = None;
             self.statements.clear();
+            self.run_once.clear();
             self.pending.clear();
             if matches!(op, Op::Rollback | Op::Commit) || !self.in_transaction {
                 self.deferred_error = None;
@@ -687,8 +720,27 @@ impl Session {
         if self.statements.len() >= 512 {
             self.statements.clear();
         }
+        if self.run_once.len() >= 512 {
+            self.run_once.clear();
+        }
         self.statements.insert(sql.to_owned(), prepared.clone());
         Ok(prepared)
+    }
+
+    /// The statement prepared for `sql`, or `None` the first time it runs with `args`: then
+    /// it goes with its arguments in one round trip ([`typed`]) rather than two (prepare, then
+    /// run). Most statements of a command run once; one that runs again is prepared then,
+    /// and its plan kept. Arguments whose text form could mean something else where the
+    /// server wants text (bytes) take the prepared way at once.
+    async fn prepared(&mut self, sql: &str, args: &[PgArg]) -> DbResult<Option<Statement>> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(Some(s.clone()));
+        }
+        let once = !args.iter().any(|a| matches!(a, PgArg::Blob(_)));
+        if once && self.run_once.insert(sql.to_owned()) {
+            return Ok(None);
+        }
+        self.statement(sql).await.map(Some)
     }
 
     /// Waits for the deferred executes, in order; the first failure is kept.
@@ -787,12 +839,21 @@ impl Session {
         }
         match op {
             Op::Query(sql, args) => {
-                let stmt = self.statement(&sql).await?;
+                let stmt = self.prepared(&sql, &args).await?;
                 let client = self.client.as_ref().ok_or_else(lost)?;
-                let refs: Vec<&(dyn ToSql + Sync)> =
-                    args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-                let rows = client.query(&stmt, &refs).await.map_err(|e| error(&e))?;
-                Ok(Reply::Rows(cells(&rows)?))
+                let rows = match stmt {
+                    Some(stmt) => {
+                        let refs: Vec<&(dyn ToSql + Sync)> =
+                            args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+                        client.query(&stmt, &refs).await
+                    }
+                    None => {
+                        client
+                            .query_typed(&dialect::postgres_query(&sql), &typed(&args))
+                            .await
+                    }
+                };
+                Ok(Reply::Rows(cells(&rows.map_err(|e| error(&e))?)?))
             }
             Op::Table(sql, args) => {
                 let stmt = self.statement(&sql).await?;
@@ -806,12 +867,21 @@ impl Session {
                 }))
             }
             Op::Execute(sql, args) => {
-                let stmt = self.statement(&sql).await?;
+                let stmt = self.prepared(&sql, &args).await?;
                 let client = self.client.as_ref().ok_or_else(lost)?;
-                let refs: Vec<&(dyn ToSql + Sync)> =
-                    args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-                let n = client.execute(&stmt, &refs).await.map_err(|e| error(&e))?;
-                Ok(Reply::Count(n))
+                let n = match stmt {
+                    Some(stmt) => {
+                        let refs: Vec<&(dyn ToSql + Sync)> =
+                            args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+                        client.execute(&stmt, &refs).await
+                    }
+                    None => {
+                        client
+                            .execute_typed(&dialect::postgres_query(&sql), &typed(&args))
+                            .await
+                    }
+                };
+                Ok(Reply::Count(n.map_err(|e| error(&e))?))
             }
             Op::Batch(sql) => {
                 if !sql.is_empty() {
@@ -947,6 +1017,42 @@ mod tests {
         .unwrap()
         .run(crate::db::params![guresid])
         .unwrap();
+    }
+
+    #[test]
+    fn a_statement_run_once_unprepared_reads_its_arguments_as_a_prepared_one_does() {
+        crate::tests::each_backend(|store| {
+            if store.backend() != crate::db::Backend::Postgres {
+                return;
+            }
+            let sql = "SELECT ?1 + 1, CASE WHEN ?2 THEN 'y' ELSE 'n' END, ?3::float8 * 2,
+                              (?4::jsonb) ->> 'a', ?5 || '!', coalesce(?6, 'none')";
+            let run = || -> Vec<Cell> {
+                store
+                    .conn
+                    .query_row(
+                        sql,
+                        crate::db::params![41, 1, 1.25, r#"{"a": "b"}"#, "x", None::<i64>],
+                        |r| (0..6).map(|i| r.get::<_, Cell>(i)).collect(),
+                    )
+                    .unwrap()
+            };
+            // The first run goes unprepared, the second prepares it, the third reuses it.
+            let first = run();
+            assert_eq!(
+                first,
+                [
+                    Cell::Int(42),
+                    Cell::Text("y".into()),
+                    Cell::Real(2.5),
+                    Cell::Text("b".into()),
+                    Cell::Text("x!".into()),
+                    Cell::Text("none".into())
+                ]
+            );
+            assert_eq!(run(), first);
+            assert_eq!(run(), first);
+        });
     }
 
     #[test]

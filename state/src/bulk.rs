@@ -1,7 +1,8 @@
 //! Journal writes gathered per transaction, so an operation that starts and ends in the same
 //! batch is written once, ended, and (on PostgreSQL) a batch's rows go as one statement per table
-//! (a binary `COPY` where the rows are only inserted, `unnest` of a typed array per column where
-//! they are upserted), not one statement each.
+//! (a binary `COPY` where the rows are only inserted as they are, `unnest` of a typed array per
+//! column where they are upserted or take their ids and times in the statement), not one
+//! statement each.
 //!
 //! Both backends gather the operations a batch starts, with their calls and ends merged in when
 //! they come in the same transaction: a driver that answers in process starts and ends its

@@ -648,9 +648,14 @@ impl Conn {
     /// Starts a transaction (SQLite: `BEGIN IMMEDIATE`, so it holds the write lock from the
     /// start and never fails half-way for a busy file). The caller makes sure none is open.
     pub fn transaction(&self) -> DbResult<Tx<'_>> {
+        self.begin_with(PgConn::begin)
+    }
+
+    /// A transaction begun on SQLite as [`Conn::transaction`] says, on PostgreSQL by `begin`.
+    fn begin_with(&self, begin: impl FnOnce(&PgConn) -> DbResult<()>) -> DbResult<Tx<'_>> {
         match self {
             Conn::Lite(c) => c.execute_batch("BEGIN IMMEDIATE")?,
-            Conn::Pg(c) => c.begin()?,
+            Conn::Pg(c) => begin(c)?,
         }
         Ok(Tx {
             conn: self,
@@ -665,14 +670,7 @@ impl Conn {
     /// a later durable commit before anything relies on them: a server crash right after the
     /// commit may undo it.
     pub fn transaction_unflushed(&self) -> DbResult<Tx<'_>> {
-        match self {
-            Conn::Lite(c) => c.execute_batch("BEGIN IMMEDIATE")?,
-            Conn::Pg(c) => c.begin_unflushed()?,
-        }
-        Ok(Tx {
-            conn: self,
-            open: true,
-        })
+        self.begin_with(PgConn::begin_unflushed)
     }
 
     /// Starts a transaction like [`Conn::transaction`] without waiting for PostgreSQL: the
@@ -680,14 +678,7 @@ impl Conn {
     /// busy with an earlier transaction committed by [`Tx::commit_later`]. A failed begin
     /// fails the transaction's next call that waits, at the latest its commit.
     pub fn transaction_pipelined(&self) -> DbResult<Tx<'_>> {
-        match self {
-            Conn::Lite(c) => c.execute_batch("BEGIN IMMEDIATE")?,
-            Conn::Pg(c) => c.begin_pipelined()?,
-        }
-        Ok(Tx {
-            conn: self,
-            open: true,
-        })
+        self.begin_with(PgConn::begin_pipelined)
     }
 
     /// Another handle on the same PostgreSQL session (see [`PgConn::share`]); `None` for

@@ -98,24 +98,27 @@ impl Store {
 
     /// Starts writes that go together in one transaction (see [`Batch`]).
     pub fn batch(&mut self) -> Result<Batch<'_>> {
-        let err = |source| crate::state_error(&self.path, source);
-        let tx = self.conn.transaction().map_err(err)?;
-        crate::lease::check_fences(&tx, &self.fences).map_err(err)?;
-        Ok(Batch {
-            bulk: Bulk::of(&tx),
-            tx,
-            path: &self.path,
-            ring: self.keyring.clone(),
-        })
+        self.begin_batch(false)
     }
 
     /// [`Store::batch`] for a writer that keeps PostgreSQL busy: the transaction begins (and its
     /// fences are checked) without waiting for the server, so it can be sent while the server
     /// still works on the one before, committed by [`Batch::commit_later`].
     pub fn pipelined_batch(&mut self) -> Result<Batch<'_>> {
+        self.begin_batch(true)
+    }
+
+    fn begin_batch(&mut self, pipelined: bool) -> Result<Batch<'_>> {
         let err = |source| crate::state_error(&self.path, source);
-        let tx = self.conn.transaction_pipelined().map_err(err)?;
-        crate::lease::check_fences_pipelined(&tx, &self.fences).map_err(err)?;
+        let tx = if pipelined {
+            let tx = self.conn.transaction_pipelined().map_err(err)?;
+            crate::lease::check_fences_pipelined(&tx, &self.fences).map_err(err)?;
+            tx
+        } else {
+            let tx = self.conn.transaction().map_err(err)?;
+            crate::lease::check_fences(&tx, &self.fences).map_err(err)?;
+            tx
+        };
         Ok(Batch {
             bulk: Bulk::of(&tx),
             tx,

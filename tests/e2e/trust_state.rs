@@ -389,6 +389,11 @@ fn a_command_with_another_repository_is_refused_and_a_state_from_before_records_
             other.head()
         ));
     }
+    // The state opens while the commit is read: what the other repository does not have is
+    // still told after it is found to be another repository.
+    with(&other.origin, &["apply", "--rev", "no-such-branch"])
+        .fails()
+        .stderr_has("is another repository");
     assert_eq!(sb.resource_rows(), resources);
     assert_eq!(sb.max_id("deployment"), deployments);
     // The working clone is the same repository: no refusal.

@@ -362,6 +362,38 @@ impl Commit {
         Commit::at(ctx, repo, &id, store)
     }
 
+    /// [`Commit::resolve`] with the state, opened ([`Context::open_store`]) on a thread of its
+    /// own while the commit and its layout are read: connecting to PostgreSQL (and making the
+    /// schema of an empty database) and reading the repository wait on different things. The
+    /// state's error comes first, as when it is opened first; nothing is checked against the
+    /// state before it is open.
+    pub fn resolve_opening(ctx: &Context, rev: Option<&str>) -> Result<(Commit, Store), AppError> {
+        let (opened, read) = std::thread::scope(|scope| {
+            let opening = std::thread::Builder::new()
+                .name("open-state".into())
+                .spawn_scoped(scope, || ctx.open_store());
+            // The repository, and the commit's layout in it (its error told only once the
+            // repository is known to be the state's).
+            let read = ctx.open_repo().map(|repo| {
+                let layout = repo.resolve(rev).and_then(|id| repo.layout(&id));
+                (repo, layout)
+            });
+            let opened = match opening {
+                Ok(thread) => thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                // No thread to spare: opened here, after.
+                Err(_) => ctx.open_store(),
+            };
+            (opened, read)
+        });
+        let store = opened?;
+        let (repo, layout) = read?;
+        ctx.check_repository(&repo, &store, false)?;
+        let commit = Commit::with_layout(ctx, repo, layout?, Some(&store))?;
+        Ok((commit, store))
+    }
+
     /// Commit `id` of `repo` (checked against `store` already), as [`Commit::resolve`] gives it.
     fn at(
         ctx: &Context,
@@ -369,8 +401,18 @@ impl Commit {
         id: &str,
         store: Option<&Store>,
     ) -> Result<Commit, AppError> {
-        let id = id.to_owned();
-        let layout = repo.layout(&id)?;
+        let layout = repo.layout(id)?;
+        Commit::with_layout(ctx, repo, layout, store)
+    }
+
+    /// [`Commit::at`] of a layout read already.
+    fn with_layout(
+        ctx: &Context,
+        repo: ConfigRepo,
+        layout: crate::repo::Layout,
+        store: Option<&Store>,
+    ) -> Result<Commit, AppError> {
+        let id = layout.commit.clone();
         let known = deploy::environments_to_deploy(&layout, store)?;
         if known.is_empty() {
             return Err(AppError::NoEnvironments {

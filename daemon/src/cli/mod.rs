@@ -1415,11 +1415,13 @@ fn apply(
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
     // A first apply creates the state: only once the repository and its environments read.
-    if !ctx.state_exists() {
+    let (commit, mut store) = if ctx.state_exists() {
+        Commit::resolve_opening(ctx, rev)?
+    } else {
         Commit::resolve(ctx, rev, None)?;
-    }
-    let mut store = ctx.open_store()?;
-    let commit = Commit::resolve(ctx, rev, Some(&store))?;
+        let store = ctx.open_store()?;
+        (Commit::resolve(ctx, rev, Some(&store))?, store)
+    };
     commit.claim(ctx, &store)?;
     // Locked before anything is read from the state: which apps changed is judged against the
     // fingerprints another apply could be writing. Through the store's own connection: an

@@ -101,12 +101,19 @@ impl Context {
 
     /// Opens (creating if needed) the state file, with the state key the host config names.
     pub fn open_store(&self) -> Result<Store, AppError> {
+        self.open_store_noting(&|| {})
+    }
+
+    /// [`Context::open_store`], calling `fresh` when the state is a database with no schema yet
+    /// (see [`Store::open_keyed_noting`]).
+    fn open_store_noting(&self, fresh: &dyn Fn()) -> Result<Store, AppError> {
         if let Some(e) = &self.state_password_error {
             return Err(AppError::StatePassword(e.clone()));
         }
-        Ok(Store::open_keyed(
+        Ok(Store::open_keyed_noting(
             &self.state,
             self.host.state_key.as_ref(),
+            fresh,
         )?)
     }
 
@@ -337,6 +344,18 @@ pub fn select_envs(
     Ok(asked)
 }
 
+/// What [`Commit::resolve_opening`] read while the state opened.
+enum Read<T> {
+    /// The repository, and the commit's layout in it or why it could not be read.
+    Layout(
+        ConfigRepo,
+        Result<crate::repo::Layout, crate::repo::RepoError>,
+    ),
+    /// The commit, its environments known without the state (empty), and what was worked out
+    /// on them.
+    Fresh(Commit, T),
+}
+
 /// A resolved commit of the config repository, its layout, and the environments a request
 /// works on (those asked for, else every one of the commit).
 pub struct Commit {
@@ -363,35 +382,80 @@ impl Commit {
     }
 
     /// [`Commit::resolve`] with the state, opened ([`Context::open_store`]) on a thread of its
-    /// own while the commit and its layout are read: connecting to PostgreSQL (and making the
-    /// schema of an empty database) and reading the repository wait on different things. The
-    /// state's error comes first, as when it is opened first; nothing is checked against the
-    /// state before it is open.
-    pub fn resolve_opening(ctx: &Context, rev: Option<&str>) -> Result<(Commit, Store), AppError> {
+    /// own while the commit and its layout are read: connecting to PostgreSQL and reading the
+    /// repository wait on different things. The state's error comes first, as when it is
+    /// opened first, and the repository is checked against the state before anything else.
+    ///
+    /// When the state is a database with no schema yet, nothing is recorded in it, so the
+    /// commit's environments are known without it and `while_fresh` runs on them while the
+    /// schema is made (a first apply parses the repository meanwhile). Its result comes back
+    /// only if the state, once open, still gives the same environments (another first apply
+    /// may have recorded some in between); else `None`, and the caller works it out again.
+    pub fn resolve_opening<T>(
+        ctx: &Context,
+        rev: Option<&str>,
+        while_fresh: impl FnOnce(&Commit) -> T,
+    ) -> Result<(Commit, Store, Option<T>), AppError> {
+        let (fresh_told, fresh) = std::sync::mpsc::channel::<()>();
         let (opened, read) = std::thread::scope(|scope| {
+            let open = move || {
+                ctx.open_store_noting(&|| {
+                    let _ = fresh_told.send(());
+                })
+            };
             let opening = std::thread::Builder::new()
                 .name("open-state".into())
-                .spawn_scoped(scope, || ctx.open_store());
+                .spawn_scoped(scope, open);
             // The repository, and the commit's layout in it (its error told only once the
             // repository is known to be the state's).
             let read = ctx.open_repo().map(|repo| {
                 let layout = repo.resolve(rev).and_then(|id| repo.layout(&id));
                 (repo, layout)
             });
-            let opened = match opening {
-                Ok(thread) => thread
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            let (opened, read) = match opening {
+                Ok(thread) => {
+                    // Told at once for an empty database; else the thread ends first.
+                    let read = match read {
+                        Ok((repo, Ok(layout))) if fresh.recv().is_ok() => {
+                            Commit::with_layout(ctx, repo, layout, None).map(|commit| {
+                                let worked = while_fresh(&commit);
+                                Read::Fresh(commit, worked)
+                            })
+                        }
+                        Ok((repo, layout)) => Ok(Read::Layout(repo, layout)),
+                        Err(e) => Err(e),
+                    };
+                    let opened = thread
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    (opened, read)
+                }
                 // No thread to spare: opened here, after.
-                Err(_) => ctx.open_store(),
+                Err(_) => (
+                    ctx.open_store(),
+                    read.map(|(repo, layout)| Read::Layout(repo, layout)),
+                ),
             };
             (opened, read)
         });
         let store = opened?;
-        let (repo, layout) = read?;
-        ctx.check_repository(&repo, &store, false)?;
-        let commit = Commit::with_layout(ctx, repo, layout?, Some(&store))?;
-        Ok((commit, store))
+        match read? {
+            Read::Layout(repo, layout) => {
+                ctx.check_repository(&repo, &store, false)?;
+                let commit = Commit::with_layout(ctx, repo, layout?, Some(&store))?;
+                Ok((commit, store, None))
+            }
+            Read::Fresh(commit, worked) => {
+                ctx.check_repository(&commit.repo, &store, false)?;
+                let known = deploy::environments_to_deploy(&commit.layout, Some(&store))?;
+                let envs = select_envs(&known, commit.id(), &ctx.envs)?;
+                if envs == commit.envs {
+                    Ok((commit, store, Some(worked)))
+                } else {
+                    Ok((Commit { envs, ..commit }, store, None))
+                }
+            }
+        }
     }
 
     /// Commit `id` of `repo` (checked against `store` already), as [`Commit::resolve`] gives it.
@@ -534,3 +598,133 @@ pub fn find_resource(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod first_apply_tests {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    use gitplane_state::{
+        DeletionPolicy, JournalEntry, KeySource, OperationStart, ResourceRecord, ResourceStatus,
+        Store,
+    };
+
+    use super::{Commit, Context};
+    use crate::config::HostConfig;
+
+    fn git(repo: &Path, args: &[&str]) {
+        let ok = Command::new("git")
+            .current_dir(repo)
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+
+    /// A repository with one environment, and a context on a new database of the shared server.
+    fn context(dir: &Path, database: String) -> (Context, KeySource) {
+        let repo = dir.join("repo");
+        std::fs::create_dir_all(repo.join("environments")).unwrap();
+        std::fs::write(
+            repo.join("environments/development.yaml"),
+            "type: development\n",
+        )
+        .unwrap();
+        git(&repo, &["init", "-q"]);
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-qm", "one environment"]);
+        let key = KeySource::File(dir.join("state.key"));
+        let host = HostConfig {
+            state_key: Some(key.clone()),
+            ..HostConfig::default()
+        };
+        let ctx = Context::of_daemon(repo, PathBuf::from(database), Vec::new(), host);
+        (ctx, key)
+    }
+
+    /// What another first apply leaves: a resource of environment `env`.
+    fn record_one(store: &mut Store, env: &str) {
+        let d = store.begin_deployment(env, "c0").unwrap();
+        let ops = store
+            .begin_operations(&[OperationStart {
+                deployment: d,
+                guresid: "g-other",
+                app: None,
+                res_type: "dns",
+                class: "default",
+                res_id: "shared.dns",
+                action: "create",
+                reason: "new",
+            }])
+            .unwrap();
+        let record = ResourceRecord {
+            guresid: "g-other".into(),
+            env: env.into(),
+            app: None,
+            res_type: "dns".into(),
+            class: "default".into(),
+            res_id: "shared.dns".into(),
+            definition: "def".into(),
+            driver: "echo".into(),
+            account: None,
+            deletion_policy: DeletionPolicy::Delete,
+            template_hash: String::new(),
+            status: ResourceStatus::Ready,
+            inputs_hash: "h".into(),
+            outputs: serde_json::json!({}),
+            secret_outputs: serde_json::json!({}),
+            inputs: serde_json::json!({}).into(),
+            secret_inputs: serde_json::json!({}).into(),
+            error: None,
+            commit_id: "c0".into(),
+        };
+        store
+            .journal(&[JournalEntry::Put {
+                operation: ops[0],
+                attempts: 1,
+                deployment: d,
+                record: &record,
+                outputs_changed: Some(true),
+                new: true,
+                manifests: None,
+                sealed: None,
+            }])
+            .unwrap();
+    }
+
+    #[test]
+    fn what_a_first_apply_works_out_while_the_schema_is_made_is_kept_only_if_the_state_agrees() {
+        let Some(pg) = gitplane_testkit::shared_or_skip("PostgreSQL") else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (ctx, _) = context(dir.path(), pg.database());
+        // An empty database: the work is done while the schema is made, and kept.
+        let (commit, _store, worked) =
+            Commit::resolve_opening(&ctx, None, |commit| commit.envs.clone()).unwrap();
+        assert_eq!(worked, Some(vec!["development".to_owned()]));
+        assert_eq!(commit.envs, ["development"]);
+        // A schema made already: nothing is worked out ahead.
+        let (_, _, worked) = Commit::resolve_opening(&ctx, None, |_| -> () {
+            panic!("worked out ahead on a state that has a schema")
+        })
+        .unwrap();
+        assert_eq!(worked, None);
+
+        // Another first apply records an environment while this one works: its work is dropped,
+        // and the environments are the state's (the other's resources go, having no file here).
+        let dir = tempfile::tempdir().unwrap();
+        let (ctx, key) = context(dir.path(), pg.database());
+        let (commit, _store, worked) = Commit::resolve_opening(&ctx, None, |_| {
+            // Opened once the schema is made (the migration holds the database's lock).
+            let mut other = Store::open_keyed(&ctx.state, Some(&key)).unwrap();
+            record_one(&mut other, "staging");
+            "worked"
+        })
+        .unwrap();
+        assert_eq!(worked, None);
+        assert_eq!(commit.envs, ["development", "staging"]);
+    }
+}

@@ -1414,13 +1414,18 @@ fn apply(
     actor: &Actor,
     stdout: &mut impl Write,
 ) -> Result<CommandResult, CliError> {
+    let mut parsed = gitplane_core::model::LoadCache::default();
     // A first apply creates the state: only once the repository and its environments read.
-    let (commit, mut store) = if ctx.state_exists() {
-        Commit::resolve_opening(ctx, rev)?
+    let (commit, mut store, whole) = if ctx.state_exists() {
+        // Into an empty database, every app is read whatever the state says (see
+        // `Reach::Whole`): that is read while the schema is made.
+        Commit::resolve_opening(ctx, rev, |commit| {
+            app::targets_parsed_into(ctx, commit, (None, Reach::Whole), &mut parsed)
+        })?
     } else {
         Commit::resolve(ctx, rev, None)?;
         let store = ctx.open_store()?;
-        (Commit::resolve(ctx, rev, Some(&store))?, store)
+        (Commit::resolve(ctx, rev, Some(&store))?, store, None)
     };
     commit.claim(ctx, &store)?;
     // Locked before anything is read from the state: which apps changed is judged against the
@@ -1431,13 +1436,11 @@ fn apply(
         .iter()
         .map(|env| ApplyLock::acquire_with(&store, env, false))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut parsed = gitplane_core::model::LoadCache::default();
-    let targets = match app::targets_parsed_into(
-        ctx,
-        &commit,
-        (Some(&store), Reach::Changes),
-        &mut parsed,
-    )? {
+    let targets = match whole {
+        Some(whole) => whole,
+        None => app::targets_parsed_into(ctx, &commit, (Some(&store), Reach::Changes), &mut parsed),
+    }?;
+    let targets = match targets {
         Ok(targets) => targets,
         Err(rejected) => {
             report_rejected(commit.id(), &rejected);

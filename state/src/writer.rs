@@ -331,10 +331,11 @@ fn write_all(
                     written += 1;
                 }
                 Err(e) => {
-                    // Rolled back: none of the transaction's batches is written.
+                    // Rolled back: none of the transaction's batches is written. Should the
+                    // one before have failed at its commit, that is the first failure.
                     drop(tx);
-                    let _ = committed(&mut committing);
-                    return fail(to_write, answers, e);
+                    let first = committed(&mut committing).err().unwrap_or(e);
+                    return fail(to_write, answers, first);
                 }
             }
             match to_write.recv() {

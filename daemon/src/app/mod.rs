@@ -523,23 +523,39 @@ pub fn targets(
 pub fn targets_parsed_into(
     ctx: &Context,
     commit: &Commit,
+    scope: (Option<&Store>, Reach),
+    cache: &mut LoadCache,
+) -> Result<Result<Vec<Target>, Rejected>, AppError> {
+    let built = targets_unread(ctx, commit, scope, cache)?;
+    Ok(read_secrets(ctx, built))
+}
+
+/// [`targets_parsed_into`] without the stored secrets read: all that may be worked out before
+/// the repository is known to be the one the state serves ([`read_secrets`] reads them).
+pub fn targets_unread(
+    ctx: &Context,
+    commit: &Commit,
     (store, reach): (Option<&Store>, Reach),
     cache: &mut LoadCache,
 ) -> Result<Result<Vec<Target>, Rejected>, AppError> {
-    let mut result = deploy::targets(
+    Ok(deploy::targets(
         &commit.repo,
         &commit.layout,
         &commit.envs,
         (store, reach),
         ctx.host(),
         cache,
-    )?;
-    if let Ok(targets) = &mut result
-        && let Err(rejected) = deploy::read_target_secrets(targets, &ctx.stores)
-    {
-        result = Err(rejected);
-    }
-    Ok(result)
+    )?)
+}
+
+/// Reads the stored secrets of `built`'s targets (see [`deploy::read_target_secrets`]).
+pub fn read_secrets(
+    ctx: &Context,
+    built: Result<Vec<Target>, Rejected>,
+) -> Result<Vec<Target>, Rejected> {
+    let mut targets = built?;
+    deploy::read_target_secrets(&mut targets, &ctx.stores)?;
+    Ok(targets)
 }
 
 /// Frees `value` on a thread of its own. The parsed files and graphs of tens of thousands of

@@ -1418,9 +1418,10 @@ fn apply(
     // A first apply creates the state: only once the repository and its environments read.
     let (commit, mut store, whole) = if ctx.state_exists() {
         // Into an empty database, every app is read whatever the state says (see
-        // `Reach::Whole`): that is read while the schema is made.
+        // `Reach::Whole`): that is read and built while the schema is made. Stored secrets are
+        // read once the repository is known to be the state's.
         Commit::resolve_opening(ctx, rev, |commit| {
-            app::targets_parsed_into(ctx, commit, (None, Reach::Whole), &mut parsed)
+            app::targets_unread(ctx, commit, (None, Reach::Whole), &mut parsed)
         })?
     } else {
         Commit::resolve(ctx, rev, None)?;
@@ -1437,7 +1438,7 @@ fn apply(
         .map(|env| ApplyLock::acquire_with(&store, env, false))
         .collect::<Result<Vec<_>, _>>()?;
     let targets = match whole {
-        Some(whole) => whole,
+        Some(built) => built.map(|built| app::read_secrets(ctx, built)),
         None => app::targets_parsed_into(ctx, &commit, (Some(&store), Reach::Changes), &mut parsed),
     }?;
     let targets = match targets {

@@ -557,7 +557,14 @@ fn detected_drift_and_a_pin_show_in_the_daemons_metrics() {
         sb.read("host.yaml")
     ));
     let daemon = Daemon::start(&sb, &args.iter().map(String::as_str).collect::<Vec<_>>());
-    let text = scrape_when_up(port, &daemon);
+    scrape_when_up(port, &daemon);
+    // The daemon's first pass over the environment may still be running when it first answers.
+    let text = eventually_or(
+        "the daemon's first pass to end",
+        Duration::from_secs(30),
+        || scrape(port).filter(|t| !conditions_on(t, "test").contains(&"running")),
+        || daemon.log(),
+    );
     assert_eq!(conditions_on(&text, "test"), ["ready"], "{text}");
     assert_eq!(
         samples(&text).get("gitplane_drift_findings{env=\"test\"}"),

@@ -348,13 +348,20 @@ impl Bulk {
     /// ([`Bulk::keys_for_operations`]), which nothing in the transaction reads and whose ends,
     /// still to come, merge into their rows; [`Bulk::finish`] writes those.
     pub(crate) fn flush(&mut self, tx: &Tx<'_>) -> DbResult<()> {
-        let (kept, operations) = std::mem::take(&mut self.operations)
-            .into_iter()
-            .partition(|o| o.id < 0);
-        self.operations = kept;
-        self.operation_at = (self.operations.iter().enumerate())
-            .map(|(i, o)| (o.id, i))
-            .collect();
+        // A batch of the journal's writer flushes at each update it holds, with only stand-ins
+        // gathered: they stay where they are, rather than be sorted out again each time.
+        let operations = if self.operations.iter().any(|o| o.id > 0) {
+            let (kept, operations) = std::mem::take(&mut self.operations)
+                .into_iter()
+                .partition(|o| o.id < 0);
+            self.operations = kept;
+            self.operation_at = (self.operations.iter().enumerate())
+                .map(|(i, o)| (o.id, i))
+                .collect();
+            operations
+        } else {
+            Vec::new()
+        };
         self.write(tx, operations)
     }
 

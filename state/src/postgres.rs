@@ -1080,7 +1080,7 @@ mod tests {
     }
 
     #[test]
-    fn pipelined_transactions_commit_in_order_and_none_after_one_that_failed() {
+    fn a_pipelined_commit_tells_how_it_went_and_a_failed_one_keeps_nothing() {
         crate::tests::each_backend(|store| {
             let other = crate::connect(store.path()).unwrap();
             // The first is committed without waiting; the second is sent behind it.
@@ -1096,8 +1096,9 @@ mod tests {
                 // SQLite writes at once and commits in process: nothing goes ahead of a failure.
                 return;
             }
-            // A transaction that fails at its commit: the one sent behind it learns of it
-            // before it commits, and is rolled back.
+            // A transaction that fails at its commit, with another already sent behind it:
+            // waiting tells the failure, so its caller (the journal's writer) rolls the other
+            // back rather than commit it.
             let failing = other.transaction_pipelined().unwrap();
             keep_cookie(&failing, "g3");
             keep_cookie(&failing, "g1");

@@ -212,62 +212,166 @@ pub fn build_apps(
             })
         })
         .collect();
-    let mut b = Builder::new(repo, env, &provided);
-    if let Some(apps) = &env.apps {
-        for app in apps {
-            if only.is_none_or(|o| o.contains(app)) && !repo.apps.contains_key(app) {
-                b.errors.push(BuildError::UnknownApp {
-                    location: env.location.clone(),
-                    env: env.id.clone(),
-                    app: app.clone(),
-                });
-            }
+    let catalog = Catalog::new(repo, &provided);
+    let apps: Vec<(&String, &App)> = repo
+        .apps
+        .iter()
+        .filter(|(id, _)| env.runs_app(id) && only.is_none_or(|o| o.contains(*id)))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let built = if threads > 1 && apps.len() >= IN_PARTS_FROM {
+        build_in_parts(repo, env, &catalog, &apps, threads)
+    } else {
+        None
+    };
+    let built = built.unwrap_or_else(|| build_in_turn(repo, env, &catalog, &apps, only));
+    #[cfg(test)]
+    if threads > 1 && apps.len() < IN_PARTS_FROM {
+        // The core's tests build small graphs: each is built in parts too, and must come out
+        // the same, node for node and edge for edge (see [`shape`]).
+        let parts = build_in_parts(repo, env, &catalog, &apps, 3)
+            .unwrap_or_else(|| build_in_turn(repo, env, &catalog, &apps, only));
+        assert_eq!(
+            shape(&parts),
+            shape(&built),
+            "a graph built in parts differs"
+        );
+    }
+    built
+}
+
+/// How many apps make building in parts worth its threads.
+const IN_PARTS_FROM: usize = 64;
+
+/// Builds the graph one app after another, every app on the same builder.
+fn build_in_turn(
+    repo: &Repository,
+    env: &Environment,
+    catalog: &Catalog<'_>,
+    apps: &[(&String, &App)],
+    only: Option<&std::collections::BTreeSet<String>>,
+) -> Result<ResourceGraph, Vec<BuildError>> {
+    let mut b = Builder::new(repo, env, catalog);
+    b.errors = unknown_apps(repo, env, only);
+    for (app_id, app) in apps {
+        b.add_app(app_id, app);
+    }
+    b.complete()
+}
+
+/// Builds the apps in `threads` runs of consecutive apps, each run in turn on a builder of its
+/// own and the runs at once, then joins the runs' parts to the first's in app order, as
+/// [`build_in_turn`] would have added them: the same nodes with the same indices and the same
+/// edges in the same order, whatever the threads' timing. An app's resources are a function of
+/// its own files, the definitions and the environment; the global resources it reaches are
+/// built again by each run that reaches them, and kept from the first.
+///
+/// `None` when something would be reported: the errors are then found by building in turn,
+/// which reports them in the order it meets them.
+fn build_in_parts(
+    repo: &Repository,
+    env: &Environment,
+    catalog: &Catalog<'_>,
+    apps: &[(&String, &App)],
+    threads: usize,
+) -> Option<Result<ResourceGraph, Vec<BuildError>>> {
+    if !unknown_apps(repo, env, None).is_empty() {
+        return None;
+    }
+    let chunk = apps.len().div_ceil(threads).max(1);
+    let builders: Vec<Builder<'_>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = apps
+            .chunks(chunk)
+            .enumerate()
+            .map(|(i, apps)| {
+                scope.spawn(move || {
+                    let mut b = Builder::new(repo, env, catalog);
+                    // The first chunk's builder is the one the others join.
+                    b.record_edges = i > 0;
+                    for (app_id, app) in apps {
+                        b.add_app(app_id, app);
+                    }
+                    b
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    let mut builders = builders.into_iter();
+    let mut b = builders.next()?;
+    if !b.errors.is_empty() {
+        return None;
+    }
+    for part in builders {
+        if !b.absorb(part.into_part()) {
+            return None;
         }
     }
-    for (app_id, app) in &repo.apps {
-        if !env.runs_app(app_id) || only.is_some_and(|o| !o.contains(app_id)) {
-            continue;
+    Some(b.complete())
+}
+
+/// An `apps` entry of `env` naming an app the repository does not have, for each such entry
+/// of the apps of `only` (every app when `None`).
+fn unknown_apps(
+    repo: &Repository,
+    env: &Environment,
+    only: Option<&std::collections::BTreeSet<String>>,
+) -> Vec<BuildError> {
+    env.apps
+        .iter()
+        .flatten()
+        .filter(|app| only.is_none_or(|o| o.contains(*app)) && !repo.apps.contains_key(*app))
+        .map(|app| BuildError::UnknownApp {
+            location: env.location.clone(),
+            env: env.id.clone(),
+            app: app.clone(),
+        })
+        .collect()
+}
+
+/// The definitions, by type and by id, that every builder of an environment's graph reads.
+struct Catalog<'r> {
+    by_type: HashMap<&'r str, Vec<&'r Definition>>,
+    /// Every definition by id, user-provided resources' included: class-refs name them.
+    by_id: BTreeMap<&'r str, &'r Definition>,
+}
+
+impl<'r> Catalog<'r> {
+    fn new(repo: &'r Repository, provided: &'r [Definition]) -> Self {
+        let mut by_type: HashMap<&str, Vec<&Definition>> = HashMap::new();
+        for def in &repo.definitions {
+            by_type.entry(def.res_type.as_str()).or_default().push(def);
         }
-        for res_type in &env.implicit_resources {
-            b.ensure(
-                Request {
-                    app: Some(app_id),
-                    res_type,
-                    class: DEFAULT_CLASS,
-                    res_id: res_type,
-                    params: Value::Null,
-                    origin: Origin::Implicit,
-                    choice: BY_CRITERIA,
-                },
-                &env.location,
-            );
-        }
-        let mut pending = Vec::new();
-        for workload in app.workloads.values() {
-            if let Some(p) = b.workload(app_id, workload) {
-                pending.push((workload, p));
-            }
-        }
-        b.drain();
-        // Requests by interface reuse what exists: they are served once everything else of
-        // the app is in the graph.
-        for (workload, p) in &mut pending {
-            b.interfaces(app_id, workload, p);
-        }
-        b.drain();
-        for (workload, p) in &mut pending {
-            b.services(app_id, app, workload, p);
-        }
-        for (workload, p) in pending {
-            b.workload_spec(app_id, workload, p);
-        }
-        // `${shared.ID}` may name an environment's global resource no request added yet.
-        b.drain();
+        let by_id = repo
+            .definitions
+            .iter()
+            .chain(provided)
+            .map(|d| (d.id.as_str(), d))
+            .collect();
+        Catalog { by_type, by_id }
     }
-    b.match_dependents();
-    b.select();
-    b.accounts();
-    b.finish()
+}
+
+/// A run of apps' part of the graph, built on its own builder (see [`build_in_parts`]): its
+/// nodes in the order they were made, with what was recorded about them by node index in that
+/// order.
+struct Part<'r> {
+    nodes: Vec<(ResourceNode, &'r Definition)>,
+    /// Every `edge` call, in order: replayed, they make the same edges and report the same
+    /// loops as when the calls were made on one builder.
+    edges: Vec<(NodeIndex, NodeIndex, EdgeKind)>,
+    match_dependents: Vec<(NodeIndex, NodeIndex)>,
+    selectors: Vec<NodeIndex>,
+    accounts_of: Vec<(NodeIndex, NodeIndex)>,
+    spec_hashes: Vec<(NodeIndex, String)>,
+    /// The part found something to report.
+    failed: bool,
 }
 
 struct Request<'a> {
@@ -288,9 +392,7 @@ struct Builder<'r> {
     values: &'r BTreeMap<String, std::sync::Arc<AppValues>>,
     /// What `${context.org.id}` reads.
     org: &'r str,
-    definitions: HashMap<&'r str, Vec<&'r Definition>>,
-    /// Every definition by id, user-provided resources' included: class-refs name them.
-    by_id: BTreeMap<&'r str, &'r Definition>,
+    catalog: &'r Catalog<'r>,
     dag: Dag<ResourceNode, EdgeKind>,
     index: HashMap<GuresId, NodeIndex>,
     /// The definition each node matched, to expand it.
@@ -311,29 +413,18 @@ struct Builder<'r> {
     spec_hashes: HashMap<NodeIndex, String>,
     loops: HashSet<Vec<GuresId>>,
     errors: Vec<BuildError>,
+    /// Whether `edge` calls are kept in `edge_calls`: an app's [`Part`] is made of them.
+    record_edges: bool,
+    edge_calls: Vec<(NodeIndex, NodeIndex, EdgeKind)>,
 }
 
 impl<'r> Builder<'r> {
-    fn new(repo: &'r Repository, env: &'r Environment, provided: &'r [Definition]) -> Self {
-        let mut definitions: HashMap<&str, Vec<&Definition>> = HashMap::new();
-        for def in &repo.definitions {
-            definitions
-                .entry(def.res_type.as_str())
-                .or_default()
-                .push(def);
-        }
-        let by_id = repo
-            .definitions
-            .iter()
-            .chain(provided)
-            .map(|d| (d.id.as_str(), d))
-            .collect();
+    fn new(repo: &'r Repository, env: &'r Environment, catalog: &'r Catalog<'r>) -> Self {
         Builder {
             env,
             values: &repo.values,
             org: &repo.org,
-            definitions,
-            by_id,
+            catalog,
             dag: Dag::new(),
             index: HashMap::new(),
             matched: HashMap::new(),
@@ -346,7 +437,142 @@ impl<'r> Builder<'r> {
             spec_hashes: HashMap::new(),
             loops: HashSet::new(),
             errors: Vec::new(),
+            record_edges: false,
+            edge_calls: Vec::new(),
         }
+    }
+
+    /// Adds app `app_id`'s resources and the global ones they reach.
+    fn add_app(&mut self, app_id: &'r str, app: &'r App) {
+        for res_type in &self.env.implicit_resources {
+            self.ensure(
+                Request {
+                    app: Some(app_id),
+                    res_type,
+                    class: DEFAULT_CLASS,
+                    res_id: res_type,
+                    params: Value::Null,
+                    origin: Origin::Implicit,
+                    choice: BY_CRITERIA,
+                },
+                &self.env.location,
+            );
+        }
+        let mut pending = Vec::new();
+        for workload in app.workloads.values() {
+            if let Some(p) = self.workload(app_id, workload) {
+                pending.push((workload, p));
+            }
+        }
+        self.drain();
+        // Requests by interface reuse what exists: they are served once everything else of
+        // the app is in the graph.
+        for (workload, p) in &mut pending {
+            self.interfaces(app_id, workload, p);
+        }
+        self.drain();
+        for (workload, p) in &mut pending {
+            self.services(app_id, app, workload, p);
+        }
+        for (workload, p) in pending {
+            self.workload_spec(app_id, workload, p);
+        }
+        // `${shared.ID}` may name an environment's global resource no request added yet.
+        self.drain();
+    }
+
+    /// Once every app is in: the edges that need every node, then the graph.
+    fn complete(mut self) -> Result<ResourceGraph, Vec<BuildError>> {
+        self.match_dependents();
+        self.select();
+        self.accounts();
+        self.finish()
+    }
+
+    /// What this builder made of its apps, for [`Builder::absorb`].
+    fn into_part(self) -> Part<'r> {
+        let failed = !self.errors.is_empty();
+        let matched = self.matched;
+        let nodes = self
+            .dag
+            .into_graph()
+            .into_nodes_edges()
+            .0
+            .into_iter()
+            .enumerate()
+            .map(|(i, node)| (node.weight, matched[&NodeIndex::new(i)]))
+            .collect();
+        Part {
+            nodes,
+            edges: self.edge_calls,
+            match_dependents: self.match_dependents,
+            selectors: self.selectors,
+            accounts_of: self.accounts_of,
+            spec_hashes: self.spec_hashes.into_iter().collect(),
+            failed,
+        }
+    }
+
+    /// Adds a part as if its apps had been built on this builder: its new nodes in the
+    /// order they were made, then its edge calls in order. What the part did to a node this
+    /// builder had already (a global resource an earlier app reached) was done here when that
+    /// node was made, and is left out: expanding a global resource makes only global ones, so
+    /// an edge whose two ends were here already came from such an expansion.
+    ///
+    /// False when the part cannot stand for building the app here: it, or adding it, found
+    /// something to report.
+    fn absorb(&mut self, part: Part<'r>) -> bool {
+        if part.failed {
+            return false;
+        }
+        let before = self.dag.node_count();
+        let mut at: Vec<NodeIndex> = Vec::with_capacity(part.nodes.len());
+        for (node, def) in part.nodes {
+            if let Some(&n) = self.index.get(&node.guresid) {
+                // Requested by this app too: a global resource's params are its entry's, but
+                // a conflict would be reported here, which building in turn does best.
+                if matches!(*node.origin, Origin::Requested { .. })
+                    && matches!(*self.dag[n].origin, Origin::Requested { .. })
+                    && self.dag[n].params != node.params
+                {
+                    return false;
+                }
+                at.push(n);
+                continue;
+            }
+            let guresid = node.guresid.clone();
+            let n = self.dag.add_node(node);
+            self.index.insert(guresid, n);
+            self.matched.insert(n, def);
+            at.push(n);
+        }
+        let new = |n: NodeIndex| at[n.index()].index() >= before;
+        for (from, to, kind) in part.edges {
+            if new(from) || new(to) {
+                self.edge(at[from.index()], at[to.index()], kind);
+            }
+        }
+        let pairs = |pairs: Vec<(NodeIndex, NodeIndex)>| {
+            pairs
+                .into_iter()
+                .filter(|&(n, _)| new(n))
+                .map(|(n, m)| (at[n.index()], at[m.index()]))
+                .collect::<Vec<_>>()
+        };
+        self.match_dependents.extend(pairs(part.match_dependents));
+        self.accounts_of.extend(pairs(part.accounts_of));
+        self.selectors.extend(
+            part.selectors
+                .into_iter()
+                .filter(|&n| new(n))
+                .map(|n| at[n.index()]),
+        );
+        self.spec_hashes.extend(
+            part.spec_hashes
+                .into_iter()
+                .map(|(n, hash)| (at[n.index()], hash)),
+        );
+        self.errors.is_empty()
     }
 
     fn finish(mut self) -> Result<ResourceGraph, Vec<BuildError>> {
@@ -397,11 +623,12 @@ impl<'r> Builder<'r> {
             res_id: req.res_id,
         };
         let candidates = self
-            .definitions
+            .catalog
+            .by_type
             .get(req.res_type)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let def = match choose(candidates, &self.by_id, &ctx, req.choice) {
+        let def = match choose(candidates, &self.catalog.by_id, &ctx, req.choice) {
             Ok(def) => def,
             Err(no) => {
                 self.errors.push(BuildError::NoMatch {
@@ -908,11 +1135,12 @@ impl<'r> Builder<'r> {
             res_id: &res_id,
         };
         let candidates = self
-            .definitions
+            .catalog
+            .by_type
             .get(shared.res_type.as_str())
             .map(Vec::as_slice)
             .unwrap_or_default();
-        choose(candidates, &self.by_id, &ctx, BY_CRITERIA).ok()
+        choose(candidates, &self.catalog.by_id, &ctx, BY_CRITERIA).ok()
     }
 
     /// Expands queued nodes until nothing new appears.
@@ -1201,6 +1429,9 @@ impl<'r> Builder<'r> {
     /// Adds `from -> to`, keeping the strongest kind when the pair already has an edge; a loop
     /// is recorded with every resource on it.
     fn edge(&mut self, from: NodeIndex, to: NodeIndex, kind: EdgeKind) {
+        if self.record_edges {
+            self.edge_calls.push((from, to, kind));
+        }
         if let Some(e) = self.dag.find_edge(from, to) {
             if let Some(w) = self.dag.edge_weight_mut(e)
                 && kind > *w
@@ -1355,4 +1586,52 @@ fn workload_location(workload: &Workload, needle: &str) -> SourceLocation {
         line: crate::model::line_of(&workload.source, needle),
         column: None,
     }
+}
+
+/// `env`'s graph built in turn and in parts on `threads` threads (`None` when the parts found
+/// something to report), each as its [`shape`].
+#[cfg(test)]
+pub(super) fn built_both_ways(
+    repo: &Repository,
+    env: &Environment,
+    threads: usize,
+) -> (String, Option<String>) {
+    let provided = Vec::new();
+    let catalog = Catalog::new(repo, &provided);
+    let apps: Vec<(&String, &App)> = repo
+        .apps
+        .iter()
+        .filter(|(id, _)| env.runs_app(id))
+        .collect();
+    let in_turn = build_in_turn(repo, env, &catalog, &apps, None);
+    let in_parts = build_in_parts(repo, env, &catalog, &apps, threads);
+    (shape(&in_turn), in_parts.as_ref().map(shape))
+}
+
+/// Everything a build came out with, in order: each node by index, each edge by index, the
+/// provisioning order, or the errors.
+#[cfg(test)]
+pub(super) fn shape(built: &Result<ResourceGraph, Vec<BuildError>>) -> String {
+    use std::fmt::Write;
+    let g = match built {
+        Ok(g) => g,
+        Err(errors) => return format!("{errors:?}"),
+    };
+    let mut out = String::new();
+    for (i, node) in g.dag.raw_nodes().iter().enumerate() {
+        let _ = writeln!(out, "node {i}: {:?}", node.weight);
+    }
+    for e in g.dag.raw_edges() {
+        let _ = writeln!(
+            out,
+            "edge {} -> {}: {:?}",
+            e.source().index(),
+            e.target().index(),
+            e.weight
+        );
+    }
+    let mut index: Vec<_> = g.index.iter().map(|(k, v)| (k, v.index())).collect();
+    index.sort();
+    let _ = writeln!(out, "index {index:?}\norder {:?}", g.order);
+    out
 }

@@ -1077,3 +1077,153 @@ fn score_files_read_app_values_and_shared_resources_by_id() {
         ],
     );
 }
+
+/// A repository of many apps that share global resources in every way one can be reached:
+/// requested by name, read through `${shared.ID}`, referenced by another global, co-provisioned
+/// with `match_dependents`; with selectors and `driver_account` references in each app.
+fn many_apps(apps: usize, broken_app: Option<usize>) -> BTreeMap<String, Vec<u8>> {
+    let mut entries: Vec<(String, String)> = vec![
+        (
+            "environments/development.yaml".into(),
+            "type: development\nshared_resources:\n  dns: {type: dns}\n  net: {type: net}\n".into(),
+        ),
+        (
+            "definitions/wl.yaml".into(),
+            definition(
+                "wl",
+                "workload",
+                "      role: ${resources.aws-role#app-role.outputs.arn}\n",
+                "",
+            ),
+        ),
+        (
+            "definitions/role.yaml".into(),
+            definition(
+                "role",
+                "aws-role",
+                "      policies: ${resources[\"aws-role<workload>aws-policy\"].outputs.arn}\n",
+                "",
+            ),
+        ),
+        (
+            "definitions/policy.yaml".into(),
+            definition("policy", "aws-policy", "      arn: x\n", ""),
+        ),
+        (
+            "definitions/dns.yaml".into(),
+            definition(
+                "dns",
+                "dns",
+                "      host: example.com\n      net: ${resources.net#globals.net.outputs.id}\n",
+                "  provision:\n    cert:\n      match_dependents: true\n",
+            ),
+        ),
+        (
+            "definitions/cert.yaml".into(),
+            definition(
+                "cert",
+                "cert",
+                "      of: ${resources.dns.outputs.host}\n",
+                "",
+            ),
+        ),
+        (
+            "definitions/net.yaml".into(),
+            definition("net", "net", "      vpc: ${resources.vpc.outputs.id}\n", ""),
+        ),
+        (
+            "definitions/vpc.yaml".into(),
+            definition("vpc", "vpc", "      id: v\n", ""),
+        ),
+        (
+            "definitions/pg.yaml".into(),
+            definition("pg", "postgres", "      host: db.internal\n", ""),
+        ),
+        (
+            "definitions/base.yaml".into(),
+            definition("base", "base-env", "      a: 1\n", ""),
+        ),
+        (
+            "definitions/config.yaml".into(),
+            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: config\n\
+             entity:\n  type: config\n  driver_type: echo\n  driver_account: aws-dev\n  \
+             driver_inputs:\n    values: {}\n  criteria:\n    - res_id: aws\n"
+                .into(),
+        ),
+        (
+            "definitions/s3.yaml".into(),
+            "apiVersion: entity.humanitec.io/v1b1\nkind: Definition\nmetadata:\n  id: s3\n\
+             entity:\n  type: s3\n  driver_type: echo\n  \
+             driver_account: ${resources['config.default#aws'].account}\n  \
+             driver_inputs:\n    values:\n      region: eu-west-1\n  criteria:\n    - {}\n"
+                .into(),
+        ),
+    ];
+    for i in 0..apps {
+        for w in 0..=(i % 3) {
+            let mut resources = String::from("  p:\n    type: aws-policy\n");
+            match (i + w) % 4 {
+                0 => resources.push_str("  d:\n    type: dns\n    metadata:\n      annotations:\n        gitplane.dev/resource-ref: dns\n"),
+                1 => resources.push_str("  db:\n    type: postgres\n    id: main-db\n"),
+                2 => resources.push_str("  files:\n    type: s3\n"),
+                _ => {}
+            }
+            let mut text = workload(&format!("w{w}"), &resources);
+            if (i + w) % 2 == 1 {
+                text = text.replace(
+                    "    image: x\n",
+                    "    image: x\n    variables:\n      HOST: ${shared.dns.host}\n",
+                );
+            }
+            if broken_app == Some(i) {
+                text = text.replace("    image: x\n", "    image: ${resources.nope.host}\n");
+            }
+            entries.push((format!("workloads/app-{i:03}/w{w}.yaml"), text));
+        }
+    }
+    entries
+        .into_iter()
+        .map(|(p, t)| (p, t.into_bytes()))
+        .collect()
+}
+
+/// Apps are built on every core and then joined: the graph must be the one building them in
+/// turn makes, node for node (indices, GUResIDs, templates, origins) and edge for edge, on any
+/// number of threads; and a repository with an error reports what building in turn does.
+#[test]
+fn a_graph_built_in_parts_is_the_graph_built_in_turn() {
+    let files = many_apps(80, None);
+    let repo = model::load(&files).unwrap_or_else(|e| panic!("load failed: {e:#?}"));
+    let env = &repo.environments[0];
+    for threads in [2, 3, 7] {
+        let (in_turn, in_parts) = super::build::built_both_ways(&repo, env, threads);
+        for global in ["dns", "net", "vpc", "cert"] {
+            let node = format!("app: None, res_type: \"{global}\"");
+            assert!(in_turn.contains(&node), "no global {global}: {in_turn}");
+        }
+        assert!(in_turn.contains("Coprovision"), "{in_turn}");
+        assert!(in_turn.contains("Selector"), "{in_turn}");
+        assert!(in_turn.contains("Some(\"aws-dev\")"), "{in_turn}");
+        assert_eq!(
+            in_parts.as_deref(),
+            Some(in_turn.as_str()),
+            "{threads} threads"
+        );
+    }
+    // The whole environment the way commands build it: in parts, with this many apps.
+    let g = build(&repo, env).expect("builds");
+    let (in_turn, _) = super::build::built_both_ways(&repo, env, 2);
+    assert_eq!(super::build::shape(&Ok(g)), in_turn);
+
+    let files = many_apps(80, Some(41));
+    let repo = model::load(&files).unwrap_or_else(|e| panic!("load failed: {e:#?}"));
+    let env = &repo.environments[0];
+    let (in_turn, in_parts) = super::build::built_both_ways(&repo, env, 3);
+    assert!(in_turn.contains("app-041/w"), "{in_turn}");
+    assert_eq!(
+        in_parts, None,
+        "a part with an error is built again in turn"
+    );
+    let errors = build(&repo, env).expect_err("reports the app's error");
+    assert_eq!(format!("{errors:?}"), in_turn);
+}

@@ -289,6 +289,7 @@ pub async fn apply(
         deleted: HashSet::new(),
         unchanged: 0,
         done_before,
+        succeeded: HashSet::new(),
         failed: 0,
         failures: Vec::new(),
         bindings: Vec::new(),
@@ -318,6 +319,7 @@ pub async fn apply(
     let Run {
         journal,
         unchanged,
+        succeeded,
         failed,
         failures,
         ..
@@ -329,7 +331,27 @@ pub async fn apply(
         .as_ref()
         .map(|_| recorded.iter().map(|r| r.guresid.as_str()).collect());
     store.mark_orphans(&graph.env, &orphans, scope_ids.as_deref())?;
-    let mut counts = store.operation_counts(deployment)?;
+    // A resumed deployment counts what it did before too; a new one, only this run.
+    let mut counts = if resumed {
+        store.operation_counts(deployment)?
+    } else {
+        let of = |action| succeeded.iter().filter(|(a, _)| *a == action).count() as i64;
+        let counts = Counts {
+            created: of(Action::Create),
+            updated: of(Action::Update),
+            deleted: of(Action::Delete),
+            ..Counts::default()
+        };
+        // Every apply of the debug build (every test) checks the two ways agree.
+        if cfg!(debug_assertions) {
+            assert_eq!(
+                counts,
+                store.operation_counts(deployment)?,
+                "counts of this run"
+            );
+        }
+        counts
+    };
     counts.unchanged = unchanged + target.scope.unchanged_resources;
     counts.failed = failed;
     let status = if failed == 0 {
@@ -414,6 +436,9 @@ struct Run<'a, 'e> {
     unchanged: i64,
     /// Resources an earlier run of a resumed deployment created, updated or deleted.
     done_before: HashSet<String>,
+    /// What this run's operations that succeeded did, to which resource: a deployment's counts
+    /// (see [`Store::operation_counts`]) without reading its operations back.
+    succeeded: HashSet<(Action, &'a str)>,
     failed: i64,
     failures: Vec<String>,
     /// The bindings of resources resolved in this run not written yet (they go in batches);
@@ -955,6 +980,10 @@ impl<'a> Run<'a, '_> {
     /// look up. For a few, each is looked up; once a run binds many (a first apply, a drift
     /// run), the environment's list is read once.
     fn bindings_to_write(&mut self) -> Result<BindingsToWrite<'a>, StateError> {
+        // A run that binds nothing (a no-op) asks the state nothing.
+        if self.bindings.is_empty() {
+            return Ok(Vec::new());
+        }
         if self.bound.is_none() && !std::mem::replace(&mut self.looked_for_bindings, true) {
             // An environment with no binding yet (its first apply) has none to look up: one
             // query, rather than one a resource (a round trip each on PostgreSQL).
@@ -1836,7 +1865,7 @@ impl<'a> Run<'a, '_> {
     }
 
     /// After a put's record is journalled: its outputs serve what depends on it.
-    fn put_finished(&mut self, step: &Step, record: &ResourceRecord) {
+    fn put_finished(&mut self, step: &'a Step, record: &ResourceRecord) {
         let label = step.label();
         let action = if self.outputs.recorded.contains_key(step.guresid.as_str()) {
             Action::Update
@@ -1845,6 +1874,7 @@ impl<'a> Run<'a, '_> {
         };
         match record.status {
             ResourceStatus::Ready => {
+                self.succeeded.insert((action, step.guresid.as_str()));
                 if self.readers.contains_key(&step.guresid) {
                     self.outputs.fresh.insert(
                         step.guresid.clone(),
@@ -1929,10 +1959,12 @@ impl<'a> Run<'a, '_> {
     }
 
     /// After a delete is journalled.
-    fn delete_finished(&mut self, step: &Step, result: JobResult) {
+    fn delete_finished(&mut self, step: &'a Step, result: JobResult) {
         let label = step.label();
         match result.outcome {
             Ok(_) => {
+                self.succeeded
+                    .insert((Action::Delete, step.guresid.as_str()));
                 self.deleted.insert(step.guresid.clone());
                 (self.on_event)(&Event::Finished {
                     label: &label,

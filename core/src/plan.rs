@@ -17,7 +17,7 @@ use crate::model::Property;
 use crate::model::placeholder::path_to_string;
 use crate::model::template::{Resolved, lookup_path};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Action {
     Create,
     Update,

@@ -289,7 +289,7 @@ pub async fn apply(
         deleted: HashSet::new(),
         unchanged: 0,
         done_before,
-        succeeded: HashSet::new(),
+        succeeded: Counts::default(),
         failed: 0,
         failures: Vec::new(),
         bindings: Vec::new(),
@@ -335,22 +335,12 @@ pub async fn apply(
     let mut counts = if resumed {
         store.operation_counts(deployment)?
     } else {
-        let of = |action| succeeded.iter().filter(|(a, _)| *a == action).count() as i64;
-        let counts = Counts {
-            created: of(Action::Create),
-            updated: of(Action::Update),
-            deleted: of(Action::Delete),
-            ..Counts::default()
-        };
         // Every apply of the debug build (every test) checks the two ways agree.
         if cfg!(debug_assertions) {
-            assert_eq!(
-                counts,
-                store.operation_counts(deployment)?,
-                "counts of this run"
-            );
+            let read = store.operation_counts(deployment)?;
+            assert_eq!(succeeded, read, "counts of this run");
         }
-        counts
+        succeeded
     };
     counts.unchanged = unchanged + target.scope.unchanged_resources;
     counts.failed = failed;
@@ -436,9 +426,10 @@ struct Run<'a, 'e> {
     unchanged: i64,
     /// Resources an earlier run of a resumed deployment created, updated or deleted.
     done_before: HashSet<String>,
-    /// What this run's operations that succeeded did, to which resource: a deployment's counts
-    /// (see [`Store::operation_counts`]) without reading its operations back.
-    succeeded: HashSet<(Action, &'a str)>,
+    /// What this run's operations that succeeded did: a deployment's counts (see
+    /// [`Store::operation_counts`]) without reading its operations back. Each step runs once
+    /// in a run, so each resource is counted once for what was done to it.
+    succeeded: Counts,
     failed: i64,
     failures: Vec<String>,
     /// The bindings of resources resolved in this run not written yet (they go in batches);
@@ -1865,7 +1856,7 @@ impl<'a> Run<'a, '_> {
     }
 
     /// After a put's record is journalled: its outputs serve what depends on it.
-    fn put_finished(&mut self, step: &'a Step, record: &ResourceRecord) {
+    fn put_finished(&mut self, step: &Step, record: &ResourceRecord) {
         let label = step.label();
         let action = if self.outputs.recorded.contains_key(step.guresid.as_str()) {
             Action::Update
@@ -1874,7 +1865,10 @@ impl<'a> Run<'a, '_> {
         };
         match record.status {
             ResourceStatus::Ready => {
-                self.succeeded.insert((action, step.guresid.as_str()));
+                match action {
+                    Action::Update => self.succeeded.updated += 1,
+                    _ => self.succeeded.created += 1,
+                }
                 if self.readers.contains_key(&step.guresid) {
                     self.outputs.fresh.insert(
                         step.guresid.clone(),
@@ -1959,12 +1953,11 @@ impl<'a> Run<'a, '_> {
     }
 
     /// After a delete is journalled.
-    fn delete_finished(&mut self, step: &'a Step, result: JobResult) {
+    fn delete_finished(&mut self, step: &Step, result: JobResult) {
         let label = step.label();
         match result.outcome {
             Ok(_) => {
-                self.succeeded
-                    .insert((Action::Delete, step.guresid.as_str()));
+                self.succeeded.deleted += 1;
                 self.deleted.insert(step.guresid.clone());
                 (self.on_event)(&Event::Finished {
                     label: &label,

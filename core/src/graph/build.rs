@@ -581,25 +581,29 @@ impl<'r> Builder<'r> {
         }
         // What the definition and the request say, hashed once per definition.
         let mut of_definition: HashMap<&str, String> = HashMap::new();
-        for n in self.dag.graph().node_indices().collect::<Vec<_>>() {
-            let def = self.matched[&n];
-            let def_hash = of_definition
+        for def in self.matched.values() {
+            of_definition
                 .entry(def.id.as_str())
-                .or_insert_with(|| hex_digest(&[def.id.as_bytes(), def.source.as_bytes()]))
-                .clone();
+                .or_insert_with(|| hex_digest(&[def.id.as_bytes(), def.source.as_bytes()]));
+        }
+        let hash_of = |i: usize| {
+            let n = NodeIndex::new(i);
             let node = &self.dag[n];
             let request = match &node.params {
                 Template::Value(v) => v.to_string(),
                 // A workload: its Score file, whose text was hashed when it was read.
                 _ => self.spec_hashes.get(&n).cloned().unwrap_or_default(),
             };
-            let hash = hex_digest(&[
-                def_hash.as_bytes(),
+            hex_digest(&[
+                of_definition[self.matched[&n].id.as_str()].as_bytes(),
                 node.driver_type.as_bytes(),
                 node.driver_account.as_deref().unwrap_or("").as_bytes(),
                 request.as_bytes(),
-            ]);
-            self.dag[n].template_hash = hash;
+            ])
+        };
+        let hashes = on_cores(self.dag.node_count(), &hash_of);
+        for (i, hash) in hashes.into_iter().enumerate() {
+            self.dag[NodeIndex::new(i)].template_hash = hash;
         }
         Ok(ResourceGraph::new(self.env, self.org, self.dag, self.index))
     }
@@ -1499,6 +1503,28 @@ impl<'r> Builder<'r> {
     }
 }
 
+/// `f` of each of `0..len`, in order: on every core when there are many.
+fn on_cores<T: Send>(len: usize, f: &(impl Fn(usize) -> T + Sync)) -> Vec<T> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads < 2 || len < 4096 {
+        return (0..len).map(f).collect();
+    }
+    let chunk = len.div_ceil(threads);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..len)
+            .step_by(chunk)
+            .map(|start| scope.spawn(move || (start..len.min(start + chunk)).map(f).collect()))
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w: std::thread::ScopedJoinHandle<'_, Vec<T>>| {
+                w.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
+}
+
 /// SHA-256 of NUL-separated parts, as hex.
 fn hex_digest(parts: &[&[u8]]) -> String {
     use sha2::{Digest, Sha256};
@@ -1634,4 +1660,21 @@ pub(super) fn shape(built: &Result<ResourceGraph, Vec<BuildError>>) -> String {
     index.sort();
     let _ = writeln!(out, "index {index:?}\norder {:?}", g.order);
     out
+}
+
+#[cfg(test)]
+mod on_cores_tests {
+    /// Whatever thread works out an item, the items come back in order: a graph's template
+    /// hashes are each its node's.
+    #[test]
+    fn items_worked_out_on_every_core_come_back_in_order() {
+        for len in [0, 1, 4095, 4096, 10_001] {
+            let squares = super::on_cores(len, &|i| i * i);
+            assert_eq!(
+                squares,
+                (0..len).map(|i| i * i).collect::<Vec<_>>(),
+                "{len}"
+            );
+        }
+    }
 }

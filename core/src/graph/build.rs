@@ -413,7 +413,7 @@ struct Builder<'r> {
     spec_hashes: HashMap<NodeIndex, String>,
     loops: HashSet<Vec<GuresId>>,
     errors: Vec<BuildError>,
-    /// Whether `edge` calls are kept in `edge_calls`: an app's [`Part`] is made of them.
+    /// Whether `edge` calls are kept in `edge_calls`: a run's [`Part`] is made of them.
     record_edges: bool,
     edge_calls: Vec<(NodeIndex, NodeIndex, EdgeKind)>,
 }

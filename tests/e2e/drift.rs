@@ -637,9 +637,27 @@ fn detected_drift_and_a_pin_show_in_the_daemons_metrics() {
         "{text}"
     );
 
-    // Unpinned, the newest commit is applied: nothing behind.
-    sb.gitplane(&["unpin", "--config", &c, "--env", "test", "--by", "alice"])
-        .ok();
+    // Unpinned, the newest commit is applied: nothing behind. The daemon holds the environment
+    // while it plans the pushed commit against the pin; an unpin meanwhile is told to wait for
+    // it, and is run again, as a user would.
+    daemon.wait_for_log("pinned by a rollback", Duration::from_secs(30));
+    eventually_or(
+        "the unpin to find the environment free",
+        Duration::from_secs(30),
+        || {
+            let run = sb.gitplane(&["unpin", "--config", &c, "--env", "test", "--by", "alice"]);
+            if run.code == Some(0) {
+                return Some(());
+            }
+            assert!(
+                run.stderr
+                    .contains("is applying to environment test; wait for it to finish"),
+                "{run}"
+            );
+            None
+        },
+        || daemon.log(),
+    );
     let text = scrape(port).expect("the listener answers");
     assert_eq!(behind(&text), Some(0.0), "{text}");
     // Put back as recorded, the next detect run finds nothing: no longer drifted.

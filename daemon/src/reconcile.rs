@@ -1113,7 +1113,10 @@ impl<'a> Run<'a, '_> {
         prerequisites: &[Vec<usize>],
         operation: Operation,
     ) -> Result<(), StateError> {
-        self.cookies_kept = self.journal.store()?.keeps_cookies()?;
+        // Steps to run are what may read a cookie.
+        if !steps.is_empty() {
+            self.cookies_kept = self.journal.store()?.keeps_cookies()?;
+        }
         let mut waiting: Vec<usize> = prerequisites.iter().map(Vec::len).collect();
         let mut unlocks: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
         for (i, pre) in prerequisites.iter().enumerate() {

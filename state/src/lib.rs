@@ -657,12 +657,17 @@ impl Store {
         apps: &std::collections::BTreeSet<String>,
         globals: bool,
     ) -> Result<Vec<ResourceRecord>> {
-        let apps = serde_json::to_string(apps).expect("strings serialise");
-        let mut records = self.resources_where(
-            "r.env = ?1 AND r.app IN (SELECT value FROM json_each(?2))",
-            params![env, apps],
-            true,
-        )?;
+        // No apps (a commit that changes none): only the globals, with no round trip for none.
+        let mut records = if apps.is_empty() {
+            Vec::new()
+        } else {
+            let apps = serde_json::to_string(apps).expect("strings serialise");
+            self.resources_where(
+                "r.env = ?1 AND r.app IN (SELECT value FROM json_each(?2))",
+                params![env, apps],
+                true,
+            )?
+        };
         if globals {
             records.extend(self.resources_where(
                 "r.env = ?1 AND r.app IS NULL",
@@ -1067,6 +1072,10 @@ impl Store {
         orphans: &[(String, String)],
         scope: Option<&[&str]>,
     ) -> Result<()> {
+        // A scope of no resources, with no orphan to mark, has nothing to change.
+        if orphans.is_empty() && scope.is_some_and(<[&str]>::is_empty) {
+            return Ok(());
+        }
         let kept: Vec<&str> = orphans.iter().map(|(g, _)| g.as_str()).collect();
         let kept = serde_json::to_string(&kept).expect("strings serialise");
         let scope = scope.map(|s| serde_json::to_string(s).expect("strings serialise"));

@@ -239,6 +239,11 @@ impl ToSql for PgArg {
     to_sql_checked!();
 }
 
+/// `args` as a prepared statement takes them.
+fn refs(args: &[PgArg]) -> Vec<&(dyn ToSql + Sync)> {
+    args.iter().map(|a| a as &(dyn ToSql + Sync)).collect()
+}
+
 /// `args` as a statement that is not prepared sends them: an array as what it is, anything
 /// else of a type left to the server (`unknown`, the same inference as a prepare makes) and
 /// in its text form, which the type the server infers reads ([`PgArg::encode_format`]).
@@ -789,9 +794,10 @@ impl Session {
             let stmt = self.statement(&sql).await?;
             let client = self.client.clone().ok_or_else(lost)?;
             let call: Pending = Box::pin(async move {
-                let refs: Vec<&(dyn ToSql + Sync)> =
-                    args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-                let n = client.execute(&stmt, &refs).await.map_err(|e| error(&e))?;
+                let n = client
+                    .execute(&stmt, &refs(&args))
+                    .await
+                    .map_err(|e| error(&e))?;
                 match none {
                     Some(e) if n == 0 => Err(e),
                     _ => Ok(n),
@@ -842,11 +848,7 @@ impl Session {
                 let stmt = self.prepared(&sql, &args).await?;
                 let client = self.client.as_ref().ok_or_else(lost)?;
                 let rows = match stmt {
-                    Some(stmt) => {
-                        let refs: Vec<&(dyn ToSql + Sync)> =
-                            args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-                        client.query(&stmt, &refs).await
-                    }
+                    Some(stmt) => client.query(&stmt, &refs(&args)).await,
                     None => {
                         client
                             .query_typed(&dialect::postgres_query(&sql), &typed(&args))
@@ -858,9 +860,10 @@ impl Session {
             Op::Table(sql, args) => {
                 let stmt = self.statement(&sql).await?;
                 let client = self.client.as_ref().ok_or_else(lost)?;
-                let refs: Vec<&(dyn ToSql + Sync)> =
-                    args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-                let rows = client.query(&stmt, &refs).await.map_err(|e| error(&e))?;
+                let rows = client
+                    .query(&stmt, &refs(&args))
+                    .await
+                    .map_err(|e| error(&e))?;
                 Ok(Reply::Table(Table {
                     columns: stmt.columns().iter().map(|c| c.name().to_owned()).collect(),
                     rows: cells(&rows)?,
@@ -870,11 +873,7 @@ impl Session {
                 let stmt = self.prepared(&sql, &args).await?;
                 let client = self.client.as_ref().ok_or_else(lost)?;
                 let n = match stmt {
-                    Some(stmt) => {
-                        let refs: Vec<&(dyn ToSql + Sync)> =
-                            args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-                        client.execute(&stmt, &refs).await
-                    }
+                    Some(stmt) => client.execute(&stmt, &refs(&args)).await,
                     None => {
                         client
                             .execute_typed(&dialect::postgres_query(&sql), &typed(&args))

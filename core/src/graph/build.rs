@@ -218,7 +218,12 @@ pub fn build_apps(
         .iter()
         .filter(|(id, _)| env.runs_app(id) && only.is_none_or(|o| o.contains(*id)))
         .collect();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Asking for the cores reads the process's CPU limits: only when it could matter.
+    let threads = if apps.len() >= IN_PARTS_FROM || cfg!(test) {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        1
+    };
     let built = if threads > 1 && apps.len() >= IN_PARTS_FROM {
         build_in_parts(repo, env, &catalog, &apps, threads)
     } else {
@@ -1505,8 +1510,13 @@ impl<'r> Builder<'r> {
 
 /// `f` of each of `0..len`, in order: on every core when there are many.
 fn on_cores<T: Send>(len: usize, f: &(impl Fn(usize) -> T + Sync)) -> Vec<T> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if threads < 2 || len < 4096 {
+    // Asking for the cores reads the process's CPU limits: only when it could matter.
+    let threads = if len < 4096 {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    };
+    if threads < 2 {
         return (0..len).map(f).collect();
     }
     let chunk = len.div_ceil(threads);
